@@ -1,0 +1,1 @@
+"""The Broker: topics, send, pull and the bridge to the message store."""

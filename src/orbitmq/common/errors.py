@@ -1,0 +1,96 @@
+"""The one exception hierarchy of OrbitMQ.
+
+    MQError                          every error OrbitMQ raises on purpose; carries a ResponseCode
+    ├── MessageIllegalError          MESSAGE_ILLEGAL: the message breaks a documented limit
+    │   ├── InvalidTopicError        empty, too long, or characters outside [A-Za-z0-9%|_-]
+    │   ├── EmptyBodyError
+    │   ├── MessageTooLargeError     body over max_message_size
+    │   └── PropertiesTooLargeError  encoded properties over max_properties_size
+    ├── StoreError                   the message store could not do what was asked
+    │   ├── DiskFullError            SERVICE_NOT_AVAILABLE: disk use above the warning ratio
+    │   ├── StoreIOError             a write or fsync failed (ENOSPC, EIO); the append did not happen
+    │   ├── FlushTimeoutError        FLUSH_DISK_TIMEOUT: appended, but not fsynced in time
+    │   ├── StoreClosedError         the store is closed or fenced after an I/O failure
+    │   └── CorruptRecordError       bytes on disk fail their checks (path, offset, detail)
+    └── ConfigError                  a configuration value is out of range
+
+Policy lives on the class: ``retriable`` says whether trying again (possibly elsewhere) can help.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+from orbitmq.common.codes import ResponseCode
+
+
+class MQError(Exception):
+    code: ClassVar[ResponseCode] = ResponseCode.SYSTEM_ERROR
+    retriable: ClassVar[bool] = False
+
+
+class ConfigError(MQError, ValueError):
+    """A configuration value is missing or out of range."""
+
+
+class MessageIllegalError(MQError, ValueError):
+    code = ResponseCode.MESSAGE_ILLEGAL
+
+
+class InvalidTopicError(MessageIllegalError):
+    """The topic name is empty, longer than 127 characters or uses characters outside [A-Za-z0-9%|_-]."""
+
+
+class EmptyBodyError(MessageIllegalError):
+    """A message must carry a body of at least one byte."""
+
+
+class MessageTooLargeError(MessageIllegalError):
+    """The body is larger than the configured maximum (4 MiB by default)."""
+
+
+class PropertiesTooLargeError(MessageIllegalError):
+    """The encoded properties are larger than the configured maximum (32 KiB by default)."""
+
+
+class StoreError(MQError):
+    """The message store could not complete an operation."""
+
+
+class DiskFullError(StoreError):
+    """Disk use is above ``disk_space_warning_level_ratio``; writes resume once space is freed."""
+
+    code = ResponseCode.SERVICE_NOT_AVAILABLE
+    retriable = True
+
+
+class StoreIOError(StoreError):
+    """A write or fsync failed. The failed append is not visible; nothing before it is lost."""
+
+    code = ResponseCode.STORE_IO_ERROR
+    retriable = True
+
+
+class FlushTimeoutError(StoreError):
+    """SYNC_FLUSH: the data was appended but not fsynced within ``sync_flush_timeout_ms``."""
+
+    code = ResponseCode.FLUSH_DISK_TIMEOUT
+    retriable = True
+
+
+class StoreClosedError(StoreError):
+    """The store is closed, or fenced after an fsync failure (reopen it to recover)."""
+
+    code = ResponseCode.STORE_CLOSED
+
+
+class CorruptRecordError(StoreError):
+    """Bytes on disk fail their checks. Raised by strict decoders; readers skip and report instead."""
+
+    code = ResponseCode.CORRUPT_RECORD
+
+    def __init__(self, path: str, offset: int, detail: str) -> None:
+        super().__init__(f"{path} @ {offset}: {detail}")
+        self.path = path
+        self.offset = offset
+        self.detail = detail

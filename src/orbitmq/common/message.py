@@ -1,0 +1,153 @@
+"""The message model and the properties codec.
+
+Properties travel and rest as RocketMQ encodes them: ``name\\x01value\\x02`` repeated, UTF-8.
+System properties use RocketMQ's names (TAGS, KEYS, UNIQ_KEY, ...); KEYS holds several keys
+separated by a space. A message's tag hash (stored in the ConsumeQueue) is :func:`tag_hash`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from functools import lru_cache
+
+import crc32c
+
+NAME_VALUE_SEPARATOR = "\x01"
+PROPERTY_SEPARATOR = "\x02"
+KEY_SEPARATOR = " "
+
+PROPERTY_TAGS = "TAGS"
+PROPERTY_KEYS = "KEYS"
+PROPERTY_UNIQ_KEY = "UNIQ_CLIENT_MESSAGE_ID_KEYIDX"
+PROPERTY_DELAY_LEVEL = "DELAY"
+PROPERTY_TIMER_DELIVER_MS = "TIMER_DELIVER_MS"
+PROPERTY_SHARDING_KEY = "__SHARDINGKEY"
+PROPERTY_TRANSACTION_PREPARED = "TRAN_MSG"
+
+# RocketMQ sends the unique key as UNIQ_KEY; keep the short alias the documents use.
+UNIQ_KEY = PROPERTY_UNIQ_KEY
+
+# System flags (sys_flag field of a stored record), RocketMQ's bit values.
+SYSFLAG_COMPRESSED = 0x1
+SYSFLAG_MULTI_TAGS = 0x2
+SYSFLAG_TRANSACTION_PREPARED = 0x4
+SYSFLAG_TRANSACTION_COMMIT = 0x8
+SYSFLAG_TRANSACTION_ROLLBACK = 0xC
+SYSFLAG_COMPRESSION_ZSTD = 0x100  # OrbitMQ: body compressed with zstd (with SYSFLAG_COMPRESSED)
+
+
+def encode_properties(props: Mapping[str, str]) -> bytes:
+    """Encode properties as ``k\\x01v\\x02...``; names and values may not contain \\x01 or \\x02."""
+    if not props:
+        return b""
+    return "".join(
+        f"{k}{NAME_VALUE_SEPARATOR}{v}{PROPERTY_SEPARATOR}" for k, v in props.items()
+    ).encode()
+
+
+def decode_properties(data: bytes | memoryview) -> dict[str, str]:
+    """Decode ``k\\x01v\\x02...``. Malformed pairs (no \\x01) are skipped, never raised on."""
+    if not data:
+        return {}
+    text = bytes(data).decode("utf-8", "replace")
+    out: dict[str, str] = {}
+    for pair in text.split(PROPERTY_SEPARATOR):
+        name, sep, value = pair.partition(NAME_VALUE_SEPARATOR)
+        if sep:
+            out[name] = value
+    return out
+
+
+def find_property(data: bytes | memoryview, name: str) -> str | None:
+    """One property's value without decoding the rest (the dispatcher's hot path)."""
+    raw = bytes(data)
+    needle = name.encode() + b"\x01"
+    start = 0
+    while True:
+        at = raw.find(needle, start)
+        if at < 0:
+            return None
+        if at == 0 or raw[at - 1] == 0x02:
+            begin = at + len(needle)
+            end = raw.find(b"\x02", begin)
+            return raw[begin : end if end >= 0 else len(raw)].decode("utf-8", "replace")
+        start = at + 1
+
+
+@lru_cache(maxsize=65536)
+def tag_hash(tag: str | None) -> int:
+    """The 64-bit tag code kept in the ConsumeQueue: CRC32C of the UTF-8 tag, 0 for no tag."""
+    if not tag:
+        return 0
+    return int(crc32c.crc32c(tag.encode()))
+
+
+def split_keys(keys: str | None) -> list[str]:
+    return [k for k in keys.split(KEY_SEPARATOR) if k] if keys else []
+
+
+@dataclass(slots=True)
+class Message:
+    """What a producer sends: a topic, a body, and optional tag, keys and user properties."""
+
+    topic: str
+    body: bytes
+    tags: str | None = None
+    keys: Sequence[str] = ()
+    properties: dict[str, str] = field(default_factory=dict)
+    flag: int = 0
+
+    def system_properties(self) -> dict[str, str]:
+        """User properties plus TAGS and KEYS, as they are stored."""
+        props = dict(self.properties)
+        if self.tags:
+            props[PROPERTY_TAGS] = self.tags
+        if self.keys:
+            props[PROPERTY_KEYS] = KEY_SEPARATOR.join(self.keys)
+        return props
+
+
+@dataclass(slots=True)
+class MessageBatch:
+    """Messages for one (topic, queue), columnar, as the store appends them.
+
+    Columnar because the append path works per batch: shared fields are stored once, and the
+    per-message columns are plain lists the encoder walks in one loop. ``properties`` holds each
+    message's properties already encoded (see :func:`encode_properties`), as they arrive off the
+    wire, so the store never re-encodes them.
+    """
+
+    topic: str
+    queue_id: int
+    bodies: list[bytes]
+    properties: list[bytes]
+    flag: int = 0
+    sys_flag: int = 0
+    born_timestamp_ms: int = 0
+    born_host: tuple[str, int] = ("127.0.0.1", 0)
+    reconsume_times: int = 0
+    prepared_transaction_offset: int = 0
+
+    def __len__(self) -> int:
+        return len(self.bodies)
+
+    @classmethod
+    def of(
+        cls,
+        topic: str,
+        queue_id: int,
+        messages: Iterable[Message | bytes],
+        **shared: object,
+    ) -> MessageBatch:
+        """Build a batch from Message objects or bare bodies (a convenience for tests and tools)."""
+        bodies: list[bytes] = []
+        props: list[bytes] = []
+        for m in messages:
+            if isinstance(m, Message):
+                bodies.append(m.body)
+                props.append(encode_properties(m.system_properties()))
+            else:
+                bodies.append(m)
+                props.append(b"")
+        return cls(topic, queue_id, bodies, props, **shared)  # type: ignore[arg-type]

@@ -1,0 +1,55 @@
+"""Limits every entry point enforces before anything is written (RocketMQ's TopicValidator rules)."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+
+from orbitmq.common.errors import (
+    EmptyBodyError,
+    InvalidTopicError,
+    MessageTooLargeError,
+    PropertiesTooLargeError,
+)
+
+TOPIC_MAX_LENGTH = 127
+DEFAULT_MAX_MESSAGE_SIZE = 4 * 1024 * 1024
+DEFAULT_MAX_PROPERTIES_SIZE = 32 * 1024
+_TOPIC_RE = re.compile(r"[A-Za-z0-9%|_-]+")
+
+
+def validate_topic(topic: str) -> None:
+    if not topic:
+        raise InvalidTopicError("topic is empty")
+    if len(topic) > TOPIC_MAX_LENGTH:
+        raise InvalidTopicError(
+            f"topic is {len(topic)} characters, the limit is {TOPIC_MAX_LENGTH}"
+        )
+    if not _TOPIC_RE.fullmatch(topic):
+        raise InvalidTopicError(f"topic {topic!r} uses characters outside [A-Za-z0-9%|_-]")
+
+
+def validate_bodies_and_properties(
+    bodies: Sequence[bytes],
+    properties: Sequence[bytes],
+    max_message_size: int = DEFAULT_MAX_MESSAGE_SIZE,
+    max_properties_size: int = DEFAULT_MAX_PROPERTIES_SIZE,
+) -> None:
+    """Check a batch's columns. Raises on the first violation; callers write nothing then."""
+    if len(bodies) != len(properties):
+        raise ValueError("bodies and properties differ in length")
+    if not bodies:
+        raise EmptyBodyError("batch holds no message")
+    sizes = list(map(len, bodies))
+    if min(sizes) == 0:
+        raise EmptyBodyError(f"message {sizes.index(0)} has an empty body")
+    biggest = max(sizes)
+    if biggest > max_message_size:
+        raise MessageTooLargeError(
+            f"message {sizes.index(biggest)} body is {biggest} bytes, limit {max_message_size}"
+        )
+    prop_max = max(map(len, properties))
+    if prop_max > max_properties_size:
+        raise PropertiesTooLargeError(
+            f"properties are {prop_max} bytes encoded, limit {max_properties_size}"
+        )

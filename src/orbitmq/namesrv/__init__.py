@@ -1,0 +1,1 @@
+"""The NameServer: a stateless, in-memory route registry."""

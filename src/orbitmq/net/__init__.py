@@ -1,0 +1,1 @@
+"""Asyncio transport: framing over TCP, request/response correlation, TLS."""

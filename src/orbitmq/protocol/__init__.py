@@ -1,0 +1,1 @@
+"""Wire codecs, sans-IO: bytes in, events out. No sockets, no event loop."""

@@ -1,0 +1,1 @@
+"""PySpark data source (extra: spark). Never imported by servers."""

@@ -1,0 +1,199 @@
+"""The CommitLog: one append-only log for every topic, the store's only source of truth.
+
+Appends are per batch: one lock, one encode pass, one ``pwrite`` per segment touched. Queue
+offsets are assigned here, under the same lock, from the topic-queue table (RocketMQ keeps it
+in the CommitLog for the same reason: the offset must be in the record before it is written).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from orbitmq.common.errors import StoreClosedError, StoreIOError
+from orbitmq.common.record import (
+    MIN_BLANK,
+    BatchHeader,
+    encode_batch,
+    encode_blank,
+    record_sizes,
+)
+from orbitmq.store.segment import FileOps, Segment, SegmentQueue, io_error
+
+
+@dataclass(frozen=True, slots=True)
+class AppendResult:
+    """Where a batch landed. Record i is at ``physical_offsets[i]`` with queue offset
+    ``first_queue_offset + i``; ``end_offset`` is the log's end after the batch."""
+
+    topic: str
+    queue_id: int
+    first_queue_offset: int
+    physical_offsets: list[int]
+    sizes: list[int]
+    end_offset: int
+    store_timestamp_ms: int
+
+    @property
+    def count(self) -> int:
+        return len(self.sizes)
+
+
+def now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+class CommitLog:
+    """Segments of ``segment_size`` bytes under ``directory``.
+
+    ``max_offset`` is the end of the last complete record (published after the write, so a
+    reader never sees half a batch); ``flushed_offset`` is how far fsync has reached.
+    Thread-safety: ``append`` is serialised by an internal lock; everything else may be called
+    from any thread.
+    """
+
+    def __init__(
+        self, directory: Path, segment_size: int, fs: FileOps, clock: Callable[[], int] = now_ms
+    ) -> None:
+        self.segments = SegmentQueue(directory, segment_size, fs)
+        self.segment_size = segment_size
+        self.clock = clock
+        self.lock = threading.Lock()
+        self.queue_offsets: dict[tuple[str, int], int] = {}
+        self.max_offset = 0
+        self.flushed_offset = 0
+        self.fenced: str | None = None
+        self._flush_lock = threading.Lock()
+
+    # ---------------------------------------------------------------- append
+
+    def append(
+        self,
+        topic: str,
+        queue_id: int,
+        bodies: list[bytes],
+        properties: list[bytes],
+        *,
+        flag: int = 0,
+        sys_flag: int = 0,
+        born_timestamp_ms: int = 0,
+        born_host: bytes = b"\0" * 8,
+        store_host: bytes = b"\0" * 8,
+        reconsume_times: int = 0,
+        prepared_transaction_offset: int = 0,
+    ) -> AppendResult:
+        topic_bytes = topic.encode()
+        sizes = record_sizes(len(topic_bytes), bodies, properties)
+        with self.lock:
+            if self.fenced:
+                raise StoreClosedError(f"writes fenced after an I/O failure: {self.fenced}")
+            key = (topic, queue_id)
+            first_qoff = self.queue_offsets.get(key, 0)
+            store_ts = self.clock()
+            start = self.max_offset
+            # Plan the chunks: a record never straddles a segment, so split where one would.
+            plan = self._plan_locked(start, sizes)
+            writes: list[tuple[Segment, int, bytearray]] = []
+            qoff = first_qoff
+            phys: list[int] = []
+            for seg_start, lo, hi, pos, filler in plan:
+                seg = self.segments.find(seg_start) or self.segments.create(seg_start)
+                buf = bytearray()
+                if hi > lo:
+                    head = BatchHeader(
+                        topic_bytes, queue_id, qoff, pos, flag, sys_flag, born_timestamp_ms,
+                        born_host, store_ts, store_host, reconsume_times,
+                        prepared_transaction_offset,
+                    )  # fmt: skip
+                    buf = encode_batch(head, bodies[lo:hi], properties[lo:hi])
+                    p = pos
+                    for size in sizes[lo:hi]:
+                        phys.append(p)
+                        p += size
+                    qoff += hi - lo
+                if filler:
+                    buf += encode_blank(filler)
+                writes.append((seg, pos - seg.start, buf))
+            end = plan[-1][3] + sum(sizes[plan[-1][1] : plan[-1][2]])
+            for seg, at, buf in writes:
+                try:
+                    seg.write(at, buf)
+                except OSError as exc:
+                    raise io_error(f"append to {seg.path.name} at {at}", exc) from exc
+            self.queue_offsets[key] = qoff
+            self.max_offset = end
+        return AppendResult(topic, queue_id, first_qoff, phys, sizes, end, store_ts)
+
+    def _plan_locked(self, start: int, sizes: list[int]) -> list[tuple[int, int, int, int, int]]:
+        """Split a batch at segment ends: (segment start, lo, hi, position, filler bytes)."""
+        plan = []
+        size = self.segment_size
+        pos = start
+        lo = 0
+        n = len(sizes)
+        while lo < n:
+            seg_start = pos - pos % size
+            room = seg_start + size - pos
+            hi = lo
+            used = 0
+            while hi < n:
+                nxt = used + sizes[hi]
+                # Fit exactly, or leave room for an end-of-segment filler.
+                if nxt == room or nxt + MIN_BLANK <= room:
+                    used = nxt
+                    hi += 1
+                else:
+                    break
+            if hi == n:
+                plan.append((seg_start, lo, hi, pos, 0))
+                break
+            if hi == lo and pos == seg_start:
+                raise StoreIOError(f"record of {sizes[lo]} bytes cannot fit in a segment")
+            plan.append((seg_start, lo, hi, pos, room - used))
+            pos = seg_start + size
+            lo = hi
+        return plan
+
+    # ---------------------------------------------------------------- flush
+
+    def flush(self, upto: int | None = None) -> int:
+        """fsync segments holding data in [flushed_offset, upto). Returns the new flushed offset.
+
+        Runs without the append lock: appends continue while the kernel writes back.
+        """
+        with self._flush_lock:
+            target = self.max_offset if upto is None else min(upto, self.max_offset)
+            if target <= self.flushed_offset:
+                return self.flushed_offset
+            pos = self.flushed_offset
+            while pos < target:
+                seg = self.segments.find(pos)
+                if seg is None:
+                    break
+                try:
+                    seg.flush()
+                except OSError as exc:
+                    self.fenced = f"fsync of {seg.path.name} failed: {exc}"
+                    raise io_error(f"fsync {seg.path.name}", exc) from exc
+                pos = seg.end
+            self.flushed_offset = target
+            return target
+
+    # ---------------------------------------------------------------- reads
+
+    def view_at(self, offset: int) -> tuple[memoryview, int, int] | None:
+        """(segment view, position of ``offset`` in it, segment size), or None if not held."""
+        seg = self.segments.find(offset)
+        if seg is None:
+            return None
+        return seg.view, offset - seg.start, seg.size
+
+    @property
+    def min_offset(self) -> int:
+        return self.segments.min_offset
+
+    def close(self) -> None:
+        self.segments.close()

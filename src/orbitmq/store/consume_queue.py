@@ -1,0 +1,237 @@
+"""ConsumeQueue: the per-(topic, queue) index into the CommitLog.
+
+Each entry is 20 bytes, big-endian, and entry n describes the message with queue offset n::
+
+    0  8  commitlog physical offset   i64
+    8  4  record size                 i32
+   12  8  tag hash                    i64  (CRC32C of the tag, 0 for none)
+
+Files hold ``entries_per_file`` entries (RocketMQ: 300,000 = 6,000,000 bytes) and are named by
+their 20-digit start *byte* offset, as RocketMQ names them. Lookup by queue offset is O(1):
+file = offset // entries_per_file, position = offset % entries_per_file * 20.
+
+ConsumeQueues are derived data: the dispatcher writes them from the CommitLog, recovery cuts
+their tail and lets the dispatcher write it again. A zero entry (size 0) is "no entry".
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import struct
+from pathlib import Path
+
+import numpy as np
+
+from orbitmq.store.layout import offset_name
+from orbitmq.store.segment import FileOps, Segment, SegmentQueue
+
+log = logging.getLogger(__name__)
+
+ENTRY = struct.Struct(">qiq")
+ENTRY_SIZE = ENTRY.size  # 20
+ENTRY_DTYPE = np.dtype([("phy", ">i8"), ("size", ">i4"), ("tag", ">i8")])
+assert ENTRY_DTYPE.itemsize == ENTRY_SIZE
+
+
+class ConsumeQueue:
+    """Entries of one (topic, queue_id). Written by the dispatcher thread only."""
+
+    def __init__(
+        self, root: Path, topic: str, queue_id: int, entries_per_file: int, fs: FileOps
+    ) -> None:
+        self.topic = topic
+        self.queue_id = queue_id
+        self.entries_per_file = entries_per_file
+        self.file_size = entries_per_file * ENTRY_SIZE
+        self.files = SegmentQueue(root / topic / str(queue_id), self.file_size, fs)
+        self.max_offset = 0  # next queue offset to be written
+        self.min_offset = 0  # first queue offset still served
+        self.dirty: set[Segment] = set()
+
+    # ------------------------------------------------------------- loading
+
+    def load(self) -> list[str]:
+        problems = self.files.load()
+        self.min_offset = self.files.min_offset // ENTRY_SIZE
+        self.max_offset = self._scan_end(limit_phy=None)
+        return problems
+
+    def _entries(self, seg: Segment) -> np.ndarray:
+        return np.frombuffer(seg.view, dtype=ENTRY_DTYPE)
+
+    def _scan_end(self, limit_phy: int | None) -> int:
+        """The queue offset after the last valid entry (size > 0, phy below ``limit_phy``).
+
+        Valid entries are a prefix of each file (they are written in order), so a binary
+        search per file finds the end; garbage past it cannot fool the search as long as the
+        prefix property holds, and the tail is rewritten by dispatch anyway.
+        """
+        for seg in reversed(self.files.segments):
+            arr = self._entries(seg)
+            valid = arr["size"] > 0
+            if limit_phy is not None:
+                valid &= arr["phy"] < limit_phy
+            # First False in a True-prefix array: argmin finds it (or 0 if all False).
+            if valid.all():
+                n = len(valid)
+            else:
+                n = int(np.argmin(valid))
+                while n > 0 and not valid[:n].all():  # not a clean prefix: take the clean part
+                    n = int(np.argmin(valid[:n]))
+            if n > 0 or seg is self.files.segments[0]:
+                return seg.start // ENTRY_SIZE + n
+        return self.min_offset
+
+    def truncate_from_phy(self, phy_offset: int) -> int:
+        """Drop entries pointing at or past ``phy_offset``; zero them on disk. Returns count."""
+        old = self.max_offset
+        end = self._scan_end(limit_phy=phy_offset)
+        self._cut_at(end)
+        return max(0, old - end)
+
+    def _cut_at(self, queue_offset: int) -> None:
+        byte_at = queue_offset * ENTRY_SIZE
+        for path in self.files.drop_after(byte_at):
+            log.info("recovery: removed %s", path)
+        seg = self.files.find(byte_at)
+        if seg is not None:
+            seg.zero_from(byte_at - seg.start)
+        self.max_offset = max(queue_offset, self.min_offset)
+
+    # ------------------------------------------------------------- writes
+
+    def put(self, first_queue_offset: int, entries: bytes) -> None:
+        """Write packed entries starting at ``first_queue_offset`` (one pwrite per file)."""
+        if first_queue_offset != self.max_offset:
+            if first_queue_offset > self.max_offset:
+                log.warning(
+                    "%s/%d: gap in queue offsets, %d..%d written as empty",
+                    self.topic, self.queue_id, self.max_offset, first_queue_offset,
+                )  # fmt: skip
+            if not self.files.segments:
+                self.min_offset = first_queue_offset
+        byte_at = first_queue_offset * ENTRY_SIZE
+        view = memoryview(entries)
+        while view:
+            seg_start = byte_at - byte_at % self.file_size
+            seg = self.files.find(seg_start)
+            if seg is None:
+                seg = self.files.create(seg_start)
+            n = min(len(view), seg.end - byte_at)
+            seg.write(byte_at - seg.start, view[:n])
+            self.dirty.add(seg)
+            view = view[n:]
+            byte_at += n
+        self.max_offset = max(self.max_offset, byte_at // ENTRY_SIZE)
+
+    def flush(self) -> None:
+        dirty, self.dirty = self.dirty, set()
+        for seg in dirty:
+            seg.flush()
+
+    # ------------------------------------------------------------- reads
+
+    def entries(self, queue_offset: int, max_count: int) -> memoryview:
+        """Up to ``max_count`` packed entries from ``queue_offset``, within one file, no copy."""
+        end = min(queue_offset + max_count, self.max_offset)
+        if queue_offset < self.min_offset or queue_offset >= end:
+            return memoryview(b"")
+        byte_at = queue_offset * ENTRY_SIZE
+        seg = self.files.find(byte_at - byte_at % self.file_size)
+        if seg is None:
+            return memoryview(b"")
+        lo = byte_at - seg.start
+        hi = min(end * ENTRY_SIZE - seg.start, seg.size)
+        return seg.view[lo:hi]
+
+    def entry(self, queue_offset: int) -> tuple[int, int, int] | None:
+        raw = self.entries(queue_offset, 1)
+        if len(raw) < ENTRY_SIZE:
+            return None
+        phy, size, tag = ENTRY.unpack(raw)
+        return (phy, size, tag) if size > 0 else None
+
+    # ------------------------------------------------------------- retention
+
+    def correct_min_offset(self, min_phy_offset: int) -> int:
+        """Drop files wholly below ``min_phy_offset`` and move ``min_offset`` to the first entry
+        whose message still exists. Returns the new min offset."""
+        while len(self.files.segments) > 1:
+            last_entry = self._entries(self.files.segments[0])[-1]
+            if int(last_entry["phy"]) + int(last_entry["size"]) > min_phy_offset:
+                break
+            log.info("retention: removed %s", self.files.drop_first())
+        if not self.files.segments:
+            return self.min_offset
+        seg = self.files.segments[0]
+        arr = self._entries(seg)
+        first = seg.start // ENTRY_SIZE
+        stop = min(len(arr), max(0, self.max_offset - first))
+        idx = int(np.searchsorted(arr["phy"][:stop].astype(np.int64), min_phy_offset))
+        self.min_offset = max(self.min_offset, first + idx)
+        return self.min_offset
+
+    def destroy(self) -> None:
+        for seg in list(self.files.segments):
+            seg.destroy()
+        self.files.segments.clear()
+        with contextlib.suppress(OSError):
+            os.rmdir(self.files.directory)
+
+    def close(self) -> None:
+        self.files.close()
+
+    def __repr__(self) -> str:
+        return f"ConsumeQueue({self.topic}/{self.queue_id} [{self.min_offset}, {self.max_offset}))"
+
+
+def file_name_for(queue_offset: int, entries_per_file: int) -> str:
+    start = queue_offset - queue_offset % entries_per_file
+    return offset_name(start * ENTRY_SIZE)
+
+
+class ConsumeQueueTable:
+    """Every ConsumeQueue of a store, created on first use."""
+
+    def __init__(self, root: Path, entries_per_file: int, fs: FileOps) -> None:
+        self.root = root
+        self.entries_per_file = entries_per_file
+        self.fs = fs
+        self.queues: dict[tuple[str, int], ConsumeQueue] = {}
+
+    def load(self) -> list[str]:
+        self.root.mkdir(parents=True, exist_ok=True)
+        problems: list[str] = []
+        for topic in sorted(os.listdir(self.root)):
+            tdir = self.root / topic
+            if not tdir.is_dir():
+                continue
+            for qdir in sorted(os.listdir(tdir)):
+                if not qdir.isdigit():
+                    continue
+                cq = ConsumeQueue(self.root, topic, int(qdir), self.entries_per_file, self.fs)
+                problems += [f"{topic}/{qdir}: {p}" for p in cq.load()]
+                self.queues[(topic, int(qdir))] = cq
+        return problems
+
+    def get(self, topic: str, queue_id: int) -> ConsumeQueue | None:
+        return self.queues.get((topic, queue_id))
+
+    def get_or_create(self, topic: str, queue_id: int) -> ConsumeQueue:
+        cq = self.queues.get((topic, queue_id))
+        if cq is None:
+            cq = ConsumeQueue(self.root, topic, queue_id, self.entries_per_file, self.fs)
+            cq.files.directory.mkdir(parents=True, exist_ok=True)
+            self.queues[(topic, queue_id)] = cq
+        return cq
+
+    def flush(self) -> None:
+        for cq in list(self.queues.values()):
+            cq.flush()
+
+    def close(self) -> None:
+        for cq in self.queues.values():
+            cq.close()
+        self.queues.clear()

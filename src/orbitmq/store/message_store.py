@@ -1,0 +1,496 @@
+"""MessageStore: the storage engine's one entry point (a library; it knows nothing of networks).
+
+    append(batch)  -> AppendResult      page-cache write, never waits for fsync
+    flush_future(end_offset) -> Future  completes when that much is durable (group commit)
+    put(batch)     -> AppendResult      append, and in SYNC_FLUSH wait for the fsync
+    get_messages(topic, queue, offset, max_count, max_bytes, tags) -> GetResult (memoryviews)
+    min_offset / max_offset / offset_for_timestamp / get_message / query_by_key
+
+Every call is synchronous and may block on disk, so an event loop calls it from a worker
+thread (``loop.run_in_executor``) and awaits ``asyncio.wrap_future(flush_future(...))``; the
+store itself starts no event loop. Background threads: dispatcher, flusher, checkpointer,
+retention. The store is opened by one process at a time (flock on ``lock``).
+"""
+
+from __future__ import annotations
+
+import enum
+import fcntl
+import logging
+import os
+import threading
+from collections.abc import Callable, Iterable
+from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from orbitmq.common.errors import (
+    DiskFullError,
+    FlushTimeoutError,
+    StoreClosedError,
+    StoreError,
+)
+from orbitmq.common.message import MessageBatch, decode_properties, tag_hash
+from orbitmq.common.record import (
+    MAGIC,
+    PREFIX,
+    STORE_TIMESTAMP,
+    STORE_TIMESTAMP_OFFSET,
+    RecordError,
+    StoredMessage,
+    check_record,
+    decode,
+    pack_host,
+    properties_slice,
+)
+from orbitmq.common.validation import validate_bodies_and_properties, validate_topic
+from orbitmq.store import layout
+from orbitmq.store.checkpoint import Checkpoint
+from orbitmq.store.commit_log import AppendResult, CommitLog, now_ms
+from orbitmq.store.config import FlushDiskType, StoreConfig
+from orbitmq.store.consume_queue import ENTRY_DTYPE, ConsumeQueueTable
+from orbitmq.store.dispatch import ArrivalListener, Dispatcher
+from orbitmq.store.flush import FlushService, PeriodicService
+from orbitmq.store.index_file import IndexService
+from orbitmq.store.recovery import RecoveryReport, recover
+from orbitmq.store.retention import RetentionService, TopicRetention
+from orbitmq.store.segment import FileOps
+
+log = logging.getLogger(__name__)
+
+
+class GetStatus(enum.Enum):
+    """Outcome of a read, RocketMQ's GetMessageStatus names."""
+
+    FOUND = "FOUND"
+    NO_MATCHED_MESSAGE = "NO_MATCHED_MESSAGE"
+    NO_MATCHED_LOGIC_QUEUE = "NO_MATCHED_LOGIC_QUEUE"
+    NO_MESSAGE_IN_QUEUE = "NO_MESSAGE_IN_QUEUE"
+    OFFSET_TOO_SMALL = "OFFSET_TOO_SMALL"
+    OFFSET_OVERFLOW_ONE = "OFFSET_OVERFLOW_ONE"
+    OFFSET_OVERFLOW_BADLY = "OFFSET_OVERFLOW_BADLY"
+
+
+@dataclass(slots=True)
+class GetResult:
+    """Records are zero-copy views of the CommitLog; ``queue_offsets[i]`` is record i's offset.
+    ``next_begin_offset`` is where the next read should start. ``skipped`` lists offsets whose
+    record failed its checks and was not served."""
+
+    status: GetStatus
+    next_begin_offset: int
+    min_offset: int
+    max_offset: int
+    messages: list[memoryview] = field(default_factory=list)
+    queue_offsets: list[int] = field(default_factory=list)
+    skipped: list[int] = field(default_factory=list)
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(map(len, self.messages))
+
+
+class MessageStore:
+    """The store. ``open()`` recovers and starts the background services; ``close()`` flushes,
+    writes a clean checkpoint and removes the abort marker."""
+
+    def __init__(
+        self,
+        config: StoreConfig,
+        *,
+        fs: FileOps | None = None,
+        clock: Callable[[], int] = now_ms,
+        disk_usage: Callable[[], float] | None = None,
+    ) -> None:
+        self.config = config
+        self.fs = fs or FileOps()
+        self.clock = clock
+        root = config.store_path
+        self.root = root
+        self.abort_path = root / layout.ABORT_FILE
+        self.checkpoint_path = root / layout.CHECKPOINT_FILE
+        self.commit_log = CommitLog(
+            root / layout.COMMITLOG_DIR, config.mapped_file_size_commit_log, self.fs, clock
+        )
+        self.queues = ConsumeQueueTable(
+            root / layout.CONSUMEQUEUE_DIR, config.consume_queue_entries_per_file, self.fs
+        )
+        self.index: IndexService | None = (
+            IndexService(
+                root / layout.INDEX_DIR,
+                config.max_hash_slot_num,
+                config.max_index_num,
+                clock=clock,
+            )
+            if config.message_index_enable
+            else None
+        )
+        self.dispatcher = Dispatcher(self.commit_log, self.queues, self.index)
+        self.flusher = FlushService(self.commit_log, config)
+        self.retention = RetentionService(self, disk_usage=disk_usage)
+        self._checkpointer = PeriodicService(
+            "orbitmq-checkpoint", config.flush_interval_consume_queue_ms / 1000, self.checkpoint
+        )
+        self._cleaner = PeriodicService(
+            "orbitmq-retention", config.clean_resource_interval_ms / 1000, self.retention.run
+        )
+        self._store_host = pack_host(config.store_host)
+        self._checkpoint_lock = threading.Lock()
+        self._lock_fd = -1
+        self.trusted_from = 0  # records at or past this offset were written by this process
+        self.is_open = False
+        self.recovery: RecoveryReport | None = None
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def open(self) -> RecoveryReport:
+        self.root.mkdir(parents=True, exist_ok=True)
+        self._lock_fd = os.open(self.root / layout.LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(self._lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as exc:
+            os.close(self._lock_fd)
+            raise StoreError(f"{self.root} is open in another process") from exc
+        report = recover(self)
+        self.recovery = report
+        self.trusted_from = self.commit_log.max_offset
+        self.retention.run(startup=True)
+        if not report.clean:
+            self.checkpoint()
+        self.abort_path.touch()
+        layout.fsync_dir(self.root)
+        self.dispatcher.start()
+        self.flusher.start()
+        self._checkpointer.start()
+        self._cleaner.start()
+        self.is_open = True
+        return report
+
+    def close(self) -> None:
+        """Stop the services, dispatch and fsync everything, mark the shutdown clean."""
+        if not self.is_open:
+            return
+        self.is_open = False
+        self._cleaner.stop()
+        self._checkpointer.stop()
+        self.flusher.stop()
+        self.dispatcher.stop()
+        try:
+            self.dispatcher.dispatch_until(self.commit_log.max_offset)
+            self.commit_log.flush()
+            self.queues.flush()
+            if self.index is not None:
+                self.index.flush()
+            end = self.commit_log.max_offset
+            Checkpoint(
+                dispatch_safe_offset=end,
+                commit_log_flushed=end,
+                clean_end_offset=end,
+                last_record_offset=self._last_record_offset(),
+                written_at_ms=self.clock(),
+                clean=True,
+            ).save(self.checkpoint_path)
+            self.abort_path.unlink(missing_ok=True)
+            layout.fsync_dir(self.root)
+        finally:
+            self._release()
+
+    def crash_for_test(self) -> None:
+        """Stop as a SIGKILL would: no flush, no checkpoint, the abort marker stays."""
+        self.is_open = False
+        self._cleaner.stop()
+        self._checkpointer.stop()
+        self.flusher.stop()
+        self.dispatcher.stop()
+        self._release()
+
+    def _release(self) -> None:
+        self.commit_log.close()
+        self.queues.close()
+        if self.index is not None:
+            self.index.close()
+        if self._lock_fd >= 0:
+            os.close(self._lock_fd)
+            self._lock_fd = -1
+
+    def _last_record_offset(self) -> int:
+        """Start of the newest record, from the ConsumeQueues (-1 if the log is empty)."""
+        best = -1
+        for cq in self.queues.queues.values():
+            if cq.max_offset > cq.min_offset:
+                entry = cq.entry(cq.max_offset - 1)
+                if entry is not None and entry[0] + entry[1] == self.commit_log.max_offset:
+                    return entry[0]
+                if entry is not None:
+                    best = max(best, entry[0])
+        return best
+
+    def __enter__(self) -> MessageStore:
+        self.open()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def checkpoint(self) -> None:
+        """Fsync derived data up to what is dispatched and record that as the safe point."""
+        with self._checkpoint_lock:
+            safe = self.dispatcher.reput_offset
+            self.commit_log.flush(safe)
+            self.queues.flush()
+            if self.index is not None:
+                self.index.flush()
+            Checkpoint(
+                dispatch_safe_offset=safe,
+                commit_log_flushed=self.commit_log.flushed_offset,
+                written_at_ms=self.clock(),
+            ).save(self.checkpoint_path)
+
+    # ------------------------------------------------------------------ writes
+
+    def validate(self, batch: MessageBatch) -> None:
+        validate_topic(batch.topic)
+        validate_bodies_and_properties(
+            batch.bodies,
+            batch.properties,
+            self.config.max_message_size,
+            self.config.max_properties_size,
+        )
+        if batch.queue_id < 0:
+            raise ValueError("queue_id must be >= 0")
+
+    def append(self, batch: MessageBatch) -> AppendResult:
+        """Validate and append to the page cache. Raises before writing anything on bad input."""
+        if not self.is_open:
+            raise StoreClosedError("store is not open")
+        self.validate(batch)
+        if self.retention.disk_full:
+            raise DiskFullError(
+                f"disk use {self.retention.disk_ratio:.0f}% is above "
+                f"{self.config.disk_space_warning_level_ratio}%: writes refused until space frees"
+            )
+        result = self.commit_log.append(
+            batch.topic,
+            batch.queue_id,
+            batch.bodies,
+            batch.properties,
+            flag=batch.flag,
+            sys_flag=batch.sys_flag,
+            born_timestamp_ms=batch.born_timestamp_ms,
+            born_host=pack_host(batch.born_host),
+            store_host=self._store_host,
+            reconsume_times=batch.reconsume_times,
+            prepared_transaction_offset=batch.prepared_transaction_offset,
+        )
+        self.dispatcher.wake()
+        return result
+
+    def flush_future(self, end_offset: int) -> Future[None]:
+        """Durability of everything before ``end_offset``: done at once in ASYNC_FLUSH."""
+        if self.config.flush_disk_type is FlushDiskType.SYNC_FLUSH:
+            return self.flusher.request(end_offset)
+        fut: Future[None] = Future()
+        fut.set_result(None)
+        return fut
+
+    def put(self, batch: MessageBatch) -> AppendResult:
+        """Append; in SYNC_FLUSH also wait for the group-commit fsync (FlushTimeoutError)."""
+        result = self.append(batch)
+        if self.config.flush_disk_type is FlushDiskType.SYNC_FLUSH:
+            try:
+                self.flusher.request(result.end_offset).result(
+                    self.config.sync_flush_timeout_ms / 1000
+                )
+            except FutureTimeout as exc:
+                raise FlushTimeoutError(
+                    f"not fsynced within {self.config.sync_flush_timeout_ms} ms"
+                ) from exc
+        return result
+
+    def add_arrival_listener(self, listener: ArrivalListener) -> None:
+        """``listener(topic, queue_id, max_offset)`` runs on the dispatcher thread: keep it short
+        (a long-polling broker hands it to its loop with ``call_soon_threadsafe``)."""
+        self.dispatcher.listeners.append(listener)
+
+    def wait_for_dispatch(self, timeout: float = 10.0) -> bool:
+        """Block until every appended record is readable through the ConsumeQueues."""
+        return self.dispatcher.wait_for(self.commit_log.max_offset, timeout)
+
+    def set_topic_retention(self, topic: str, retention: TopicRetention | None) -> None:
+        self.retention.set_topic(topic, retention)
+
+    # ------------------------------------------------------------------ reads
+
+    def min_offset(self, topic: str, queue_id: int) -> int:
+        cq = self.queues.get(topic, queue_id)
+        if cq is None:
+            return 0
+        return max(cq.min_offset, self.retention.floor(topic, queue_id))
+
+    def max_offset(self, topic: str, queue_id: int) -> int:
+        cq = self.queues.get(topic, queue_id)
+        return cq.max_offset if cq is not None else 0
+
+    def queue_ids(self, topic: str) -> list[int]:
+        return sorted(q for (t, q) in self.queues.queues if t == topic)
+
+    def get_messages(
+        self,
+        topic: str,
+        queue_id: int,
+        offset: int,
+        max_count: int = 32,
+        max_bytes: int = 4 * 1024 * 1024,
+        tags: Iterable[str] | None = None,
+    ) -> GetResult:
+        """Read by queue offset. Every record is checked against its ConsumeQueue entry (size,
+        queue, offset); records from before this start also pass their CRC. A record failing a
+        check is skipped and listed, never served."""
+        cq = self.queues.get(topic, queue_id)
+        if cq is None:
+            return GetResult(GetStatus.NO_MATCHED_LOGIC_QUEUE, 0, 0, 0)
+        lo = max(cq.min_offset, self.retention.floor(topic, queue_id))
+        hi = cq.max_offset
+        if hi <= lo:
+            return GetResult(GetStatus.NO_MESSAGE_IN_QUEUE, lo, lo, hi)
+        if offset < lo:
+            return GetResult(GetStatus.OFFSET_TOO_SMALL, lo, lo, hi)
+        if offset == hi:
+            return GetResult(GetStatus.OFFSET_OVERFLOW_ONE, hi, lo, hi)
+        if offset > hi:
+            return GetResult(GetStatus.OFFSET_OVERFLOW_BADLY, hi, lo, hi)
+        wanted = {tag_hash(t) for t in tags} if tags is not None else None
+        wanted_tags = set(tags) if tags is not None else None
+        ttl_cut = self.retention.ttl_cut(topic)
+        result = GetResult(GetStatus.FOUND, offset, lo, hi)
+        out = result.messages
+        offs = result.queue_offsets
+        cl = self.commit_log
+        segs = tuple(cl.segments.segments)
+        seg_size = cl.segment_size
+        verify_before = self.trusted_from if self.config.check_crc_on_read else -1
+        budget = max_bytes
+        pos = offset
+        scanned_limit = max(max_count * 4, 256) if wanted is not None else max_count
+        while pos < hi and len(out) < max_count and budget > 0 and pos - offset < scanned_limit:
+            raw = cq.entries(pos, min(max_count - len(out), hi - pos) if wanted is None else 256)
+            if not raw:
+                break
+            arr = np.frombuffer(raw, dtype=ENTRY_DTYPE)
+            if not segs:
+                break
+            base = segs[0].start
+            for phy, size, tag in zip(
+                arr["phy"].tolist(), arr["size"].tolist(), arr["tag"].tolist(), strict=True
+            ):
+                cur = pos
+                pos += 1
+                if wanted is not None and tag not in wanted:
+                    continue
+                i = (phy - base) // seg_size
+                if size <= 0 or phy < base or i >= len(segs):
+                    result.skipped.append(cur)
+                    continue
+                seg = segs[i]
+                at = phy - seg.start
+                view = seg.view
+                if at + size > seg_size:
+                    result.skipped.append(cur)
+                    continue
+                total, magic, _crc, qid, _flag, qoff = PREFIX.unpack_from(view, at)
+                if total != size or magic != MAGIC or qid != queue_id or qoff != cur:
+                    result.skipped.append(cur)
+                    continue
+                if phy < verify_before:
+                    try:
+                        check_record(view, at, at + size)
+                    except RecordError:
+                        result.skipped.append(cur)
+                        continue
+                if (
+                    ttl_cut
+                    and STORE_TIMESTAMP.unpack_from(view, at + STORE_TIMESTAMP_OFFSET)[0] < ttl_cut
+                ):
+                    continue
+                if wanted_tags is not None:
+                    _t, props = properties_slice(view, at)
+                    if decode_properties(props).get("TAGS") not in wanted_tags:
+                        continue
+                out.append(view[at : at + size])
+                offs.append(cur)
+                budget -= size
+                if len(out) >= max_count or budget <= 0:
+                    break
+        result.next_begin_offset = pos
+        if result.skipped:
+            log.warning("%s/%d: skipped corrupt records at %s", topic, queue_id, result.skipped)
+        if not out:
+            result.status = GetStatus.NO_MATCHED_MESSAGE
+        return result
+
+    def get_message(self, physical_offset: int) -> StoredMessage | None:
+        """The record at a CommitLog offset, verified, or None."""
+        loc = self.commit_log.view_at(physical_offset)
+        if loc is None or physical_offset >= self.commit_log.max_offset:
+            return None
+        view, at, size = loc
+        try:
+            n = check_record(view, at, size)
+        except RecordError:
+            return None
+        return decode(view[at : at + n]) if n > 0 else None
+
+    def offset_for_timestamp(self, topic: str, queue_id: int, timestamp_ms: int) -> int:
+        """First queue offset whose store time is >= ``timestamp_ms`` (max offset if none)."""
+        lo = self.min_offset(topic, queue_id)
+        hi = self.max_offset(topic, queue_id)
+        cq = self.queues.get(topic, queue_id)
+        if cq is None:
+            return 0
+        while lo < hi:
+            mid = (lo + hi) // 2
+            ts = self._store_time(cq.entry(mid))
+            if ts is None or ts < timestamp_ms:
+                lo = mid + 1
+            else:
+                hi = mid
+        return lo
+
+    def _store_time(self, entry: tuple[int, int, int] | None) -> int | None:
+        if entry is None:
+            return None
+        loc = self.commit_log.view_at(entry[0])
+        if loc is None:
+            return None
+        view, at, _size = loc
+        return int(STORE_TIMESTAMP.unpack_from(view, at + STORE_TIMESTAMP_OFFSET)[0])
+
+    def query_by_key(
+        self, topic: str, key: str, max_num: int = 32, begin_ms: int = 0, end_ms: int = 2**62
+    ) -> list[StoredMessage]:
+        """Messages of ``topic`` whose KEYS contain ``key`` or whose unique id is ``key``."""
+        if self.index is None:
+            return []
+        found: list[StoredMessage] = []
+        for phy in self.index.query(topic, key, max_num * 2, begin_ms, end_ms):
+            msg = self.get_message(phy)
+            if msg is None or msg.topic != topic:
+                continue
+            if key in msg.keys or msg.msg_id == key:
+                found.append(msg)
+                if len(found) >= max_num:
+                    break
+        return found
+
+    def stats(self) -> dict[str, int]:
+        return {
+            "commit_log_min_offset": self.commit_log.min_offset,
+            "commit_log_max_offset": self.commit_log.max_offset,
+            "commit_log_flushed_offset": self.commit_log.flushed_offset,
+            "dispatch_offset": self.dispatcher.reput_offset,
+            "dispatch_lag_bytes": self.commit_log.max_offset - self.dispatcher.reput_offset,
+            "queues": len(self.queues.queues),
+            "fsyncs": self.flusher.fsync_count,
+        }

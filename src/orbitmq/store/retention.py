@@ -1,0 +1,168 @@
+"""Retention: deleting old CommitLog segments, watching the disk, per-topic TTL and size limits.
+
+Broker-wide rules, as RocketMQ's:
+- a segment whose last write is older than ``file_reserved_time_hours`` is deleted at the hours
+  in ``delete_when``, or at any hour once disk use passes ``disk_max_used_space_ratio``;
+- above ``disk_space_clean_forcibly_ratio`` the oldest segments go even if not expired;
+- above ``disk_space_warning_level_ratio`` appends fail with DiskFullError; the flag clears by
+  itself on the next run that finds the disk below the ratio;
+- the segment being written, and any segment not yet fully dispatched, is never deleted; queue
+  min offsets are moved past deleted data before the file goes.
+
+Per-topic retention (an OrbitMQ extension RocketMQ lacks outside tiered storage):
+``TopicRetention(ttl_ms, max_bytes)``. Messages older than the TTL are not served from the
+moment they expire (reads compare store timestamps), long before their segment is deleted.
+``max_bytes`` bounds each queue of the topic: older messages beyond the newest ``max_bytes``
+of record bytes are no longer served (evaluated on every retention run).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from orbitmq.store.consume_queue import ENTRY_DTYPE, ENTRY_SIZE, ConsumeQueue
+
+if TYPE_CHECKING:
+    from orbitmq.store.message_store import MessageStore
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class TopicRetention:
+    ttl_ms: int | None = None
+    max_bytes: int | None = None
+
+
+class RetentionService:
+    def __init__(self, store: MessageStore, disk_usage: Callable[[], float] | None = None) -> None:
+        self.store = store
+        self.config = store.config
+        self._disk_usage = disk_usage or self._fs_usage
+        self.disk_ratio = 0.0
+        self.disk_full = False
+        self.topics: dict[str, TopicRetention] = {}
+        self.floors: dict[tuple[str, int], int] = {}
+        self.deleted_segments = 0
+
+    def _fs_usage(self) -> float:
+        usage = shutil.disk_usage(self.store.root)
+        return 100.0 * usage.used / usage.total if usage.total else 0.0
+
+    # ----------------------------------------------------------- per topic
+
+    def set_topic(self, topic: str, retention: TopicRetention | None) -> None:
+        if retention is None or (retention.ttl_ms is None and retention.max_bytes is None):
+            self.topics.pop(topic, None)
+            for key in [k for k in self.floors if k[0] == topic]:
+                del self.floors[key]
+        else:
+            self.topics[topic] = retention
+            self._update_floors(topic)
+
+    def ttl_cut(self, topic: str) -> int:
+        """Store timestamps below this are expired for ``topic`` (0: no TTL)."""
+        policy = self.topics.get(topic)
+        if policy is None or policy.ttl_ms is None:
+            return 0
+        return self.store.clock() - policy.ttl_ms
+
+    def floor(self, topic: str, queue_id: int) -> int:
+        return self.floors.get((topic, queue_id), 0)
+
+    def _update_floors(self, topic: str) -> None:
+        policy = self.topics.get(topic)
+        if policy is None:
+            return
+        for (t, qid), cq in list(self.store.queues.queues.items()):
+            if t != topic:
+                continue
+            floor = cq.min_offset
+            if policy.ttl_ms is not None:
+                floor = max(floor, self.store.offset_for_timestamp(t, qid, self.ttl_cut(t)))
+            if policy.max_bytes is not None:
+                floor = max(floor, _size_floor(cq, policy.max_bytes))
+            self.floors[(t, qid)] = floor
+
+    # ----------------------------------------------------------- the run
+
+    def run(self, startup: bool = False) -> None:
+        ratio = self._disk_usage()
+        self.disk_ratio = ratio
+        cfg = self.config
+        hour_ok = time.localtime(self.store.clock() / 1000).tm_hour in cfg.delete_hours()
+        force = ratio >= cfg.disk_space_clean_forcibly_ratio
+        if not startup and (hour_ok or ratio >= cfg.disk_max_used_space_ratio or force):
+            self._delete_segments(force)
+            ratio = self.disk_ratio = self._disk_usage()
+        was_full = self.disk_full
+        self.disk_full = ratio >= cfg.disk_space_warning_level_ratio
+        if self.disk_full and not was_full:
+            log.error("disk use %.1f%%: refusing writes until it falls below %d%%",
+                      ratio, cfg.disk_space_warning_level_ratio)  # fmt: skip
+        elif was_full and not self.disk_full:
+            log.warning("disk use %.1f%%: accepting writes again", ratio)
+        for topic in list(self.topics):
+            self._update_floors(topic)
+
+    def _delete_segments(self, force: bool) -> None:
+        store = self.store
+        cl = store.commit_log
+        reserved_ms = self.config.file_reserved_time_hours * 3600 * 1000
+        now = store.clock()
+        deleted = 0
+        while deleted < self.config.delete_commit_log_files_max_per_run:
+            segs = cl.segments.segments
+            if len(segs) < 2:
+                break  # never the segment being written
+            first = segs[0]
+            if first.end > store.dispatcher.reput_offset:
+                break  # not fully dispatched yet
+            age_ms = now - os.path.getmtime(first.path) * 1000
+            if age_ms < reserved_ms and not force:
+                break
+            new_min = segs[1].start
+            for cq in list(store.queues.queues.values()):
+                cq.correct_min_offset(new_min)
+            path = cl.segments.drop_first()
+            deleted += 1
+            self.deleted_segments += 1
+            log.info(
+                "retention: deleted %s (%s, age %.1f h)",
+                path.name, "forced by disk use" if force and age_ms < reserved_ms else "expired",
+                age_ms / 3_600_000,
+            )  # fmt: skip
+            if force and self._disk_usage() < self.config.disk_space_clean_forcibly_ratio:
+                force = False
+        if deleted:
+            for cq in list(store.queues.queues.values()):
+                cq.correct_min_offset(cl.min_offset)
+            if store.index is not None:
+                store.index.delete_below(cl.min_offset)
+
+
+def _size_floor(cq: ConsumeQueue, max_bytes: int) -> int:
+    """First queue offset from which the queue's newest records total at most ``max_bytes``."""
+    total = 0
+    for seg in reversed(cq.files.segments):
+        first = seg.start // ENTRY_SIZE
+        arr = np.frombuffer(seg.view, dtype=ENTRY_DTYPE)
+        n = max(0, min(len(arr), cq.max_offset - first))
+        lo = max(0, cq.min_offset - first)
+        if n <= lo:
+            continue
+        sizes = arr["size"][lo:n].astype(np.int64)[::-1]
+        running = np.cumsum(sizes) + total
+        over = np.nonzero(running > max_bytes)[0]
+        if len(over):
+            return first + n - int(over[0])
+        total = int(running[-1])
+    return cq.min_offset

@@ -1,0 +1,101 @@
+"""The stored record codec: round trips, framing checks, and what bad bytes do."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from orbitmq.common.message import decode_properties, encode_properties
+from orbitmq.common.record import (
+    BLANK_MAGIC,
+    HEADER_SIZE,
+    BatchHeader,
+    RecordError,
+    check_record,
+    decode,
+    encode_batch,
+    encode_blank,
+    pack_host,
+    record_sizes,
+)
+
+
+def _head(n_first: int = 0, phy: int = 1000, topic: bytes = b"T") -> BatchHeader:
+    return BatchHeader(
+        topic, 3, n_first, phy, 7, 0, 111, pack_host(("10.0.0.1", 5)), 222,
+        pack_host(("10.0.0.2", 10911)), 1, 0,
+    )  # fmt: skip
+
+
+def _walk(buf: bytes | bytearray) -> list[int]:
+    view = memoryview(buf)
+    at, sizes = 0, []
+    while at < len(view):
+        n = check_record(view, at, len(view))
+        sizes.append(n)
+        at += n
+    return sizes
+
+
+@pytest.mark.parametrize("n", [1, 5, 11, 12, 64, 300])
+def test_small_and_vector_encoders_agree_and_decode(n: int) -> None:
+    bodies = [os.urandom(1 + i % 50) for i in range(n)]
+    props = [encode_properties({"TAGS": f"t{i % 3}", "KEYS": f"k{i}"}) for i in range(n)]
+    buf = encode_batch(_head(10), bodies, props)
+    assert _walk(buf) == record_sizes(1, bodies, props)
+    at = 0
+    for i, size in enumerate(record_sizes(1, bodies, props)):
+        msg = decode(bytes(buf[at : at + size]))
+        assert msg.body == bodies[i]
+        assert msg.queue_offset == 10 + i
+        assert msg.physical_offset == 1000 + at
+        assert msg.topic == "T"
+        assert msg.tags == f"t{i % 3}"
+        assert msg.keys == [f"k{i}"]
+        assert msg.born_host == ("10.0.0.1", 5)
+        assert msg.store_timestamp_ms == 222
+        assert msg.flag == 7
+        at += size
+
+
+@given(
+    bodies=st.lists(st.binary(min_size=1, max_size=300), min_size=1, max_size=40),
+    flip=st.integers(min_value=0),
+    bit=st.integers(min_value=0, max_value=7),
+)
+def test_any_single_bit_flip_is_caught(bodies: list[bytes], flip: int, bit: int) -> None:
+    props = [b""] * len(bodies)
+    buf = encode_batch(_head(), bodies, props)
+    where = flip % len(buf)
+    buf[where] ^= 1 << bit
+    with pytest.raises(RecordError):
+        _walk(buf)
+
+
+@given(data=st.binary(max_size=400), limit=st.integers(min_value=0, max_value=400))
+def test_garbage_never_raises_anything_but_record_error(data: bytes, limit: int) -> None:
+    view = memoryview(data)
+    with contextlib.suppress(RecordError):
+        check_record(view, 0, min(limit, len(view)))
+
+
+def test_blank_filler_must_end_the_segment() -> None:
+    blank = encode_blank(64)
+    assert check_record(memoryview(blank), 0, 64) == -64
+    with pytest.raises(RecordError):
+        check_record(memoryview(blank + b"\0" * 8), 0, 72)
+    assert int.from_bytes(blank[4:8], "big") == BLANK_MAGIC
+
+
+def test_zero_bytes_read_as_end_of_data() -> None:
+    with pytest.raises(RecordError, match="zero bytes"):
+        check_record(memoryview(bytes(HEADER_SIZE * 2)), 0, HEADER_SIZE * 2)
+
+
+@given(st.dictionaries(st.text(alphabet="abcXYZ_", min_size=1), st.text(alphabet="xyz 0-9")))
+def test_properties_round_trip(props: dict[str, str]) -> None:
+    assert decode_properties(encode_properties(props)) == props
