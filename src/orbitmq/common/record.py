@@ -253,7 +253,9 @@ def encode_batch(head: BatchHeader, bodies: list[bytes], properties: list[bytes]
     parts: list[bytes] = []
     extend = parts.extend
     u16 = _U16_BYTES
-    for at, body, props in zip(range(0, n * HEADER_SIZE, HEADER_SIZE), bodies, properties, strict=False):
+    for at, body, props in zip(
+        range(0, n * HEADER_SIZE, HEADER_SIZE), bodies, properties, strict=False
+    ):
         extend((headers[at : at + HEADER_SIZE], body, topic_part, u16[len(props)], props))
     buf = bytearray().join(parts)
     mv = memoryview(buf)

@@ -20,6 +20,7 @@ import contextlib
 import logging
 import os
 import struct
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -49,6 +50,7 @@ class ConsumeQueue:
         self.max_offset = 0  # next queue offset to be written
         self.min_offset = 0  # first queue offset still served
         self.dirty: set[Segment] = set()
+        self._dirty_lock = threading.Lock()
 
     # ------------------------------------------------------------- loading
 
@@ -95,6 +97,8 @@ class ConsumeQueue:
         byte_at = queue_offset * ENTRY_SIZE
         for path in self.files.drop_after(byte_at):
             log.info("recovery: removed %s", path)
+        with self._dirty_lock:
+            self.dirty &= set(self.files.segments)
         seg = self.files.find(byte_at)
         if seg is not None:
             seg.zero_from(byte_at - seg.start)
@@ -121,13 +125,15 @@ class ConsumeQueue:
                 seg = self.files.create(seg_start)
             n = min(len(view), seg.end - byte_at)
             seg.write(byte_at - seg.start, view[:n])
-            self.dirty.add(seg)
+            with self._dirty_lock:
+                self.dirty.add(seg)
             view = view[n:]
             byte_at += n
         self.max_offset = max(self.max_offset, byte_at // ENTRY_SIZE)
 
     def flush(self) -> None:
-        dirty, self.dirty = self.dirty, set()
+        with self._dirty_lock:
+            dirty, self.dirty = self.dirty, set()
         for seg in dirty:
             seg.flush()
 
@@ -162,6 +168,8 @@ class ConsumeQueue:
             last_entry = self._entries(self.files.segments[0])[-1]
             if int(last_entry["phy"]) + int(last_entry["size"]) > min_phy_offset:
                 break
+            with self._dirty_lock:
+                self.dirty.discard(self.files.segments[0])
             log.info("retention: removed %s", self.files.drop_first())
         if not self.files.segments:
             return self.min_offset
@@ -174,9 +182,9 @@ class ConsumeQueue:
         return self.min_offset
 
     def destroy(self) -> None:
-        for seg in list(self.files.segments):
+        segs, self.files.segments = self.files.segments, []
+        for seg in segs:
             seg.destroy()
-        self.files.segments.clear()
         with contextlib.suppress(OSError):
             os.rmdir(self.files.directory)
 

@@ -126,7 +126,7 @@ class Dispatcher:
         if index_items and self.index is not None:
             self.index.build_many(index_items)
         self.reput_offset = pos
-        for (topic, qid) in per_queue:
+        for topic, qid in per_queue:
             cq = self.queues.get_or_create(topic, qid)
             for listener in self.listeners:
                 try:

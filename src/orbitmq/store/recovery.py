@@ -80,6 +80,8 @@ def _clean_start_ok(store: MessageStore, cp: Checkpoint | None, report: Recovery
     if store.abort_path.exists():
         report.problems.append("abort marker present: the last run did not close cleanly")
         return False
+    if cp is None and not store.commit_log.segments.segments and not store.queues.queues:
+        return True  # a new, empty store
     if cp is None or not cp.clean:
         report.problems.append("no checkpoint from a clean shutdown")
         return False
@@ -152,8 +154,7 @@ def recover(store: MessageStore) -> RecoveryReport:
     cp = Checkpoint.load(store.checkpoint_path)
     # Pass 2: decide.
     if _clean_start_ok(store, cp, report):
-        assert cp is not None
-        end = cp.clean_end_offset
+        end = cp.clean_end_offset if cp is not None else 0
         report.scanned_from = end
     else:
         report.clean = False

@@ -17,6 +17,7 @@ import errno
 import logging
 import mmap
 import os
+import threading
 from pathlib import Path
 
 from orbitmq.common.errors import DiskFullError, StoreIOError
@@ -57,13 +58,14 @@ def io_error(what: str, exc: OSError) -> StoreIOError:
 class Segment:
     """One preallocated file of ``size`` bytes whose first byte is at ``start`` in its log."""
 
-    __slots__ = ("_mm", "_view", "fd", "fs", "path", "size", "start")
+    __slots__ = ("_mm", "_view", "closed", "fd", "fs", "path", "size", "start")
 
     def __init__(self, path: Path, start: int, size: int, fs: FileOps, *, create: bool) -> None:
         self.path = path
         self.start = start
         self.size = size
         self.fs = fs
+        self.closed = False
         flags = os.O_RDWR | (os.O_CREAT | os.O_EXCL if create else 0)
         self.fd = os.open(path, flags, 0o644)
         try:
@@ -98,7 +100,8 @@ class Segment:
         self.fs.pwrite(self.fd, data, position)
 
     def flush(self) -> None:
-        self.fs.fdatasync(self.fd)
+        if not self.closed:  # a file retention just removed needs no fsync
+            self.fs.fdatasync(self.fd)
 
     def zero_from(self, position: int) -> None:
         """Zero the file from ``position`` on (truncate then re-extend: the kernel zero-fills)."""
@@ -110,6 +113,9 @@ class Segment:
             log.warning("could not re-reserve %s after zeroing its tail", self.path)
 
     def close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
         self._view.release()
         # A reader may still hold a memoryview of the mapping: it stays valid until released.
         with contextlib.suppress(BufferError):
@@ -122,13 +128,18 @@ class Segment:
 
 
 class SegmentQueue:
-    """An ordered run of equal-size segments, named by their 20-digit start offset."""
+    """An ordered run of equal-size segments, named by their 20-digit start offset.
+
+    ``segments`` is copy-on-write: changes build a new list under a lock and swap it in, so a
+    reader that took ``self.segments`` once holds a consistent snapshot without locking.
+    """
 
     def __init__(self, directory: Path, segment_size: int, fs: FileOps) -> None:
         self.directory = directory
         self.segment_size = segment_size
         self.fs = fs
         self.segments: list[Segment] = []
+        self._mutate = threading.Lock()
 
     def load(self) -> list[str]:
         """Open existing segments. Returns problems found (gaps, stray files) for the report."""
@@ -160,33 +171,38 @@ class SegmentQueue:
                     p.rename(p.with_name(p.name + ".orphan"))
                 keep = starts[i:]
                 break
+        loaded = []
         for s in keep:
             actual = os.path.getsize(self.directory / offset_name(s))
             if actual != self.segment_size:
                 problems.append(
                     f"{offset_name(s)} is {actual} bytes, expected {self.segment_size}: resized"
                 )
-            self.segments.append(
+            loaded.append(
                 Segment(
                     self.directory / offset_name(s), s, self.segment_size, self.fs, create=False
                 )
             )
+        self.segments = loaded
         return problems
 
     @property
     def min_offset(self) -> int:
-        return self.segments[0].start if self.segments else 0
+        segs = self.segments
+        return segs[0].start if segs else 0
 
     def find(self, offset: int) -> Segment | None:
-        if not self.segments:
+        segs = self.segments
+        if not segs:
             return None
-        i = (offset - self.segments[0].start) // self.segment_size
-        if 0 <= i < len(self.segments):
-            return self.segments[i]
+        i = (offset - segs[0].start) // self.segment_size
+        if 0 <= i < len(segs):
+            return segs[i]
         return None
 
     def last(self) -> Segment | None:
-        return self.segments[-1] if self.segments else None
+        segs = self.segments
+        return segs[-1] if segs else None
 
     def create(self, start: int) -> Segment:
         try:
@@ -195,24 +211,28 @@ class SegmentQueue:
             )
         except OSError as exc:
             raise io_error(f"creating segment {offset_name(start)}", exc) from exc
-        self.segments.append(seg)
+        with self._mutate:
+            self.segments = [*self.segments, seg]
         return seg
 
     def drop_after(self, offset: int) -> list[Path]:
         """Delete whole segments that start after ``offset`` (recovery truncation)."""
-        gone = []
-        while self.segments and self.segments[-1].start > offset:
-            seg = self.segments.pop()
-            gone.append(seg.path)
+        with self._mutate:
+            doomed = [seg for seg in self.segments if seg.start > offset]
+            self.segments = [seg for seg in self.segments if seg.start <= offset]
+        for seg in reversed(doomed):
             seg.destroy()
-        return gone
+        return [seg.path for seg in reversed(doomed)]
 
     def drop_first(self) -> Path:
-        seg = self.segments.pop(0)
+        with self._mutate:
+            seg = self.segments[0]
+            self.segments = self.segments[1:]
         seg.destroy()
         return seg.path
 
     def close(self) -> None:
-        for seg in self.segments:
+        with self._mutate:
+            segs, self.segments = self.segments, []
+        for seg in segs:
             seg.close()
-        self.segments.clear()
