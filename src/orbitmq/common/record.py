@@ -218,7 +218,13 @@ class BatchHeader:
     prepared_transaction_offset: int
 
 
-def encode_batch(head: BatchHeader, bodies: list[bytes], properties: list[bytes]) -> bytearray:
+def encode_batch(
+    head: BatchHeader,
+    bodies: list[bytes],
+    properties: list[bytes],
+    body_lens: np.ndarray | None = None,
+    prop_lens: np.ndarray | None = None,
+) -> bytearray:
     """Encode a batch of records into one contiguous buffer, ready for a single write.
 
     Record i has queue offset ``first_queue_offset + i`` and sits right after record i-1.
@@ -229,8 +235,10 @@ def encode_batch(head: BatchHeader, bodies: list[bytes], properties: list[bytes]
         return _encode_small(head, bodies, properties)
     n = len(bodies)
     topic_part = U16.pack(len(head.topic)) + head.topic
-    body_lens = np.fromiter(map(len, bodies), dtype=np.int64, count=n)
-    prop_lens = np.fromiter(map(len, properties), dtype=np.int64, count=n)
+    if body_lens is None:
+        body_lens = np.fromiter(map(len, bodies), dtype=np.int64, count=n)
+    if prop_lens is None:
+        prop_lens = np.fromiter(map(len, properties), dtype=np.int64, count=n)
     sizes = body_lens + prop_lens + (HEADER_SIZE + len(topic_part) + 2)
     starts = np.zeros(n, dtype=np.int64)
     np.cumsum(sizes[:-1], out=starts[1:])

@@ -13,13 +13,15 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
+
 from orbitmq.common.errors import StoreClosedError, StoreIOError
 from orbitmq.common.record import (
     MIN_BLANK,
     BatchHeader,
     encode_batch,
     encode_blank,
-    record_sizes,
+    record_overhead,
 )
 from orbitmq.store.segment import FileOps, Segment, SegmentQueue, io_error
 
@@ -86,7 +88,12 @@ class CommitLog:
         prepared_transaction_offset: int = 0,
     ) -> AppendResult:
         topic_bytes = topic.encode()
-        sizes = record_sizes(len(topic_bytes), bodies, properties)
+        n = len(bodies)
+        body_lens = np.fromiter(map(len, bodies), dtype=np.int64, count=n)
+        prop_lens = np.fromiter(map(len, properties), dtype=np.int64, count=n)
+        size_arr = body_lens + prop_lens + record_overhead(len(topic_bytes))
+        ends = np.cumsum(size_arr)
+        batch_bytes = int(ends[-1])
         with self.lock:
             if self.fenced:
                 raise StoreClosedError(f"writes fenced after an I/O failure: {self.fenced}")
@@ -94,11 +101,13 @@ class CommitLog:
             first_qoff = self.queue_offsets.get(key, 0)
             store_ts = self.clock()
             start = self.max_offset
-            # Plan the chunks: a record never straddles a segment, so split where one would.
-            plan = self._plan_locked(start, sizes)
+            room = self.segment_size - start % self.segment_size
+            if batch_bytes == room or batch_bytes + MIN_BLANK <= room:
+                plan = [(start - start % self.segment_size, 0, n, start, 0)]  # the usual case
+            else:  # a record never straddles a segment: split where one would
+                plan = self._plan_locked(start, size_arr.tolist())
             writes: list[tuple[Segment, int, bytearray]] = []
             qoff = first_qoff
-            phys: list[int] = []
             for seg_start, lo, hi, pos, filler in plan:
                 seg = self.segments.find(seg_start) or self.segments.create(seg_start)
                 buf = bytearray()
@@ -108,16 +117,15 @@ class CommitLog:
                         born_host, store_ts, store_host, reconsume_times,
                         prepared_transaction_offset,
                     )  # fmt: skip
-                    buf = encode_batch(head, bodies[lo:hi], properties[lo:hi])
-                    p = pos
-                    for size in sizes[lo:hi]:
-                        phys.append(p)
-                        p += size
+                    buf = encode_batch(
+                        head, bodies[lo:hi], properties[lo:hi], body_lens[lo:hi], prop_lens[lo:hi]
+                    )
                     qoff += hi - lo
                 if filler:
                     buf += encode_blank(filler)
                 writes.append((seg, pos - seg.start, buf))
-            end = plan[-1][3] + sum(sizes[plan[-1][1] : plan[-1][2]])
+            _last_seg_start, last_lo, _hi, last_pos, _f = plan[-1]
+            end = last_pos + batch_bytes - (int(ends[last_lo - 1]) if last_lo else 0)
             for seg, at, buf in writes:
                 try:
                     seg.write(at, buf)
@@ -125,7 +133,14 @@ class CommitLog:
                     raise io_error(f"append to {seg.path.name} at {at}", exc) from exc
             self.queue_offsets[key] = qoff
             self.max_offset = end
-        return AppendResult(topic, queue_id, first_qoff, phys, sizes, end, store_ts)
+        phys = np.empty(n, dtype=np.int64)
+        for _seg_start, lo, hi, pos, _filler in plan:
+            if hi > lo:
+                before = int(ends[lo - 1]) if lo else 0
+                phys[lo:hi] = ends[lo:hi] - size_arr[lo:hi] - before + pos
+        return AppendResult(
+            topic, queue_id, first_qoff, phys.tolist(), size_arr.tolist(), end, store_ts
+        )
 
     def _plan_locked(self, start: int, sizes: list[int]) -> list[tuple[int, int, int, int, int]]:
         """Split a batch at segment ends: (segment start, lo, hi, position, filler bytes)."""

@@ -13,10 +13,10 @@ import threading
 from collections.abc import Callable
 from typing import Protocol
 
+import crc32c
 import numpy as np
 
-from orbitmq.common.message import tag_hash
-from orbitmq.common.record import BLANK, BLANK_MAGIC, HEADER, HEADER_SIZE, U16
+from orbitmq.common.record import BLANK, BLANK_MAGIC, HEADER_SIZE
 from orbitmq.store.commit_log import CommitLog
 from orbitmq.store.consume_queue import ENTRY_DTYPE, ConsumeQueueTable
 
@@ -28,22 +28,41 @@ ArrivalListener = Callable[[str, int, int], None]
 _TAGS = b"TAGS\x01"
 _KEYS = b"KEYS\x01"
 _UNIQ = b"UNIQ_CLIENT_MESSAGE_ID_KEYIDX\x01"
+_NEEDLES = (_TAGS, _KEYS, _UNIQ)
+_HASH_MASK = 0x7FFFFFFF
 ROUND_BYTES = 8 * 1024 * 1024
+_COLUMNS = {w: np.arange(w, dtype=np.int64) for w in (2, 4, 8)}
+
+
+IndexBatch = list[tuple[int, int, int]]
+"""(key hash, physical offset, store timestamp ms) per index entry, in log order."""
 
 
 class Indexer(Protocol):
-    def build_many(self, items: list[tuple[str, list[str], str | None, int, int]]) -> None: ...
+    def put_hashes(self, items: IndexBatch) -> None: ...
 
 
-def _prop(props: bytes, needle: bytes) -> str | None:
-    at = props.find(needle)
-    while at > 0 and props[at - 1] != 0x02:
-        at = props.find(needle, at + 1)
-    if at < 0:
-        return None
-    begin = at + len(needle)
-    end = props.find(b"\x02", begin)
-    return props[begin : end if end >= 0 else len(props)].decode("utf-8", "replace")
+def _occurrences(blk: bytes, needle: bytes) -> list[int]:
+    out: list[int] = []
+    at = blk.find(needle)
+    while at >= 0:
+        out.append(at)
+        at = blk.find(needle, at + len(needle))
+    return out
+
+
+def _walk(view: memoryview, at: int, limit: int) -> tuple[list[int], int, bool]:
+    """Record starts from ``at`` while below ``limit``; (starts, position after, hit filler)."""
+    starts: list[int] = []
+    push = starts.append
+    unpack = BLANK.unpack_from
+    while at < limit:
+        total, magic = unpack(view, at)
+        if magic == BLANK_MAGIC:
+            return starts, at, True
+        push(at)
+        at += total
+    return starts, at, False
 
 
 class Dispatcher:
@@ -62,6 +81,7 @@ class Dispatcher:
         self._stop = False
         self._thread: threading.Thread | None = None
         self._topics: dict[bytes, str] = {}
+        self._prefixes: dict[str, int] = {}
         self.failure: BaseException | None = None
 
     # ------------------------------------------------------------ one round
@@ -74,11 +94,10 @@ class Dispatcher:
         return count
 
     def _round(self, end: int) -> int:
-        per_queue: dict[tuple[str, int], tuple[int, list[tuple[int, int, int]]]] = {}
-        index_items: list[tuple[str, list[str], str | None, int, int]] = []
+        """Dispatch the records starting in [reput_offset, end): walk, decode, write, notify."""
+        groups: dict[tuple[str, int], list[tuple[int, np.ndarray]]] = {}
+        index_items: IndexBatch = []
         pos = self.reput_offset
-        topics = self._topics
-        unpack = HEADER.unpack_from
         count = 0
         while pos < end:
             loc = self.commit_log.view_at(pos)
@@ -87,53 +106,171 @@ class Dispatcher:
             view, at, seg_size = loc
             seg_start = pos - at
             limit = min(seg_size, end - seg_start)
-            while at < limit:
-                total, magic = BLANK.unpack_from(view, at)
-                if magic == BLANK_MAGIC:
-                    at = seg_size
-                    break
-                (_t, _m, _c, qid, _f, qoff, phy, _s, _bt, _bh, store_ts, _sh, _r, _p,
-                 body_len) = unpack(view, at)  # fmt: skip
-                t_at = at + HEADER_SIZE + body_len
-                tlen = U16.unpack_from(view, t_at)[0]
-                traw = bytes(view[t_at + 2 : t_at + 2 + tlen])
-                topic = topics.get(traw)
-                if topic is None:
-                    topic = topics[traw] = traw.decode()
-                p_at = t_at + 2 + tlen
-                plen = U16.unpack_from(view, p_at)[0]
-                tag = 0
-                if plen:
-                    props = bytes(view[p_at + 2 : p_at + 2 + plen])
-                    if _TAGS in props:
-                        tag = tag_hash(_prop(props, _TAGS))
-                    if self.index is not None:
-                        keys = _prop(props, _KEYS) if _KEYS in props else None
-                        uniq = _prop(props, _UNIQ) if _UNIQ in props else None
-                        if keys or uniq:
-                            key_list = keys.split(" ") if keys else []
-                            index_items.append((topic, key_list, uniq, phy, store_ts))
-                slot = per_queue.get((topic, qid))
-                if slot is None:
-                    slot = per_queue[(topic, qid)] = (qoff, [])
-                slot[1].append((phy, total, tag))
-                at += total
-                count += 1
-            pos = seg_start + at
-        for (topic, qid), (first, rows) in per_queue.items():
-            cq = self.queues.get_or_create(topic, qid)
-            cq.put(first, np.array(rows, dtype=ENTRY_DTYPE).tobytes())
-        if index_items and self.index is not None:
-            self.index.build_many(index_items)
+            starts, at, filler = _walk(view, at, limit)
+            if starts:
+                count += len(starts)
+                self._decode_block(view, seg_start, starts, groups, index_items)
+            pos = seg_start + (seg_size if filler else at)
+        self._write(groups, index_items)
         self.reput_offset = pos
-        for topic, qid in per_queue:
+        self._notify(groups)
+        return count
+
+    def _decode_block(
+        self,
+        view: memoryview,
+        seg_start: int,
+        starts: list[int],
+        groups: dict[tuple[str, int], list[tuple[int, np.ndarray]]],
+        index_items: IndexBatch,
+    ) -> None:
+        """Decode a run of records of one segment at once (numpy gathers of header fields);
+        Python work is per run of same-queue records and per record with properties only."""
+        raw = np.frombuffer(view, dtype=np.uint8)
+        last = len(raw) - 1
+        s = np.array(starts, dtype=np.int64)
+
+        def field(at: np.ndarray, width: int, dtype: str) -> np.ndarray:
+            idx = np.minimum(at[:, None] + _COLUMNS[width], last)
+            return raw[idx].view(dtype).reshape(-1)
+
+        n = len(s)
+        sizes = field(s, 4, ">i4").astype(np.int64)
+        qids = field(s + 12, 4, ">i4").astype(np.int64)
+        qoffs = field(s + 20, 8, ">i8").astype(np.int64)
+        times = field(s + 56, 8, ">i8").astype(np.int64)
+        topic_at = s + HEADER_SIZE + field(s + 84, 4, ">i4")
+        topic_len = field(topic_at, 2, ">u2").astype(np.int64)
+        props_at = topic_at + 2 + topic_len
+        props_len = field(props_at, 2, ">u2").astype(np.int64)
+        phys = s + seg_start
+        # Runs of records sharing topic and queue: compare each topic with the one before.
+        width = int(topic_len.max())
+        tops = raw[np.minimum((topic_at + 2)[:, None] + np.arange(width), last)]
+        brk = np.ones(n, dtype=bool)
+        if n > 1:
+            brk[1:] = (
+                (qids[1:] != qids[:-1])
+                | (topic_len[1:] != topic_len[:-1])
+                | (tops[1:] != tops[:-1]).any(axis=1)
+                | (qoffs[1:] != qoffs[:-1] + 1)
+            )
+        run_starts = np.flatnonzero(brk).tolist()
+        run_ends = [*run_starts[1:], n]
+        tags = np.zeros(n, dtype=np.int64)
+        topics = self._topics
+        tas = topic_at.tolist()
+        tls = topic_len.tolist()
+        run_topics: list[str] = []
+        for a in run_starts:
+            traw = bytes(view[tas[a] + 2 : tas[a] + 2 + tls[a]])
+            topic = topics.get(traw)
+            if topic is None:
+                topic = topics[traw] = traw.decode("utf-8", "replace")
+            run_topics.append(topic)
+        if int(props_len.max()) > 0:
+            self._scan_properties(
+                view, props_at + 2, props_len, run_starts, run_topics, phys, times, tags,
+                index_items,
+            )  # fmt: skip
+        entries = np.empty(n, dtype=ENTRY_DTYPE)
+        entries["phy"] = phys
+        entries["size"] = sizes
+        entries["tag"] = tags
+        first_offsets = qoffs.tolist()
+        qid_list = qids.tolist()
+        for topic, a, b in zip(run_topics, run_starts, run_ends, strict=True):
+            groups.setdefault((topic, qid_list[a]), []).append((first_offsets[a], entries[a:b]))
+
+    def _scan_properties(
+        self,
+        view: memoryview,
+        props_at: np.ndarray,
+        props_len: np.ndarray,
+        run_starts: list[int],
+        run_topics: list[str],
+        phys: np.ndarray,
+        times: np.ndarray,
+        tags: np.ndarray,
+        index_items: IndexBatch,
+    ) -> None:
+        """Find TAGS, KEYS and UNIQ_KEY in a block's properties with C-speed substring search
+        over one copy of the block, then touch only the records that have them."""
+        base = int(props_at[0])
+        blk = bytes(view[base : int(props_at[-1] + props_len[-1])])
+        p_lo = props_at - base
+        p_hi = p_lo + props_len
+        run_of = np.searchsorted(np.array(run_starts), np.arange(len(p_lo)), side="right") - 1
+        for needle in _NEEDLES:
+            if needle is not _TAGS and self.index is None:
+                continue
+            hits = _occurrences(blk, needle)
+            if not hits:
+                continue
+            at = np.array(hits, dtype=np.int64)
+            rec = np.searchsorted(p_lo, at, side="right") - 1
+            ok = (rec >= 0) & (at < p_hi[np.maximum(rec, 0)])
+            # A name starts the properties or follows a \x02 separator.
+            prev = np.frombuffer(blk, dtype=np.uint8)[np.maximum(at - 1, 0)]
+            ok &= (at == p_lo[np.maximum(rec, 0)]) | (prev == 2)
+            at, rec = at[ok], rec[ok]
+            ends = p_hi[rec].tolist()
+            values: list[bytes] = []
+            for a, e in zip((at + len(needle)).tolist(), ends, strict=True):
+                stop = blk.find(b"\x02", a, e)
+                values.append(blk[a : stop if stop >= 0 else e])
+            if needle is _TAGS:
+                tags[rec] = [crc32c.crc32c(v) if v else 0 for v in values]
+                continue
+            crc = crc32c.crc32c
+            prefixes = [self._prefix(run_topics[r]) for r in run_of[rec].tolist()]
+            rec_phys = phys[rec].tolist()
+            rec_times = times[rec].tolist()
+            for v, pre, phy, ts in zip(values, prefixes, rec_phys, rec_times, strict=True):
+                if needle is _KEYS and b" " in v:
+                    for key in dict.fromkeys(v.split(b" ")):
+                        if key:
+                            index_items.append((crc(key, pre) & _HASH_MASK, phy, ts))
+                elif v:
+                    index_items.append((crc(v, pre) & _HASH_MASK, phy, ts))
+
+    def _prefix(self, topic: str) -> int:
+        pre = self._prefixes.get(topic)
+        if pre is None:
+            pre = self._prefixes[topic] = crc32c.crc32c(f"{topic}#".encode())
+        return int(pre)
+
+    def _write(
+        self,
+        groups: dict[tuple[str, int], list[tuple[int, np.ndarray]]],
+        index_items: IndexBatch,
+    ) -> None:
+        for (topic, qid), runs in groups.items():
             cq = self.queues.get_or_create(topic, qid)
+            first, chunks = runs[0][0], [runs[0][1].tobytes()]
+            expect = first + len(runs[0][1])
+            for nxt_first, nxt in runs[1:]:
+                if nxt_first != expect:  # not contiguous (cannot happen with one appender)
+                    cq.put(first, b"".join(chunks))
+                    first, chunks = nxt_first, []
+                chunks.append(nxt.tobytes())
+                expect = nxt_first + len(nxt)
+            cq.put(first, b"".join(chunks))
+        if index_items and self.index is not None:
+            self.index.put_hashes(index_items)
+
+    def _notify(self, groups: dict[tuple[str, int], list[tuple[int, np.ndarray]]]) -> None:
+        if not self.listeners:
+            return
+        for topic, qid in groups:
+            cq = self.queues.get(topic, qid)
+            if cq is None:
+                continue
             for listener in self.listeners:
                 try:
                     listener(topic, qid, cq.max_offset)
                 except Exception:
                     log.exception("arrival listener failed")
-        return count
 
     # ------------------------------------------------------------ the service
 
