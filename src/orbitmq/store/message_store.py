@@ -35,7 +35,6 @@ from orbitmq.common.errors import (
 from orbitmq.common.message import MessageBatch, decode_properties, tag_hash
 from orbitmq.common.record import (
     MAGIC,
-    PREFIX,
     STORE_TIMESTAMP,
     STORE_TIMESTAMP_OFFSET,
     RecordError,
@@ -56,9 +55,10 @@ from orbitmq.store.flush import FlushService, PeriodicService
 from orbitmq.store.index_file import IndexService
 from orbitmq.store.recovery import RecoveryReport, recover
 from orbitmq.store.retention import RetentionService, TopicRetention
-from orbitmq.store.segment import FileOps
+from orbitmq.store.segment import FileOps, Segment
 
 log = logging.getLogger(__name__)
+_COLUMNS = {w: np.arange(w, dtype=np.int64) for w in (4, 8)}
 
 
 class GetStatus(enum.Enum):
@@ -361,74 +361,135 @@ class MessageStore:
             return GetResult(GetStatus.OFFSET_OVERFLOW_ONE, hi, lo, hi)
         if offset > hi:
             return GetResult(GetStatus.OFFSET_OVERFLOW_BADLY, hi, lo, hi)
-        wanted = {tag_hash(t) for t in tags} if tags is not None else None
+        wanted = np.array([tag_hash(t) for t in tags], dtype=np.int64) if tags is not None else None
         wanted_tags = set(tags) if tags is not None else None
         ttl_cut = self.retention.ttl_cut(topic)
         result = GetResult(GetStatus.FOUND, offset, lo, hi)
-        out = result.messages
-        offs = result.queue_offsets
-        cl = self.commit_log
-        segs = tuple(cl.segments.segments)
-        seg_size = cl.segment_size
-        verify_before = self.trusted_from if self.config.check_crc_on_read else -1
-        budget = max_bytes
+        segs = tuple(self.commit_log.segments.segments)
         pos = offset
-        scanned_limit = max(max_count * 4, 256) if wanted is not None else max_count
-        while pos < hi and len(out) < max_count and budget > 0 and pos - offset < scanned_limit:
-            raw = cq.entries(pos, min(max_count - len(out), hi - pos) if wanted is None else 256)
-            if not raw:
+        budget = max_bytes
+        # With a tag filter, look at more entries than asked for, but not without bound.
+        scan_limit = offset + (max(max_count * 4, 1024) if wanted is not None else max_count)
+        while pos < min(hi, scan_limit) and len(result.messages) < max_count and budget > 0:
+            want = min(hi, scan_limit) - pos
+            raw = cq.entries(pos, want if wanted is not None else max_count - len(result.messages))
+            if not raw or not segs:
                 break
-            arr = np.frombuffer(raw, dtype=ENTRY_DTYPE)
-            if not segs:
-                break
-            base = segs[0].start
-            for phy, size, tag in zip(
-                arr["phy"].tolist(), arr["size"].tolist(), arr["tag"].tolist(), strict=True
-            ):
-                cur = pos
-                pos += 1
-                if wanted is not None and tag not in wanted:
-                    continue
-                i = (phy - base) // seg_size
-                if size <= 0 or phy < base or i >= len(segs):
-                    result.skipped.append(cur)
-                    continue
-                seg = segs[i]
-                at = phy - seg.start
-                view = seg.view
-                if at + size > seg_size:
-                    result.skipped.append(cur)
-                    continue
-                total, magic, _crc, qid, _flag, qoff = PREFIX.unpack_from(view, at)
-                if total != size or magic != MAGIC or qid != queue_id or qoff != cur:
-                    result.skipped.append(cur)
-                    continue
-                if phy < verify_before:
-                    try:
-                        check_record(view, at, at + size)
-                    except RecordError:
-                        result.skipped.append(cur)
-                        continue
-                if (
-                    ttl_cut
-                    and STORE_TIMESTAMP.unpack_from(view, at + STORE_TIMESTAMP_OFFSET)[0] < ttl_cut
-                ):
-                    continue
-                if wanted_tags is not None:
-                    _t, props = properties_slice(view, at)
-                    if decode_properties(props).get("TAGS") not in wanted_tags:
-                        continue
-                out.append(view[at : at + size])
-                offs.append(cur)
-                budget -= size
-                if len(out) >= max_count or budget <= 0:
-                    break
+            pos = self._read_entries(
+                np.frombuffer(raw, dtype=ENTRY_DTYPE), pos, queue_id, segs, wanted, wanted_tags,
+                ttl_cut, max_count, budget, result,
+            )  # fmt: skip
+            budget = max_bytes - result.total_bytes
         result.next_begin_offset = pos
         if result.skipped:
             log.warning("%s/%d: skipped corrupt records at %s", topic, queue_id, result.skipped)
-        if not out:
+        if not result.messages:
             result.status = GetStatus.NO_MATCHED_MESSAGE
         return result
+
+    def _read_entries(
+        self,
+        arr: np.ndarray,
+        first: int,
+        queue_id: int,
+        segs: tuple[Segment, ...],
+        wanted: np.ndarray | None,
+        wanted_tags: set[str] | None,
+        ttl_cut: int,
+        max_count: int,
+        budget: int,
+        result: GetResult,
+    ) -> int:
+        """Serve records for ConsumeQueue entries ``arr`` (queue offsets from ``first``).
+
+        Checks run on the whole chunk at once: tag hashes, segment bounds, and each record's
+        size, magic, queue id and queue offset gathered from the CommitLog with numpy. Only the
+        records that pass become memoryviews. Returns the next queue offset to look at.
+        """
+        n = len(arr)
+        offsets = np.arange(first, first + n, dtype=np.int64)
+        phy = arr["phy"].astype(np.int64)
+        size = arr["size"].astype(np.int64)
+        keep = np.ones(n, dtype=bool) if wanted is None else np.isin(arr["tag"], wanted)
+        base = segs[0].start
+        seg_size = self.commit_log.segment_size
+        seg_idx = (phy - base) // seg_size
+        at = phy - base - seg_idx * seg_size
+        sane = (size > 0) & (phy >= base) & (seg_idx < len(segs)) & (at + size <= seg_size)
+        bad = keep & ~sane
+        keep &= sane
+        skipped: list[int] = offsets[bad].tolist()
+        verify_before = self.trusted_from if self.config.check_crc_on_read else -1
+        views: list[memoryview] = []
+        view_offsets: list[int] = []
+        view_sizes: list[int] = []
+        for s_i in np.unique(seg_idx[keep]).tolist():
+            in_seg = keep & (seg_idx == s_i)
+            view = segs[s_i].view
+            raw = np.frombuffer(view, dtype=np.uint8)
+            pos_in = at[in_seg]
+            sizes_in = size[in_seg]
+            offs_in = offsets[in_seg]
+
+            def gather(
+                off: int, width: int, dtype: str, p: np.ndarray = pos_in, b: np.ndarray = raw
+            ) -> np.ndarray:
+                return b[(p + off)[:, None] + _COLUMNS[width]].view(dtype).reshape(-1)
+
+            ok = (
+                (gather(0, 4, ">i4") == sizes_in)
+                & (gather(4, 4, ">u4") == MAGIC)
+                & (gather(12, 4, ">i4") == queue_id)
+                & (gather(20, 8, ">i8") == offs_in)
+            )
+            if not ok.all():
+                skipped += offs_in[~ok].tolist()
+            if ttl_cut:
+                ok &= gather(STORE_TIMESTAMP_OFFSET, 8, ">i8") >= ttl_cut
+            slow = wanted_tags is not None or int(phy[in_seg].min()) < verify_before
+            if not slow:  # the usual case: one slice per record, nothing else
+                if not ok.all():
+                    pos_in, sizes_in, offs_in = pos_in[ok], sizes_in[ok], offs_in[ok]
+                starts = pos_in.tolist()
+                views += [
+                    view[a:b] for a, b in zip(starts, (pos_in + sizes_in).tolist(), strict=True)
+                ]
+                view_offsets += offs_in.tolist()
+                view_sizes += sizes_in.tolist()
+                continue
+            for a, sz, off, good, p in zip(
+                pos_in.tolist(), sizes_in.tolist(), offs_in.tolist(), ok.tolist(),
+                phy[in_seg].tolist(), strict=True,
+            ):  # fmt: skip
+                if not good:
+                    continue
+                if p < verify_before:
+                    try:
+                        check_record(view, a, a + sz)
+                    except RecordError:
+                        skipped.append(off)
+                        continue
+                if wanted_tags is not None:
+                    _topic, props = properties_slice(view, a)
+                    if decode_properties(props).get("TAGS") not in wanted_tags:
+                        continue
+                views.append(view[a : a + sz])
+                view_offsets.append(off)
+                view_sizes.append(sz)
+        # Serve up to max_count records, and stop once max_bytes is reached (at least one).
+        room = max_count - len(result.messages)
+        take = min(room, len(views))
+        if view_sizes:
+            reached = np.flatnonzero(np.cumsum(view_sizes) >= budget)
+            if len(reached):
+                take = min(take, int(reached[0]) + 1)
+        stop = first + n
+        if take < len(views) or (take == room and take):
+            stop = view_offsets[take - 1] + 1 if take else first
+        result.messages += views[:take]
+        result.queue_offsets += view_offsets[:take]
+        result.skipped += sorted(o for o in skipped if o < stop)
+        return stop
 
     def get_message(self, physical_offset: int) -> StoredMessage | None:
         """The record at a CommitLog offset, verified, or None."""
