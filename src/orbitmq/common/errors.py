@@ -12,6 +12,10 @@
     │   ├── FlushTimeoutError        FLUSH_DISK_TIMEOUT: appended, but not fsynced in time
     │   ├── StoreClosedError         the store is closed or fenced after an I/O failure
     │   └── CorruptRecordError       bytes on disk fail their checks (path, offset, detail)
+    ├── ProtocolError                bytes on a connection that are not a valid frame
+    ├── RemoteError                  a server answered with a non-SUCCESS ``response_code``
+    │   └── RequestTimeoutError      no answer within the timeout
+    ├── ClientError                  the client cannot do what was asked (no route, closed, ...)
     └── ConfigError                  a configuration value is out of range
 
 Policy lives on the class: ``retriable`` says whether trying again (possibly elsewhere) can help.
@@ -94,3 +98,54 @@ class CorruptRecordError(StoreError):
         self.path = path
         self.offset = offset
         self.detail = detail
+
+
+class ProtocolError(MQError):
+    """Bytes received that do not form a valid frame; the connection is closed."""
+
+    code = ResponseCode.SYSTEM_ERROR
+
+
+class RemoteError(MQError):
+    """A server answered with an error code; ``response_code`` is the code it sent."""
+
+    def __init__(self, code: int, remark: str = "") -> None:
+        super().__init__(f"{_code_name(code)}: {remark}" if remark else _code_name(code))
+        self.response_code = code
+        self.remark = remark
+
+    @property
+    def can_retry(self) -> bool:
+        """Whether another try (possibly on another broker) can succeed."""
+        return self.response_code in _RETRIABLE
+
+
+class RequestTimeoutError(RemoteError):
+    def __init__(self, remark: str = "") -> None:
+        super().__init__(ResponseCode.SYSTEM_BUSY, remark or "request timed out")
+
+
+class ClientError(MQError):
+    """The client cannot do what was asked: no route to the topic, closed, bad arguments."""
+
+
+_RETRIABLE = frozenset(
+    {
+        ResponseCode.SYSTEM_ERROR,
+        ResponseCode.SYSTEM_BUSY,
+        ResponseCode.FLUSH_DISK_TIMEOUT,
+        ResponseCode.SLAVE_NOT_AVAILABLE,
+        ResponseCode.FLUSH_SLAVE_TIMEOUT,
+        ResponseCode.SERVICE_NOT_AVAILABLE,
+        ResponseCode.TOPIC_NOT_EXIST,
+        ResponseCode.STORE_IO_ERROR,
+        ResponseCode.STORE_CLOSED,
+    }
+)
+
+
+def _code_name(code: int) -> str:
+    try:
+        return ResponseCode(code).name
+    except ValueError:
+        return f"CODE_{code}"

@@ -1,0 +1,111 @@
+"""The client side of Remoting: one connection per server address, made on demand.
+
+Requests are pipelined on the connection (many in flight, matched by opaque); a connection that
+drops fails its pending requests with ConnectionClosedError and is re-made by the next request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import ssl
+
+from orbitmq.common.errors import ClientError
+from orbitmq.net.connection import Connection, ConnectionClosedError, Handler
+from orbitmq.protocol.frame import DEFAULT_MAX_FRAME_SIZE, Frame
+
+log = logging.getLogger(__name__)
+
+
+def split_addr(addr: str) -> tuple[str, int]:
+    host, sep, port = addr.rpartition(":")
+    if not sep or not port.isdigit():
+        raise ClientError(f"address {addr!r} is not host:port")
+    return host.strip("[]"), int(port)
+
+
+class RemotingClient:
+    def __init__(
+        self,
+        *,
+        connect_timeout: float = 3.0,
+        max_frame_size: int = DEFAULT_MAX_FRAME_SIZE,
+        ssl_context: ssl.SSLContext | None = None,
+        handler: Handler | None = None,
+        name: str = "client",
+    ) -> None:
+        self.connect_timeout = connect_timeout
+        self.max_frame_size = max_frame_size
+        self.ssl_context = ssl_context
+        self.handler = handler
+        self.name = name
+        self._conns: dict[str, Connection] = {}
+        self._connecting: dict[str, asyncio.Future[Connection]] = {}
+        self._closed = False
+
+    async def connection(self, addr: str) -> Connection:
+        conn = self._conns.get(addr)
+        if conn is not None and conn.is_open:
+            return conn
+        if self._closed:
+            raise ClientError("client is closed")
+        waiting = self._connecting.get(addr)
+        if waiting is not None:
+            return await asyncio.shield(waiting)
+        fut: asyncio.Future[Connection] = asyncio.get_running_loop().create_future()
+        self._connecting[addr] = fut
+        try:
+            conn = await self._connect(addr)
+            fut.set_result(conn)
+            return conn
+        except BaseException as exc:
+            fut.set_exception(exc)
+            fut.exception()  # mark retrieved
+            raise
+        finally:
+            self._connecting.pop(addr, None)
+
+    async def _connect(self, addr: str) -> Connection:
+        host, port = split_addr(addr)
+        loop = asyncio.get_running_loop()
+        try:
+            async with asyncio.timeout(self.connect_timeout):
+                _t, conn = await loop.create_connection(
+                    lambda: Connection(
+                        self.handler, max_frame_size=self.max_frame_size, name=self.name
+                    ),
+                    host,
+                    port,
+                    ssl=self.ssl_context,
+                )
+        except (OSError, TimeoutError) as exc:
+            raise ConnectionClosedError(f"cannot connect to {addr}: {exc}") from exc
+        self._conns[addr] = conn
+        return conn
+
+    async def invoke(self, addr: str, frame: Frame, timeout: float = 3.0) -> Frame:
+        conn = await self.connection(addr)
+        return await conn.request(frame, timeout)
+
+    async def invoke_oneway(self, addr: str, frame: Frame) -> None:
+        conn = await self.connection(addr)
+        conn.send_oneway(frame)
+
+    def drop(self, addr: str) -> None:
+        conn = self._conns.pop(addr, None)
+        if conn is not None:
+            conn.close("dropped")
+
+    async def close(self) -> None:
+        self._closed = True
+        conns = list(self._conns.values())
+        self._conns.clear()
+        for conn in conns:
+            conn.close("client closing")
+        for conn in conns:
+            if conn.transport is not None:
+                try:
+                    async with asyncio.timeout(1.0):
+                        await conn.closed.wait()
+                except TimeoutError:
+                    conn.abort("close timed out")

@@ -1,0 +1,230 @@
+"""One framed TCP connection on asyncio, used by both servers and clients.
+
+It turns bytes into frames with the sans-IO decoder, routes responses to the request that is
+waiting for them (by opaque), hands requests to a handler, and applies back-pressure both ways:
+
+- at most ``max_in_flight`` requests from the peer are processed at once; beyond that the
+  connection stops reading until one finishes;
+- when the peer reads our responses slower than we write them (the transport's write buffer
+  passes its high-water mark), reading stops too, so a slow or hostile peer cannot make us
+  buffer without limit.
+
+A frame that cannot be decoded closes the connection, with the reason logged.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any
+
+from orbitmq.common.codes import ResponseCode
+from orbitmq.common.errors import MQError, ProtocolError, RemoteError, RequestTimeoutError
+from orbitmq.protocol.frame import (
+    FLAG_ONEWAY,
+    VERSION,
+    Buffer,
+    Frame,
+    FrameDecoder,
+    encode,
+)
+
+log = logging.getLogger(__name__)
+
+Reply = Frame | tuple[Frame, Sequence[Buffer]] | None
+"""What a handler returns: a response, a response plus body buffers (zero-copy), or None."""
+Handler = Callable[[Frame, "Connection"], Awaitable[Reply]]
+
+
+class ConnectionClosedError(RemoteError):
+    def __init__(self, remark: str = "connection closed") -> None:
+        super().__init__(ResponseCode.SYSTEM_ERROR, remark)
+
+
+class Connection(asyncio.Protocol):
+    def __init__(
+        self,
+        handler: Handler | None = None,
+        *,
+        max_frame_size: int,
+        max_in_flight: int = 256,
+        on_close: Callable[[Connection], None] | None = None,
+        name: str = "conn",
+    ) -> None:
+        self.handler = handler
+        self.decoder = FrameDecoder(max_frame_size)
+        self.max_in_flight = max_in_flight
+        self.on_close = on_close
+        self.name = name
+        self.transport: asyncio.Transport | None = None
+        self.peer = "?"
+        self.pending: dict[int, asyncio.Future[Frame]] = {}
+        self.closed = asyncio.Event()
+        self.close_reason = ""
+        self.attributes: dict[str, Any] = {}
+        self._opaque = itertools.count(1)
+        self._in_flight = 0
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._write_paused = False
+        self._read_paused = False
+        self._drain_waiters: list[asyncio.Future[None]] = []
+
+    # --------------------------------------------------------------- asyncio.Protocol
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self.transport = transport
+        peer = transport.get_extra_info("peername")
+        self.peer = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
+        transport.set_write_buffer_limits(high=4 * 1024 * 1024)
+
+    def data_received(self, data: bytes) -> None:
+        try:
+            frames = self.decoder.feed(data)
+        except ProtocolError as exc:
+            self.abort(f"protocol error from {self.peer}: {exc}")
+            return
+        for frame in frames:
+            if frame.is_response:
+                fut = self.pending.pop(frame.opaque, None)
+                if fut is not None and not fut.done():
+                    fut.set_result(frame)
+                continue
+            self._start_request(frame)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if not self.close_reason:
+            self.close_reason = f"closed by peer{f': {exc}' if exc else ''}"
+        err = ConnectionClosedError(f"connection to {self.peer} lost: {self.close_reason}")
+        for fut in self.pending.values():
+            if not fut.done():
+                fut.set_exception(err)
+        self.pending.clear()
+        for waiter in self._drain_waiters:
+            if not waiter.done():
+                waiter.set_result(None)
+        self.closed.set()
+        if self.on_close is not None:
+            self.on_close(self)
+
+    def pause_writing(self) -> None:
+        self._write_paused = True
+        self._update_reading()
+
+    def resume_writing(self) -> None:
+        self._write_paused = False
+        for waiter in self._drain_waiters:
+            if not waiter.done():
+                waiter.set_result(None)
+        self._drain_waiters.clear()
+        self._update_reading()
+
+    # --------------------------------------------------------------- requests in
+
+    def _start_request(self, frame: Frame) -> None:
+        if self.handler is None:
+            self._send(frame.reply(ResponseCode.REQUEST_CODE_NOT_SUPPORTED, "no handler here"))
+            return
+        if frame.version > VERSION:
+            self._send(
+                frame.reply(
+                    ResponseCode.VERSION_NOT_SUPPORTED,
+                    f"frame version {frame.version}, this server speaks {VERSION}",
+                )
+            )
+            return
+        self._in_flight += 1
+        self._update_reading()
+        task = asyncio.get_running_loop().create_task(self._run(frame))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _run(self, frame: Frame) -> None:
+        assert self.handler is not None
+        try:
+            reply = await self.handler(frame, self)
+        except MQError as exc:
+            reply = frame.reply(getattr(exc, "response_code", exc.code), str(exc))
+        except Exception as exc:
+            log.exception("%s: request code %d failed", self.name, frame.code)
+            reply = frame.reply(ResponseCode.SYSTEM_ERROR, f"{type(exc).__name__}: {exc}")
+        finally:
+            self._in_flight -= 1
+            self._update_reading()
+        if reply is None or frame.flags & FLAG_ONEWAY:
+            return
+        if isinstance(reply, tuple):
+            self._send(reply[0], reply[1])
+        else:
+            self._send(reply)
+
+    def _update_reading(self) -> None:
+        if self.transport is None or self.transport.is_closing():
+            return
+        should_pause = self._write_paused or self._in_flight >= self.max_in_flight
+        if should_pause and not self._read_paused:
+            self._read_paused = True
+            self.transport.pause_reading()
+        elif not should_pause and self._read_paused:
+            self._read_paused = False
+            self.transport.resume_reading()
+
+    # --------------------------------------------------------------- frames out
+
+    def _send(self, frame: Frame, body_parts: Sequence[Buffer] | None = None) -> None:
+        if self.transport is None or self.transport.is_closing():
+            return
+        self.transport.writelines(encode(frame, body_parts))
+
+    async def request(self, frame: Frame, timeout: float) -> Frame:
+        """Send a request and wait for its response (RequestTimeoutError after ``timeout``)."""
+        if self.transport is None or self.transport.is_closing():
+            raise ConnectionClosedError(f"connection to {self.peer} is closed")
+        frame.opaque = next(self._opaque) & 0xFFFFFFFF
+        fut: asyncio.Future[Frame] = asyncio.get_running_loop().create_future()
+        self.pending[frame.opaque] = fut
+        self._send(frame)
+        try:
+            async with asyncio.timeout(timeout):
+                return await fut
+        except TimeoutError:
+            raise RequestTimeoutError(
+                f"no answer from {self.peer} to code {frame.code} within {timeout:.3f}s"
+            ) from None
+        finally:
+            self.pending.pop(frame.opaque, None)
+
+    def send_oneway(self, frame: Frame) -> None:
+        if self.transport is None or self.transport.is_closing():
+            raise ConnectionClosedError(f"connection to {self.peer} is closed")
+        frame.opaque = next(self._opaque) & 0xFFFFFFFF
+        frame.flags |= FLAG_ONEWAY
+        self._send(frame)
+
+    async def drain(self) -> None:
+        """Wait while the peer is not reading what we wrote."""
+        if not self._write_paused or self.transport is None:
+            return
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._drain_waiters.append(fut)
+        await fut
+
+    # --------------------------------------------------------------- closing
+
+    @property
+    def is_open(self) -> bool:
+        return self.transport is not None and not self.transport.is_closing()
+
+    def abort(self, reason: str) -> None:
+        """Close at once (after a protocol error); the reason is logged."""
+        log.warning("%s: closing connection to %s: %s", self.name, self.peer, reason)
+        self.close_reason = reason
+        if self.transport is not None:
+            self.transport.abort()
+
+    def close(self, reason: str = "closed locally") -> None:
+        self.close_reason = self.close_reason or reason
+        if self.transport is not None:
+            self.transport.close()

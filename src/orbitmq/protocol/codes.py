@@ -1,0 +1,39 @@
+"""Request codes, numbered as RocketMQ Remoting numbers them where RocketMQ has the request.
+
+Response codes are :class:`orbitmq.common.codes.ResponseCode` (shared with the error
+hierarchy). Codes OrbitMQ adds start at 1000.
+"""
+
+from __future__ import annotations
+
+import enum
+
+from orbitmq.common.codes import ResponseCode
+
+__all__ = ["RequestCode", "ResponseCode"]
+
+
+class RequestCode(enum.IntEnum):
+    SEND_MESSAGE = 10
+    PULL_MESSAGE = 11
+    QUERY_MESSAGE = 12
+    UPDATE_AND_CREATE_TOPIC = 17
+    GET_ALL_TOPIC_CONFIG = 21
+    SEARCH_OFFSET_BY_TIMESTAMP = 29
+    GET_MAX_OFFSET = 30
+    GET_MIN_OFFSET = 31
+    VIEW_MESSAGE_BY_ID = 33
+    HEART_BEAT = 34
+    REGISTER_BROKER = 103
+    UNREGISTER_BROKER = 104
+    GET_ROUTEINFO_BY_TOPIC = 105
+    GET_BROKER_CLUSTER_INFO = 106
+    WIPE_WRITE_PERM_OF_BROKER = 205
+    GET_ALL_TOPIC_LIST_FROM_NAMESERVER = 206
+    ADD_WRITE_PERM_OF_BROKER = 327
+    DELETE_TOPIC_IN_BROKER = 215
+    DELETE_TOPIC_IN_NAMESRV = 216
+    SEND_BATCH_MESSAGE = 320
+    # OrbitMQ's own.
+    GET_TOPIC_STATS = 1000
+    GET_BROKER_RUNTIME_INFO = 1001
