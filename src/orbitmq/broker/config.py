@@ -1,0 +1,35 @@
+"""BrokerConfig: the broker's settings (the store's are in StoreConfig, nested)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from orbitmq.store.config import StoreConfig
+
+
+@dataclass(frozen=True, slots=True)
+class BrokerConfig:
+    cluster: str = "DefaultCluster"
+    broker_name: str = "broker-a"
+    broker_id: int = 0
+    """0 is the master, as in RocketMQ."""
+    host: str = "127.0.0.1"
+    port: int = 10911
+    """RocketMQ's broker port; 0 picks a free one."""
+    advertised_host: str | None = None
+    """Address registered with NameServers (default: host)."""
+    namesrv_addrs: tuple[str, ...] = ("127.0.0.1:9876",)
+    register_interval_s: float = 30.0
+    """How often the broker (re-)registers with every NameServer: the heartbeat."""
+    auto_create_topic: bool = False
+    """Create a topic on first send. Off by default; `make up`'s dev profile turns it on."""
+    default_queue_nums: int = 8
+    send_queue_capacity: int = 10_000
+    """Sends waiting for the store beyond this answer SYSTEM_BUSY at once."""
+    send_wait_timeout_ms: int = 1_000
+    """A send that waited this long for the store answers SYSTEM_BUSY (RocketMQ: 200 ms, fixed)."""
+    long_polling_max_ms: int = 30_000
+    """Upper bound on a pull's suspend time."""
+    metrics_port: int | None = None
+    """Prometheus endpoint port (None: off; 0: a free port)."""
+    store: StoreConfig = field(default_factory=StoreConfig)
