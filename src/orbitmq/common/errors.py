@@ -12,6 +12,7 @@
     │   ├── FlushTimeoutError        FLUSH_DISK_TIMEOUT: appended, but not fsynced in time
     │   ├── StoreClosedError         the store is closed or fenced after an I/O failure
     │   └── CorruptRecordError       bytes on disk fail their checks (path, offset, detail)
+    ├── SystemBusyError              SYSTEM_BUSY: a bounded queue is full; retry soon
     ├── ProtocolError                bytes on a connection that are not a valid frame
     ├── RemoteError                  a server answered with a non-SUCCESS ``response_code``
     │   └── RequestTimeoutError      no answer within the timeout
@@ -98,6 +99,13 @@ class CorruptRecordError(StoreError):
         self.path = path
         self.offset = offset
         self.detail = detail
+
+
+class SystemBusyError(MQError):
+    """The server is overloaded (a full send queue or too long a wait): try again soon."""
+
+    code = ResponseCode.SYSTEM_BUSY
+    retriable = True
 
 
 class ProtocolError(MQError):

@@ -14,6 +14,7 @@ retention. The store is opened by one process at a time (flock on ``lock``).
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import fcntl
 import logging
@@ -502,6 +503,38 @@ class MessageStore:
         except RecordError:
             return None
         return decode(view[at : at + n]) if n > 0 else None
+
+    def read_record(self, physical_offset: int) -> memoryview | None:
+        """The raw record at a CommitLog offset (zero-copy), verified, or None."""
+        loc = self.commit_log.view_at(physical_offset)
+        if loc is None or physical_offset >= self.commit_log.max_offset:
+            return None
+        view, at, size = loc
+        try:
+            n = check_record(view, at, size)
+        except RecordError:
+            return None
+        return view[at : at + n] if n > 0 else None
+
+    def last_store_time(self, topic: str, queue_id: int) -> int:
+        """Store timestamp of the newest message of a queue (0 if empty)."""
+        cq = self.queues.get(topic, queue_id)
+        if cq is None or cq.max_offset <= cq.min_offset:
+            return 0
+        return self._store_time(cq.entry(cq.max_offset - 1)) or 0
+
+    def delete_topic(self, topic: str) -> int:
+        """Forget a topic's ConsumeQueues (its records stay in the CommitLog until retention
+        deletes their segments). Returns the number of queues removed."""
+        doomed = [key for key in self.queues.queues if key[0] == topic]
+        for key in doomed:
+            cq = self.queues.queues.pop(key)
+            cq.destroy()
+            self.commit_log.queue_offsets.pop(key, None)
+        self.retention.set_topic(topic, None)
+        with contextlib.suppress(OSError):
+            os.rmdir(self.queues.root / topic)
+        return len(doomed)
 
     def offset_for_timestamp(self, topic: str, queue_id: int, timestamp_ms: int) -> int:
         """First queue offset whose store time is >= ``timestamp_ms`` (max offset if none)."""

@@ -1,0 +1,195 @@
+"""BrokerController: wires one broker process together and owns its lifecycle.
+
+start: open the store (recovery runs off the loop), load topics, listen, register with every
+NameServer and keep re-registering every ``register_interval_s`` (the heartbeat).
+stop: stop listening, unregister, wake held pulls, flush and close the store cleanly.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+
+from orbitmq.broker.config import BrokerConfig
+from orbitmq.broker.long_polling import LongPolling
+from orbitmq.broker.metrics import BrokerMetrics
+from orbitmq.broker.processor import BrokerProcessor
+from orbitmq.broker.store_bridge import StoreBridge
+from orbitmq.broker.topic_manager import TopicConfigManager
+from orbitmq.common.codes import ResponseCode
+from orbitmq.common.errors import MQError
+from orbitmq.net.client import RemotingClient
+from orbitmq.net.server import RemotingServer
+from orbitmq.protocol.bodies import RegisterBrokerBody, TopicConfig, encode_body
+from orbitmq.protocol.codes import RequestCode
+from orbitmq.protocol.frame import Frame
+from orbitmq.store.message_store import MessageStore
+from orbitmq.store.recovery import RecoveryReport
+from orbitmq.store.retention import TopicRetention
+
+log = logging.getLogger(__name__)
+
+
+class BrokerController:
+    def __init__(self, config: BrokerConfig) -> None:
+        self.config = config
+        self.store = MessageStore(config.store)
+        self.topics = TopicConfigManager(
+            config.store.store_path / "config" / "topics.json", config.default_queue_nums
+        )
+        self.metrics = BrokerMetrics()
+        self.bridge = StoreBridge(
+            self.store, config.send_queue_capacity, config.send_wait_timeout_ms
+        )
+        self.processor = BrokerProcessor(self)
+        self.server = RemotingServer(
+            self.processor.handle, host=config.host, port=config.port, name="broker"
+        )
+        self.namesrv_client = RemotingClient(name="broker-to-namesrv")
+        self.writable = True
+        self.recovery: RecoveryReport | None = None
+        self.long_polling: LongPolling
+        self._register_task: asyncio.Task[None] | None = None
+        self._register_now = asyncio.Event()
+        self._metrics_server: object | None = None
+        self.metrics_port: int | None = None
+        self.started = False
+
+    # ---------------------------------------------------------------- lifecycle
+
+    async def start(self) -> None:
+        loop = asyncio.get_running_loop()
+        self.long_polling = LongPolling(loop)
+        self.topics.load()
+        self.recovery = await self.bridge.call(self.store.open)
+        for topic in self.topics.topics.values():
+            self.apply_retention(topic)
+        self.store.add_arrival_listener(self.long_polling.on_arrival)
+        await self.server.start()
+        self._start_metrics()
+        self._register_task = loop.create_task(self._register_loop())
+        self.started = True
+        log.info(
+            "broker %s/%s ready on %s (store %s, %s)",
+            self.config.cluster, self.config.broker_name, self.address,
+            self.config.store.store_path, self.config.store.flush_disk_type.value,
+        )  # fmt: skip
+
+    async def stop(self) -> None:
+        if not self.started:
+            return
+        self.started = False
+        await self.server.stop()
+        if self._register_task is not None:
+            self._register_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._register_task
+        await self._unregister_all()
+        await self.namesrv_client.close()
+        self.long_polling.wake_all()
+        self.bridge.shutdown()
+        await asyncio.get_running_loop().run_in_executor(None, self.store.close)
+        if self._metrics_server is not None:
+            shutdown = getattr(self._metrics_server, "shutdown", None)
+            if shutdown is not None:
+                await asyncio.get_running_loop().run_in_executor(None, shutdown)
+        log.info("broker %s stopped", self.config.broker_name)
+
+    @property
+    def port(self) -> int:
+        return self.server.port
+
+    @property
+    def address(self) -> str:
+        host = self.config.advertised_host or self.config.host
+        return f"{host}:{self.server.port}"
+
+    def _start_metrics(self) -> None:
+        if self.config.metrics_port is None:
+            return
+        from prometheus_client import start_http_server
+
+        m = self.metrics
+        m.dispatch_lag.set_function(lambda: self.store.stats()["dispatch_lag_bytes"])
+        m.disk_ratio.set_function(lambda: self.store.retention.disk_ratio)
+        m.topics.set_function(lambda: len(self.topics.topics))
+        m.queues.set_function(lambda: len(self.store.queues.queues))
+        m.connections.set_function(lambda: len(self.server.connections))
+        m.fsyncs.set_function(lambda: self.store.flusher.fsync_count)
+        m.held_pulls.set_function(lambda: self.long_polling.held)
+        server, _thread = start_http_server(
+            self.config.metrics_port, addr=self.config.host, registry=m.registry
+        )
+        self._metrics_server = server
+        self.metrics_port = server.server_port
+
+    # ---------------------------------------------------------------- topics
+
+    def apply_retention(self, config: TopicConfig) -> None:
+        if config.retention_ms is None and config.retention_bytes is None:
+            self.store.set_topic_retention(config.topic_name, None)
+        else:
+            self.store.set_topic_retention(
+                config.topic_name, TopicRetention(config.retention_ms, config.retention_bytes)
+            )
+
+    def topics_changed(self) -> None:
+        """Register again soon so NameServers learn the change without waiting 30 s."""
+        self._register_now.set()
+
+    # ---------------------------------------------------------------- NameServers
+
+    def _identity(self) -> dict[str, object]:
+        return {
+            "cluster": self.config.cluster,
+            "broker_name": self.config.broker_name,
+            "broker_id": self.config.broker_id,
+            "broker_addr": self.address,
+        }
+
+    async def register_all(self) -> int:
+        """Register with every NameServer at once; returns how many accepted."""
+        body = encode_body(
+            RegisterBrokerBody(
+                topic_configs=dict(self.topics.topics), data_version=self.topics.data_version
+            )
+        )
+
+        async def one(addr: str) -> bool:
+            frame = Frame(RequestCode.REGISTER_BROKER, fields=self._identity(), body=body)
+            try:
+                resp = await self.namesrv_client.invoke(addr, frame, timeout=3.0)
+            except MQError as exc:
+                log.warning("register with NameServer %s failed: %s", addr, exc)
+                return False
+            if resp.code != ResponseCode.SUCCESS:
+                log.warning("NameServer %s refused registration: %s", addr, resp.remark)
+                return False
+            return True
+
+        results = await asyncio.gather(*(one(a) for a in self.config.namesrv_addrs))
+        return sum(results)
+
+    async def _register_loop(self) -> None:
+        # asyncio.timeout rather than wait_for: on 3.11 wait_for can swallow a cancellation
+        # that races with the event being set, and stop() would then wait forever.
+        while self.started:
+            started = time.monotonic()
+            await self.register_all()
+            self._register_now.clear()
+            remaining = self.config.register_interval_s - (time.monotonic() - started)
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(max(0.05, remaining)):
+                    await self._register_now.wait()
+
+    async def _unregister_all(self) -> None:
+        async def one(addr: str) -> None:
+            frame = Frame(RequestCode.UNREGISTER_BROKER, fields=self._identity())
+            try:
+                await self.namesrv_client.invoke(addr, frame, timeout=2.0)
+            except MQError as exc:
+                log.info("unregister from %s failed: %s", addr, exc)
+
+        await asyncio.gather(*(one(a) for a in self.config.namesrv_addrs))

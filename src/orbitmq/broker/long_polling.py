@@ -1,0 +1,64 @@
+"""Long polling: a pull that finds nothing waits until a message arrives or its time is up.
+
+The store's dispatcher thread reports each queue's new max offset; this hands that to the event
+loop with ``call_soon_threadsafe`` and wakes the pulls waiting on that queue.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+
+class LongPolling:
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self.waiters: dict[tuple[str, int], list[tuple[int, asyncio.Future[None]]]] = {}
+        self.held = 0
+
+    def on_arrival(self, topic: str, queue_id: int, max_offset: int) -> None:
+        """Called on the dispatcher thread."""
+        if (topic, queue_id) in self.waiters:
+            self.loop.call_soon_threadsafe(self._wake, topic, queue_id, max_offset)
+
+    def _wake(self, topic: str, queue_id: int, max_offset: int) -> None:
+        waiting = self.waiters.get((topic, queue_id))
+        if not waiting:
+            return
+        still = []
+        for offset, fut in waiting:
+            if max_offset > offset:
+                if not fut.done():
+                    fut.set_result(None)
+            else:
+                still.append((offset, fut))
+        if still:
+            self.waiters[(topic, queue_id)] = still
+        else:
+            del self.waiters[(topic, queue_id)]
+
+    async def wait(self, topic: str, queue_id: int, offset: int, timeout_s: float) -> bool:
+        """True if a message past ``offset`` arrived within ``timeout_s``."""
+        fut: asyncio.Future[None] = self.loop.create_future()
+        entry = (offset, fut)
+        self.waiters.setdefault((topic, queue_id), []).append(entry)
+        self.held += 1
+        try:
+            async with asyncio.timeout(timeout_s):
+                await fut
+            return True
+        except TimeoutError:
+            return False
+        finally:
+            self.held -= 1
+            waiting = self.waiters.get((topic, queue_id))
+            if waiting is not None and entry in waiting:
+                waiting.remove(entry)
+                if not waiting:
+                    del self.waiters[(topic, queue_id)]
+
+    def wake_all(self) -> None:
+        for waiting in self.waiters.values():
+            for _, fut in waiting:
+                if not fut.done():
+                    fut.set_result(None)
+        self.waiters.clear()

@@ -1,0 +1,39 @@
+"""The broker's Prometheus metrics (one registry per broker, so tests can run several)."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+LATENCY_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5, 1.0)
+
+
+class BrokerMetrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.requests = Counter("orbitmq_broker_requests", "Requests by code", ["code"], registry=r)
+        self.errors = Counter(
+            "orbitmq_broker_errors", "Error responses by response code", ["code"], registry=r
+        )
+        self.messages_in = Counter("orbitmq_broker_messages_in", "Messages stored", registry=r)
+        self.bytes_in = Counter("orbitmq_broker_bytes_in", "Body bytes stored", registry=r)
+        self.messages_out = Counter("orbitmq_broker_messages_out", "Messages pulled", registry=r)
+        self.bytes_out = Counter("orbitmq_broker_bytes_out", "Record bytes pulled", registry=r)
+        self.send_latency = Histogram(
+            "orbitmq_broker_send_seconds",
+            "Send handling time incl. append and (SYNC_FLUSH) fsync",
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.append_latency = Histogram(
+            "orbitmq_store_append_seconds", "Store append time", buckets=LATENCY_BUCKETS, registry=r
+        )
+        self.dispatch_lag = Gauge(
+            "orbitmq_store_dispatch_lag_bytes", "CommitLog bytes not yet dispatched", registry=r
+        )
+        self.disk_ratio = Gauge("orbitmq_store_disk_used_ratio", "Disk use, percent", registry=r)
+        self.topics = Gauge("orbitmq_broker_topics", "Topics on this broker", registry=r)
+        self.queues = Gauge("orbitmq_store_queues", "ConsumeQueues", registry=r)
+        self.connections = Gauge("orbitmq_broker_connections", "Open connections", registry=r)
+        self.fsyncs = Gauge("orbitmq_store_fsyncs", "CommitLog fsyncs so far", registry=r)
+        self.held_pulls = Gauge("orbitmq_broker_long_polls", "Pulls waiting", registry=r)

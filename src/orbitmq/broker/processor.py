@@ -1,0 +1,325 @@
+"""Request handlers of the broker, one method per request code (see docs/protocol.md).
+
+Exceptions from the error hierarchy become their response code at one place
+(:meth:`BrokerProcessor.handle`), so handlers raise rather than build error frames.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING
+
+import msgspec
+
+from orbitmq.common.codes import ResponseCode
+from orbitmq.common.errors import MessageIllegalError, MQError, ProtocolError
+from orbitmq.common.ids import default_generator
+from orbitmq.common.message import MessageBatch
+from orbitmq.protocol.bodies import (
+    PERM_READ,
+    PERM_WRITE,
+    QueueStats,
+    TopicConfig,
+    TopicConfigList,
+    TopicStats,
+    decode_body,
+    encode_body,
+)
+from orbitmq.protocol.codes import RequestCode
+from orbitmq.protocol.fields import get_int, get_str, get_str_list
+from orbitmq.protocol.frame import Frame
+from orbitmq.protocol.messages import decode_send_body
+from orbitmq.store.message_store import GetStatus
+
+if TYPE_CHECKING:
+    from orbitmq.broker.controller import BrokerController
+    from orbitmq.net.connection import Connection, Reply
+
+log = logging.getLogger(__name__)
+
+_UNIQ = b"UNIQ_CLIENT_MESSAGE_ID_KEYIDX\x01"
+MAX_PULL_MESSAGES = 1024
+MAX_PULL_BYTES = 16 * 1024 * 1024
+
+
+class TopicNotExistError(MQError):
+    code = ResponseCode.TOPIC_NOT_EXIST
+    retriable = True
+
+
+class NoPermissionError(MQError):
+    code = ResponseCode.NO_PERMISSION
+
+
+def _ensure_ids(properties: list[bytes]) -> list[str]:
+    """Each message's unique id, adding one (UNIQ_KEY) to messages that arrive without."""
+    ids: list[str] = []
+    fresh: list[str] | None = None
+    for i, props in enumerate(properties):
+        at = props.find(_UNIQ)
+        if at == 0 or (at > 0 and props[at - 1] == 0x02):
+            begin = at + len(_UNIQ)
+            end = props.find(b"\x02", begin)
+            ids.append(props[begin : end if end >= 0 else len(props)].decode("utf-8", "replace"))
+            continue
+        if fresh is None:
+            fresh = default_generator.next_ids(len(properties))
+        properties[i] = props + _UNIQ + fresh[i].encode() + b"\x02"
+        ids.append(fresh[i])
+    return ids
+
+
+class BrokerProcessor:
+    def __init__(self, broker: BrokerController) -> None:
+        self.broker = broker
+        self.store = broker.store
+        self.topics = broker.topics
+        self.bridge = broker.bridge
+        self.metrics = broker.metrics
+        self._round_robin = 0
+        self.handlers: dict[int, Callable[[Frame], Awaitable[Reply]]] = {
+            RequestCode.SEND_MESSAGE: self.send,
+            RequestCode.SEND_BATCH_MESSAGE: self.send,
+            RequestCode.PULL_MESSAGE: self.pull,
+            RequestCode.GET_MAX_OFFSET: self.max_offset,
+            RequestCode.GET_MIN_OFFSET: self.min_offset,
+            RequestCode.SEARCH_OFFSET_BY_TIMESTAMP: self.offset_by_time,
+            RequestCode.QUERY_MESSAGE: self.query_message,
+            RequestCode.VIEW_MESSAGE_BY_ID: self.view_message,
+            RequestCode.UPDATE_AND_CREATE_TOPIC: self.update_topic,
+            RequestCode.DELETE_TOPIC_IN_BROKER: self.delete_topic,
+            RequestCode.GET_ALL_TOPIC_CONFIG: self.all_topics,
+            RequestCode.GET_TOPIC_STATS: self.topic_stats,
+            RequestCode.GET_BROKER_RUNTIME_INFO: self.runtime_info,
+            RequestCode.HEART_BEAT: self.heartbeat,
+        }
+
+    async def handle(self, frame: Frame, conn: Connection) -> Reply:
+        handler = self.handlers.get(frame.code)
+        self.metrics.requests.labels(str(frame.code)).inc()
+        if handler is None:
+            return frame.reply(
+                ResponseCode.REQUEST_CODE_NOT_SUPPORTED, f"request code {frame.code} not supported"
+            )
+        try:
+            return await handler(frame)
+        except (MQError, msgspec.DecodeError, msgspec.ValidationError) as exc:
+            code = (
+                getattr(exc, "response_code", exc.code)
+                if isinstance(exc, MQError)
+                else ResponseCode.MESSAGE_ILLEGAL
+            )
+            if isinstance(exc, ProtocolError):
+                code = ResponseCode.MESSAGE_ILLEGAL
+            self.metrics.errors.labels(str(int(code))).inc()
+            return frame.reply(code, str(exc) or type(exc).__name__)
+
+    # ------------------------------------------------------------------ helpers
+
+    def _topic(self, topic: str, *, for_write: bool) -> TopicConfig:
+        config = self.topics.get(topic)
+        if config is None:
+            if for_write and self.broker.config.auto_create_topic:
+                config = self.topics.auto_create(topic)
+                self.broker.topics_changed()
+            else:
+                raise TopicNotExistError(f"topic {topic} does not exist on this broker")
+        need = PERM_WRITE if for_write else PERM_READ
+        if not config.perm & need or (for_write and not self.broker.writable):
+            raise NoPermissionError(
+                f"topic {topic} is not {'writable' if for_write else 'readable'} here"
+            )
+        return config
+
+    # ------------------------------------------------------------------ send
+
+    async def send(self, frame: Frame) -> Reply:
+        started = time.perf_counter()
+        topic = get_str(frame, "topic")
+        config = self._topic(topic, for_write=True)
+        queue_id = get_int(frame, "queue_id", -1, lo=-1, hi=1 << 30)
+        if queue_id < 0:
+            queue_id = self._round_robin % config.write_queue_nums
+            self._round_robin += 1
+        elif queue_id >= config.write_queue_nums:
+            raise MessageIllegalError(
+                f"queue {queue_id} does not exist: {topic} has {config.write_queue_nums} write queues"
+            )
+        body = frame.body if isinstance(frame.body, bytes) else bytes(frame.body)
+        bodies, properties = decode_send_body(body)
+        if not bodies:
+            raise MessageIllegalError("send carries no message")
+        if frame.code == RequestCode.SEND_MESSAGE and len(bodies) != 1:
+            raise MessageIllegalError("SEND_MESSAGE carries exactly one message")
+        ids = _ensure_ids(properties)
+        peer = frame.fields.get("born_host")
+        batch = MessageBatch(
+            topic,
+            queue_id,
+            bodies,
+            properties,
+            flag=get_int(frame, "flag", 0, lo=-(2**31), hi=2**31 - 1),
+            sys_flag=get_int(frame, "sys_flag", 0, lo=0, hi=2**31 - 1),
+            born_timestamp_ms=get_int(frame, "born_ts", 0, lo=0),
+            born_host=(peer, 0) if isinstance(peer, str) else ("0.0.0.0", 0),
+            reconsume_times=get_int(frame, "reconsume_times", 0, lo=0, hi=2**31 - 1),
+        )
+        self.store.validate(batch)
+        result = await self.bridge.put(batch)
+        self.metrics.messages_in.inc(len(bodies))
+        self.metrics.bytes_in.inc(sum(map(len, bodies)))
+        self.metrics.send_latency.observe(time.perf_counter() - started)
+        return frame.reply(
+            ResponseCode.SUCCESS,
+            fields={
+                "msg_ids": ids,
+                "queue_id": queue_id,
+                "queue_offset": result.first_queue_offset,
+                "offset": result.physical_offsets[0],
+            },
+        )
+
+    # ------------------------------------------------------------------ pull
+
+    async def pull(self, frame: Frame) -> Reply:
+        topic = get_str(frame, "topic")
+        self._topic(topic, for_write=False)
+        queue_id = get_int(frame, "queue_id", lo=0, hi=1 << 30)
+        offset = get_int(frame, "queue_offset", lo=0)
+        max_nums = get_int(frame, "max_msg_nums", 32, lo=1, hi=MAX_PULL_MESSAGES)
+        max_bytes = get_int(frame, "max_bytes", 4 * 1024 * 1024, lo=1, hi=MAX_PULL_BYTES)
+        tags = get_str_list(frame, "tags")
+        suspend_ms = get_int(frame, "suspend_timeout_ms", 0, lo=0)
+        suspend_ms = min(suspend_ms, self.broker.config.long_polling_max_ms)
+        deadline = time.monotonic() + suspend_ms / 1000
+        while True:
+            res = await self.bridge.read(
+                self.store.get_messages, topic, queue_id, offset, max_nums, max_bytes, tags
+            )
+            fields = {
+                "next_begin_offset": res.next_begin_offset,
+                "min_offset": res.min_offset,
+                "max_offset": res.max_offset,
+            }
+            if res.status is GetStatus.FOUND:
+                self.metrics.messages_out.inc(len(res.messages))
+                self.metrics.bytes_out.inc(res.total_bytes)
+                return frame.reply(ResponseCode.SUCCESS, fields=fields), res.messages
+            if res.status is GetStatus.NO_MATCHED_MESSAGE:
+                return frame.reply(ResponseCode.PULL_RETRY_IMMEDIATELY, fields=fields)
+            if res.status in (GetStatus.OFFSET_TOO_SMALL, GetStatus.OFFSET_OVERFLOW_BADLY):
+                return frame.reply(
+                    ResponseCode.PULL_OFFSET_MOVED, f"offset {offset}: {res.status.value}", fields
+                )
+            # Nothing there yet: hold the pull until a message arrives or the time is up.
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return frame.reply(ResponseCode.PULL_NOT_FOUND, "no new message", fields)
+            arrived = await self.broker.long_polling.wait(topic, queue_id, offset, remaining)
+            if not arrived and self.store.max_offset(topic, queue_id) <= offset:
+                return frame.reply(ResponseCode.PULL_NOT_FOUND, "no new message", fields)
+
+    # ------------------------------------------------------------------ offsets and queries
+
+    async def max_offset(self, frame: Frame) -> Reply:
+        topic = get_str(frame, "topic")
+        queue_id = get_int(frame, "queue_id", lo=0)
+        return frame.reply(
+            ResponseCode.SUCCESS, fields={"offset": self.store.max_offset(topic, queue_id)}
+        )
+
+    async def min_offset(self, frame: Frame) -> Reply:
+        topic = get_str(frame, "topic")
+        queue_id = get_int(frame, "queue_id", lo=0)
+        return frame.reply(
+            ResponseCode.SUCCESS, fields={"offset": self.store.min_offset(topic, queue_id)}
+        )
+
+    async def offset_by_time(self, frame: Frame) -> Reply:
+        topic = get_str(frame, "topic")
+        queue_id = get_int(frame, "queue_id", lo=0)
+        ts = get_int(frame, "timestamp", lo=0)
+        offset = await self.bridge.read(self.store.offset_for_timestamp, topic, queue_id, ts)
+        return frame.reply(ResponseCode.SUCCESS, fields={"offset": offset})
+
+    async def query_message(self, frame: Frame) -> Reply:
+        topic = get_str(frame, "topic")
+        key = get_str(frame, "key")
+        max_num = get_int(frame, "max_num", 32, lo=1, hi=1024)
+        begin = get_int(frame, "begin_ts", 0, lo=0)
+        end = get_int(frame, "end_ts", 2**62, lo=0)
+        found = await self.bridge.read(self.store.query_by_key, topic, key, max_num, begin, end)
+        records = [self.store.read_record(m.physical_offset) for m in found]
+        parts = [r for r in records if r is not None]
+        if not parts:
+            return frame.reply(ResponseCode.QUERY_NOT_FOUND, f"no message with key {key}")
+        return frame.reply(ResponseCode.SUCCESS), parts
+
+    async def view_message(self, frame: Frame) -> Reply:
+        if "offset" in frame.fields:
+            record = self.store.read_record(get_int(frame, "offset", lo=0))
+        else:
+            topic = get_str(frame, "topic")
+            msg_id = get_str(frame, "msg_id")
+            found = await self.bridge.read(self.store.query_by_key, topic, msg_id, 8)
+            match = [m for m in found if m.msg_id == msg_id]
+            record = self.store.read_record(match[0].physical_offset) if match else None
+        if record is None:
+            return frame.reply(ResponseCode.QUERY_NOT_FOUND, "no such message")
+        return frame.reply(ResponseCode.SUCCESS), [record]
+
+    # ------------------------------------------------------------------ topics
+
+    async def update_topic(self, frame: Frame) -> Reply:
+        body = frame.body if isinstance(frame.body, bytes) else bytes(frame.body)
+        config = decode_body(body, TopicConfig)
+        self.topics.upsert(config)
+        self.broker.apply_retention(config)
+        self.broker.topics_changed()
+        return frame.reply(ResponseCode.SUCCESS)
+
+    async def delete_topic(self, frame: Frame) -> Reply:
+        topic = get_str(frame, "topic")
+        if not self.topics.delete(topic):
+            raise TopicNotExistError(f"topic {topic} does not exist on this broker")
+        await self.bridge.call(self.store.delete_topic, topic)
+        self.broker.topics_changed()
+        return frame.reply(ResponseCode.SUCCESS)
+
+    async def all_topics(self, frame: Frame) -> Reply:
+        body = encode_body(TopicConfigList(topic_configs=list(self.topics.topics.values())))
+        return frame.reply(ResponseCode.SUCCESS, body=body)
+
+    async def topic_stats(self, frame: Frame) -> Reply:
+        topic = get_str(frame, "topic")
+        config = self._topic(topic, for_write=False)
+        queues = [
+            QueueStats(
+                queue_id=q,
+                min_offset=self.store.min_offset(topic, q),
+                max_offset=self.store.max_offset(topic, q),
+                last_update_timestamp_ms=self.store.last_store_time(topic, q),
+            )
+            for q in range(max(config.read_queue_nums, config.write_queue_nums))
+        ]
+        stats = TopicStats(topic=topic, broker_name=self.broker.config.broker_name, queues=queues)
+        return frame.reply(ResponseCode.SUCCESS, body=encode_body(stats))
+
+    async def runtime_info(self, frame: Frame) -> Reply:
+        info: dict[str, object] = dict(self.store.stats())
+        info.update(
+            broker_name=self.broker.config.broker_name,
+            cluster=self.broker.config.cluster,
+            topics=len(self.topics.topics),
+            pending_sends=self.bridge.pending,
+            busy_rejections=self.bridge.busy_rejections,
+            held_pulls=self.broker.long_polling.held,
+            disk_used_ratio=round(self.store.retention.disk_ratio, 2),
+            flush_disk_type=self.store.config.flush_disk_type.value,
+        )
+        return frame.reply(ResponseCode.SUCCESS, fields=info)
+
+    async def heartbeat(self, frame: Frame) -> Reply:
+        return frame.reply(ResponseCode.SUCCESS)
