@@ -15,6 +15,9 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q -e '.[dev]'
 	touch $(STAMP)
 
+up: $(STAMP) ## start OrbitMQ: NameServer + Broker in one process, data in ./orbitmq-data
+	$(VENV)/bin/orbitmq up
+
 lint: $(STAMP) ## ruff (lint + format check), mypy, import contracts
 	$(VENV)/bin/ruff check src tests
 	$(VENV)/bin/ruff format --check src tests

@@ -1,0 +1,199 @@
+"""The `orbitmq` command (typer + rich).
+
+Servers: ``up`` (NameServer + Broker in one process), ``namesrv``, ``broker``.
+Configuration: ``config show``. Benchmarks: ``bench store``.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from orbitmq.cli.settings import Settings, load_settings, settings_rows
+from orbitmq.common.errors import MQError
+
+app = typer.Typer(
+    name="orbitmq",
+    help="OrbitMQ: a messaging and streaming platform on the design of Apache RocketMQ 5.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+)
+config_app = typer.Typer(help="Configuration.", no_args_is_help=True)
+bench_app = typer.Typer(help="Benchmarks (figures go in docs/benchmarks.md).", no_args_is_help=True)
+app.add_typer(config_app, name="config")
+app.add_typer(bench_app, name="bench")
+
+console = Console()
+err_console = Console(stderr=True)
+
+ConfigOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--config",
+        "-c",
+        help="TOML file with [namesrv], [broker], [store] tables.",
+        envvar="ORBITMQ_CONFIG",
+    ),
+]
+LogLevel = Annotated[str, typer.Option("--log-level", help="DEBUG, INFO, WARNING, ERROR.")]
+
+
+def _logging(level: str) -> None:
+    logging.basicConfig(
+        level=level.upper(),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+
+
+def _settings(config: Path | None, flags: dict[str, dict[str, Any]]) -> Settings:
+    try:
+        return load_settings(config, flags)
+    except MQError as exc:
+        err_console.print(f"[red]configuration error:[/] {exc}")
+        raise typer.Exit(2) from exc
+
+
+def _announce(title: str, role: str) -> Any:
+    def show(endpoints: dict[str, str]) -> None:
+        table = Table(title=title, show_header=False, box=None)
+        for k, v in endpoints.items():
+            table.add_row(f"[bold]{k}[/]", v)
+        console.print(table)
+        console.print("Ctrl-C stops it cleanly.")
+        # One plain line for scripts and tests that wait for readiness.
+        print(
+            f"orbitmq {role} ready "
+            + " ".join(f"{k}={v}" for k, v in endpoints.items()),
+            flush=True,
+        )
+
+    return show
+
+
+def _run(coro: Any) -> None:
+    from orbitmq.net.loop import run
+
+    try:
+        run(coro)
+    except KeyboardInterrupt:
+        pass
+    except MQError as exc:
+        err_console.print(f"[red]error:[/] {exc}")
+        raise typer.Exit(1) from exc
+
+
+@app.command()
+def up(
+    config: ConfigOpt = None,
+    data_dir: Annotated[Path, typer.Option(help="Folder for all data.")] = Path("orbitmq-data"),
+    host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
+    namesrv_port: Annotated[
+        int | None, typer.Option(help="NameServer port (default 9876).")
+    ] = None,
+    broker_port: Annotated[int | None, typer.Option(help="Broker port (default 10911).")] = None,
+    flush: Annotated[str | None, typer.Option(help="ASYNC_FLUSH or SYNC_FLUSH.")] = None,
+    metrics_port: Annotated[
+        int | None, typer.Option(help="Prometheus port for the broker.")
+    ] = None,
+    log_level: LogLevel = "INFO",
+) -> None:
+    """Start NameServer + Broker in one process (dev profile: topics are created on first use)."""
+    from orbitmq.cli.server import dev_settings, run_all_in_one
+
+    _logging(log_level)
+    settings = _settings(
+        config,
+        {
+            "namesrv": {"host": host, "port": namesrv_port},
+            "broker": {"host": host, "port": broker_port, "metrics_port": metrics_port},
+            "store": {"flush_disk_type": flush},
+        },
+    )
+    _run(run_all_in_one(dev_settings(settings, data_dir), _announce("OrbitMQ up", "up")))
+
+
+@app.command()
+def namesrv(
+    config: ConfigOpt = None,
+    host: Annotated[str | None, typer.Option()] = None,
+    port: Annotated[int | None, typer.Option(help="Default 9876; 0 picks a free port.")] = None,
+    metrics_port: Annotated[int | None, typer.Option()] = None,
+    log_level: LogLevel = "INFO",
+) -> None:
+    """Run a NameServer."""
+    from orbitmq.cli.server import run_namesrv
+
+    _logging(log_level)
+    settings = _settings(
+        config, {"namesrv": {"host": host, "port": port, "metrics_port": metrics_port}}
+    )
+    _run(run_namesrv(settings, _announce("NameServer", "namesrv")))
+
+
+@app.command()
+def broker(
+    config: ConfigOpt = None,
+    host: Annotated[str | None, typer.Option()] = None,
+    port: Annotated[int | None, typer.Option(help="Default 10911; 0 picks a free port.")] = None,
+    name: Annotated[str | None, typer.Option("--name", help="Broker name.")] = None,
+    cluster: Annotated[str | None, typer.Option()] = None,
+    namesrv_addr: Annotated[
+        str | None, typer.Option("--namesrv", "-n", help="NameServers, ';'-separated host:port.")
+    ] = None,
+    store_path: Annotated[Path | None, typer.Option()] = None,
+    flush: Annotated[str | None, typer.Option(help="ASYNC_FLUSH or SYNC_FLUSH.")] = None,
+    auto_create_topic: Annotated[bool | None, typer.Option()] = None,
+    metrics_port: Annotated[int | None, typer.Option()] = None,
+    log_level: LogLevel = "INFO",
+) -> None:
+    """Run a Broker."""
+    from orbitmq.cli.server import run_broker
+
+    _logging(log_level)
+    settings = _settings(
+        config,
+        {
+            "broker": {
+                "host": host,
+                "port": port,
+                "broker_name": name,
+                "cluster": cluster,
+                "namesrv_addrs": namesrv_addr.replace(";", ",") if namesrv_addr else None,
+                "auto_create_topic": auto_create_topic,
+                "metrics_port": metrics_port,
+            },
+            "store": {"store_path": store_path, "flush_disk_type": flush},
+        },
+    )
+    _run(run_broker(settings, _announce("Broker", "broker")))
+
+
+@config_app.command("show")
+def config_show(config: ConfigOpt = None) -> None:
+    """Print the effective configuration and where each value came from."""
+    settings = _settings(config, {})
+    table = Table("setting", "value", "source")
+    for key, value, source in settings_rows(settings):
+        table.add_row(key, value, source if source != "default" else "[dim]default[/]")
+    console.print(table)
+
+
+@bench_app.command(
+    "store", context_settings={"allow_extra_args": True, "ignore_unknown_options": True}
+)
+def bench_store(ctx: typer.Context) -> None:
+    """Storage engine benchmark (options: see `orbitmq bench store --help`)."""
+    from orbitmq.bench.__main__ import main as bench_main
+
+    raise typer.Exit(bench_main(["store", *ctx.args]))
+
+
+def main() -> None:
+    app()
