@@ -25,7 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
-from orbitmq.store.layout import offset_name
+from orbitmq.store.layout import fsync_dir, offset_name
 from orbitmq.store.segment import FileOps, Segment, SegmentQueue
 
 log = logging.getLogger(__name__)
@@ -114,6 +114,18 @@ class ConsumeQueue:
                     "%s/%d: gap in queue offsets, %d..%d written as empty",
                     self.topic, self.queue_id, self.max_offset, first_queue_offset,
                 )  # fmt: skip
+            segs = self.files.segments
+            if segs and first_queue_offset * ENTRY_SIZE < segs[0].start:
+                # Earlier files were lost in a crash that kept later ones: those hold only
+                # entries after this one, which this (recovery) dispatch rewrites. Start over.
+                log.warning(
+                    "%s/%d: rewriting from %d, below the first file: dropping the files",
+                    self.topic, self.queue_id, first_queue_offset,
+                )  # fmt: skip
+                self.files.drop_after(-1)
+                self.max_offset = first_queue_offset
+                with self._dirty_lock:
+                    self.dirty.clear()
             if not self.files.segments:
                 self.min_offset = first_queue_offset
         byte_at = first_queue_offset * ENTRY_SIZE
@@ -231,7 +243,11 @@ class ConsumeQueueTable:
         cq = self.queues.get((topic, queue_id))
         if cq is None:
             cq = ConsumeQueue(self.root, topic, queue_id, self.entries_per_file, self.fs)
-            cq.files.directory.mkdir(parents=True, exist_ok=True)
+            qdir = cq.files.directory
+            if not qdir.is_dir():
+                qdir.mkdir(parents=True, exist_ok=True)
+                fsync_dir(qdir.parent)  # make the new directories' names durable
+                fsync_dir(self.root)
             self.queues[(topic, queue_id)] = cq
         return cq
 

@@ -21,7 +21,7 @@ import threading
 from pathlib import Path
 
 from orbitmq.common.errors import DiskFullError, StoreIOError
-from orbitmq.store.layout import offset_name, parse_offset_name
+from orbitmq.store.layout import fsync_dir, offset_name, parse_offset_name
 
 log = logging.getLogger(__name__)
 
@@ -210,6 +210,11 @@ class SegmentQueue:
                 self.directory / offset_name(start), start, self.segment_size, self.fs, create=True
             )
         except OSError as exc:
+            raise io_error(f"creating segment {offset_name(start)}", exc) from exc
+        try:
+            fsync_dir(self.directory)  # the new name must survive a power cut, like the data
+        except OSError as exc:
+            seg.destroy()
             raise io_error(f"creating segment {offset_name(start)}", exc) from exc
         with self._mutate:
             self.segments = [*self.segments, seg]
