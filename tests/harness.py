@@ -1,0 +1,136 @@
+"""Real server processes for integration and crash tests.
+
+Each server runs as ``python -m orbitmq.<role> --port 0 ...`` on 127.0.0.1, announces
+``orbitmq <role> ready <host:port>`` on stdout, and is stopped by PID (SIGTERM, then SIGKILL)
+when the test ends, whether it passed or not. Logs go to a file in the test's temp folder and
+are printed when a server fails to start.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+class ServerProcess:
+    def __init__(self, role: str, args: list[str], log_path: Path) -> None:
+        self.role = role
+        self.args = args
+        self.log_path = log_path
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.address = ""
+
+    def start(self, timeout: float = 30.0) -> ServerProcess:
+        log = open(self.log_path, "ab")  # noqa: SIM115 - owned by the child for its lifetime
+        env = dict(os.environ, PYTHONUNBUFFERED="1")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", f"orbitmq.{self.role}", *self.args],
+            stdout=subprocess.PIPE,
+            stderr=log,
+            cwd=REPO,
+            env=env,
+        )
+        log.close()
+        assert self.proc.stdout is not None
+        deadline = time.monotonic() + timeout
+        prefix = f"orbitmq {self.role} ready "
+        while time.monotonic() < deadline:
+            line = self.proc.stdout.readline().decode(errors="replace")
+            if not line:
+                break
+            if line.startswith(prefix):
+                self.address = line[len(prefix) :].split()[0]
+                return self
+        self.stop()
+        raise RuntimeError(
+            f"{self.role} did not start; log:\n{self.log_path.read_text(errors='replace')[-4000:]}"
+        )
+
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None
+        return self.proc.pid
+
+    def kill(self) -> None:
+        """SIGKILL: no cleanup, as a crash."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait(10)
+
+    def stop(self, timeout: float = 15.0) -> int | None:
+        """SIGTERM (a clean shutdown), SIGKILL if it does not exit in time."""
+        if self.proc is None:
+            return None
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(10)
+        if self.proc.stdout is not None:
+            self.proc.stdout.close()
+        return self.proc.returncode
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+
+class Cluster:
+    """Starts NameServers and Brokers and stops every one of them at the end."""
+
+    def __init__(self, base: Path) -> None:
+        self.base = base
+        self.procs: list[ServerProcess] = []
+
+    def namesrv(self) -> ServerProcess:
+        n = sum(p.role == "namesrv" for p in self.procs)
+        proc = ServerProcess(
+            "namesrv", ["--host", "127.0.0.1", "--port", "0"], self.base / f"namesrv{n}.log"
+        )
+        self.procs.append(proc)
+        return proc.start()
+
+    def broker(
+        self,
+        name: str,
+        namesrvs: list[str],
+        *,
+        flush: str = "ASYNC_FLUSH",
+        store: Path | None = None,
+        port: int = 0,
+        extra: list[str] | None = None,
+    ) -> ServerProcess:
+        args = [
+            "--host", "127.0.0.1", "--port", str(port), "--name", name,
+            "--namesrv", ";".join(namesrvs), "--store-path", str(store or self.base / name),
+            "--flush", flush, "--auto-create-topic", "--register-interval", "1",
+            "--segment-bytes", str(64 * 1024 * 1024), *(extra or []),
+        ]  # fmt: skip
+        proc = ServerProcess("broker", args, self.base / f"{name}.log")
+        self.procs.append(proc)
+        return proc.start()
+
+    def stop_all(self) -> None:
+        for proc in reversed(self.procs):
+            with contextlib.suppress(Exception):
+                proc.stop()
+
+
+@pytest.fixture
+def cluster(tmp_path: Path) -> Iterator[Cluster]:
+    c = Cluster(tmp_path)
+    try:
+        yield c
+    finally:
+        c.stop_all()
