@@ -17,7 +17,9 @@ from tests.harness import Cluster
 pytestmark = pytest.mark.integration
 
 
-async def _route(client: RemotingClient, namesrv: str, topic: str, timeout: float = 10) -> TopicRouteData:
+async def _route(
+    client: RemotingClient, namesrv: str, topic: str, timeout: float = 10
+) -> TopicRouteData:
     deadline = asyncio.get_running_loop().time() + timeout
     while True:
         resp = await client.invoke(
