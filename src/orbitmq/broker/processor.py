@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 import msgspec
 
 from orbitmq.common.codes import ResponseCode
-from orbitmq.common.errors import MessageIllegalError, MQError, ProtocolError
+from orbitmq.common.errors import FlushTimeoutError, MessageIllegalError, MQError, ProtocolError
 from orbitmq.common.ids import default_generator
 from orbitmq.common.message import MessageBatch
 from orbitmq.protocol.bodies import (
@@ -31,6 +31,7 @@ from orbitmq.protocol.codes import RequestCode
 from orbitmq.protocol.fields import get_int, get_str, get_str_list
 from orbitmq.protocol.frame import Frame
 from orbitmq.protocol.messages import decode_send_body
+from orbitmq.store.commit_log import AppendResult
 from orbitmq.store.message_store import GetStatus
 
 if TYPE_CHECKING:
@@ -167,12 +168,21 @@ class BrokerProcessor:
             reconsume_times=get_int(frame, "reconsume_times", 0, lo=0, hi=2**31 - 1),
         )
         self.store.validate(batch)
-        result = await self.bridge.put(batch)
+        code = ResponseCode.SUCCESS
+        remark = ""
+        try:
+            result = await self.bridge.put(batch)
+        except FlushTimeoutError as exc:
+            if not isinstance(exc.result, AppendResult):
+                raise
+            # Stored but not yet durable: say where, like RocketMQ's FLUSH_DISK_TIMEOUT status.
+            result, code, remark = exc.result, ResponseCode.FLUSH_DISK_TIMEOUT, str(exc)
         self.metrics.messages_in.inc(len(bodies))
         self.metrics.bytes_in.inc(sum(map(len, bodies)))
         self.metrics.send_latency.observe(time.perf_counter() - started)
         return frame.reply(
-            ResponseCode.SUCCESS,
+            code,
+            remark,
             fields={
                 "msg_ids": ids,
                 "queue_id": queue_id,

@@ -59,7 +59,9 @@ class StoreBridge:
                 async with asyncio.timeout(timeout):
                     await asyncio.wrap_future(flushed)
             except TimeoutError as exc:
-                raise FlushTimeoutError(f"not fsynced within {timeout:.1f}s") from exc
+                err = FlushTimeoutError(f"not fsynced within {timeout:.1f}s")
+                err.result = result  # stored, not yet durable: the sender learns where
+                raise err from exc
         else:
             flushed.result()
         return result

@@ -81,6 +81,8 @@ class FlushTimeoutError(StoreError):
 
     code = ResponseCode.FLUSH_DISK_TIMEOUT
     retriable = True
+    result: object = None
+    """Where the data landed (it is stored, only not yet fsynced), when known."""
 
 
 class StoreClosedError(StoreError):

@@ -1,0 +1,390 @@
+"""Topic routes from the NameServers, cached per topic.
+
+:class:`TopicRouteCache` asks the NameServers for a topic's route (GET_ROUTEINFO_BY_TOPIC) and
+keeps the answer, turned into a :class:`TopicPublishInfo`: the writable and readable
+:class:`MessageQueue` lists and each broker's master address. Routes are refreshed every
+``refresh_interval_s`` by a background task and on demand (a broker answering TOPIC_NOT_EXIST or
+NO_PERMISSION asks for one).
+
+NameServers are tried in random order, ones that failed recently last; a connection error, a
+timeout or a busy answer moves on to the next. When every NameServer is down the cached routes
+stay in use (with a warning): brokers do not move often, and a producer that can still reach
+them should keep sending.
+
+Not thread-safe: one cache belongs to one event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import msgspec
+
+from orbitmq.common.codes import ResponseCode
+from orbitmq.common.errors import ClientError, MQError, RemoteError
+from orbitmq.net.client import RemotingClient
+from orbitmq.protocol.bodies import (
+    PERM_READ,
+    PERM_WRITE,
+    ClusterInfo,
+    TopicRouteData,
+    decode_body,
+)
+from orbitmq.protocol.codes import RequestCode
+from orbitmq.protocol.frame import Buffer, Frame
+
+log = logging.getLogger(__name__)
+
+AUTO_CREATE_QUEUE_ID = -1
+"""Queue id of the stand-in queues of a topic no NameServer knows yet: the broker picks one."""
+
+_NAMESRV_FAILURE_MEMORY_S = 30.0
+_NAMESRV_RETRY_CODES = frozenset({ResponseCode.SYSTEM_BUSY, ResponseCode.SYSTEM_ERROR})
+
+
+@dataclass(frozen=True, slots=True, order=True)
+class MessageQueue:
+    """One queue of a topic on one broker; sorts by topic, broker name, then queue id."""
+
+    topic: str
+    broker_name: str
+    queue_id: int
+
+    def __str__(self) -> str:
+        return f"{self.topic}@{self.broker_name}/{self.queue_id}"
+
+
+@dataclass(frozen=True, slots=True)
+class TopicPublishInfo:
+    """A topic's route as clients use it."""
+
+    topic: str
+    write_queues: tuple[MessageQueue, ...]
+    """Queues of brokers with PERM_WRITE and a master, sorted: where a producer may send."""
+    read_queues: tuple[MessageQueue, ...]
+    """Queues of brokers with PERM_READ and a master, sorted."""
+    broker_addrs: Mapping[str, str]
+    """broker name -> master address ("host:port")."""
+    fetched_at: float
+    route: TopicRouteData | None = None
+    """What the NameServer answered (None for an auto-create stand-in)."""
+    auto_create: bool = False
+    """No NameServer knows the topic: the queues are one stand-in per master broker
+    (queue id -1), for brokers that create topics on first send."""
+
+    @classmethod
+    def from_route(cls, topic: str, route: TopicRouteData, fetched_at: float) -> TopicPublishInfo:
+        addrs: dict[str, str] = {}
+        for bd in route.broker_datas:
+            master = bd.master_addr()
+            if master:
+                addrs[bd.broker_name] = master
+        write: list[MessageQueue] = []
+        read: list[MessageQueue] = []
+        for qd in route.queue_datas:
+            if qd.broker_name not in addrs:
+                continue  # no master: nowhere to send or read
+            if qd.perm & PERM_WRITE:
+                write += (
+                    MessageQueue(topic, qd.broker_name, i) for i in range(qd.write_queue_nums)
+                )
+            if qd.perm & PERM_READ:
+                read += (MessageQueue(topic, qd.broker_name, i) for i in range(qd.read_queue_nums))
+        return cls(topic, tuple(sorted(write)), tuple(sorted(read)), addrs, fetched_at, route)
+
+    @classmethod
+    def stand_in(cls, topic: str, cluster: ClusterInfo, fetched_at: float) -> TopicPublishInfo:
+        """Route for a topic no NameServer knows: every master broker, queue id -1."""
+        addrs = {
+            name: master
+            for name, bd in cluster.broker_addr_table.items()
+            if (master := bd.master_addr())
+        }
+        queues = tuple(MessageQueue(topic, name, AUTO_CREATE_QUEUE_ID) for name in sorted(addrs))
+        return cls(topic, queues, (), addrs, fetched_at, None, auto_create=True)
+
+
+class NameServerUnavailableError(ClientError):
+    """No NameServer answered (all down, unreachable or busy)."""
+
+
+class TopicRouteNotFoundError(ClientError):
+    """No NameServer knows the topic (and no broker would create it)."""
+
+    def __init__(self, topic: str) -> None:
+        super().__init__(f"no route for topic {topic!r}: no NameServer knows it")
+        self.topic = topic
+
+
+def parse_namesrv_addrs(addrs: str | Sequence[str]) -> tuple[str, ...]:
+    """``"a:9876;b:9876"`` (RocketMQ's form) or a sequence of "host:port"."""
+    items = addrs.replace(",", ";").split(";") if isinstance(addrs, str) else list(addrs)
+    out = tuple(dict.fromkeys(a.strip() for a in items if a.strip()))
+    if not out:
+        raise ClientError("no NameServer address given")
+    return out
+
+
+class TopicRouteCache:
+    def __init__(
+        self,
+        namesrv_addrs: str | Sequence[str],
+        remoting: RemotingClient,
+        *,
+        timeout_s: float = 3.0,
+        refresh_interval_s: float = 30.0,
+        auto_create_fallback: bool = True,
+        stand_in_recheck_s: float = 1.0,
+        clock: Callable[[], float] = time.monotonic,
+        rng: random.Random | None = None,
+    ) -> None:
+        self.namesrv_addrs = parse_namesrv_addrs(namesrv_addrs)
+        self.remoting = remoting
+        self.timeout_s = timeout_s
+        self.refresh_interval_s = refresh_interval_s
+        self.auto_create_fallback = auto_create_fallback
+        self.stand_in_recheck_s = stand_in_recheck_s
+        self._clock = clock
+        self._rng = rng or random.Random()
+        self._routes: dict[str, TopicPublishInfo] = {}
+        self._fetching: dict[str, asyncio.Task[TopicPublishInfo]] = {}
+        self._failed_at: dict[str, float] = {}
+        self._preferred: str | None = None
+        self._refresh_task: asyncio.Task[None] | None = None
+        self._soon: dict[str, asyncio.Task[None]] = {}
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def start(self) -> None:
+        """Start the periodic refresh (call from the event loop)."""
+        if self._refresh_task is None and self.refresh_interval_s > 0:
+            self._refresh_task = asyncio.get_running_loop().create_task(
+                self._refresh_loop(), name="orbitmq-route-refresh"
+            )
+
+    async def close(self) -> None:
+        tasks: list[asyncio.Task[Any]] = [*self._soon.values(), *self._fetching.values()]
+        if self._refresh_task is not None:
+            tasks.append(self._refresh_task)
+        self._refresh_task = None
+        self._soon.clear()
+        self._fetching.clear()
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def _refresh_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.refresh_interval_s)
+            await self.refresh_all()
+
+    async def refresh_all(self) -> None:
+        """Refresh every cached topic; failures are logged, cached routes kept."""
+        for topic in list(self._routes):
+            try:
+                await self.refresh(topic)
+            except MQError as exc:
+                log.warning("route refresh of %r failed, keeping the cached route: %s", topic, exc)
+
+    # ------------------------------------------------------------------ routes
+
+    def cached(self, topic: str) -> TopicPublishInfo | None:
+        return self._routes.get(topic)
+
+    def topics(self) -> list[str]:
+        return sorted(self._routes)
+
+    def forget(self, topic: str) -> None:
+        self._routes.pop(topic, None)
+
+    async def get(self, topic: str) -> TopicPublishInfo:
+        """The cached route, fetched first if there is none."""
+        info = self._routes.get(topic)
+        if info is None:
+            return await self.refresh(topic)
+        if info.auto_create and self._clock() - info.fetched_at >= self.stand_in_recheck_s:
+            self.refresh_soon(topic)  # the broker may have created it by now
+        return info
+
+    def refresh_soon(self, topic: str) -> None:
+        """Refresh ``topic`` in the background (once, however often this is called meanwhile)."""
+        if topic in self._soon:
+            return
+        task = asyncio.get_running_loop().create_task(self._refresh_quietly(topic))
+        self._soon[topic] = task
+        task.add_done_callback(lambda _t: self._soon.pop(topic, None))
+
+    async def _refresh_quietly(self, topic: str) -> None:
+        try:
+            await self.refresh(topic)
+        except MQError as exc:
+            log.warning("route refresh of %r failed: %s", topic, exc)
+
+    async def refresh(self, topic: str) -> TopicPublishInfo:
+        """Ask the NameServers now. Concurrent calls for one topic share one request.
+
+        When no NameServer answers, the cached route is returned (with a warning); without one
+        this raises NameServerUnavailableError. When none knows the topic: the cached route if
+        there is one (a broker may be re-registering), else an auto-create stand-in
+        (``auto_create_fallback``), else TopicRouteNotFoundError.
+        """
+        task = self._fetching.get(topic)
+        if task is None:
+            task = asyncio.get_running_loop().create_task(self._fetch(topic))
+            self._fetching[topic] = task
+            task.add_done_callback(lambda t: self._fetch_done(topic, t))
+        return await asyncio.shield(task)
+
+    def _fetch_done(self, topic: str, task: asyncio.Task[TopicPublishInfo]) -> None:
+        if self._fetching.get(topic) is task:
+            del self._fetching[topic]
+        if not task.cancelled():
+            task.exception()  # whoever awaited it has it; nobody else needs a log line
+
+    async def _fetch(self, topic: str) -> TopicPublishInfo:
+        cached = self._routes.get(topic)
+        try:
+            resp = await self.request(
+                RequestCode.GET_ROUTEINFO_BY_TOPIC,
+                {"topic": topic},
+                move_on=frozenset({ResponseCode.TOPIC_NOT_EXIST}),
+            )
+        except NameServerUnavailableError as exc:
+            if cached is None:
+                raise
+            log.warning("no NameServer reachable, using the cached route of %r: %s", topic, exc)
+            return cached
+        now = self._clock()
+        if resp.code == ResponseCode.SUCCESS:
+            route = _decode(resp.body, TopicRouteData, "route")
+            info = TopicPublishInfo.from_route(topic, route, now)
+            self._routes[topic] = info
+            return info
+        if resp.code != ResponseCode.TOPIC_NOT_EXIST:
+            raise RemoteError(resp.code, resp.remark)
+        if cached is not None and not cached.auto_create:
+            log.info("no NameServer knows %r now; keeping its cached route", topic)
+            return cached
+        if not self.auto_create_fallback:
+            raise TopicRouteNotFoundError(topic)
+        cluster = await self.cluster_info()
+        info = TopicPublishInfo.stand_in(topic, cluster, now)
+        if not info.write_queues:
+            raise TopicRouteNotFoundError(topic)
+        self._routes[topic] = info
+        return info
+
+    async def cluster_info(self) -> ClusterInfo:
+        resp = await self.request(RequestCode.GET_BROKER_CLUSTER_INFO, {})
+        if resp.code != ResponseCode.SUCCESS:
+            raise RemoteError(resp.code, resp.remark)
+        return _decode(resp.body, ClusterInfo, "cluster info")
+
+    def master_addr(self, broker_name: str) -> str | None:
+        """The master address of ``broker_name`` from any cached route."""
+        for info in self._routes.values():
+            addr = info.broker_addrs.get(broker_name)
+            if addr:
+                return addr
+        return None
+
+    # ------------------------------------------------------------------ NameServer requests
+
+    def namesrv_order(self) -> list[str]:
+        """NameServers to try: the one that answered last, then the others in random order,
+        those that failed in the last 30 s at the end."""
+        now = self._clock()
+        healthy: list[str] = []
+        failed: list[tuple[float, str]] = []
+        preferred: str | None = None
+        for addr in self.namesrv_addrs:
+            at = self._failed_at.get(addr)
+            if at is not None and now - at < _NAMESRV_FAILURE_MEMORY_S:
+                failed.append((at, addr))
+            elif addr == self._preferred:
+                preferred = addr
+            else:
+                healthy.append(addr)
+        self._rng.shuffle(healthy)
+        if preferred is not None:
+            healthy.insert(0, preferred)
+        return healthy + [addr for _at, addr in sorted(failed)]
+
+    async def request(
+        self,
+        code: int,
+        fields: dict[str, Any],
+        body: Buffer = b"",
+        *,
+        move_on: frozenset[int] = frozenset(),
+        timeout_s: float | None = None,
+    ) -> Frame:
+        """Send a request to one NameServer, failing over to the next.
+
+        A transport failure (connect, timeout, connection lost) or a SYSTEM_BUSY/SYSTEM_ERROR
+        answer moves on to the next NameServer; so does an answer whose code is in ``move_on``
+        (the last such answer is returned when no NameServer gives a better one). Any other
+        answer is returned as is. NameServerUnavailableError when none answered.
+        """
+        timeout = self.timeout_s if timeout_s is None else timeout_s
+        fallback: Frame | None = None
+        errors: list[str] = []
+        for addr in self.namesrv_order():
+            try:
+                resp = await self.remoting.invoke(
+                    addr, Frame(code, fields=fields, body=body), timeout
+                )
+            except (RemoteError, ClientError) as exc:
+                self._note_failure(addr)
+                errors.append(f"{addr}: {exc}")
+                continue
+            if resp.code in _NAMESRV_RETRY_CODES:
+                self._note_failure(addr)
+                errors.append(f"{addr}: {RemoteError(resp.code, resp.remark)}")
+                continue
+            self._failed_at.pop(addr, None)
+            self._preferred = addr
+            if resp.code in move_on:
+                fallback = resp
+                continue
+            return resp
+        if fallback is not None:
+            return fallback
+        raise NameServerUnavailableError("no NameServer answered: " + "; ".join(errors))
+
+    def _note_failure(self, addr: str) -> None:
+        self._failed_at[addr] = self._clock()
+        if self._preferred == addr:
+            self._preferred = None
+
+    async def broadcast(
+        self, code: int, fields: dict[str, Any], *, timeout_s: float | None = None
+    ) -> dict[str, Frame | MQError]:
+        """Send a request to every NameServer; each one's answer or error."""
+        timeout = self.timeout_s if timeout_s is None else timeout_s
+
+        async def one(addr: str) -> Frame | MQError:
+            try:
+                return await self.remoting.invoke(addr, Frame(code, fields=fields), timeout)
+            except (RemoteError, ClientError) as exc:
+                self._note_failure(addr)
+                return exc
+
+        answers = await asyncio.gather(*(one(a) for a in self.namesrv_addrs))
+        return dict(zip(self.namesrv_addrs, answers, strict=True))
+
+
+_T = TypeVar("_T")
+
+
+def _decode(body: Buffer, typ: type[_T], what: str) -> _T:
+    try:
+        return decode_body(bytes(body) if isinstance(body, bytearray) else body, typ)
+    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+        raise ClientError(f"NameServer sent a malformed {what}: {exc}") from exc
