@@ -217,6 +217,9 @@ class ProducerConfig:
             raise ClientError(f"producer setting out of range: {', '.join(bad)}")
 
 
+_UNIQ_PREFIX = PROPERTY_UNIQ_KEY.encode() + b"\x01"
+
+
 @dataclass(slots=True)
 class _Item:
     """A message ready for the wire."""
@@ -390,6 +393,17 @@ class AsyncProducer:
         body = msg.body if type(msg.body) is bytes else bytes(msg.body)
         if not body:
             raise EmptyBodyError("a message must carry a body of at least one byte")
+        threshold = self.config.compress_over_bytes
+        if not (msg.properties or msg.tags or msg.keys or compress) and (
+            threshold < 0 or len(body) <= threshold
+        ):
+            # The common case, kept short: only the unique id to encode.
+            if len(body) > self.config.max_message_size:
+                raise MessageTooLargeError(
+                    f"body is {len(body)} bytes, limit {self.config.max_message_size}"
+                )
+            new_id = default_generator.next_id()
+            return _Item(msg, body, _UNIQ_PREFIX + new_id.encode() + b"\x02", new_id, 0)
         props_map = msg.system_properties()
         msg_id = props_map.get(PROPERTY_UNIQ_KEY)
         if not msg_id:
@@ -403,7 +417,6 @@ class AsyncProducer:
                 f"properties are {len(props)} bytes encoded, limit {DEFAULT_MAX_PROPERTIES_SIZE}"
             )
         item = _Item(msg, body, props, msg_id, 0)
-        threshold = self.config.compress_over_bytes
         if compress or (compress is None and 0 <= threshold < len(body)):
             self._compress(item, force=bool(compress))
         if len(item.body) > self.config.max_message_size:

@@ -27,6 +27,9 @@ def _local_ip() -> bytes:
         return b"\x7f\x00\x00\x01"
 
 
+_HEX4 = [f"{i:04X}" for i in range(1 << 16)]
+
+
 class MessageIdGenerator:
     def __init__(self) -> None:
         prefix = _local_ip() + (os.getpid() & 0xFFFF).to_bytes(2, "big") + os.urandom(4)
@@ -35,6 +38,8 @@ class MessageIdGenerator:
         self._lock = threading.Lock()
         self._month_start_ms = 0
         self._next_month_ms = 0
+        self._head_ms = -1
+        self._head = ""
 
     def _month_base(self, now_ms: int) -> int:
         if now_ms >= self._next_month_ms:
@@ -46,21 +51,22 @@ class MessageIdGenerator:
         return self._month_start_ms
 
     def next_id(self) -> str:
+        # next() on itertools.count is atomic under the GIL: no lock on the hot path.
+        n = next(self._counter) & 0xFFFF
         now_ms = time.time_ns() // 1_000_000
-        with self._lock:
-            base = self._month_base(now_ms)
-            n = next(self._counter) & 0xFFFF
-        return f"{self._prefix}{(now_ms - base) & 0xFFFFFFFF:08X}{n:04X}"
+        if now_ms != self._head_ms:
+            self._head_ms = now_ms
+            self._head = f"{self._prefix}{(now_ms - self._month_base(now_ms)) & 0xFFFFFFFF:08X}"
+        return self._head + _HEX4[n]
 
     def next_ids(self, count: int) -> list[str]:
-        """``count`` ids at once (one clock read, one lock)."""
+        """``count`` ids at once (one clock read)."""
         now_ms = time.time_ns() // 1_000_000
         with self._lock:
             base = self._month_base(now_ms)
-            start = next(self._counter)
-            self._counter = itertools.count(start + count)
         head = f"{self._prefix}{(now_ms - base) & 0xFFFFFFFF:08X}"
-        return [f"{head}{(start + i) & 0xFFFF:04X}" for i in range(count)]
+        counter = self._counter
+        return [head + _HEX4[next(counter) & 0xFFFF] for _ in range(count)]
 
 
 default_generator = MessageIdGenerator()
