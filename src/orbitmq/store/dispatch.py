@@ -34,12 +34,12 @@ ROUND_BYTES = 8 * 1024 * 1024
 _COLUMNS = {w: np.arange(w, dtype=np.int64) for w in (2, 4, 8)}
 
 
-IndexBatch = list[tuple[int, int, int]]
-"""(key hash, physical offset, store timestamp ms) per index entry, in log order."""
+IndexBatch = list[np.ndarray]
+"""Arrays of (key hash, physical offset, store timestamp ms) rows, in log order."""
 
 
 class Indexer(Protocol):
-    def put_hashes(self, items: IndexBatch) -> None: ...
+    def put_hashes(self, items: np.ndarray) -> None: ...
 
 
 def _occurrences(blk: bytes, needle: bytes) -> list[int]:
@@ -195,12 +195,18 @@ class Dispatcher:
         index_items: IndexBatch,
     ) -> None:
         """Find TAGS, KEYS and UNIQ_KEY in a block's properties with C-speed substring search
-        over one copy of the block, then touch only the records that have them."""
-        base = int(props_at[0])
-        blk = bytes(view[base : int(props_at[-1] + props_len[-1])])
-        p_lo = props_at - base
-        p_hi = p_lo + props_len
+        over one buffer holding every record's properties, then touch only the records that
+        have them."""
+        # Gather just the properties of every record into one buffer (no bodies to search).
+        p_hi = np.cumsum(props_len)
+        p_lo = p_hi - props_len
+        total = int(p_hi[-1])
+        gather = np.arange(total, dtype=np.int64) + np.repeat(props_at - p_lo, props_len)
+        raw = np.frombuffer(view, dtype=np.uint8)[gather]
+        blk = raw.tobytes()
         run_of = np.searchsorted(np.array(run_starts), np.arange(len(p_lo)), side="right") - 1
+        separators: np.ndarray | None = None
+        crc = crc32c.crc32c
         for needle in _NEEDLES:
             if needle is not _TAGS and self.index is None:
                 continue
@@ -209,30 +215,57 @@ class Dispatcher:
                 continue
             at = np.array(hits, dtype=np.int64)
             rec = np.searchsorted(p_lo, at, side="right") - 1
-            ok = (rec >= 0) & (at < p_hi[np.maximum(rec, 0)])
+            safe = np.maximum(rec, 0)
+            ok = (rec >= 0) & (at < p_hi[safe])
             # A name starts the properties or follows a \x02 separator.
-            prev = np.frombuffer(blk, dtype=np.uint8)[np.maximum(at - 1, 0)]
-            ok &= (at == p_lo[np.maximum(rec, 0)]) | (prev == 2)
+            ok &= (at == p_lo[safe]) | (raw[np.maximum(at - 1, 0)] == 2)
             at, rec = at[ok], rec[ok]
-            ends = p_hi[rec].tolist()
-            values: list[bytes] = []
-            for a, e in zip((at + len(needle)).tolist(), ends, strict=True):
-                stop = blk.find(b"\x02", a, e)
-                values.append(blk[a : stop if stop >= 0 else e])
-            if needle is _TAGS:
-                tags[rec] = [crc32c.crc32c(v) if v else 0 for v in values]
+            if not len(at):
                 continue
-            crc = crc32c.crc32c
-            prefixes = [self._prefix(run_topics[r]) for r in run_of[rec].tolist()]
-            rec_phys = phys[rec].tolist()
-            rec_times = times[rec].tolist()
-            for v, pre, phy, ts in zip(values, prefixes, rec_phys, rec_times, strict=True):
-                if needle is _KEYS and b" " in v:
-                    for key in dict.fromkeys(v.split(b" ")):
-                        if key:
-                            index_items.append((crc(key, pre) & _HASH_MASK, phy, ts))
-                elif v:
-                    index_items.append((crc(v, pre) & _HASH_MASK, phy, ts))
+            # Each value ends at the next \x02 or at the end of the record's properties.
+            if separators is None:
+                separators = np.flatnonzero(raw == 2)
+            starts = at + len(needle)
+            nxt = np.searchsorted(separators, starts)
+            ends = np.where(
+                nxt < len(separators), separators[np.minimum(nxt, len(separators) - 1)], len(blk)
+            )
+            ends = np.minimum(ends, p_hi[rec])
+            spans = zip(starts.tolist(), ends.tolist(), strict=True)
+            if needle is _TAGS:
+                tags[rec] = [crc(blk[a:b]) if b > a else 0 for a, b in spans]
+                continue
+            run_prefix = np.array([self._prefix(t) for t in run_topics], dtype=np.int64)
+            prefixes = run_prefix[run_of[rec]].tolist()
+            values = [blk[a:b] for a, b in spans]
+            if needle is _KEYS and any(b" " in v for v in values):
+                self._index_split_keys(values, prefixes, phys[rec], times[rec], index_items)
+                continue
+            keep = [k for k, v in enumerate(values) if v]
+            hashes = [crc(values[k], prefixes[k]) & _HASH_MASK for k in keep]
+            if hashes:
+                index_items.append(
+                    np.column_stack(
+                        (np.array(hashes, dtype=np.int64), phys[rec][keep], times[rec][keep])
+                    )
+                )
+
+    @staticmethod
+    def _index_split_keys(
+        values: list[bytes],
+        prefixes: list[int],
+        phys: np.ndarray,
+        times: np.ndarray,
+        index_items: IndexBatch,
+    ) -> None:
+        rows: list[tuple[int, int, int]] = []
+        crc = crc32c.crc32c
+        for v, pre, phy, ts in zip(values, prefixes, phys.tolist(), times.tolist(), strict=True):
+            for key in dict.fromkeys(v.split(b" ")):
+                if key:
+                    rows.append((crc(key, pre) & _HASH_MASK, phy, ts))
+        if rows:
+            index_items.append(np.array(rows, dtype=np.int64))
 
     def _prefix(self, topic: str) -> int:
         pre = self._prefixes.get(topic)
@@ -257,7 +290,9 @@ class Dispatcher:
                 expect = nxt_first + len(nxt)
             cq.put(first, b"".join(chunks))
         if index_items and self.index is not None:
-            self.index.put_hashes(index_items)
+            rows = np.concatenate(index_items) if len(index_items) > 1 else index_items[0]
+            # Entries must go in log order: several needles were found separately.
+            self.index.put_hashes(rows[np.argsort(rows[:, 1], kind="stable")])
 
     def _notify(self, groups: dict[tuple[str, int], list[tuple[int, np.ndarray]]]) -> None:
         if not self.listeners:
