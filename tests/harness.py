@@ -31,6 +31,14 @@ class ServerProcess:
         self.address = ""
 
     def start(self, timeout: float = 30.0) -> ServerProcess:
+        self.launch()
+        return self.wait_ready(timeout)
+
+    def launch(self) -> ServerProcess:
+        """Start the process without waiting for it (see :meth:`wait_ready` and start_all)."""
+        assert self.proc is None or self.proc.poll() is not None, "already running"
+        if self.proc is not None and self.proc.stdout is not None:
+            self.proc.stdout.close()
         log = open(self.log_path, "ab")  # noqa: SIM115 - owned by the child for its lifetime
         env = dict(os.environ, PYTHONUNBUFFERED="1")
         self.proc = subprocess.Popen(
@@ -41,7 +49,11 @@ class ServerProcess:
             env=env,
         )
         log.close()
-        assert self.proc.stdout is not None
+        return self
+
+    def wait_ready(self, timeout: float = 30.0) -> ServerProcess:
+        """Wait for the ready line of a launched process; stop it and raise if none comes."""
+        assert self.proc is not None and self.proc.stdout is not None
         deadline = time.monotonic() + timeout
         prefix = f"orbitmq {self.role} ready "
         while time.monotonic() < deadline:
@@ -60,6 +72,19 @@ class ServerProcess:
     def pid(self) -> int:
         assert self.proc is not None
         return self.proc.pid
+
+    @property
+    def running(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def restart(self, timeout: float = 30.0) -> ServerProcess:
+        """Start the stopped (or killed) server again with the same arguments, on the port it
+        had (its store, for a broker, is the same folder), so clients keep its address."""
+        assert not self.running, "stop or kill it first"
+        if self.address and "--port" in self.args:
+            at = self.args.index("--port") + 1
+            self.args[at] = self.address.rpartition(":")[2]
+        return self.start(timeout)
 
     def kill(self) -> None:
         """SIGKILL: no cleanup, as a crash."""
@@ -93,13 +118,14 @@ class Cluster:
         self.base = base
         self.procs: list[ServerProcess] = []
 
-    def namesrv(self) -> ServerProcess:
+    def namesrv(self, *, start: bool = True) -> ServerProcess:
+        """A NameServer on a free port (``start=False``: not started yet, see start_all)."""
         n = sum(p.role == "namesrv" for p in self.procs)
         proc = ServerProcess(
             "namesrv", ["--host", "127.0.0.1", "--port", "0"], self.base / f"namesrv{n}.log"
         )
         self.procs.append(proc)
-        return proc.start()
+        return proc.start() if start else proc
 
     def broker(
         self,
@@ -110,6 +136,7 @@ class Cluster:
         store: Path | None = None,
         port: int = 0,
         extra: list[str] | None = None,
+        start: bool = True,
     ) -> ServerProcess:
         args = [
             "--host", "127.0.0.1", "--port", str(port), "--name", name,
@@ -119,7 +146,15 @@ class Cluster:
         ]  # fmt: skip
         proc = ServerProcess("broker", args, self.base / f"{name}.log")
         self.procs.append(proc)
-        return proc.start()
+        return proc.start() if start else proc
+
+    def start_all(self, procs: list[ServerProcess], timeout: float = 30.0) -> list[ServerProcess]:
+        """Launch several servers at once (made with ``start=False``), then wait for each."""
+        for proc in procs:
+            proc.launch()
+        for proc in procs:
+            proc.wait_ready(timeout)
+        return procs
 
     def stop_all(self) -> None:
         for proc in reversed(self.procs):

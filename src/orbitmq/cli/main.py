@@ -69,8 +69,7 @@ def _announce(title: str, role: str) -> Any:
         console.print("Ctrl-C stops it cleanly.")
         # One plain line for scripts and tests that wait for readiness.
         print(
-            f"orbitmq {role} ready "
-            + " ".join(f"{k}={v}" for k, v in endpoints.items()),
+            f"orbitmq {role} ready " + " ".join(f"{k}={v}" for k, v in endpoints.items()),
             flush=True,
         )
 

@@ -261,9 +261,9 @@ class Dispatcher:
         rows: list[tuple[int, int, int]] = []
         crc = crc32c.crc32c
         for v, pre, phy, ts in zip(values, prefixes, phys.tolist(), times.tolist(), strict=True):
-            for key in dict.fromkeys(v.split(b" ")):
-                if key:
-                    rows.append((crc(key, pre) & _HASH_MASK, phy, ts))
+            rows.extend(
+                (crc(k, pre) & _HASH_MASK, phy, ts) for k in dict.fromkeys(v.split(b" ")) if k
+            )
         if rows:
             index_items.append(np.array(rows, dtype=np.int64))
 
