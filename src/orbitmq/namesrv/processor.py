@@ -1,0 +1,193 @@
+"""NameServer request handling: a request frame in, a response frame out (see docs/protocol.md).
+
+Every field and body is checked before the route tables are touched, so a request that is
+refused changes nothing. A missing field, a value of the wrong type or out of range, or a body
+that does not decode is MESSAGE_ILLEGAL (13) with a remark naming the field, as the broker
+answers (``orbitmq.protocol.fields``); an unknown request code is REQUEST_CODE_NOT_SUPPORTED.
+The transport answers nothing of this on its own once a handler is installed, so it is done
+here, for every code.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Hashable
+
+import msgspec
+
+from orbitmq.common.codes import ResponseCode
+from orbitmq.common.errors import MQError
+from orbitmq.common.validation import validate_topic
+from orbitmq.namesrv.route_info import Registration, RouteInfoManager
+from orbitmq.protocol.bodies import (
+    MESSAGE_TYPES,
+    PERM_INHERIT,
+    PERM_READ_WRITE,
+    RegisterBrokerBody,
+    decode_body,
+    encode_body,
+)
+from orbitmq.protocol.codes import RequestCode
+from orbitmq.protocol.fields import FieldError, get_int, get_str
+from orbitmq.protocol.frame import Frame
+
+NAME_MAX_LENGTH = 127
+MAX_QUEUE_NUMS = 65535
+MAX_BROKER_ID = 2**63 - 1
+_NAME_RE = re.compile(r"[A-Za-z0-9._%|:@+-]+")
+_HOST_RE = re.compile(r"[A-Za-z0-9._:\[\]-]{1,253}")
+_PORT_RE = re.compile(r"[0-9]{1,5}")
+_ALL_PERMS = PERM_READ_WRITE | PERM_INHERIT
+
+Handler = Callable[[Frame, Hashable | None], Frame]
+
+
+def _short(value: object) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def name_field(frame: Frame, field: str) -> str:
+    """A cluster or broker name: 1-127 characters from [A-Za-z0-9._%|:@+-]."""
+    value = get_str(frame, field)
+    if len(value) > NAME_MAX_LENGTH or not _NAME_RE.fullmatch(value):
+        raise FieldError(
+            f"field {field!r} = {_short(value)} must be 1-{NAME_MAX_LENGTH} characters"
+            " from [A-Za-z0-9._%|:@+-]"
+        )
+    return value
+
+
+def addr_field(frame: Frame, field: str) -> str:
+    """A "host:port" address, port 1-65535 (IPv6 hosts in brackets)."""
+    value = get_str(frame, field)
+    host, sep, port = value.rpartition(":")
+    if (
+        not sep
+        or not _HOST_RE.fullmatch(host)
+        or not _PORT_RE.fullmatch(port)
+        or not 0 < int(port) < 65536
+    ):
+        raise FieldError(f"field {field!r} = {_short(value)} is not host:port")
+    return value
+
+
+def topic_field(frame: Frame, field: str = "topic") -> str:
+    value = get_str(frame, field)
+    validate_topic(value)  # InvalidTopicError: MESSAGE_ILLEGAL too
+    return value
+
+
+def register_body(data: bytes | bytearray | memoryview) -> RegisterBrokerBody:
+    """Decode and check a RegisterBrokerBody; FieldError says what is wrong."""
+    try:
+        body = decode_body(memoryview(data), RegisterBrokerBody)
+    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+        raise FieldError(f"body is not a RegisterBrokerBody: {exc}") from None
+    for key, tc in body.topic_configs.items():
+        if key != tc.topic_name:
+            raise FieldError(f"topic_configs[{_short(key)}] holds topic {_short(tc.topic_name)}")
+        validate_topic(key)
+        for attr in ("read_queue_nums", "write_queue_nums"):
+            nums = getattr(tc, attr)
+            if not 0 <= nums <= MAX_QUEUE_NUMS:
+                raise FieldError(f"topic {key}: {attr} = {nums} is outside [0, {MAX_QUEUE_NUMS}]")
+        if not 0 <= tc.perm <= _ALL_PERMS:
+            raise FieldError(f"topic {key}: perm = {tc.perm} is not a combination of 4, 2, 1")
+        if tc.message_type not in MESSAGE_TYPES:
+            raise FieldError(f"topic {key}: message_type {_short(tc.message_type)} is unknown")
+    return body
+
+
+class NamesrvProcessor:
+    """Maps request codes to RouteInfoManager calls. Synchronous: the tables live on one loop."""
+
+    def __init__(self, routes: RouteInfoManager) -> None:
+        self.routes = routes
+        self._handlers: dict[int, Handler] = {
+            RequestCode.REGISTER_BROKER: self.register_broker,
+            RequestCode.UNREGISTER_BROKER: self.unregister_broker,
+            RequestCode.GET_ROUTEINFO_BY_TOPIC: self.get_route,
+            RequestCode.GET_BROKER_CLUSTER_INFO: self.get_cluster_info,
+            RequestCode.GET_ALL_TOPIC_LIST_FROM_NAMESERVER: self.get_topic_list,
+            RequestCode.DELETE_TOPIC_IN_NAMESRV: self.delete_topic,
+            RequestCode.WIPE_WRITE_PERM_OF_BROKER: self.wipe_write_perm,
+            RequestCode.ADD_WRITE_PERM_OF_BROKER: self.add_write_perm,
+        }
+        self.codes = frozenset(self._handlers)
+        """The request codes this NameServer answers."""
+
+    def process(self, request: Frame, connection: Hashable | None = None) -> Frame:
+        """The response to ``request``; ``connection`` is remembered by REGISTER_BROKER."""
+        handler = self._handlers.get(request.code)
+        if handler is None:
+            return request.reply(
+                ResponseCode.REQUEST_CODE_NOT_SUPPORTED,
+                f"request code {request.code} is not supported by the NameServer",
+            )
+        try:
+            return handler(request, connection)
+        except MQError as exc:
+            return request.reply(exc.code, str(exc) or type(exc).__name__)
+
+    # ------------------------------------------------------------------ brokers
+
+    def register_broker(self, request: Frame, connection: Hashable | None) -> Frame:
+        reg_fields = (
+            name_field(request, "cluster"),
+            name_field(request, "broker_name"),
+            get_int(request, "broker_id", lo=0, hi=MAX_BROKER_ID),
+            addr_field(request, "broker_addr"),
+        )
+        body = register_body(request.body)
+        cluster, broker_name, broker_id, broker_addr = reg_fields
+        result = self.routes.register_broker(
+            Registration(
+                cluster=cluster,
+                broker_name=broker_name,
+                broker_id=broker_id,
+                broker_addr=broker_addr,
+                topic_configs=body.topic_configs,
+                data_version=body.data_version,
+            ),
+            connection,
+        )
+        fields = {} if result.master_addr is None else {"master_addr": result.master_addr}
+        return request.reply(ResponseCode.SUCCESS, fields=fields)
+
+    def unregister_broker(self, request: Frame, _connection: Hashable | None) -> Frame:
+        name_field(request, "cluster")
+        broker_name = name_field(request, "broker_name")
+        broker_id = get_int(request, "broker_id", lo=0, hi=MAX_BROKER_ID)
+        broker_addr = addr_field(request, "broker_addr")
+        self.routes.unregister_broker(broker_name, broker_id, broker_addr)
+        return request.reply(ResponseCode.SUCCESS)
+
+    def wipe_write_perm(self, request: Frame, _connection: Hashable | None) -> Frame:
+        count = self.routes.wipe_write_perm(name_field(request, "broker_name"))
+        return request.reply(ResponseCode.SUCCESS, fields={"wipe_topic_count": count})
+
+    def add_write_perm(self, request: Frame, _connection: Hashable | None) -> Frame:
+        count = self.routes.add_write_perm(name_field(request, "broker_name"))
+        return request.reply(ResponseCode.SUCCESS, fields={"add_topic_count": count})
+
+    # ------------------------------------------------------------------ topics
+
+    def get_route(self, request: Frame, _connection: Hashable | None) -> Frame:
+        topic = topic_field(request)
+        route = self.routes.topic_route(topic)
+        if route is None:
+            return request.reply(ResponseCode.TOPIC_NOT_EXIST, f"no route for topic {topic}")
+        return request.reply(ResponseCode.SUCCESS, body=encode_body(route))
+
+    def get_cluster_info(self, request: Frame, _connection: Hashable | None) -> Frame:
+        return request.reply(ResponseCode.SUCCESS, body=encode_body(self.routes.cluster_info()))
+
+    def get_topic_list(self, request: Frame, _connection: Hashable | None) -> Frame:
+        return request.reply(ResponseCode.SUCCESS, body=encode_body(self.routes.topic_list()))
+
+    def delete_topic(self, request: Frame, _connection: Hashable | None) -> Frame:
+        topic = topic_field(request)
+        cluster = None if request.fields.get("cluster") is None else name_field(request, "cluster")
+        self.routes.delete_topic(topic, cluster)
+        return request.reply(ResponseCode.SUCCESS)
