@@ -38,6 +38,7 @@ record never straddles two segment files.
 
 from __future__ import annotations
 
+import functools
 import ipaddress
 import struct
 from dataclasses import dataclass
@@ -66,6 +67,7 @@ def record_overhead(topic_len: int) -> int:
     return HEADER_SIZE + 2 + topic_len + 2
 
 
+@functools.lru_cache(maxsize=4096)
 def pack_host(host: tuple[str, int]) -> bytes:
     """IPv4 address + port as 8 bytes; anything that is not IPv4 becomes 0.0.0.0."""
     ip, port = host
@@ -197,7 +199,7 @@ assert _HEADER_DTYPE.itemsize == HEADER_SIZE
 _U16_BYTES = [U16.pack(i) for i in range(1 << 16)]
 _CRC_BYTE_COLUMNS = np.arange(CRC_START - 4, CRC_START)
 # Below this many records a plain struct loop beats numpy's fixed cost per call.
-_VECTOR_MIN_BATCH = 12
+VECTOR_MIN_BATCH = 12
 
 
 @dataclass(frozen=True, slots=True)
@@ -231,7 +233,7 @@ def encode_batch(
     Large batches build every header at once with numpy and join all parts in one copy; the
     only per-record Python work left is gathering the parts and one CRC call per record.
     """
-    if len(bodies) < _VECTOR_MIN_BATCH:
+    if len(bodies) < VECTOR_MIN_BATCH:
         return _encode_small(head, bodies, properties)
     n = len(bodies)
     topic_part = U16.pack(len(head.topic)) + head.topic

@@ -7,6 +7,7 @@ in the CommitLog for the same reason: the offset must be in the record before it
 
 from __future__ import annotations
 
+import itertools
 import threading
 import time
 from collections.abc import Callable
@@ -18,6 +19,7 @@ import numpy as np
 from orbitmq.common.errors import StoreClosedError, StoreIOError
 from orbitmq.common.record import (
     MIN_BLANK,
+    VECTOR_MIN_BATCH,
     BatchHeader,
     encode_batch,
     encode_blank,
@@ -89,11 +91,17 @@ class CommitLog:
     ) -> AppendResult:
         topic_bytes = topic.encode()
         n = len(bodies)
-        body_lens = np.fromiter(map(len, bodies), dtype=np.int64, count=n)
-        prop_lens = np.fromiter(map(len, properties), dtype=np.int64, count=n)
-        size_arr = body_lens + prop_lens + record_overhead(len(topic_bytes))
-        ends = np.cumsum(size_arr)
-        batch_bytes = int(ends[-1])
+        overhead = record_overhead(len(topic_bytes))
+        body_lens: np.ndarray | None = None
+        prop_lens: np.ndarray | None = None
+        if n >= VECTOR_MIN_BATCH:
+            body_lens = np.fromiter(map(len, bodies), dtype=np.int64, count=n)
+            prop_lens = np.fromiter(map(len, properties), dtype=np.int64, count=n)
+            sizes: list[int] = (body_lens + prop_lens + overhead).tolist()
+        else:  # numpy's fixed cost outweighs a few records
+            sizes = [overhead + len(b) + len(p) for b, p in zip(bodies, properties, strict=True)]
+        ends = list(itertools.accumulate(sizes))
+        batch_bytes = ends[-1]
         with self.lock:
             if self.fenced:
                 raise StoreClosedError(f"writes fenced after an I/O failure: {self.fenced}")
@@ -105,7 +113,7 @@ class CommitLog:
             if batch_bytes == room or batch_bytes + MIN_BLANK <= room:
                 plan = [(start - start % self.segment_size, 0, n, start, 0)]  # the usual case
             else:  # a record never straddles a segment: split where one would
-                plan = self._plan_locked(start, size_arr.tolist())
+                plan = self._plan_locked(start, sizes)
             writes: list[tuple[Segment, int, bytearray]] = []
             qoff = first_qoff
             for seg_start, lo, hi, pos, filler in plan:
@@ -118,29 +126,41 @@ class CommitLog:
                         prepared_transaction_offset,
                     )  # fmt: skip
                     buf = encode_batch(
-                        head, bodies[lo:hi], properties[lo:hi], body_lens[lo:hi], prop_lens[lo:hi]
+                        head,
+                        bodies[lo:hi],
+                        properties[lo:hi],
+                        None if body_lens is None else body_lens[lo:hi],
+                        None if prop_lens is None else prop_lens[lo:hi],
                     )
                     qoff += hi - lo
                 if filler:
                     buf += encode_blank(filler)
                 writes.append((seg, pos - seg.start, buf))
             _last_seg_start, last_lo, _hi, last_pos, _f = plan[-1]
-            end = last_pos + batch_bytes - (int(ends[last_lo - 1]) if last_lo else 0)
-            for seg, at, buf in writes:
+            end = last_pos + batch_bytes - (ends[last_lo - 1] if last_lo else 0)
+            for i, (seg, at, buf) in enumerate(writes):
                 try:
                     seg.write(at, buf)
                 except OSError as exc:
+                    self._unwrite(writes[: i + 1])
                     raise io_error(f"append to {seg.path.name} at {at}", exc) from exc
             self.queue_offsets[key] = qoff
             self.max_offset = end
-        phys = np.empty(n, dtype=np.int64)
+        phys: list[int] = []
         for _seg_start, lo, hi, pos, _filler in plan:
             if hi > lo:
-                before = int(ends[lo - 1]) if lo else 0
-                phys[lo:hi] = ends[lo:hi] - size_arr[lo:hi] - before + pos
-        return AppendResult(
-            topic, queue_id, first_qoff, phys.tolist(), size_arr.tolist(), end, store_ts
-        )
+                shift = pos - (ends[lo - 1] if lo else 0)
+                phys += [shift + e - z for e, z in zip(ends[lo:hi], sizes[lo:hi], strict=True)]
+        return AppendResult(topic, queue_id, first_qoff, phys, sizes, end, store_ts)
+
+    def _unwrite(self, writes: list[tuple[Segment, int, bytearray]]) -> None:
+        """Zero what a failed append may have written: complete records of it left past the
+        end would otherwise come back in the recovery scan after a crash."""
+        for seg, at, buf in writes:
+            try:
+                seg.write(at, bytes(len(buf)))
+            except OSError as exc:
+                self.fenced = f"could not undo a failed append in {seg.path.name}: {exc}"
 
     def _plan_locked(self, start: int, sizes: list[int]) -> list[tuple[int, int, int, int, int]]:
         """Split a batch at segment ends: (segment start, lo, hi, position, filler bytes)."""
@@ -183,6 +203,8 @@ class CommitLog:
             target = self.max_offset if upto is None else min(upto, self.max_offset)
             if target <= self.flushed_offset:
                 return self.flushed_offset
+            if self.fenced:  # after a failed fsync a retry "succeeds" without the lost pages:
+                return self.flushed_offset  # never vouch for anything past the failure
             pos = self.flushed_offset
             while pos < target:
                 seg = self.segments.find(pos)

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
-from orbitmq.store.layout import fsync_dir, offset_name
+from orbitmq.store.layout import fsync_dir, offset_name, parse_offset_name
 from orbitmq.store.segment import FileOps, Segment, SegmentQueue
 
 log = logging.getLogger(__name__)
@@ -55,33 +55,57 @@ class ConsumeQueue:
     # ------------------------------------------------------------- loading
 
     def load(self) -> list[str]:
-        problems = self.files.load()
+        problems = self._fill_gaps()
+        problems += self.files.load()
         self.min_offset = self.files.min_offset // ENTRY_SIZE
         self.max_offset = self._scan_end(limit_phy=None)
+        return problems
+
+    def _fill_gaps(self) -> list[str]:
+        """Recreate, empty, a file missing between others (lost in a power cut or deleted).
+
+        Without it the files before the gap would be set aside and their entries lost. An
+        empty file's entries read as damaged (skipped, reported) unless recovery rewrites them.
+        """
+        directory = self.files.directory
+        if not directory.is_dir():
+            return []
+        names = os.listdir(directory)
+        starts = {s for s in map(parse_offset_name, names) if s is not None}
+        starts = {s for s in starts if s % self.file_size == 0}
+        problems: list[str] = []
+        if not starts:
+            return problems
+        for start in range(min(starts), max(starts), self.file_size):
+            if start not in starts:
+                fd = os.open(directory / offset_name(start), os.O_RDWR | os.O_CREAT, 0o644)
+                try:
+                    os.ftruncate(fd, self.file_size)
+                finally:
+                    os.close(fd)
+                problems.append(f"{offset_name(start)} was missing: recreated empty")
+        if problems:
+            fsync_dir(directory)
         return problems
 
     def _entries(self, seg: Segment) -> np.ndarray:
         return np.frombuffer(seg.view, dtype=ENTRY_DTYPE)
 
     def _scan_end(self, limit_phy: int | None) -> int:
-        """The queue offset after the last valid entry (size > 0, phy below ``limit_phy``).
+        """The queue offset after the last entry that is not all zeros (and, with
+        ``limit_phy``, points below it).
 
-        Valid entries are a prefix of each file (they are written in order), so a binary
-        search per file finds the end; garbage past it cannot fool the search as long as the
-        prefix property holds, and the tail is rewritten by dispatch anyway.
+        Entries are written in order, so unwritten ones are a zero tail. A damaged entry before
+        the end (zeroed, or garbage) stays inside the queue: reads skip and report it, and the
+        offsets after it are neither lost nor handed out again.
         """
         for seg in reversed(self.files.segments):
             arr = self._entries(seg)
-            valid = arr["size"] > 0
+            present = (arr["size"] != 0) | (arr["phy"] != 0) | (arr["tag"] != 0)
             if limit_phy is not None:
-                valid &= arr["phy"] < limit_phy
-            # First False in a True-prefix array: argmin finds it (or 0 if all False).
-            if valid.all():
-                n = len(valid)
-            else:
-                n = int(np.argmin(valid))
-                while n > 0 and not valid[:n].all():  # not a clean prefix: take the clean part
-                    n = int(np.argmin(valid[:n]))
+                present &= arr["phy"] < limit_phy
+            hits = np.flatnonzero(present)
+            n = int(hits[-1]) + 1 if len(hits) else 0
             if n > 0 or seg is self.files.segments[0]:
                 return seg.start // ENTRY_SIZE + n
         return self.min_offset
@@ -102,6 +126,8 @@ class ConsumeQueue:
         seg = self.files.find(byte_at)
         if seg is not None:
             seg.zero_from(byte_at - seg.start)
+            with self._dirty_lock:  # the next checkpoint must make the cut durable
+                self.dirty.add(seg)
         self.max_offset = max(queue_offset, self.min_offset)
 
     # ------------------------------------------------------------- writes
@@ -177,8 +203,10 @@ class ConsumeQueue:
         """Drop files wholly below ``min_phy_offset`` and move ``min_offset`` to the first entry
         whose message still exists. Returns the new min offset."""
         while len(self.files.segments) > 1:
-            last_entry = self._entries(self.files.segments[0])[-1]
-            if int(last_entry["phy"]) + int(last_entry["size"]) > min_phy_offset:
+            arr = self._entries(self.files.segments[0])
+            sane = (arr["size"] > 0) & (arr["phy"] >= 0)  # a damaged entry proves nothing
+            ends = arr["phy"][sane].astype(np.int64) + arr["size"][sane]
+            if not len(ends) or int(ends.max()) > min_phy_offset:
                 break
             with self._dirty_lock:
                 self.dirty.discard(self.files.segments[0])
@@ -189,7 +217,10 @@ class ConsumeQueue:
         arr = self._entries(seg)
         first = seg.start // ENTRY_SIZE
         stop = min(len(arr), max(0, self.max_offset - first))
-        idx = int(np.searchsorted(arr["phy"][:stop].astype(np.int64), min_phy_offset))
+        phy = arr["phy"][:stop].astype(np.int64)
+        # The leading run of entries whose message is gone (a damaged entry ends the run).
+        gone = (phy >= 0) & (phy < min_phy_offset) & (arr["size"][:stop] > 0)
+        idx = int(np.argmin(gone)) if not gone.all() else len(gone)
         self.min_offset = max(self.min_offset, first + idx)
         return self.min_offset
 

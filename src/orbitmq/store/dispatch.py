@@ -16,7 +16,7 @@ from typing import Protocol
 import crc32c
 import numpy as np
 
-from orbitmq.common.record import BLANK, BLANK_MAGIC, HEADER_SIZE
+from orbitmq.common.record import BLANK, BLANK_MAGIC, HEADER, HEADER_SIZE, U16
 from orbitmq.store.commit_log import CommitLog
 from orbitmq.store.consume_queue import ENTRY_DTYPE, ConsumeQueueTable
 
@@ -32,6 +32,7 @@ _NEEDLES = (_TAGS, _KEYS, _UNIQ)
 _HASH_MASK = 0x7FFFFFFF
 ROUND_BYTES = 8 * 1024 * 1024
 _COLUMNS = {w: np.arange(w, dtype=np.int64) for w in (2, 4, 8)}
+SMALL_BLOCK = 16  # below this many records, decode one by one
 
 
 IndexBatch = list[np.ndarray]
@@ -40,6 +41,18 @@ IndexBatch = list[np.ndarray]
 
 class Indexer(Protocol):
     def put_hashes(self, items: np.ndarray) -> None: ...
+
+
+def _value(props: bytes, needle: bytes) -> bytes | None:
+    """The value of one property (``needle`` is ``NAME\\x01``), as the vectorised path reads it."""
+    at = props.find(needle)
+    while at > 0 and props[at - 1] != 0x02:
+        at = props.find(needle, at + 1)
+    if at < 0:
+        return None
+    begin = at + len(needle)
+    end = props.find(b"\x02", begin)
+    return props[begin : end if end >= 0 else len(props)]
 
 
 def _occurrences(blk: bytes, needle: bytes) -> list[int]:
@@ -126,6 +139,9 @@ class Dispatcher:
     ) -> None:
         """Decode a run of records of one segment at once (numpy gathers of header fields);
         Python work is per run of same-queue records and per record with properties only."""
+        if len(starts) < SMALL_BLOCK:
+            self._decode_small(view, seg_start, starts, groups, index_items)
+            return
         raw = np.frombuffer(view, dtype=np.uint8)
         last = len(raw) - 1
         s = np.array(starts, dtype=np.int64)
@@ -181,6 +197,60 @@ class Dispatcher:
         qid_list = qids.tolist()
         for topic, a, b in zip(run_topics, run_starts, run_ends, strict=True):
             groups.setdefault((topic, qid_list[a]), []).append((first_offsets[a], entries[a:b]))
+
+    def _decode_small(
+        self,
+        view: memoryview,
+        seg_start: int,
+        starts: list[int],
+        groups: dict[tuple[str, int], list[tuple[int, np.ndarray]]],
+        index_items: IndexBatch,
+    ) -> None:
+        """The same decoding, record by record: cheaper than numpy for a handful of records
+        (SYNC_FLUSH senders each append a few messages and wake the dispatcher each time)."""
+        topics = self._topics
+        crc = crc32c.crc32c
+        indexing = self.index is not None
+        rows: list[tuple[int, int, int]] = []
+        runs: dict[tuple[str, int], tuple[int, list[tuple[int, int, int]]]] = {}
+        for at in starts:
+            (total, _m, _c, qid, _f, qoff, _p, _s, _bt, _bh, store_ts, _sh, _r, _pt,
+             body_len) = HEADER.unpack_from(view, at)  # fmt: skip
+            t_at = at + HEADER_SIZE + body_len
+            tlen = U16.unpack_from(view, t_at)[0]
+            traw = bytes(view[t_at + 2 : t_at + 2 + tlen])
+            topic = topics.get(traw)
+            if topic is None:
+                topic = topics[traw] = traw.decode("utf-8", "replace")
+            p_at = t_at + 2 + tlen
+            plen = U16.unpack_from(view, p_at)[0]
+            phy = seg_start + at
+            tag = 0
+            if plen:
+                props = bytes(view[p_at + 2 : p_at + 2 + plen])
+                value = _value(props, _TAGS)
+                if value:
+                    tag = crc(value)
+                if indexing:
+                    pre = self._prefix(topic)
+                    keys = _value(props, _KEYS)
+                    if keys:
+                        rows.extend(
+                            (crc(k, pre) & _HASH_MASK, phy, store_ts)
+                            for k in dict.fromkeys(keys.split(b" "))
+                            if k
+                        )
+                    uniq = _value(props, _UNIQ)
+                    if uniq:
+                        rows.append((crc(uniq, pre) & _HASH_MASK, phy, store_ts))
+            run = runs.get((topic, qid))
+            if run is None:
+                run = runs[(topic, qid)] = (qoff, [])
+            run[1].append((phy, total, tag))
+        for key, (first, entries) in runs.items():
+            groups.setdefault(key, []).append((first, np.array(entries, dtype=ENTRY_DTYPE)))
+        if rows:
+            index_items.append(np.array(rows, dtype=np.int64))
 
     def _scan_properties(
         self,
