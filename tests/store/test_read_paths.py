@@ -44,7 +44,7 @@ def test_small_and_vector_reads_agree(
     now = [1_700_000_000_000]
     store.clock = lambda: now[0]  # type: ignore[method-assign]
     store.commit_log.clock = store.clock
-    for i in range(12):
+    for _ in range(12):
         now[0] += 1000
         for qid in (0, 1):
             msgs = [
