@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import select
 import signal
 import subprocess
 import sys
@@ -56,13 +57,20 @@ class ServerProcess:
         assert self.proc is not None and self.proc.stdout is not None
         deadline = time.monotonic() + timeout
         prefix = f"orbitmq {self.role} ready "
-        while time.monotonic() < deadline:
-            line = self.proc.stdout.readline().decode(errors="replace")
-            if not line:
+        fd = self.proc.stdout.fileno()  # raw reads with select: the timeout holds even if the
+        pending = b""  # child hangs silently (a blocking readline would wait forever)
+        while (remaining := deadline - time.monotonic()) > 0:
+            if not select.select([fd], [], [], remaining)[0]:
                 break
-            if line.startswith(prefix):
-                self.address = line[len(prefix) :].split()[0]
-                return self
+            chunk = os.read(fd, 4096)
+            if not chunk:
+                break
+            *lines, pending = (pending + chunk).split(b"\n")
+            for raw in lines:
+                line = raw.decode(errors="replace")
+                if line.startswith(prefix):
+                    self.address = line[len(prefix) :].split()[0]
+                    return self
         self.stop()
         raise RuntimeError(
             f"{self.role} did not start; log:\n{self.log_path.read_text(errors='replace')[-4000:]}"

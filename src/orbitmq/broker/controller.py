@@ -69,8 +69,10 @@ class BrokerController:
         self.store.add_arrival_listener(self.long_polling.on_arrival)
         await self.server.start()
         self._start_metrics()
-        self._register_task = loop.create_task(self._register_loop())
         self.started = True
+        # Register once before saying "ready", so routes exist by the time callers look.
+        await self.register_all()
+        self._register_task = loop.create_task(self._register_loop(first_wait=True))
         log.info(
             "broker %s/%s ready on %s (store %s, %s)",
             self.config.cluster, self.config.broker_name, self.address,
@@ -172,13 +174,16 @@ class BrokerController:
         results = await asyncio.gather(*(one(a) for a in self.config.namesrv_addrs))
         return sum(results)
 
-    async def _register_loop(self) -> None:
+    async def _register_loop(self, first_wait: bool = False) -> None:
         # asyncio.timeout rather than wait_for: on 3.11 wait_for can swallow a cancellation
         # that races with the event being set, and stop() would then wait forever.
         while self.started:
             started = time.monotonic()
-            await self.register_all()
-            self._register_now.clear()
+            if first_wait:
+                first_wait = False
+            else:
+                await self.register_all()
+                self._register_now.clear()
             remaining = self.config.register_interval_s - (time.monotonic() - started)
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(max(0.05, remaining)):

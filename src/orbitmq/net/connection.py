@@ -15,6 +15,7 @@ A frame that cannot be decoded closes the connection, with the reason logged.
 from __future__ import annotations
 
 import asyncio
+import collections
 import itertools
 import logging
 import typing
@@ -67,6 +68,7 @@ class Connection(asyncio.Protocol):
         self.attributes: dict[str, Any] = {}
         self._opaque = itertools.count(1)
         self._in_flight = 0
+        self._backlog: collections.deque[Frame] = collections.deque()
         self._tasks: set[asyncio.Task[None]] = set()
         self._write_paused = False
         self._read_paused = False
@@ -92,6 +94,12 @@ class Connection(asyncio.Protocol):
                 fut = self.pending.pop(frame.opaque, None)
                 if fut is not None and not fut.done():
                     fut.set_result(frame)
+                continue
+            if self._in_flight >= self.max_in_flight or self._backlog:
+                # Decoded together with frames already being handled: wait for a free slot
+                # (reading is paused meanwhile, so this holds at most one read's worth).
+                self._backlog.append(frame)
+                self._update_reading()
                 continue
             self._start_request(frame)
 
@@ -153,6 +161,8 @@ class Connection(asyncio.Protocol):
             reply = frame.reply(ResponseCode.SYSTEM_ERROR, f"{type(exc).__name__}: {exc}")
         finally:
             self._in_flight -= 1
+            while self._backlog and self._in_flight < self.max_in_flight:
+                self._start_request(self._backlog.popleft())
             self._update_reading()
         if reply is None or frame.flags & FLAG_ONEWAY:
             return
@@ -164,7 +174,9 @@ class Connection(asyncio.Protocol):
     def _update_reading(self) -> None:
         if self.transport is None or self.transport.is_closing():
             return
-        should_pause = self._write_paused or self._in_flight >= self.max_in_flight
+        should_pause = (
+            self._write_paused or self._in_flight >= self.max_in_flight or bool(self._backlog)
+        )
         if should_pause and not self._read_paused:
             self._read_paused = True
             self.transport.pause_reading()

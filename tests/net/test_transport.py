@@ -1,0 +1,169 @@
+"""The asyncio transport: pipelining, timeouts, oneway, lost connections, back-pressure, TLS."""
+
+from __future__ import annotations
+
+import asyncio
+import datetime
+import ipaddress
+import ssl
+from pathlib import Path
+
+import pytest
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import NameOID
+
+from orbitmq.common.codes import ResponseCode
+from orbitmq.common.errors import RequestTimeoutError
+from orbitmq.net.client import RemotingClient
+from orbitmq.net.connection import Connection, ConnectionClosedError, Reply
+from orbitmq.net.server import RemotingServer
+from orbitmq.protocol.frame import Frame
+
+ECHO, SLOW, SILENT, BIG = 1, 2, 3, 4
+
+
+async def handler(frame: Frame, conn: Connection) -> Reply:
+    if frame.code == SLOW:
+        await asyncio.sleep(float(frame.fields.get("delay", 0.2)))
+    if frame.code == SILENT:
+        await asyncio.sleep(10)
+    if frame.code == BIG:
+        return frame.reply(ResponseCode.SUCCESS), [b"x" * 1_000_000] * 4
+    conn.attributes.setdefault("seen", []).append(frame.fields.get("i"))
+    return frame.reply(ResponseCode.SUCCESS, fields={"i": frame.fields.get("i")}, body=frame.body)
+
+
+async def test_pipelined_requests_match_their_responses() -> None:
+    server = RemotingServer(handler)
+    await server.start()
+    client = RemotingClient()
+    try:
+        delays = [0.05 * (i % 4) for i in range(40)]
+        frames = [
+            Frame(SLOW, fields={"i": i, "delay": d}, body=bytes([i])) for i, d in enumerate(delays)
+        ]
+        replies = await asyncio.gather(
+            *(client.invoke(server.address, f, timeout=5) for f in frames)
+        )
+        assert [r.fields["i"] for r in replies] == list(range(40))
+        assert [r.body for r in replies] == [bytes([i]) for i in range(40)]
+        big = await client.invoke(server.address, Frame(BIG), timeout=10)
+        assert len(big.body) == 4_000_000
+    finally:
+        await client.close()
+        await server.stop()
+
+
+async def test_timeout_and_oneway() -> None:
+    server = RemotingServer(handler)
+    await server.start()
+    client = RemotingClient()
+    try:
+        with pytest.raises(RequestTimeoutError):
+            await client.invoke(server.address, Frame(SILENT), timeout=0.2)
+        await client.invoke_oneway(server.address, Frame(ECHO, fields={"i": "oneway"}))
+        # The oneway request was processed and produced no response frame.
+        reply = await client.invoke(server.address, Frame(ECHO, fields={"i": 2}))
+        assert reply.fields["i"] == 2
+        conn = next(iter(server.connections))
+        assert "oneway" in conn.attributes["seen"]
+    finally:
+        await client.close()
+        await server.stop()
+
+
+async def test_lost_connection_fails_pending_and_reconnects() -> None:
+    server = RemotingServer(handler)
+    await server.start()
+    client = RemotingClient()
+    try:
+        pending = asyncio.ensure_future(client.invoke(server.address, Frame(SILENT), timeout=5))
+        await asyncio.sleep(0.1)
+        for conn in list(server.connections):
+            conn.abort("test drops it")
+        with pytest.raises(ConnectionClosedError):
+            await pending
+        reply = await client.invoke(server.address, Frame(ECHO, fields={"i": 1}))
+        assert reply.code == ResponseCode.SUCCESS
+    finally:
+        await client.close()
+        await server.stop()
+
+
+async def test_server_stops_reading_beyond_max_in_flight() -> None:
+    server = RemotingServer(handler, max_in_flight=4)
+    await server.start()
+    client = RemotingClient()
+    try:
+        frames = [Frame(SLOW, fields={"i": i, "delay": 0.3}) for i in range(12)]
+        started = asyncio.get_running_loop().time()
+        await asyncio.gather(*(client.invoke(server.address, f, timeout=10) for f in frames))
+        # 12 requests, 4 at a time, 0.3 s each: at least three rounds.
+        assert asyncio.get_running_loop().time() - started >= 0.85
+    finally:
+        await client.close()
+        await server.stop()
+
+
+async def test_connect_refused_is_a_clear_error() -> None:
+    client = RemotingClient(connect_timeout=1)
+    try:
+        with pytest.raises(ConnectionClosedError, match="cannot connect"):
+            await client.invoke("127.0.0.1:1", Frame(ECHO))
+    finally:
+        await client.close()
+
+
+def _self_signed(tmp: Path) -> tuple[Path, Path]:
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "localhost")])
+    now = datetime.datetime.now(datetime.UTC)
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=1))
+        .not_valid_after(now + datetime.timedelta(days=1))
+        .add_extension(
+            x509.SubjectAlternativeName(
+                [x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]
+            ),
+            critical=False,
+        )
+        .sign(key, hashes.SHA256())
+    )
+    cert_path, key_path = tmp / "cert.pem", tmp / "key.pem"
+    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    key_path.write_bytes(
+        key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        )
+    )
+    return cert_path, key_path
+
+
+async def test_tls(tmp_path: Path) -> None:
+    cert, key = _self_signed(tmp_path)
+    server_ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    server_ctx.load_cert_chain(cert, key)
+    client_ctx = ssl.create_default_context(cafile=str(cert))
+    server = RemotingServer(handler, ssl_context=server_ctx)
+    await server.start()
+    client = RemotingClient(ssl_context=client_ctx)
+    plain = RemotingClient(connect_timeout=1)
+    try:
+        reply = await client.invoke(server.address, Frame(ECHO, fields={"i": 7}, body=b"secret"))
+        assert reply.body == b"secret"
+        # A client without TLS gets no answer: the server closes the connection.
+        with pytest.raises((ConnectionClosedError, RequestTimeoutError)):
+            await plain.invoke(server.address, Frame(ECHO), timeout=1)
+    finally:
+        await client.close()
+        await plain.close()
+        await server.stop()
