@@ -159,7 +159,8 @@ class FakeBroker:
 
     async def _send(self, frame: Frame) -> Reply:
         f = frame.fields
-        bodies, props = decode_send_body(bytes(frame.body))
+        decoded = decode_send_body(bytes(frame.body))
+        bodies, props = [bytes(b) for b in decoded.bodies], decoded.properties
         self.sends.append(
             SendSeen(
                 frame.code,

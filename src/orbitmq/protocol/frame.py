@@ -120,6 +120,14 @@ class FrameDecoder:
         frames: list[Frame] = []
         pos = 0
         end = len(buf)
+        with memoryview(buf) as view:  # slices of a view copy once; slices of buf copy twice
+            pos = self._frames(view, end, frames)
+        if pos:
+            del buf[:pos]
+        return frames
+
+    def _frames(self, buf: memoryview, end: int, frames: list[Frame]) -> int:
+        pos = 0
         while end - pos >= PREFIX_SIZE:
             length, version, flags, code, opaque, header_len = PREFIX.unpack_from(buf, pos)
             if length < PREFIX_SIZE - 4 or length > self.max_frame_size:
@@ -137,6 +145,4 @@ class FrameDecoder:
                 raise ProtocolError(f"bad frame header: {exc}") from exc
             frames.append(Frame(code, opaque, flags, fields, bytes(buf[b_at:stop]), version))
             pos = stop
-        if pos:
-            del buf[:pos]
-        return frames
+        return pos

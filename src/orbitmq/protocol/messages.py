@@ -1,11 +1,16 @@
 """Message payloads on the wire: send bodies and pull bodies.
 
 Send (SEND_MESSAGE and SEND_BATCH_MESSAGE) header fields: ``topic``, ``queue_id``, ``flag``,
-``sys_flag``, ``born_ts`` (ms), ``reconsume_times``; the body packs the messages::
+``sys_flag``, ``born_ts`` (ms), ``reconsume_times``; the body packs the messages with their
+lengths up front, so a receiver splits a batch of any size with a few array operations::
 
-    repeated: u32 BODY_LENGTH | u16 PROPERTIES_LENGTH | BODY | PROPERTIES
+    u32 COUNT
+    COUNT x u32 BODY_LENGTH
+    COUNT x u16 PROPERTIES_LENGTH
+    BODY_0 .. BODY_{COUNT-1}                  back to back
+    PROPERTIES_0 .. PROPERTIES_{COUNT-1}      back to back
 
-PROPERTIES is RocketMQ's ``name\\x01value\\x02`` encoding, which is also how they are stored, so
+PROPERTIES is RocketMQ's ``name\x01value\x02`` encoding, which is also how they are stored, so
 the broker appends them untouched. A pull response's body is the stored records back to back,
 exactly as they are in the CommitLog (see ``orbitmq.common.record``): the broker sends slices of
 its mapped files, and the client decodes them with the same codec the store writes with.
@@ -15,42 +20,66 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
 
 from orbitmq.common.errors import ProtocolError
 from orbitmq.common.record import RecordError, StoredMessage, check_record, decode
 
-_ITEM = struct.Struct(">IH")
+_COUNT = struct.Struct(">I")
+MAX_SEND_MESSAGES = 1 << 20
+
+Buffer = bytes | bytearray | memoryview
 
 
-def encode_send_body(bodies: Sequence[bytes], properties: Sequence[bytes]) -> bytes:
-    parts: list[bytes] = []
-    pack = _ITEM.pack
-    for body, props in zip(bodies, properties, strict=True):
-        parts += (pack(len(body), len(props)), body, props)
-    return b"".join(parts)
+def encode_send_body(bodies: Sequence[Buffer], properties: Sequence[bytes]) -> bytes:
+    n = len(bodies)
+    if len(properties) != n:
+        raise ValueError("bodies and properties differ in length")
+    lengths = struct.pack(f">I{n}I{n}H", n, *map(len, bodies), *map(len, properties))
+    return b"".join((lengths, *bodies, *properties))
 
 
-def decode_send_body(data: bytes, max_messages: int = 1 << 20) -> tuple[list[bytes], list[bytes]]:
-    """Split a send body; raises ProtocolError if the lengths do not tile the body exactly."""
-    bodies: list[bytes] = []
-    props: list[bytes] = []
-    pos = 0
-    end = len(data)
-    unpack = _ITEM.unpack_from
-    while pos < end:
-        if end - pos < _ITEM.size:
-            raise ProtocolError("send body ends inside a message header")
-        blen, plen = unpack(data, pos)
-        pos += _ITEM.size
-        if pos + blen + plen > end:
-            raise ProtocolError("send body ends inside a message")
-        bodies.append(data[pos : pos + blen])
-        pos += blen
-        props.append(data[pos : pos + plen])
-        pos += plen
-        if len(bodies) > max_messages:
-            raise ProtocolError("too many messages in one send")
-    return bodies, props
+@dataclass(frozen=True, slots=True)
+class SendBody:
+    """A decoded send body. ``bodies`` are zero-copy views of the frame; ``properties`` are
+    small bytes objects; ``properties_block`` holds all of them back to back, at
+    ``properties_starts``, for searches over every message at once."""
+
+    bodies: list[memoryview]
+    properties: list[bytes]
+    body_lengths: np.ndarray
+    properties_lengths: np.ndarray
+    properties_block: bytes
+    properties_starts: np.ndarray
+
+
+def decode_send_body(data: bytes, max_messages: int = MAX_SEND_MESSAGES) -> SendBody:
+    """Split a send body; ProtocolError if its lengths do not tile it exactly."""
+    if len(data) < _COUNT.size:
+        raise ProtocolError("send body has no message count")
+    n = _COUNT.unpack_from(data)[0]
+    if n > max_messages:
+        raise ProtocolError(f"{n} messages in one send, the limit is {max_messages}")
+    table_end = _COUNT.size + 6 * n
+    if table_end > len(data):
+        raise ProtocolError("send body ends inside its length table")
+    body_lens = np.frombuffer(data, dtype=">u4", count=n, offset=4).astype(np.int64)
+    prop_lens = np.frombuffer(data, dtype=">u2", count=n, offset=4 + 4 * n).astype(np.int64)
+    body_ends = np.cumsum(body_lens) + table_end
+    props_base = int(body_ends[-1]) if n else table_end
+    prop_ends = np.cumsum(prop_lens)
+    if props_base + (int(prop_ends[-1]) if n else 0) != len(data):
+        raise ProtocolError("send body lengths do not add up to its size")
+    view = memoryview(data)
+    bodies = [
+        view[a:b] for a, b in zip((body_ends - body_lens).tolist(), body_ends.tolist(), strict=True)
+    ]
+    block = data[props_base:]
+    prop_starts = prop_ends - prop_lens
+    properties = [block[a:b] for a, b in zip(prop_starts.tolist(), prop_ends.tolist(), strict=True)]
+    return SendBody(bodies, properties, body_lens, prop_lens, block, prop_starts)
 
 
 def decode_records(data: bytes | memoryview) -> list[StoredMessage]:
