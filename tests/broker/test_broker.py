@@ -147,3 +147,27 @@ async def test_topics_survive_restart(tmp_path: Path, client: RemotingClient) ->
         assert b2.store.retention.topics["Keep"].ttl_ms == 60_000
     finally:
         await b2.stop()
+
+
+async def test_records_carry_sender_and_broker_addresses(
+    broker: BrokerController, client: RemotingClient
+) -> None:
+    await client.invoke(broker.address, send_frame("Hosts", [b"x"]))
+    await asyncio.to_thread(broker.store.wait_for_dispatch)
+    resp = await client.invoke(broker.address, pull_frame("Hosts", 0, 0))
+    msg = decode_records(resp.body)[0]
+    assert msg.store_host == ("127.0.0.1", broker.port)
+    assert msg.born_host[0] == "127.0.0.1" and msg.born_host[1] > 0
+
+
+async def test_oneway_sends_all_arrive_when_the_client_closes(broker: BrokerController) -> None:
+    sender = RemotingClient()
+    n = 3000
+    for i in range(n):
+        frame = send_frame("Oneway", [f"m{i}".encode() * 100])
+        await sender.invoke_oneway(broker.address, frame)
+    await sender.close()
+    deadline = asyncio.get_running_loop().time() + 20
+    while broker.store.max_offset("Oneway", 0) < n and asyncio.get_running_loop().time() < deadline:
+        await asyncio.sleep(0.05)
+    assert broker.store.max_offset("Oneway", 0) == n

@@ -34,6 +34,7 @@ import asyncio
 import datetime
 import functools
 import json
+import logging
 import multiprocessing
 import os
 import platform
@@ -378,6 +379,7 @@ def _worker_process(
     results: MPQueue[WorkerResult | tuple[int, str]],
 ) -> None:
     """Entry point of a producer process (spawned: it imports this module afresh)."""
+    logging.getLogger("orbitmq").setLevel(logging.ERROR)  # the parent reports failures
 
     async def wait_for_start() -> None:
         ready.put((index, None))
@@ -589,9 +591,21 @@ def format_report(result: ProduceBenchResult) -> str:
         + ")",
     ]
     if result.stored is not None:
+        counted = "sent" if o.mode == "oneway" else "answered"
         lines.append(
-            f"stored     {result.stored:,} (answered {result.messages:,} + warm-up {result.warmup})"
+            f"stored     {result.stored:,} ({counted} {result.messages:,} + warm-up {result.warmup})"
         )
+        missing = result.messages + result.warmup - result.stored
+        if missing > 0:
+            lines.append(
+                f"MISSING    {missing:,} messages are not in the topic's queues "
+                f"{STORED_WAIT_S:g} s after the run"
+                + (
+                    " (oneway sends have no answer: lost without a trace)"
+                    if o.mode == "oneway"
+                    else ""
+                )
+            )
     if len(result.workers) > 1:
         lines.append(
             "producers  "

@@ -55,6 +55,7 @@ class BrokerController:
         self._register_now = asyncio.Event()
         self._metrics_server: object | None = None
         self.metrics_port: int | None = None
+        self._registered = 0
         self.started = False
 
     # ---------------------------------------------------------------- lifecycle
@@ -70,8 +71,10 @@ class BrokerController:
         await self.server.start()
         self._start_metrics()
         self.started = True
+        host = self.config.advertised_host or self.config.host
+        self.store.set_store_host((host, self.server.port))
         # Register once before saying "ready", so routes exist by the time callers look.
-        await self.register_all()
+        self._registered = await self.register_all()
         self._register_task = loop.create_task(self._register_loop(first_wait=True))
         log.info(
             "broker %s/%s ready on %s (store %s, %s)",
@@ -182,9 +185,12 @@ class BrokerController:
             if first_wait:
                 first_wait = False
             else:
-                await self.register_all()
+                self._registered = await self.register_all()
                 self._register_now.clear()
-            remaining = self.config.register_interval_s - (time.monotonic() - started)
+            interval = self.config.register_interval_s
+            if self._registered < len(self.config.namesrv_addrs):
+                interval = min(interval, 1.0)  # a NameServer is missing: try again soon
+            remaining = interval - (time.monotonic() - started)
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(max(0.05, remaining)):
                     await self._register_now.wait()

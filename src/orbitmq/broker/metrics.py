@@ -31,7 +31,7 @@ class BrokerMetrics:
         self.dispatch_lag = Gauge(
             "orbitmq_store_dispatch_lag_bytes", "CommitLog bytes not yet dispatched", registry=r
         )
-        self.disk_ratio = Gauge("orbitmq_store_disk_used_ratio", "Disk use, percent", registry=r)
+        self.disk_ratio = Gauge("orbitmq_store_disk_used_percent", "Disk use, percent", registry=r)
         self.topics = Gauge("orbitmq_broker_topics", "Topics on this broker", registry=r)
         self.queues = Gauge("orbitmq_store_queues", "ConsumeQueues", registry=r)
         self.connections = Gauge("orbitmq_broker_connections", "Open connections", registry=r)

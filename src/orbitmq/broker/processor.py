@@ -104,6 +104,14 @@ def _find_value(props: bytes, needle: bytes) -> bytes | None:
     return props[begin : end if end >= 0 else len(props)]
 
 
+def _peer_host(conn: Connection | None) -> tuple[str, int]:
+    """The sender's address, recorded as BORN_HOST (RocketMQ records the producer's socket)."""
+    if conn is None:
+        return ("0.0.0.0", 0)
+    host, _, port = conn.peer.rpartition(":")
+    return (host, int(port)) if port.isdigit() else ("0.0.0.0", 0)
+
+
 class BrokerProcessor:
     def __init__(self, broker: BrokerController) -> None:
         self.broker = broker
@@ -137,6 +145,8 @@ class BrokerProcessor:
                 ResponseCode.REQUEST_CODE_NOT_SUPPORTED, f"request code {frame.code} not supported"
             )
         try:
+            if handler == self.send:
+                return await self.send(frame, conn)
             return await handler(frame)
         except (MQError, msgspec.DecodeError, msgspec.ValidationError) as exc:
             code = (
@@ -168,7 +178,7 @@ class BrokerProcessor:
 
     # ------------------------------------------------------------------ send
 
-    async def send(self, frame: Frame) -> Reply:
+    async def send(self, frame: Frame, conn: Connection | None = None) -> Reply:
         started = time.perf_counter()
         topic = get_str(frame, "topic")
         config = self._topic(topic, for_write=True)
@@ -187,7 +197,7 @@ class BrokerProcessor:
         if frame.code == RequestCode.SEND_MESSAGE and len(send.bodies) != 1:
             raise MessageIllegalError("SEND_MESSAGE carries exactly one message")
         ids = _ensure_ids(send)
-        peer = frame.fields.get("born_host")
+        peer = _peer_host(conn)
         batch = MessageBatch(
             topic,
             queue_id,
@@ -196,7 +206,7 @@ class BrokerProcessor:
             flag=get_int(frame, "flag", 0, lo=-(2**31), hi=2**31 - 1),
             sys_flag=get_int(frame, "sys_flag", 0, lo=0, hi=2**31 - 1),
             born_timestamp_ms=get_int(frame, "born_ts", 0, lo=0),
-            born_host=(peer, 0) if isinstance(peer, str) else ("0.0.0.0", 0),
+            born_host=peer,
             reconsume_times=get_int(frame, "reconsume_times", 0, lo=0, hi=2**31 - 1),
         )
         code = ResponseCode.SUCCESS
@@ -355,7 +365,7 @@ class BrokerProcessor:
             pending_sends=self.bridge.pending,
             busy_rejections=self.bridge.busy_rejections,
             held_pulls=self.broker.long_polling.held,
-            disk_used_ratio=round(self.store.retention.disk_ratio, 2),
+            disk_used_percent=round(self.store.retention.disk_ratio, 2),
             flush_disk_type=self.store.config.flush_disk_type.value,
         )
         return frame.reply(ResponseCode.SUCCESS, fields=info)

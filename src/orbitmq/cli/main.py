@@ -1,7 +1,8 @@
 """The `orbitmq` command (typer + rich).
 
 Servers: ``up`` (NameServer + Broker in one process), ``namesrv``, ``broker``.
-Configuration: ``config show``. Benchmarks: ``bench store``.
+Configuration: ``config show``. Benchmarks: ``bench store``, ``bench produce``.
+Clients (docs/cli.md): ``topic``, ``cluster``, ``message``, ``send``, ``tail``.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from orbitmq.cli import admin, bench_produce, produce, tail
 from orbitmq.cli.settings import Settings, load_settings, settings_rows
 from orbitmq.common.errors import MQError
 
@@ -28,6 +30,9 @@ config_app = typer.Typer(help="Configuration.", no_args_is_help=True)
 bench_app = typer.Typer(help="Benchmarks (figures go in docs/benchmarks.md).", no_args_is_help=True)
 app.add_typer(config_app, name="config")
 app.add_typer(bench_app, name="bench")
+app.add_typer(admin.topic_app, name="topic")
+app.add_typer(admin.cluster_app, name="cluster")
+app.add_typer(admin.message_app, name="message")
 
 console = Console()
 err_console = Console(stderr=True)
@@ -192,6 +197,11 @@ def bench_store(ctx: typer.Context) -> None:
     from orbitmq.bench.__main__ import main as bench_main
 
     raise typer.Exit(bench_main(["store", *ctx.args]))
+
+
+app.command("send")(produce.send)
+app.command("tail")(tail.tail)
+bench_app.command("produce")(bench_produce.bench_produce)
 
 
 def main() -> None:

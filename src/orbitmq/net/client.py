@@ -88,24 +88,31 @@ class RemotingClient:
         return await conn.request(frame, timeout)
 
     async def invoke_oneway(self, addr: str, frame: Frame) -> None:
+        """Send without waiting for an answer; waits only while the peer is not reading, so a
+        burst of oneway sends cannot grow the write buffer without bound."""
         conn = await self.connection(addr)
         conn.send_oneway(frame)
+        await conn.drain()
 
     def drop(self, addr: str) -> None:
         conn = self._conns.pop(addr, None)
         if conn is not None:
             conn.close("dropped")
 
-    async def close(self) -> None:
+    async def close(self, timeout: float = 10.0) -> None:
+        """Close every connection. A transport closes only after writing what it buffered
+        (oneway sends included); connections that cannot finish within ``timeout`` are cut."""
         self._closed = True
         conns = list(self._conns.values())
         self._conns.clear()
         for conn in conns:
             conn.close("client closing")
-        for conn in conns:
-            if conn.transport is not None:
-                try:
-                    async with asyncio.timeout(1.0):
+        try:
+            async with asyncio.timeout(timeout):
+                for conn in conns:
+                    if conn.transport is not None:
                         await conn.closed.wait()
-                except TimeoutError:
-                    conn.abort("close timed out")
+        except TimeoutError:
+            for conn in conns:
+                if not conn.closed.is_set():
+                    conn.abort(f"close did not finish writing within {timeout:.0f}s")

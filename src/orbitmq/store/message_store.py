@@ -286,6 +286,10 @@ class MessageStore:
 
     # ------------------------------------------------------------------ writes
 
+    def set_store_host(self, host: tuple[str, int]) -> None:
+        """The address written into each record as STORE_HOST (the broker's, once it listens)."""
+        self._store_host = pack_host(host)
+
     def validate(self, batch: MessageBatch) -> None:
         validate_topic(batch.topic)
         validate_bodies_and_properties(

@@ -1,0 +1,157 @@
+"""What the client-side commands share: the NameServer option, error reporting, formatting.
+
+Every client command takes ``--namesrv/-n`` (env ``ORBITMQ_NAMESRV``, default
+``127.0.0.1:9876``; several NameServers separated by ';' or ','). Expected failures (an
+:class:`~orbitmq.common.errors.MQError`: no route, connection refused, a broker's error answer)
+print one red line on stderr and exit with status 1, never a traceback.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import logging
+import re
+from collections.abc import Coroutine, Iterator
+from typing import Annotated, Any, NoReturn, TypeVar
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+
+from orbitmq.common.errors import MQError
+from orbitmq.protocol.bodies import PERM_INHERIT, PERM_READ, PERM_READ_WRITE, PERM_WRITE
+
+T = TypeVar("T")
+
+DEFAULT_NAMESRV = "127.0.0.1:9876"
+
+NamesrvOpt = Annotated[
+    str,
+    typer.Option(
+        "--namesrv",
+        "-n",
+        envvar="ORBITMQ_NAMESRV",
+        help="NameServer addresses, host:port separated by ';' or ','.",
+        show_envvar=True,
+    ),
+]
+TopicOpt = Annotated[str, typer.Option("--topic", "-t", help="Topic name.")]
+
+
+def out() -> Console:
+    """Console on stdout. Made per command so it sees the current stdout and COLUMNS."""
+    return Console(highlight=False)
+
+
+def err() -> Console:
+    return Console(stderr=True, highlight=False)
+
+
+def fail(message: str, code: int = 1) -> NoReturn:
+    """One red line on stderr, then exit with ``code``."""
+    err().print(f"[red]error:[/] {escape(message)}", soft_wrap=True)
+    raise typer.Exit(code)
+
+
+def _one_line(exc: BaseException) -> str:
+    text = str(exc) or type(exc).__name__
+    return " ".join(text.split())
+
+
+def _hint(exc: MQError) -> str:
+    if type(exc).__name__ == "NameServerUnavailableError":
+        return " (is a NameServer running there? set --namesrv or ORBITMQ_NAMESRV)"
+    return ""
+
+
+@contextlib.contextmanager
+def expected_errors() -> Iterator[None]:
+    """Turn an MQError into a one-line message and exit status 1."""
+    try:
+        yield
+    except MQError as exc:
+        fail(_one_line(exc) + _hint(exc))
+
+
+@contextlib.contextmanager
+def quiet_library_logs(level: int = logging.ERROR) -> Iterator[None]:
+    """Keep the client library's warnings (route fallbacks, retries) off the terminal while a
+    command runs: the command reports what matters itself. Restored afterwards."""
+    logger = logging.getLogger("orbitmq")
+    before = logger.level
+    if logger.getEffectiveLevel() < level:
+        logger.setLevel(level)
+    try:
+        yield
+    finally:
+        logger.setLevel(before)
+
+
+def run(coro: Coroutine[Any, Any, T]) -> T:
+    """Run a command's coroutine on a fresh event loop; MQError -> one red line, exit 1."""
+    from orbitmq.net.loop import run as run_loop
+
+    with expected_errors(), quiet_library_logs():
+        return run_loop(coro)
+
+
+def split_list(value: str | None) -> list[str]:
+    """``"a;b, c"`` -> ``["a", "b", "c"]`` (';' or ',' separated, blanks dropped)."""
+    if not value:
+        return []
+    return [p.strip() for p in re.split(r"[;,]", value) if p.strip()]
+
+
+_PERM_NAMES = {"RW": PERM_READ_WRITE, "WR": PERM_READ_WRITE, "R": PERM_READ, "W": PERM_WRITE}
+
+
+def parse_perm(value: str) -> int:
+    """``RW``, ``R``, ``W`` (any case) or RocketMQ's number (6, 4, 2; +1 for inherit)."""
+    text = value.strip().upper()
+    if text in _PERM_NAMES:
+        return _PERM_NAMES[text]
+    if text.isdigit() and 0 <= int(text) <= 7:
+        return int(text)
+    raise typer.BadParameter(f"{value!r}: use RW, R, W or a number 0-7", param_hint="--perm")
+
+
+def perm_text(perm: int) -> str:
+    text = ("R" if perm & PERM_READ else "-") + ("W" if perm & PERM_WRITE else "-")
+    return text + ("+inherit" if perm & PERM_INHERIT else "")
+
+
+def timestamp(ms: int, *, zone: bool = True) -> str:
+    """Milliseconds since the epoch as local time (with its UTC offset if ``zone``), ``-`` for
+    0 (never)."""
+    if ms <= 0:
+        return "-"
+    dt = datetime.datetime.fromtimestamp(ms / 1000).astimezone()
+    text = dt.isoformat(sep=" ", timespec="milliseconds")
+    return text if zone else text[:23]
+
+
+def human_bytes(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    raise AssertionError("unreachable")
+
+
+def body_preview(body: bytes, limit: int = 80) -> str:
+    """Text if the body is printable UTF-8 (newlines and tabs escaped), else ``hex:...``.
+
+    At most ``limit`` characters of text or bytes of hex (0: all of it); ``…`` marks a cut.
+    """
+    try:
+        text = body.decode("utf-8")
+    except UnicodeDecodeError:
+        text = None
+    if text is not None and all(c.isprintable() or c in "\t\n\r" for c in text):
+        cut = limit > 0 and len(text) > limit
+        shown = text[:limit] if cut else text
+        shown = shown.replace("\\", "\\\\").replace("\n", "\\n").replace("\r", "\\r")
+        return shown.replace("\t", "\\t") + ("…" if cut else "")
+    cut = limit > 0 and len(body) > limit
+    return "hex:" + (body[:limit] if cut else body).hex() + ("…" if cut else "")
