@@ -99,3 +99,11 @@ def test_zero_bytes_read_as_end_of_data() -> None:
 @given(st.dictionaries(st.text(alphabet="abcXYZ_", min_size=1), st.text(alphabet="xyz 0-9")))
 def test_properties_round_trip(props: dict[str, str]) -> None:
     assert decode_properties(encode_properties(props)) == props
+
+
+@given(st.binary(max_size=300), st.binary(min_size=1, max_size=6))
+def test_find_all_matches_bytes_find(block: bytes, needle: bytes) -> None:
+    from orbitmq.common.message import find_all
+
+    expected = [i for i in range(len(block) - len(needle) + 1) if block[i : i + len(needle)] == needle]
+    assert find_all(block, needle).tolist() == expected

@@ -17,7 +17,7 @@ import numpy as np
 from orbitmq.common.codes import ResponseCode
 from orbitmq.common.errors import FlushTimeoutError, MessageIllegalError, MQError, ProtocolError
 from orbitmq.common.ids import default_generator
-from orbitmq.common.message import MessageBatch
+from orbitmq.common.message import MessageBatch, find_all
 from orbitmq.protocol.bodies import (
     PERM_READ,
     PERM_WRITE,
@@ -62,14 +62,9 @@ def _ensure_ids(send: SendBody) -> list[str] | None:
     block = send.properties_block
     starts = send.properties_starts
     n = len(send.properties)
-    hits: list[int] = []
-    at = block.find(_UNIQ)
-    while at >= 0:
-        hits.append(at)
-        at = block.find(_UNIQ, at + len(_UNIQ))
+    pos = find_all(block, _UNIQ)
     has = np.zeros(n, dtype=bool)
-    if hits:
-        pos = np.array(hits, dtype=np.int64)
+    if len(pos):
         rec = np.searchsorted(starts, pos, side="right") - 1
         ends = starts + send.properties_lengths
         safe = np.maximum(rec, 0)

@@ -16,6 +16,7 @@ from typing import Protocol
 import crc32c
 import numpy as np
 
+from orbitmq.common.message import find_all
 from orbitmq.common.record import BLANK, BLANK_MAGIC, HEADER, HEADER_SIZE, U16
 from orbitmq.store.commit_log import CommitLog
 from orbitmq.store.consume_queue import ENTRY_DTYPE, ConsumeQueueTable
@@ -53,15 +54,6 @@ def _value(props: bytes, needle: bytes) -> bytes | None:
     begin = at + len(needle)
     end = props.find(b"\x02", begin)
     return props[begin : end if end >= 0 else len(props)]
-
-
-def _occurrences(blk: bytes, needle: bytes) -> list[int]:
-    out: list[int] = []
-    at = blk.find(needle)
-    while at >= 0:
-        out.append(at)
-        at = blk.find(needle, at + len(needle))
-    return out
 
 
 def _walk(view: memoryview, at: int, limit: int) -> tuple[list[int], int, bool]:
@@ -280,10 +272,9 @@ class Dispatcher:
         for needle in _NEEDLES:
             if needle is not _TAGS and self.index is None:
                 continue
-            hits = _occurrences(blk, needle)
-            if not hits:
+            at = find_all(blk, needle)
+            if not len(at):
                 continue
-            at = np.array(hits, dtype=np.int64)
             rec = np.searchsorted(p_lo, at, side="right") - 1
             safe = np.maximum(rec, 0)
             ok = (rec >= 0) & (at < p_hi[safe])
