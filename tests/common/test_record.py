@@ -105,5 +105,7 @@ def test_properties_round_trip(props: dict[str, str]) -> None:
 def test_find_all_matches_bytes_find(block: bytes, needle: bytes) -> None:
     from orbitmq.common.message import find_all
 
-    expected = [i for i in range(len(block) - len(needle) + 1) if block[i : i + len(needle)] == needle]
+    expected = [
+        i for i in range(len(block) - len(needle) + 1) if block[i : i + len(needle)] == needle
+    ]
     assert find_all(block, needle).tolist() == expected

@@ -33,7 +33,9 @@ class Env:
 
     def fill(self, topic: str, n_batches: int, qid: int = 0) -> None:
         for i in range(n_batches):
-            self.store.put(MessageBatch.of(topic, qid, [f"{topic}-{i}-{j}".encode() * 60 for j in range(8)]))
+            self.store.put(
+                MessageBatch.of(topic, qid, [f"{topic}-{i}-{j}".encode() * 60 for j in range(8)])
+            )
         assert self.store.wait_for_dispatch()
 
     def age_segments(self, hours: float) -> None:
@@ -44,7 +46,9 @@ class Env:
 
 @pytest.fixture
 def env(tmp_path: Path):  # type: ignore[no-untyped-def]
-    e = Env(tmp_path / "s", delete_when="0;1;2;3;4;5;6;7;8;9;10;11;12;13;14;15;16;17;18;19;20;21;22;23")
+    e = Env(
+        tmp_path / "s", delete_when="0;1;2;3;4;5;6;7;8;9;10;11;12;13;14;15;16;17;18;19;20;21;22;23"
+    )
     yield e
     e.store.close()
 
@@ -137,7 +141,9 @@ def test_topic_size_limit_keeps_newest_bytes(env: Env) -> None:
 
 
 def test_retention_survives_reopen(tmp_path: Path) -> None:
-    e = Env(tmp_path / "s", delete_when="0;1;2;3;4;5;6;7;8;9;10;11;12;13;14;15;16;17;18;19;20;21;22;23")
+    e = Env(
+        tmp_path / "s", delete_when="0;1;2;3;4;5;6;7;8;9;10;11;12;13;14;15;16;17;18;19;20;21;22;23"
+    )
     e.fill("T", 60)
     e.age_segments(100)
     e.store.retention.run()
