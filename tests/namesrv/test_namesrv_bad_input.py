@@ -324,7 +324,7 @@ def could_be_register_body(data: bytes) -> bool:
     """
     try:
         value = msgspec.msgpack.decode(data)
-    except msgspec.DecodeError:
+    except (msgspec.DecodeError, UnicodeDecodeError):
         return False
     return isinstance(value, dict) and "topic_configs" in value
 

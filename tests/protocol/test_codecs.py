@@ -88,3 +88,10 @@ def test_send_body_garbage(data: bytes) -> None:
     assert 4 + 6 * len(decoded.bodies) + sum(map(len, decoded.bodies)) + len(
         decoded.properties_block
     ) == len(data)
+
+
+def test_header_with_invalid_utf8_is_a_protocol_error() -> None:
+    header = b"\x81\xa1\x80\x01"  # {"\x80": 1}: a key that is not UTF-8
+    raw = struct.pack(">IBBHII", 12 + len(header), 1, 0, 30, 1, len(header)) + header
+    with pytest.raises(ProtocolError):
+        FrameDecoder().feed(raw)

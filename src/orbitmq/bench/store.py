@@ -55,8 +55,9 @@ BODY_SIZE = 1024
 
 APPEND_CASES = {"append-b1": 1, "append-b32": 32, "append-b256": 256}
 SYNC_CASES = {"sync-t1": 1, "sync-t64": 64}
+ASYNC_SYNC_CASES = {"sync-a64": 64}
 READ_CASES = ("read-hot-m32", "read-hot-m256", "read-reopen-m32", "read-reopen-m256")
-ALL_CASES = (*APPEND_CASES, *SYNC_CASES, *READ_CASES, "recovery")
+ALL_CASES = (*APPEND_CASES, *SYNC_CASES, *ASYNC_SYNC_CASES, *READ_CASES, "recovery")
 
 # Default messages per run when --count is not given.
 DEFAULT_COUNTS = {
@@ -65,6 +66,7 @@ DEFAULT_COUNTS = {
     "append-b256": 200_000,
     "sync-t1": 2_000,
     "sync-t64": 64_000,
+    "sync-a64": 100_000,
     "read": 1_000_000,
 }
 
@@ -72,6 +74,7 @@ DEFAULT_COUNTS = {
 TARGETS: dict[str, tuple[str, float, str]] = {
     "append-b256": (">=", 400_000, ">= 400,000 msgs/s"),
     "sync-t64": (">=", 100_000, ">= 100,000 msgs/s"),
+    "sync-a64": (">=", 100_000, ">= 100,000 msgs/s"),
     "read-hot-m32": (">=", 1_000_000, ">= 1,000,000 msgs/s"),
     "read-hot-m256": (">=", 1_000_000, ">= 1,000,000 msgs/s"),
     "read-reopen-m32": (">=", 1_000_000, ">= 1,000,000 msgs/s"),
@@ -400,6 +403,64 @@ def bench_append(root: Path, count: int, batch_size: int, body_size: int = BODY_
     )
 
 
+def bench_sync_async(
+    root: Path, count: int, concurrency: int, body_size: int = BODY_SIZE
+) -> RunSample:
+    """SYNC_FLUSH driven the way the broker drives it: ``concurrency`` asyncio tasks sending
+    one message each through the broker's StoreBridge (one writer thread taking every queued
+    append at once, one loop callback per fsync completing every send it covered)."""
+    import asyncio
+
+    from orbitmq.broker.store_bridge import StoreBridge
+
+    body = _body(body_size)
+    store = MessageStore(_config(root, FlushDiskType.SYNC_FLUSH))
+    store.open()
+    bridge = StoreBridge(store, capacity=1_000_000, wait_timeout_ms=60_000)
+    latencies: list[float] = []
+    per_task = [
+        count // concurrency + (1 if i < count % concurrency else 0) for i in range(concurrency)
+    ]
+
+    async def appender(i: int) -> None:
+        batch = MessageBatch(TOPIC, i % 8, [body], [b""])
+        clock = time.perf_counter
+        for _ in range(per_task[i]):
+            t = clock()
+            await bridge.put(batch)
+            latencies.append(clock() - t)
+
+    async def run_all() -> None:
+        await asyncio.gather(*(appender(i) for i in range(concurrency)))
+
+    try:
+        start = store.commit_log.max_offset
+        fsyncs_before = store.flusher.fsync_count
+        c0 = time.process_time()
+        t0 = time.perf_counter()
+        asyncio.run(run_all())
+        t1 = time.perf_counter()
+        cpu = time.process_time() - c0
+        fsyncs = store.flusher.fsync_count - fsyncs_before
+        written = store.commit_log.max_offset - start
+    finally:
+        bridge.shutdown()
+        store.close()
+    lat = sorted(latencies)
+    return RunSample(
+        count,
+        written,
+        t1 - t0,
+        {
+            "cpu_us_per_msg": round(cpu / count * 1e6, 3),
+            "fsyncs": fsyncs,
+            "msgs_per_fsync": round(count / max(fsyncs, 1), 1),
+            "put_p50_ms": round(_pct(lat, 50) * 1000, 3),
+            "put_p99_ms": round(_pct(lat, 99) * 1000, 3),
+        },
+    )
+
+
 def bench_sync(root: Path, count: int, threads: int, body_size: int = BODY_SIZE) -> RunSample:
     """SYNC_FLUSH, ``threads`` appenders each putting one-message batches until ``count``
     messages are stored in all; every put waits for its fsync (group commit)."""
@@ -705,6 +766,7 @@ DESCRIPTIONS = {
     "append-b256": "append, batch 256, ASYNC_FLUSH, 1 thread",
     "sync-t1": "put 1 msg, SYNC_FLUSH, 1 thread",
     "sync-t64": "put 1 msg, SYNC_FLUSH, 64 threads (group commit)",
+    "sync-a64": "put 1 msg, SYNC_FLUSH, 64 asyncio appenders, one writer thread (as the broker)",
     "read-hot-m32": "sequential read, max_count 32, hot (no CRC)",
     "read-hot-m256": "sequential read, max_count 256, hot (no CRC)",
     "read-reopen-m32": "sequential read, max_count 32, after reopen (CRC)",
@@ -755,6 +817,17 @@ def run_store_bench(
             for i in range(options.runs):
                 with _case_dir(base, name) as d:
                     s = bench_sync(d, options.messages_for(name), threads, options.body_size)
+                cases[name].runs.append(s)
+                if progress:
+                    progress(_run_line(f"{name} run {i + 1}/{options.runs}", s))
+        for name, concurrency in ASYNC_SYNC_CASES.items():
+            if name not in cases:
+                continue
+            for i in range(options.runs):
+                with _case_dir(base, name) as d:
+                    s = bench_sync_async(
+                        d, options.messages_for(name), concurrency, options.body_size
+                    )
                 cases[name].runs.append(s)
                 if progress:
                     progress(_run_line(f"{name} run {i + 1}/{options.runs}", s))

@@ -143,7 +143,7 @@ class BrokerProcessor:
             if handler == self.send:
                 return await self.send(frame, conn)
             return await handler(frame)
-        except (MQError, msgspec.DecodeError, msgspec.ValidationError) as exc:
+        except (MQError, msgspec.DecodeError, msgspec.ValidationError, UnicodeDecodeError) as exc:
             code = (
                 getattr(exc, "response_code", exc.code)
                 if isinstance(exc, MQError)

@@ -202,7 +202,7 @@ _CRC_BYTE_COLUMNS = np.arange(CRC_START - 4, CRC_START)
 VECTOR_MIN_BATCH = 12
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class BatchHeader:
     """The fields a batch's records share, plus where the batch starts."""
 

@@ -82,7 +82,7 @@ def register_body(data: bytes | bytearray | memoryview) -> RegisterBrokerBody:
     """Decode and check a RegisterBrokerBody; FieldError says what is wrong."""
     try:
         body = decode_body(memoryview(data), RegisterBrokerBody)
-    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+    except (msgspec.DecodeError, msgspec.ValidationError, UnicodeDecodeError) as exc:
         raise FieldError(f"body is not a RegisterBrokerBody: {exc}") from None
     for key, tc in body.topic_configs.items():
         if key != tc.topic_name:

@@ -141,7 +141,7 @@ class FrameDecoder:
             stop = pos + 4 + length
             try:
                 fields = _decode_header(bytes(buf[h_at:b_at])) if header_len else {}
-            except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+            except (msgspec.DecodeError, msgspec.ValidationError, UnicodeDecodeError) as exc:
                 raise ProtocolError(f"bad frame header: {exc}") from exc
             frames.append(Frame(code, opaque, flags, fields, bytes(buf[b_at:stop]), version))
             pos = stop

@@ -28,7 +28,7 @@ from orbitmq.common.record import (
 from orbitmq.store.segment import FileOps, Segment, SegmentQueue, io_error
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class AppendResult:
     """Where a batch landed. Record i is at ``physical_offsets[i]`` with queue offset
     ``first_queue_offset + i``; ``end_offset`` is the log's end after the batch."""

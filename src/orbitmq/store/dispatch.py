@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable
 from typing import Protocol
 
@@ -379,11 +380,16 @@ class Dispatcher:
         self._wake.set()
 
     def _run(self) -> None:
+        small = False
         while not self._stop:
             self._wake.wait(0.05)
+            if small:
+                # The last round was a handful of records: let more arrive (RocketMQ's reput
+                # service also pauses 1 ms), so many small appends cost one round, not many.
+                time.sleep(0.001)
             self._wake.clear()
             try:
-                self.dispatch_until(self.commit_log.max_offset)
+                small = self.dispatch_until(self.commit_log.max_offset) < SMALL_BLOCK
             except BaseException as exc:  # a dispatcher that dies silently would stall reads
                 log.exception("dispatcher failed; reads will not see new messages")
                 self.failure = exc

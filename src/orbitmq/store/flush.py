@@ -23,6 +23,9 @@ from orbitmq.store.config import FlushDiskType, StoreConfig
 log = logging.getLogger(__name__)
 PAGE = 4096
 
+FlushListener = Callable[[int, BaseException | None], None]
+"""Called on the flush thread after each fsync: (flushed offset, error or None)."""
+
 
 class FlushService:
     """Background flushing of the CommitLog in the configured mode."""
@@ -36,6 +39,8 @@ class FlushService:
         self._stop = False
         self._thread: threading.Thread | None = None
         self._last_thorough = time.monotonic()
+        self._wanted = 0  # highest offset someone waits for without a Future (request_offset)
+        self.listeners: list[FlushListener] = []
         self.fsync_count = 0
 
     def start(self) -> None:
@@ -57,15 +62,27 @@ class FlushService:
             self._cond.notify()
         return fut
 
+    def request_offset(self, offset: int) -> None:
+        """Ask for an fsync up to ``offset`` without a Future per request: callers learn of it
+        through ``listeners`` (one call per fsync, however many requests it covered)."""
+        if offset <= self.commit_log.flushed_offset:
+            return
+        with self._cond:
+            if offset > self._wanted:
+                self._wanted = offset
+                self._cond.notify()
+
     def _run(self) -> None:
         interval = self.config.flush_interval_commit_log_ms / 1000
         while True:
             with self._cond:
-                if not self._pending and not self._stop:
+                wanted = self._wanted > self.commit_log.flushed_offset
+                if not self._pending and not wanted and not self._stop:
                     self._cond.wait(interval)
+                    wanted = self._wanted > self.commit_log.flushed_offset
                 batch, self._pending = self._pending, []
                 stopping = self._stop
-            if batch or stopping:
+            if batch or wanted or stopping:
                 self._flush_batch(batch)
             elif self._async_due():
                 self._flush_batch([])
@@ -91,13 +108,22 @@ class FlushService:
             log.error("CommitLog fsync failed: %s", exc)
             for _, fut in batch:
                 fut.set_exception(exc)
+            self._tell(self.commit_log.flushed_offset, exc)
             return
         flushed = self.commit_log.flushed_offset
+        self._tell(flushed, None)
         for offset, fut in batch:
             if offset <= flushed:
                 fut.set_result(None)
             else:  # cannot happen: flush() covers the end at the time of the call
                 fut.set_exception(StoreError(f"flush stopped at {flushed} < {offset}"))
+
+    def _tell(self, flushed: int, error: BaseException | None) -> None:
+        for listener in self.listeners:
+            try:
+                listener(flushed, error)
+            except Exception:
+                log.exception("flush listener failed")
 
     def stop(self) -> None:
         with self._cond:

@@ -107,6 +107,7 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
+_SMALL_BATCH = 16  # below this many entries, insert one by one
 
 HEADER_SIZE: Final = 40
 SLOT_SIZE: Final = 4
@@ -873,6 +874,12 @@ class IndexService:
             n = len(items)
             if n == 0:
                 return
+            if n < _SMALL_BATCH and not isinstance(items, np.ndarray):
+                # numpy's fixed cost outweighs a few entries
+                if any(not 0 <= row[0] <= _HASH_MASK for row in items):
+                    raise ValueError("put_hashes: key hashes must be in 0..2**31-1")
+                self._put_rows(items)
+                return
             if isinstance(items, np.ndarray):
                 if items.ndim != 2 or items.shape[1] != 3:
                     raise ValueError(f"put_hashes: an array must be (n, 3), not {items.shape}")
@@ -881,6 +888,17 @@ class IndexService:
                 chain = itertools.chain.from_iterable(items)
                 table = np.fromiter(chain, dtype=np.int64, count=3 * n).reshape(n, 3)
             self._put_arrays(table[:, 0], table[:, 1], table[:, 2])
+
+    def _put_rows(self, rows: Sequence[Sequence[int]]) -> None:
+        current = self._current
+        try:
+            for key_hash, phy_offset, timestamp in rows:
+                if current is None or not current._put_hash(key_hash, phy_offset, timestamp):
+                    current = self._roll(timestamp)
+                    current._put_hash(key_hash, phy_offset, timestamp)
+        finally:
+            if current is not None:
+                current._write_header()
 
     def _put_arrays(
         self,

@@ -56,7 +56,7 @@ from orbitmq.store.commit_log import AppendResult, CommitLog, now_ms
 from orbitmq.store.config import FlushDiskType, StoreConfig
 from orbitmq.store.consume_queue import ENTRY, ENTRY_DTYPE, ENTRY_SIZE, ConsumeQueueTable
 from orbitmq.store.dispatch import ArrivalListener, Dispatcher
-from orbitmq.store.flush import FlushService, PeriodicService
+from orbitmq.store.flush import FlushListener, FlushService, PeriodicService
 from orbitmq.store.index_file import IndexService
 from orbitmq.store.recovery import RecoveryReport, recover
 from orbitmq.store.retention import RetentionService, TopicRetention
@@ -348,6 +348,19 @@ class MessageStore:
                     f"not fsynced within {self.config.sync_flush_timeout_ms} ms"
                 ) from exc
         return result
+
+    @property
+    def sync_flush(self) -> bool:
+        return self.config.flush_disk_type is FlushDiskType.SYNC_FLUSH
+
+    def request_flush(self, end_offset: int) -> None:
+        """SYNC_FLUSH without a Future per append: ask for an fsync up to ``end_offset`` and
+        learn of it through a flush listener (one call per fsync, for every waiter at once)."""
+        self.flusher.request_offset(end_offset)
+
+    def add_flush_listener(self, listener: FlushListener) -> None:
+        """``listener(flushed_offset, error)`` runs on the flush thread after every fsync."""
+        self.flusher.listeners.append(listener)
 
     def add_arrival_listener(self, listener: ArrivalListener) -> None:
         """``listener(topic, queue_id, max_offset)`` runs on the dispatcher thread: keep it short
