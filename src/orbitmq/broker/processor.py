@@ -17,7 +17,7 @@ import numpy as np
 from orbitmq.common.codes import ResponseCode
 from orbitmq.common.errors import FlushTimeoutError, MessageIllegalError, MQError, ProtocolError
 from orbitmq.common.ids import default_generator
-from orbitmq.common.message import MessageBatch, find_all
+from orbitmq.common.message import MessageBatch, find_all, property_value
 from orbitmq.protocol.bodies import (
     PERM_READ,
     PERM_WRITE,
@@ -79,24 +79,13 @@ def _ensure_ids(send: SendBody) -> list[str] | None:
     fresh = iter(default_generator.next_ids(int((~has).sum())))
     for i, present in enumerate(has.tolist()):
         if present:
-            value = _find_value(props[i], _UNIQ)
+            value = property_value(props[i], _UNIQ)
             ids.append(value.decode("utf-8", "replace") if value is not None else "")
         else:
             new_id = next(fresh)
             props[i] = props[i] + _UNIQ + new_id.encode() + b"\x02"
             ids.append(new_id)
     return ids
-
-
-def _find_value(props: bytes, needle: bytes) -> bytes | None:
-    at = props.find(needle)
-    while at > 0 and props[at - 1] != 0x02:
-        at = props.find(needle, at + 1)
-    if at < 0:
-        return None
-    begin = at + len(needle)
-    end = props.find(b"\x02", begin)
-    return props[begin : end if end >= 0 else len(props)]
 
 
 def _peer_host(conn: Connection | None) -> tuple[str, int]:

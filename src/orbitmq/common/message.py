@@ -60,20 +60,17 @@ def decode_properties(data: bytes | memoryview) -> dict[str, str]:
     return out
 
 
-def find_property(data: bytes | memoryview, name: str) -> str | None:
-    """One property's value without decoding the rest (the dispatcher's hot path)."""
-    raw = bytes(data)
-    needle = name.encode() + b"\x01"
-    start = 0
-    while True:
-        at = raw.find(needle, start)
-        if at < 0:
-            return None
-        if at == 0 or raw[at - 1] == 0x02:
-            begin = at + len(needle)
-            end = raw.find(b"\x02", begin)
-            return raw[begin : end if end >= 0 else len(raw)].decode("utf-8", "replace")
-        start = at + 1
+def property_value(props: bytes, needle: bytes) -> bytes | None:
+    """The raw value of one property; ``needle`` is ``b"NAME\\x01"``. A name only counts at
+    the start of the properties or right after a ``\\x02`` separator."""
+    at = props.find(needle)
+    while at > 0 and props[at - 1] != 0x02:
+        at = props.find(needle, at + 1)
+    if at < 0:
+        return None
+    begin = at + len(needle)
+    end = props.find(b"\x02", begin)
+    return props[begin : end if end >= 0 else len(props)]
 
 
 @lru_cache(maxsize=65536)

@@ -17,7 +17,7 @@ from typing import Protocol
 import crc32c
 import numpy as np
 
-from orbitmq.common.message import find_all
+from orbitmq.common.message import find_all, property_value
 from orbitmq.common.record import BLANK, BLANK_MAGIC, HEADER, HEADER_SIZE, U16
 from orbitmq.store.commit_log import CommitLog
 from orbitmq.store.consume_queue import ENTRY_DTYPE, ConsumeQueueTable
@@ -43,18 +43,6 @@ IndexBatch = list[np.ndarray]
 
 class Indexer(Protocol):
     def put_hashes(self, items: np.ndarray) -> None: ...
-
-
-def _value(props: bytes, needle: bytes) -> bytes | None:
-    """The value of one property (``needle`` is ``NAME\\x01``), as the vectorised path reads it."""
-    at = props.find(needle)
-    while at > 0 and props[at - 1] != 0x02:
-        at = props.find(needle, at + 1)
-    if at < 0:
-        return None
-    begin = at + len(needle)
-    end = props.find(b"\x02", begin)
-    return props[begin : end if end >= 0 else len(props)]
 
 
 def _walk(view: memoryview, at: int, limit: int) -> tuple[list[int], int, bool]:
@@ -221,19 +209,19 @@ class Dispatcher:
             tag = 0
             if plen:
                 props = bytes(view[p_at + 2 : p_at + 2 + plen])
-                value = _value(props, _TAGS)
+                value = property_value(props, _TAGS)
                 if value:
                     tag = crc(value)
                 if indexing:
                     pre = self._prefix(topic)
-                    keys = _value(props, _KEYS)
+                    keys = property_value(props, _KEYS)
                     if keys:
                         rows.extend(
                             (crc(k, pre) & _HASH_MASK, phy, store_ts)
                             for k in dict.fromkeys(keys.split(b" "))
                             if k
                         )
-                    uniq = _value(props, _UNIQ)
+                    uniq = property_value(props, _UNIQ)
                     if uniq:
                         rows.append((crc(uniq, pre) & _HASH_MASK, phy, store_ts))
             run = runs.get((topic, qid))

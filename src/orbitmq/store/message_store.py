@@ -634,16 +634,9 @@ class MessageStore:
         return stop
 
     def get_message(self, physical_offset: int) -> StoredMessage | None:
-        """The record at a CommitLog offset, verified, or None."""
-        loc = self.commit_log.view_at(physical_offset)
-        if loc is None or physical_offset >= self.commit_log.max_offset:
-            return None
-        view, at, size = loc
-        try:
-            n = check_record(view, at, size)
-        except RecordError:
-            return None
-        return decode(view[at : at + n]) if n > 0 else None
+        """The record at a CommitLog offset, verified and decoded, or None."""
+        raw = self.read_record(physical_offset)
+        return decode(raw) if raw is not None else None
 
     def read_record(self, physical_offset: int) -> memoryview | None:
         """The raw record at a CommitLog offset (zero-copy), verified, or None."""
