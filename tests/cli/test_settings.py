@@ -135,3 +135,12 @@ def test_orbitmq_up_starts_serves_metrics_and_stops_on_ctrl_c(tmp_path: Path) ->
         for stream in (proc.stdout, proc.stderr):
             if stream is not None:
                 stream.close()
+
+
+def test_configuration_doc_is_current() -> None:
+    from orbitmq.cli.settings import settings_markdown
+
+    doc = Path(__file__).resolve().parents[2] / "docs" / "configuration.md"
+    assert doc.read_text() == settings_markdown() + "\n", (
+        "run: orbitmq config docs > docs/configuration.md"
+    )

@@ -10,20 +10,25 @@ from orbitmq.store.config import StoreConfig
 @dataclass(frozen=True, slots=True)
 class BrokerConfig:
     cluster: str = "DefaultCluster"
+    """Cluster this broker belongs to (RocketMQ's brokerClusterName)."""
     broker_name: str = "broker-a"
+    """Name of the broker group; a master and its slaves share it."""
     broker_id: int = 0
     """0 is the master, as in RocketMQ."""
     host: str = "127.0.0.1"
+    """Address to listen on."""
     port: int = 10911
     """RocketMQ's broker port; 0 picks a free one."""
     advertised_host: str | None = None
     """Address registered with NameServers (default: host)."""
     namesrv_addrs: tuple[str, ...] = ("127.0.0.1:9876",)
+    """NameServers to register with, every one of them ("host:port")."""
     register_interval_s: float = 30.0
     """How often the broker (re-)registers with every NameServer: the heartbeat."""
     auto_create_topic: bool = False
     """Create a topic on first send. Off by default; `make up`'s dev profile turns it on."""
     default_queue_nums: int = 8
+    """Read and write queues of an auto-created topic."""
     send_queue_capacity: int = 10_000
     """Sends waiting for the store beyond this answer SYSTEM_BUSY at once."""
     send_wait_timeout_ms: int = 1_000

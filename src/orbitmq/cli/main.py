@@ -189,6 +189,14 @@ def config_show(config: ConfigOpt = None) -> None:
     console.print(table)
 
 
+@config_app.command("docs")
+def config_docs() -> None:
+    """Print docs/configuration.md: every setting with its default and meaning."""
+    from orbitmq.cli.settings import settings_markdown
+
+    print(settings_markdown())
+
+
 @bench_app.command(
     "store", context_settings={"allow_extra_args": True, "ignore_unknown_options": True}
 )
