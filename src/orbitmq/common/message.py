@@ -155,10 +155,17 @@ def find_all(block: bytes, needle: bytes) -> np.ndarray:
     """Every offset of ``needle`` in ``block``, vectorised: candidates are the positions of the
     needle's first byte, narrowed one byte at a time. No Python work per occurrence, which is
     what searching the properties of a whole batch at once needs."""
-    raw = np.frombuffer(block, dtype=np.uint8)
     n = len(needle)
-    if n == 0 or len(raw) < n:
+    if n == 0 or len(block) < n:
         return np.empty(0, dtype=np.int64)
+    if len(block) < 2048:  # a few messages: bytes.find beats numpy's fixed cost
+        hits: list[int] = []
+        at = block.find(needle)
+        while at >= 0:
+            hits.append(at)
+            at = block.find(needle, at + 1)
+        return np.array(hits, dtype=np.int64)
+    raw = np.frombuffer(block, dtype=np.uint8)
     cand = np.flatnonzero(raw[: len(raw) - n + 1] == needle[0])
     for k in range(1, n):
         if not len(cand):
