@@ -41,12 +41,15 @@ from __future__ import annotations
 import functools
 import ipaddress
 import struct
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import crc32c
 import numpy as np
 
 from orbitmq.common.message import decode_properties
+
+Buffer = bytes | bytearray | memoryview
 
 MAGIC = 0x4F524231
 BLANK_MAGIC = 0xCBD43194
@@ -280,32 +283,38 @@ def encode_batch(
     return buf
 
 
-def _encode_small(head: BatchHeader, bodies: list[bytes], properties: list[bytes]) -> bytearray:
-    topic_part = U16.pack(len(head.topic)) + head.topic
+def _encode_small(
+    head: BatchHeader, bodies: Sequence[Buffer], properties: Sequence[bytes]
+) -> bytearray:
+    """A few records: pack each header, join everything once, then fill in the CRCs."""
+    topic_part = _U16_BYTES[len(head.topic)] + head.topic
     fixed = HEADER_SIZE + len(topic_part) + 2
-    total_size = sum(map(len, bodies)) + sum(map(len, properties)) + fixed * len(bodies)
-    buf = bytearray(total_size)
-    mv = memoryview(buf)
+    pack = HEADER.pack
+    parts: list[Buffer] = []
+    spans: list[tuple[int, int]] = []
     at = 0
     phy = head.first_physical_offset
     qoff = head.first_queue_offset
     for body, props in zip(bodies, properties, strict=True):
         blen = len(body)
         total = fixed + blen + len(props)
-        HEADER.pack_into(
-            buf, at, total, MAGIC, 0, head.queue_id, head.flag, qoff, phy, head.sys_flag,
-            head.born_timestamp_ms, head.born_host, head.store_timestamp_ms, head.store_host,
-            head.reconsume_times, head.prepared_transaction_offset, blen,
+        parts += (
+            pack(
+                total, MAGIC, 0, head.queue_id, head.flag, qoff, phy, head.sys_flag,
+                head.born_timestamp_ms, head.born_host, head.store_timestamp_ms,
+                head.store_host, head.reconsume_times, head.prepared_transaction_offset, blen,
+            ),
+            body, topic_part, _U16_BYTES[len(props)], props,
         )  # fmt: skip
-        p = at + HEADER_SIZE
-        buf[p : p + blen] = body
-        p += blen
-        tail = topic_part + _U16_BYTES[len(props)] + props
-        buf[p : p + len(tail)] = tail
-        U32.pack_into(buf, at + 8, crc32c.crc32c(mv[at + CRC_START : at + total]))
+        spans.append((at, total))
         at += total
         phy += total
         qoff += 1
+    buf = bytearray().join(parts)
+    crc = crc32c.crc32c
+    with memoryview(buf) as mv:
+        for start, total in spans:
+            U32.pack_into(buf, start + 8, crc(mv[start + CRC_START : start + total]))
     return buf
 
 
