@@ -9,7 +9,7 @@ from collections.abc import Callable
 import pytest
 
 from orbitmq.common.message import Message, MessageBatch
-from orbitmq.store import message_store as ms
+from orbitmq.store import reader as ms
 from orbitmq.store.consume_queue import ENTRY_SIZE
 from orbitmq.store.message_store import MessageStore
 from orbitmq.store.retention import TopicRetention
