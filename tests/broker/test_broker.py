@@ -171,3 +171,23 @@ async def test_oneway_sends_all_arrive_when_the_client_closes(broker: BrokerCont
     while broker.store.max_offset("Oneway", 0) < n and asyncio.get_running_loop().time() < deadline:
         await asyncio.sleep(0.05)
     assert broker.store.max_offset("Oneway", 0) == n
+
+
+async def test_sync_flush_send_is_durable_and_measured(
+    tmp_path: Path, client: RemotingClient
+) -> None:
+    from orbitmq.store.config import FlushDiskType
+
+    b = BrokerController(
+        broker_config(tmp_path / "s", store={"flush_disk_type": FlushDiskType.SYNC_FLUSH})
+    )
+    await b.start()
+    try:
+        resp = await client.invoke(b.address, send_frame("Durable", [b"a", b"b"]))
+        assert resp.code == ResponseCode.SUCCESS
+        assert b.store.commit_log.flushed_offset >= b.store.commit_log.max_offset
+        registry = b.metrics.registry
+        assert (registry.get_sample_value("orbitmq_store_flush_seconds_count") or 0) >= 1
+        assert registry.get_sample_value("orbitmq_store_append_seconds_count") == 1
+    finally:
+        await b.stop()

@@ -125,6 +125,9 @@ def test_orbitmq_up_starts_serves_metrics_and_stops_on_ctrl_c(tmp_path: Path) ->
         )
         assert "orbitmq_broker_messages_in_total 1.0" in metrics
         assert "orbitmq_store_dispatch_lag_bytes" in metrics
+        assert "orbitmq_store_append_seconds_count 1.0" in metrics
+        assert 'orbitmq_broker_send_seconds_bucket{le="+Inf"} 1.0' in metrics
+        assert "orbitmq_store_flush_seconds_count" in metrics
         assert (tmp_path / "orbitmq-data" / "store" / "commitlog").is_dir()
         proc.send_signal(signal.SIGINT)
         assert proc.wait(20) == 0

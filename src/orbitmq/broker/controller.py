@@ -41,7 +41,10 @@ class BrokerController:
         )
         self.metrics = BrokerMetrics()
         self.bridge = StoreBridge(
-            self.store, config.send_queue_capacity, config.send_wait_timeout_ms
+            self.store,
+            config.send_queue_capacity,
+            config.send_wait_timeout_ms,
+            on_append=self.metrics.append_latency.observe,
         )
         self.processor = BrokerProcessor(self)
         self.server = RemotingServer(
@@ -68,6 +71,7 @@ class BrokerController:
         for topic in self.topics.topics.values():
             self.apply_retention(topic)
         self.store.add_arrival_listener(self.long_polling.on_arrival)
+        self.store.add_flush_listener(self._observe_flush)
         await self.server.start()
         self._start_metrics()
         self.started = True
@@ -139,6 +143,11 @@ class BrokerController:
             self.store.set_topic_retention(
                 config.topic_name, TopicRetention(config.retention_ms, config.retention_bytes)
             )
+
+    def _observe_flush(self, _flushed: int, error: BaseException | None) -> None:
+        """On the flush thread, after each fsync: feed the flush-latency histogram."""
+        if error is None:
+            self.metrics.flush_latency.observe(self.store.flusher.last_fsync_s)
 
     def topics_changed(self) -> None:
         """Register again soon so NameServers learn the change without waiting 30 s."""

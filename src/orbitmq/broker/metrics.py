@@ -28,6 +28,12 @@ class BrokerMetrics:
         self.append_latency = Histogram(
             "orbitmq_store_append_seconds", "Store append time", buckets=LATENCY_BUCKETS, registry=r
         )
+        self.flush_latency = Histogram(
+            "orbitmq_store_flush_seconds",
+            "CommitLog fsync time (group commit in SYNC_FLUSH, background in ASYNC_FLUSH)",
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
         self.dispatch_lag = Gauge(
             "orbitmq_store_dispatch_lag_bytes", "CommitLog bytes not yet dispatched", registry=r
         )

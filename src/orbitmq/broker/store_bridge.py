@@ -31,8 +31,16 @@ _Job = tuple[MessageBatch, "asyncio.Future[AppendResult]", float]
 
 
 class StoreBridge:
-    def __init__(self, store: MessageStore, capacity: int, wait_timeout_ms: int) -> None:
+    def __init__(
+        self,
+        store: MessageStore,
+        capacity: int,
+        wait_timeout_ms: int,
+        on_append: Callable[[float], None] | None = None,
+    ) -> None:
         self.store = store
+        self.on_append = on_append
+        """Called on the writer thread with each append's duration (metrics)."""
         self.capacity = capacity
         self.wait_timeout_s = wait_timeout_ms / 1000
         self.busy_rejections = 0
@@ -95,7 +103,10 @@ class StoreBridge:
                 out.append(SystemBusyError(f"send waited {waited * 1000:.0f} ms for the store"))
                 continue
             try:
+                began = time.perf_counter()
                 out.append(self.store.append(batch))
+                if self.on_append is not None:
+                    self.on_append(time.perf_counter() - began)
             except Exception as exc:  # noqa: BLE001 - goes to that send's Future; others go on
                 out.append(exc)
         return out

@@ -42,6 +42,8 @@ class FlushService:
         self._wanted = 0  # highest offset someone waits for without a Future (request_offset)
         self.listeners: list[FlushListener] = []
         self.fsync_count = 0
+        self.last_fsync_s = 0.0
+        """How long the latest flush took (for metrics: listeners read it)."""
 
     def start(self) -> None:
         self._stop = False
@@ -101,7 +103,9 @@ class FlushService:
 
     def _flush_batch(self, batch: list[tuple[int, Future[None]]]) -> None:
         try:
+            began = time.perf_counter()
             self.commit_log.flush()
+            self.last_fsync_s = time.perf_counter() - began
             self.fsync_count += 1
             self._last_thorough = time.monotonic()
         except StoreError as exc:
