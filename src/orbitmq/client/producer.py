@@ -38,6 +38,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from itertools import accumulate
 from typing import Any, Protocol
 
 import crc32c
@@ -810,16 +811,17 @@ def _results(
         raise ProtocolError(f"malformed send response fields {fields!r}") from exc
     real_mq = mq if queue_id == mq.queue_id else MessageQueue(mq.topic, mq.broker_name, queue_id)
     offsets = fields.get("offsets")
-    if not (isinstance(offsets, list) and len(offsets) == len(items)):
-        offsets = []
-        at = offset
+    if isinstance(offsets, list) and len(offsets) == len(items):
+        offsets = [int(o) for o in offsets]
+    else:  # derived from record sizes: records of a batch are stored back to back
         overhead = record_overhead(len(mq.topic.encode()))
-        for item in items:
-            offsets.append(at)
-            at += overhead + len(item.body) + len(item.props)
+        sizes = [overhead + len(item.body) + len(item.props) for item in items]
+        offsets = [offset + end - size for end, size in zip(accumulate(sizes), sizes, strict=True)]
     return [
-        SendResult(status, item.msg_id, real_mq, queue_offset + i, int(offsets[i]), (item.msg_id,))
-        for i, item in enumerate(items)
+        SendResult(status, item.msg_id, real_mq, q, o, (item.msg_id,))
+        for item, q, o in zip(
+            items, range(queue_offset, queue_offset + len(items)), offsets, strict=True
+        )
     ]
 
 
