@@ -239,9 +239,9 @@ class BrokerProcessor:
                 "max_offset": res.max_offset,
             }
             if res.status is GetStatus.FOUND:
-                self.metrics.messages_out.inc(len(res.messages))
+                self.metrics.messages_out.inc(res.count)
                 self.metrics.bytes_out.inc(res.total_bytes)
-                return frame.reply(ResponseCode.SUCCESS, fields=fields), res.messages
+                return frame.reply(ResponseCode.SUCCESS, fields=fields), res.body_parts
             if res.status is GetStatus.NO_MATCHED_MESSAGE:
                 return frame.reply(ResponseCode.PULL_RETRY_IMMEDIATELY, fields=fields)
             if res.status in (GetStatus.OFFSET_TOO_SMALL, GetStatus.OFFSET_OVERFLOW_BADLY):

@@ -11,6 +11,7 @@ identical results.
 from __future__ import annotations
 
 import enum
+import itertools
 import logging
 import struct
 from collections.abc import Iterable
@@ -82,19 +83,50 @@ class GetStatus(enum.Enum):
 class GetResult:
     """Records are zero-copy views of the CommitLog; ``queue_offsets[i]`` is record i's offset.
     ``next_begin_offset`` is where the next read should start. ``skipped`` lists offsets whose
-    record failed its checks and was not served."""
+    record failed its checks and was not served.
+
+    ``body_parts`` hold the records as few views as possible (one per run of records that lie
+    back to back in the CommitLog, as a batch's records do): what a pull sends on, with no
+    per-record work. ``messages`` cuts them into one view per record, on first use.
+    """
 
     status: GetStatus
     next_begin_offset: int
     min_offset: int
     max_offset: int
-    messages: list[memoryview] = field(default_factory=list)
     queue_offsets: list[int] = field(default_factory=list)
     skipped: list[int] = field(default_factory=list)
+    body_parts: list[memoryview] = field(default_factory=list)
+    sizes: list[int] = field(default_factory=list)
+    _messages: list[memoryview] | None = None
+
+    @property
+    def count(self) -> int:
+        return len(self.sizes)
 
     @property
     def total_bytes(self) -> int:
-        return sum(map(len, self.messages))
+        return sum(self.sizes)
+
+    @property
+    def messages(self) -> list[memoryview]:
+        if self._messages is None or len(self._messages) != len(self.sizes):
+            out: list[memoryview] = []
+            sizes = iter(self.sizes)
+            for part in self.body_parts:
+                at, end = 0, len(part)
+                while at < end:
+                    size = next(sizes)
+                    out.append(part[at : at + size])
+                    at += size
+            self._messages = out
+        return self._messages
+
+    def add(self, view: memoryview, offset: int, size: int) -> None:
+        """One record (its own part)."""
+        self.body_parts.append(view)
+        self.queue_offsets.append(offset)
+        self.sizes.append(size)
 
 
 def read_queue(
@@ -131,9 +163,9 @@ def read_queue(
     budget = max_bytes
     # With a tag filter, look at more entries than asked for, but not without bound.
     scan_limit = offset + (max(max_count * 4, 1024) if wanted is not None else max_count)
-    while pos < min(hi, scan_limit) and len(result.messages) < max_count and budget > 0:
+    while pos < min(hi, scan_limit) and result.count < max_count and budget > 0:
         want = min(hi, scan_limit) - pos
-        raw = cq.entries(pos, want if wanted is not None else max_count - len(result.messages))
+        raw = cq.entries(pos, want if wanted is not None else max_count - result.count)
         if not raw or not segs:
             break
         if len(raw) <= SMALL_READ * ENTRY_SIZE:
@@ -153,7 +185,7 @@ def read_queue(
     result.next_begin_offset = pos
     if result.skipped:
         log.warning("%s/%d: skipped corrupt records at %s", topic, queue_id, result.skipped)
-    if not result.messages:
+    if not result.count:
         result.status = GetStatus.NO_MATCHED_MESSAGE
     return result
 
@@ -216,10 +248,9 @@ def _read_small(
             _topic, props = properties_slice(view, at)
             if decode_properties(props).get("TAGS") not in wanted_tags:
                 continue
-        result.messages.append(view[at : at + size])
-        result.queue_offsets.append(off)
+        result.add(view[at : at + size], off, size)
         remaining -= size
-        if len(result.messages) >= max_count or remaining <= 0:
+        if result.count >= max_count or remaining <= 0:
             result.skipped += skipped
             return off + 1
     result.skipped += skipped
@@ -260,7 +291,9 @@ def _read_entries(
     keep &= sane
     skipped: list[int] = offsets[bad].tolist()
     verify_before = store.trusted_from if store.config.check_crc_on_read else -1
-    views: list[memoryview] = []
+    # Candidates in order: (segment view, positions, sizes) chunks, or single record views
+    # (tag-filtered path); offsets and sizes flat, for the count and byte cut below.
+    chunks: list[tuple[memoryview, np.ndarray, np.ndarray]] = []
     view_offsets: list[int] = []
     view_sizes: list[int] = []
     for s_i in np.unique(seg_idx[keep]).tolist():
@@ -298,11 +331,10 @@ def _read_entries(
                 if crc32c.crc32c(view[a + CRC_START : a + zl[k]]) != stored[k]:
                     ok[k] = False
                     skipped.append(ol[k])
-        if wanted_tags is None:  # the usual case: one slice per record, nothing else
+        if wanted_tags is None:  # the usual case: no per-record work at all
             if not ok.all():
                 pos_in, sizes_in, offs_in = pos_in[ok], sizes_in[ok], offs_in[ok]
-            starts = pos_in.tolist()
-            views += [view[a:b] for a, b in zip(starts, (pos_in + sizes_in).tolist(), strict=True)]
+            chunks.append((view, pos_in, sizes_in))
             view_offsets += offs_in.tolist()
             view_sizes += sizes_in.tolist()
             continue
@@ -314,12 +346,12 @@ def _read_entries(
             _topic, props = properties_slice(view, a)
             if decode_properties(props).get("TAGS") not in wanted_tags:
                 continue
-            views.append(view[a : a + sz])
+            chunks.append((view, np.array([a], dtype=np.int64), np.array([sz], dtype=np.int64)))
             view_offsets.append(off)
             view_sizes.append(sz)
     # Serve up to max_count records, and stop once max_bytes is reached (at least one).
-    room = max_count - len(result.messages)
-    take = min(room, len(views))
+    room = max_count - result.count
+    take = min(room, len(view_sizes))
     budget_hit = False
     if view_sizes:
         reached = np.flatnonzero(np.cumsum(view_sizes) >= budget)
@@ -327,9 +359,28 @@ def _read_entries(
             take = int(reached[0]) + 1
             budget_hit = True
     stop = first + n
-    if take < len(views) or (take == room and take) or budget_hit:
+    if take < len(view_sizes) or (take == room and take) or budget_hit:
         stop = view_offsets[take - 1] + 1 if take else first
-    result.messages += views[:take]
+    _add_runs(result, chunks, take)
     result.queue_offsets += view_offsets[:take]
+    result.sizes += view_sizes[:take]
     result.skipped += sorted(o for o in skipped if o < stop)
     return stop
+
+
+def _add_runs(
+    result: GetResult, chunks: list[tuple[memoryview, np.ndarray, np.ndarray]], take: int
+) -> None:
+    """The first ``take`` candidate records as body parts: one view per run of records that
+    lie back to back in their segment."""
+    left = take
+    for view, pos, sizes in chunks:
+        if left <= 0:
+            break
+        c = min(left, len(pos))
+        left -= c
+        p, z = pos[:c], sizes[:c]
+        breaks = (np.flatnonzero(p[1:] != p[:-1] + z[:-1]) + 1).tolist()
+        bounds = [0, *breaks, c]
+        pl, ends = p.tolist(), (p + z).tolist()
+        result.body_parts += [view[pl[lo] : ends[hi - 1]] for lo, hi in itertools.pairwise(bounds)]
