@@ -804,35 +804,21 @@ def run_store_bench(
         fsync_ms = (
             measure_fsync_latency(base, options.fsync_samples) if options.fsync_samples else {}
         )
-        for name, batch_size in APPEND_CASES.items():
-            if name not in cases:
-                continue
-            for i in range(options.runs):
-                with _case_dir(base, name) as d:
-                    s = bench_append(d, options.messages_for(name), batch_size, options.body_size)
-                cases[name].runs.append(s)
-                if progress:
-                    progress(_run_line(f"{name} run {i + 1}/{options.runs}", s))
-        for name, threads in SYNC_CASES.items():
-            if name not in cases:
-                continue
-            for i in range(options.runs):
-                with _case_dir(base, name) as d:
-                    s = bench_sync(d, options.messages_for(name), threads, options.body_size)
-                cases[name].runs.append(s)
-                if progress:
-                    progress(_run_line(f"{name} run {i + 1}/{options.runs}", s))
-        for name, concurrency in ASYNC_SYNC_CASES.items():
-            if name not in cases:
-                continue
-            for i in range(options.runs):
-                with _case_dir(base, name) as d:
-                    s = bench_sync_async(
-                        d, options.messages_for(name), concurrency, options.body_size
-                    )
-                cases[name].runs.append(s)
-                if progress:
-                    progress(_run_line(f"{name} run {i + 1}/{options.runs}", s))
+        runners: list[tuple[dict[str, int], Callable[[Path, int, int, int], RunSample]]] = [
+            (APPEND_CASES, bench_append),
+            (SYNC_CASES, bench_sync),
+            (ASYNC_SYNC_CASES, bench_sync_async),
+        ]
+        for table, bench in runners:
+            for name, param in table.items():
+                if name not in cases:
+                    continue
+                for i in range(options.runs):
+                    with _case_dir(base, name) as d:
+                        s = bench(d, options.messages_for(name), param, options.body_size)
+                    cases[name].runs.append(s)
+                    if progress:
+                        progress(_run_line(f"{name} run {i + 1}/{options.runs}", s))
         wanted_reads = [c for c in READ_CASES if c in cases]
         if wanted_reads:
             with _case_dir(base, "read") as d:

@@ -6,7 +6,7 @@ import asyncio
 import concurrent.futures
 import threading
 from collections.abc import Callable, Coroutine
-from typing import Any, TypeVar
+from typing import Any, Generic, Protocol, TypeVar
 
 from orbitmq.common.errors import ClientError
 from orbitmq.net.loop import new_event_loop
@@ -82,3 +82,36 @@ class LoopThread:
         self.loop.call_soon_threadsafe(self.loop.stop)
         if not self.in_loop_thread:
             self._thread.join()
+
+
+class _Closable(Protocol):
+    async def close(self) -> None: ...
+
+
+C = TypeVar("C", bound=_Closable)
+F = TypeVar("F", bound="BlockingFacade[Any]")
+
+
+class BlockingFacade(Generic[C]):
+    """Closing and context-manager support shared by the blocking wrappers: each keeps its
+    async client in ``_async`` and the loop it runs on in ``_thread``."""
+
+    _thread: LoopThread
+    _async: C
+    _closed: bool
+
+    def close(self) -> None:
+        """Close the async client on its loop, then stop the loop thread. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            self._thread.run(self._async.close())
+        finally:
+            self._thread.stop()
+
+    def __enter__(self: F) -> F:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -19,7 +19,7 @@ from typing import Any, TypeVar
 import msgspec
 
 from orbitmq.client import _codec
-from orbitmq.client._loop_thread import LoopThread
+from orbitmq.client._loop_thread import BlockingFacade, LoopThread
 from orbitmq.client.route import (
     MessageQueue,
     TopicPublishInfo,
@@ -533,7 +533,7 @@ async def _all_or_raise(calls: dict[str, Coroutine[Any, Any, Any]], what: str) -
         raise ClientError(f"{what} failed on " + "; ".join(failures))
 
 
-class BlockingAdminClient:
+class BlockingAdminClient(BlockingFacade[AdminClient]):
     """:class:`AdminClient` with blocking methods, on a private event loop thread."""
 
     def __init__(self, namesrv_addrs: str | Sequence[str], **options: Any) -> None:
@@ -629,18 +629,3 @@ class BlockingAdminClient:
 
     def query_by_key(self, topic: str, key: str, **options: Any) -> list[StoredMessage]:
         return self._thread.run(self._async.query_by_key(topic, key, **options))
-
-    def close(self) -> None:
-        if self._closed:
-            return
-        self._closed = True
-        try:
-            self._thread.run(self._async.close())
-        finally:
-            self._thread.stop()
-
-    def __enter__(self) -> BlockingAdminClient:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()

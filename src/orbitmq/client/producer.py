@@ -44,7 +44,7 @@ from typing import Any, Protocol
 import crc32c
 
 from orbitmq.client import _codec
-from orbitmq.client._loop_thread import LoopThread
+from orbitmq.client._loop_thread import BlockingFacade, LoopThread
 from orbitmq.client.fault import FaultStrategy
 from orbitmq.client.route import MessageQueue, TopicPublishInfo, TopicRouteCache
 from orbitmq.common.codes import ResponseCode
@@ -871,7 +871,7 @@ def _callback_adapter(callback: SendCallback) -> Callable[[asyncio.Future[SendRe
     return done
 
 
-class Producer:
+class Producer(BlockingFacade[AsyncProducer]):
     """The blocking producer: an :class:`AsyncProducer` on a private event loop thread.
 
     Starts on construction (connections are made on first use) and is safe to share between
@@ -1004,16 +1004,4 @@ class Producer:
 
     def close(self) -> None:
         """Send what is batched, wait for the answers, stop the I/O thread. Idempotent."""
-        if self._closed:
-            return
-        self._closed = True
-        try:
-            self._thread.run(self._async.close())
-        finally:
-            self._thread.stop()
-
-    def __enter__(self) -> Producer:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+        super().close()

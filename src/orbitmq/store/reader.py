@@ -129,6 +129,23 @@ class GetResult:
         self.sizes.append(size)
 
 
+@dataclass(slots=True)
+class _Query:
+    """What every chunk of one read needs, worked out once per read."""
+
+    queue_id: int
+    segs: tuple[Segment, ...]
+    seg_size: int
+    verify_before: int
+    wanted: np.ndarray | None
+    wanted_set: set[int] | None
+    wanted_tags: set[str] | None
+    ttl_cut: int
+    max_count: int
+    topic: bytes
+    topic_arr: np.ndarray
+
+
 def read_queue(
     store: MessageStore,
     topic: str,
@@ -154,11 +171,28 @@ def read_queue(
         return GetResult(GetStatus.OFFSET_OVERFLOW_ONE, hi, lo, hi)
     if offset > hi:
         return GetResult(GetStatus.OFFSET_OVERFLOW_BADLY, hi, lo, hi)
-    wanted = np.array([tag_hash(t) for t in tags], dtype=np.int64) if tags is not None else None
     wanted_tags = set(tags) if tags is not None else None
-    ttl_cut = store.retention.ttl_cut(topic)
+    wanted = (
+        np.array([tag_hash(t) for t in wanted_tags], dtype=np.int64)
+        if wanted_tags is not None
+        else None
+    )
     result = GetResult(GetStatus.FOUND, offset, lo, hi)
     segs = tuple(store.commit_log.segments.segments)
+    topic_bytes = topic.encode()
+    q = _Query(
+        queue_id,
+        segs,
+        store.commit_log.segment_size,
+        store.trusted_from if store.config.check_crc_on_read else -1,
+        wanted,
+        set(wanted.tolist()) if wanted is not None else None,
+        wanted_tags,
+        store.retention.ttl_cut(topic),
+        max_count,
+        topic_bytes,
+        np.frombuffer(topic_bytes, np.uint8),
+    )
     pos = offset
     budget = max_bytes
     # With a tag filter, look at more entries than asked for, but not without bound.
@@ -169,18 +203,9 @@ def read_queue(
         if not raw or not segs:
             break
         if len(raw) <= SMALL_READ * ENTRY_SIZE:
-            pos = _read_small(
-        store,
-                raw, pos, queue_id, segs, wanted, wanted_tags, ttl_cut, max_count, budget,
-                result, topic.encode(),
-            )  # fmt: skip
+            pos = _read_small(q, raw, pos, budget, result)
         else:
-            pos = _read_entries(
-        store,
-                np.frombuffer(raw, dtype=ENTRY_DTYPE), pos, queue_id, segs, wanted,
-                wanted_tags, ttl_cut, max_count, budget, result,
-                np.frombuffer(topic.encode(), np.uint8),
-            )  # fmt: skip
+            pos = _read_entries(q, np.frombuffer(raw, dtype=ENTRY_DTYPE), pos, budget, result)
         budget = max_bytes - result.total_bytes
     result.next_begin_offset = pos
     if result.skipped:
@@ -190,25 +215,13 @@ def read_queue(
     return result
 
 
-def _read_small(
-    store: MessageStore,
-    raw: memoryview,
-    first: int,
-    queue_id: int,
-    segs: tuple[Segment, ...],
-    wanted: np.ndarray | None,
-    wanted_tags: set[str] | None,
-    ttl_cut: int,
-    max_count: int,
-    budget: int,
-    result: GetResult,
-    topic: bytes,
-) -> int:
-    """:meth:`_read_entries` entry by entry: the same checks, cheaper for a few entries."""
-    wanted_set = set(wanted.tolist()) if wanted is not None else None
+def _read_small(q: _Query, raw: memoryview, first: int, budget: int, result: GetResult) -> int:
+    """:func:`_read_entries` entry by entry: the same checks, cheaper for a few entries."""
+    queue_id, segs, seg_size, verify_before = q.queue_id, q.segs, q.seg_size, q.verify_before
+    wanted_set, wanted_tags, ttl_cut, max_count, topic = (
+        q.wanted_set, q.wanted_tags, q.ttl_cut, q.max_count, q.topic
+    )  # fmt: skip
     base = segs[0].start
-    seg_size = store.commit_log.segment_size
-    verify_before = store.trusted_from if store.config.check_crc_on_read else -1
     remaining = budget
     skipped: list[int] = []
     off = first - 1
@@ -257,40 +270,29 @@ def _read_small(
     return off + 1
 
 
-def _read_entries(
-    store: MessageStore,
-    arr: np.ndarray,
-    first: int,
-    queue_id: int,
-    segs: tuple[Segment, ...],
-    wanted: np.ndarray | None,
-    wanted_tags: set[str] | None,
-    ttl_cut: int,
-    max_count: int,
-    budget: int,
-    result: GetResult,
-    topic: np.ndarray,
-) -> int:
+def _read_entries(q: _Query, arr: np.ndarray, first: int, budget: int, result: GetResult) -> int:
     """Serve records for ConsumeQueue entries ``arr`` (queue offsets from ``first``).
 
     Checks run on the whole chunk at once: tag hashes, segment bounds, and each record's
     size, magic, queue id, queue offset and topic gathered from the CommitLog with numpy.
     Only the records that pass become memoryviews. Returns the next queue offset to look at.
     """
+    queue_id, segs, seg_size, verify_before = q.queue_id, q.segs, q.seg_size, q.verify_before
+    wanted, wanted_tags, ttl_cut, max_count, topic = (
+        q.wanted, q.wanted_tags, q.ttl_cut, q.max_count, q.topic_arr
+    )  # fmt: skip
     n = len(arr)
     offsets = np.arange(first, first + n, dtype=np.int64)
     phy = arr["phy"].astype(np.int64)
     size = arr["size"].astype(np.int64)
     keep = np.ones(n, dtype=bool) if wanted is None else np.isin(arr["tag"], wanted)
     base = segs[0].start
-    seg_size = store.commit_log.segment_size
     seg_idx = (phy - base) // seg_size
     at = phy - base - seg_idx * seg_size
     sane = (size >= _MIN_RECORD) & (phy >= base) & (seg_idx < len(segs)) & (at + size <= seg_size)
     bad = keep & ~sane
     keep &= sane
     skipped: list[int] = offsets[bad].tolist()
-    verify_before = store.trusted_from if store.config.check_crc_on_read else -1
     # Candidates in order: (segment view, positions, sizes) chunks, or single record views
     # (tag-filtered path); offsets and sizes flat, for the count and byte cut below.
     chunks: list[tuple[memoryview, np.ndarray, np.ndarray]] = []
