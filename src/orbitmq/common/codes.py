@@ -35,7 +35,16 @@ class ResponseCode(enum.IntEnum):
     CONSUMER_NOT_ONLINE = 206
     CONSUME_MSG_TIMEOUT = 207
     NO_MESSAGE = 208
+    POLLING_FULL = 209
+    POLLING_TIMEOUT = 210
     # OrbitMQ's own codes.
     STORE_IO_ERROR = 1000
     CORRUPT_RECORD = 1001
     STORE_CLOSED = 1002
+    RECEIPT_HANDLE_INVALID = 1003
+    """A Pop receipt handle that is malformed or names no message this broker handed out."""
+    RECEIPT_HANDLE_EXPIRED = 1004
+    """A Pop receipt handle that was valid once: already acked, replaced by
+    change_invisible_duration, or past its invisible time (the message was made visible again)."""
+    OFFSET_ILLEGAL = 1005
+    """A committed or reset offset outside the queue ([0, max_offset])."""

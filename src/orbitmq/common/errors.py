@@ -139,6 +139,36 @@ class ClientError(MQError):
     """The client cannot do what was asked: no route to the topic, closed, bad arguments."""
 
 
+class FilterExpressionError(MQError, ValueError):
+    """A subscription expression (tag or SQL92) that cannot be parsed or is too big."""
+
+    code = ResponseCode.SUBSCRIPTION_PARSE_FAILED
+
+
+class SubscriptionGroupNotExistError(MQError):
+    """A request names a consumer group this broker does not know."""
+
+    code = ResponseCode.SUBSCRIPTION_GROUP_NOT_EXIST
+
+
+class ReceiptHandleInvalidError(MQError, ValueError):
+    """A Pop receipt handle that is malformed or names nothing this broker handed out."""
+
+    code = ResponseCode.RECEIPT_HANDLE_INVALID
+
+
+class ReceiptHandleExpiredError(MQError):
+    """A Pop receipt handle that is no longer current: acked, replaced, or past its time."""
+
+    code = ResponseCode.RECEIPT_HANDLE_EXPIRED
+
+
+class OffsetIllegalError(MQError, ValueError):
+    """An offset to commit or reset to that lies outside the queue."""
+
+    code = ResponseCode.OFFSET_ILLEGAL
+
+
 _RETRIABLE = frozenset(
     {
         ResponseCode.SYSTEM_ERROR,
