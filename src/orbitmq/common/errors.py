@@ -2,7 +2,7 @@
 
     MQError                          every error OrbitMQ raises on purpose; carries a ResponseCode
     ├── MessageIllegalError          MESSAGE_ILLEGAL: the message breaks a documented limit
-    │   ├── InvalidTopicError        empty, too long, or characters outside [A-Za-z0-9%|_-]
+    │   ├── InvalidTopicError        empty, too long, or characters outside [A-Za-z0-9%|_+-]
     │   ├── EmptyBodyError
     │   ├── MessageTooLargeError     body over max_message_size
     │   └── PropertiesTooLargeError  encoded properties over max_properties_size
@@ -43,7 +43,7 @@ class MessageIllegalError(MQError, ValueError):
 
 
 class InvalidTopicError(MessageIllegalError):
-    """The topic name is empty, longer than 127 characters or uses characters outside [A-Za-z0-9%|_-]."""
+    """The topic name is empty, longer than 127 characters or uses characters outside [A-Za-z0-9%|_+-]."""
 
 
 class EmptyBodyError(MessageIllegalError):

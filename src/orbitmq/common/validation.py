@@ -15,7 +15,7 @@ from orbitmq.common.errors import (
 TOPIC_MAX_LENGTH = 127
 DEFAULT_MAX_MESSAGE_SIZE = 4 * 1024 * 1024
 DEFAULT_MAX_PROPERTIES_SIZE = 32 * 1024
-_TOPIC_RE = re.compile(r"[A-Za-z0-9%|_-]+")
+_TOPIC_RE = re.compile(r"[A-Za-z0-9%|_+-]+")
 
 
 def validate_topic(topic: str) -> None:
@@ -26,7 +26,7 @@ def validate_topic(topic: str) -> None:
             f"topic is {len(topic)} characters, the limit is {TOPIC_MAX_LENGTH}"
         )
     if not _TOPIC_RE.fullmatch(topic):
-        raise InvalidTopicError(f"topic {topic!r} uses characters outside [A-Za-z0-9%|_-]")
+        raise InvalidTopicError(f"topic {topic!r} uses characters outside [A-Za-z0-9%|_+-]")
 
 
 def validate_bodies_and_properties(

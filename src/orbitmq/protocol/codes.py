@@ -46,10 +46,12 @@ class RequestCode(enum.IntEnum):
     RESET_CONSUMER_CLIENT_OFFSET = 220
     INVOKE_BROKER_TO_RESET_OFFSET = 222
     SEND_BATCH_MESSAGE = 320
-    POP_MESSAGE = 200050
-    ACK_MESSAGE = 200051
-    CHANGE_MESSAGE_INVISIBLETIME = 200053
-    BATCH_ACK_MESSAGE = 200151
+    # Pop: RocketMQ numbers these 200050..200151, which do not fit the frame's 16-bit code
+    # field; OrbitMQ keeps the last digits in its own range.
+    POP_MESSAGE = 1050
+    ACK_MESSAGE = 1051
+    CHANGE_MESSAGE_INVISIBLETIME = 1053
+    BATCH_ACK_MESSAGE = 1151
     # OrbitMQ's own.
     GET_TOPIC_STATS = 1000
     GET_BROKER_RUNTIME_INFO = 1001

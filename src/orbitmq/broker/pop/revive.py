@@ -1,0 +1,300 @@
+"""Revive: messages whose invisible time ended un-acked go to the group's pop retry topic.
+
+Every ``pop_revive_interval_ms`` the reviver takes the checkpoints past their deadline, reads
+their un-acked messages back from the CommitLog, appends copies to
+``pop_retry_topic(group, topic)`` (reconsume_times + 1, RETRY_TOPIC = the original topic, kept
+if already set, ORIGIN_MESSAGE_ID), and only once the copies are stored appends a DONE for the
+checkpoints. A crash between the two revives them again at restart: a duplicate, never a loss.
+
+It also owns the restart side: :meth:`Reviver.recover` replays the revive log from the revive
+checkpoint (``config/pop_revive.json``: the lowest log offset of a still-open CK, written at
+most every second and at stop, always after the consumer offsets are durable), and makes sure
+the group's offset of every replayed CK's queue is past the CK's run, since pop offsets are
+written only periodically.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from orbitmq.broker.pop.records import (
+    REVIVE_TOPIC,
+    CkRecord,
+    DoneRecord,
+    RecordCodecError,
+    decode_entry,
+)
+from orbitmq.broker.pop.state import Checkpoint
+from orbitmq.common.errors import MQError
+from orbitmq.common.message import MessageBatch, encode_properties
+from orbitmq.common.record import StoredMessage, decode
+from orbitmq.protocol.bodies import TopicConfig
+from orbitmq.protocol.consumer import (
+    PROPERTY_ORIGIN_MESSAGE_ID,
+    PROPERTY_RETRY_TOPIC,
+    pop_retry_topic,
+)
+from orbitmq.store.layout import write_atomically
+from orbitmq.store.message_store import GetStatus, MessageStore
+
+if TYPE_CHECKING:
+    from orbitmq.broker.pop.service import PopService
+
+log = logging.getLogger(__name__)
+
+REVIVE_PASS_CKS = 256
+REVIVE_PASS_MESSAGES = 2048
+REVIVE_PASS_BYTES = 32 * 1024 * 1024
+COPY_BATCH_BYTES = 4 * 1024 * 1024
+CHECKPOINT_INTERVAL_S = 1.0
+FAILURE_BACKOFF_S = 2.0
+REPLAY_CHUNK = 1024
+CHECKPOINT_FILE = "pop_revive.json"
+
+_BatchKey = tuple[str, int, int, int, int, tuple[str, int]]
+
+
+class _Copies:
+    """Copies to append, grouped by the fields a MessageBatch shares, in batches of at most
+    COPY_BATCH_BYTES."""
+
+    def __init__(self) -> None:
+        self.batches: dict[_BatchKey, list[MessageBatch]] = {}
+        self._last_bytes: dict[_BatchKey, int] = {}
+
+    def add(self, key: _BatchKey, msg: StoredMessage, properties: bytes) -> None:
+        group = self.batches.setdefault(key, [])
+        size = self._last_bytes.get(key, 0)
+        if not group or size + len(msg.body) > COPY_BATCH_BYTES:
+            target, flag, sys_flag, reconsume, born_ts, born_host = key
+            group.append(
+                MessageBatch(
+                    target, 0, [], [], flag=flag, sys_flag=sys_flag, born_timestamp_ms=born_ts,
+                    born_host=born_host, reconsume_times=reconsume,
+                )
+            )  # fmt: skip
+            size = 0
+        group[-1].bodies.append(msg.body)
+        group[-1].properties.append(properties)
+        self._last_bytes[key] = size + len(msg.body)
+
+    def all(self) -> list[MessageBatch]:
+        return [b for group in self.batches.values() for b in group]
+
+
+class Reviver:
+    def __init__(self, service: PopService) -> None:
+        self.service = service
+        self.state = service.state
+        self.path: Path = service.config.store.store_path / "config" / CHECKPOINT_FILE
+        self.revived = 0
+        """Messages copied to retry topics since start."""
+        self._task: asyncio.Task[None] | None = None
+        self._stopping = asyncio.Event()
+        self._write_lock = asyncio.Lock()
+        self._written_floor = -1
+        self._last_checkpoint = 0.0
+
+    # ------------------------------------------------------------------ restart
+
+    def _read_checkpoint(self) -> int | None:
+        """The saved revive offset (None: no file yet, or a damaged one)."""
+        try:
+            raw = json.loads(self.path.read_text("utf-8"))
+            offset = raw["revive_offset"]
+            if not isinstance(offset, int) or offset < 0:
+                raise ValueError(f"revive_offset {offset!r}")
+            return offset
+        except FileNotFoundError:
+            return None
+        except (ValueError, KeyError, TypeError, OSError) as exc:
+            log.warning("%s is damaged (%s): replaying the whole revive log", self.path, exc)
+            return None
+
+    async def recover(self) -> None:
+        """Rebuild the state from the revive log (the store is open, offsets are loaded)."""
+        svc = self.service
+        store, bridge = svc.store, svc.bridge
+        await bridge.call(store.wait_for_dispatch)
+        saved = self._read_checkpoint()
+        start = saved or 0
+        offset = max(start, store.min_offset(REVIVE_TOPIC, 0))
+        end = store.max_offset(REVIVE_TOPIC, 0)
+        began = time.monotonic()
+        entries = bad = 0
+        while offset < end:
+            res = await bridge.read(
+                store.get_messages, REVIVE_TOPIC, 0, offset, REPLAY_CHUNK, 16 * 1024 * 1024, None
+            )
+            if res.status is GetStatus.FOUND:
+                for view, log_offset in zip(res.messages, res.queue_offsets, strict=True):
+                    entries += 1
+                    try:
+                        ops = decode_entry(decode(view).body, svc.secret)
+                    except RecordCodecError as exc:
+                        bad += 1
+                        log.warning("revive log entry %d ignored: %s", log_offset, exc)
+                        continue
+                    for op in ops:
+                        self.state.apply(op, log_offset)
+                        if isinstance(op, CkRecord):
+                            self._cover(op)
+            if res.next_begin_offset <= offset:
+                break
+            offset = res.next_begin_offset
+        self._written_floor = -1 if saved is None else saved
+        open_msgs = sum(ck.open for ck in self.state.cks.values())
+        log.info(
+            "pop state: %d entries replayed from revive log offset %d in %.2fs (%d ignored); "
+            "%d checkpoints open with %d messages",
+            entries, start, time.monotonic() - began, bad, len(self.state.cks), open_msgs,
+        )  # fmt: skip
+
+    def _cover(self, ck: CkRecord) -> None:
+        """The group's offset must be past a CK's run: pop offsets reach the disk only
+        periodically, and a message handed out must not be handed out again as new."""
+        offsets = self.service.offsets
+        end = max(ck.offsets) + 1
+        current = offsets.query(ck.group, ck.topic, ck.queue_id)
+        if current is None or current < end:
+            offsets.set(ck.group, ck.topic, ck.queue_id, end)
+
+    async def write_checkpoint(self, force: bool = False) -> None:
+        """Persist where a restart starts replaying: after the consumer offsets, since the
+        CKs before it will not be replayed to move the offsets past their runs."""
+        now = time.monotonic()
+        if not force and now - self._last_checkpoint < CHECKPOINT_INTERVAL_S:
+            return
+        async with self._write_lock:
+            floor = self.service.checkpoint_floor()
+            if floor <= self._written_floor:
+                return
+            self._last_checkpoint = now
+            await self.service.offsets.persist()
+            data = json.dumps({"revive_offset": floor, "written_at_ms": int(time.time() * 1000)})
+            await asyncio.to_thread(write_atomically, self.path, data.encode())
+            self._written_floor = floor
+
+    # ------------------------------------------------------------------ the loop
+
+    def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self._run(), name="pop-revive")
+
+    async def stop(self) -> None:
+        """Let the pass in progress finish (it is not cut between its copies and its DONE, nor
+        in a file write), then write the checkpoint once more."""
+        self._stopping.set()
+        if self._task is not None:
+            await self._task
+            self._task = None
+        store = self.service.store
+        try:
+            if store.is_open:
+                await self.service.bridge.call(store.wait_for_dispatch, 5.0)
+            await self.write_checkpoint(force=True)
+        except (MQError, OSError):
+            log.exception("cannot write the revive checkpoint at stop")
+
+    async def _run(self) -> None:
+        interval = self.service.config.pop_revive_interval_ms / 1000
+        while not self._stopping.is_set():
+            pause = interval
+            try:
+                if await self.revive_due() >= REVIVE_PASS_CKS:
+                    pause = 0  # more are due: go on at once
+                await self.write_checkpoint()
+            except Exception:  # keep reviving: the CKs stay open and are retried
+                log.exception("pop revive pass failed; retrying in %.0f s", FAILURE_BACKOFF_S)
+                pause = FAILURE_BACKOFF_S
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(pause):
+                    await self._stopping.wait()
+
+    async def revive_due(self, now_ms: int | None = None) -> int:
+        """One pass; returns how many checkpoints it closed."""
+        now = int(time.time() * 1000) if now_ms is None else now_ms
+        due = self.state.due(now, REVIVE_PASS_CKS)
+        if not due:
+            return 0
+        try:
+            done = await self._revive(due)
+        except BaseException:
+            for ck in due:
+                self.state.requeue(ck)
+            raise
+        for ck in done:
+            self.state.close(ck, "revived")
+        return len(done)
+
+    async def _revive(self, due: list[Checkpoint]) -> list[Checkpoint]:
+        svc = self.service
+        copies = _Copies()
+        taken: list[Checkpoint] = []
+        messages = nbytes = 0
+        for i, ck in enumerate(due):
+            if messages >= REVIVE_PASS_MESSAGES or nbytes >= REVIVE_PASS_BYTES:
+                for rest in due[i:]:
+                    self.state.requeue(rest)
+                break
+            taken.append(ck)
+            rec = ck.record
+            indexes = ck.unacked()
+            found = await svc.bridge.read(_load, svc.store, [rec.phys[j] for j in indexes])
+            for j, msg in zip(indexes, found, strict=True):
+                if (
+                    msg is None
+                    or msg.topic != rec.topic
+                    or msg.queue_id != rec.queue_id
+                    or msg.queue_offset != rec.offsets[j]
+                ):
+                    log.warning("pop revive: %s/%d offset %d is gone from the store; not revived",
+                                rec.topic, rec.queue_id, rec.offsets[j])  # fmt: skip
+                    continue
+                self._add_copy(copies, rec, msg)
+                messages += 1
+                nbytes += len(msg.body)
+        if copies.batches:
+            for topic in {key[0] for key in copies.batches}:
+                await self._ensure_topic(topic)
+            puts = [svc.bridge.put(b) for b in copies.all()]
+            results = await asyncio.gather(*puts, return_exceptions=True)
+            for result in results:
+                if isinstance(result, BaseException):
+                    raise result
+        await svc.append_ops([DoneRecord(ck.ck_id) for ck in taken])
+        self.revived += messages
+        return taken
+
+    def _add_copy(self, copies: _Copies, rec: CkRecord, msg: StoredMessage) -> None:
+        target = pop_retry_topic(rec.group, rec.origin_topic)
+        props = dict(msg.properties)
+        props.setdefault(PROPERTY_RETRY_TOPIC, rec.origin_topic)
+        if msg.msg_id:
+            props.setdefault(PROPERTY_ORIGIN_MESSAGE_ID, msg.msg_id)
+        encoded = encode_properties(props)
+        if len(encoded) > self.service.store.config.max_properties_size:
+            encoded = encode_properties(msg.properties)  # no room: keep the message, lose the tags
+        reconsume = msg.reconsume_times + 1
+        key = (target, msg.flag, msg.sys_flag, reconsume, msg.born_timestamp_ms, msg.born_host)
+        copies.add(key, msg, encoded)
+
+    async def _ensure_topic(self, topic: str) -> None:
+        svc = self.service
+        if svc.topics.get(topic) is not None:
+            return
+        config = TopicConfig(topic_name=topic, read_queue_nums=1, write_queue_nums=1)
+        await asyncio.to_thread(svc.topics.upsert, config)
+        svc.broker.apply_retention(config)
+        svc.broker.topics_changed()
+        log.info("created pop retry topic %s", topic)
+
+
+def _load(store: MessageStore, phys: list[int]) -> list[StoredMessage | None]:
+    """On a reader thread: the records at these CommitLog offsets."""
+    return [store.get_message(p) for p in phys]

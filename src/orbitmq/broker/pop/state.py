@@ -1,0 +1,167 @@
+"""The in-memory Pop state: open checkpoints, which of their entries are acked, and the indexes
+the broker needs (deadlines for revive, revive-log positions for the restart checkpoint,
+in-flight counts for stats and for the per-group bound).
+
+Everything here is rebuilt from the revive log at start (:meth:`PopState.apply`), so it holds
+nothing that is not also on disk; it runs on the event loop only (no locks).
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections import Counter, OrderedDict
+from dataclasses import dataclass, field
+
+from orbitmq.broker.pop.records import AckRecord, CkRecord, DoneRecord, Op
+
+CLOSED_MEMORY = 65_536
+"""How many closed checkpoints are remembered (for a precise remark on a late ack)."""
+
+
+@dataclass(slots=True, eq=False)
+class Checkpoint:
+    record: CkRecord
+    log_offset: int
+    """Queue offset in the revive log of the entry that holds the CK."""
+    acked: bytearray
+    """1 per entry acked (or replaced by change_invisible_duration)."""
+    open: int
+    """Entries neither acked nor revived."""
+    pending: int = 0
+    """Appends in flight that touch this CK (an ack or a change): revive waits for them."""
+
+    @property
+    def ck_id(self) -> int:
+        return self.record.ck_id
+
+    def unacked(self) -> list[int]:
+        return [i for i, done in enumerate(self.acked) if not done]
+
+
+@dataclass(slots=True)
+class PopState:
+    cks: dict[int, Checkpoint] = field(default_factory=dict)
+    closed: OrderedDict[int, str] = field(default_factory=OrderedDict)
+    """Recently closed CK ids -> why ("acked", "revived")."""
+    _deadlines: list[tuple[int, int]] = field(default_factory=list)
+    _log_heap: list[tuple[int, int]] = field(default_factory=list)
+    _inflight: Counter[tuple[str, str, int]] = field(default_factory=Counter)
+    _group_open: Counter[str] = field(default_factory=Counter)
+
+    # ------------------------------------------------------------------ queries
+
+    def open_entries(self, group: str) -> int:
+        """Handed-out, un-acked messages of a group (bounded by pop_max_inflight_per_group)."""
+        return self._group_open.get(group, 0)
+
+    def inflight(self, group: str, topic: str, queue_id: int) -> int:
+        return self._inflight.get((group, topic, queue_id), 0)
+
+    def revive_floor(self) -> int | None:
+        """The lowest revive-log offset of an open CK (None: none is open)."""
+        heap = self._log_heap
+        while heap:
+            offset, ck_id = heap[0]
+            ck = self.cks.get(ck_id)
+            if ck is not None and ck.log_offset == offset:
+                return offset
+            heapq.heappop(heap)
+        return None
+
+    def due(self, now_ms: int, limit: int) -> list[Checkpoint]:
+        """Open CKs whose deadline has passed and that no append is touching, at most
+        ``limit``; they stay in the state until :meth:`close` (a failed revive is retried)."""
+        out: list[Checkpoint] = []
+        later: list[tuple[int, int]] = []
+        heap = self._deadlines
+        while heap and heap[0][0] <= now_ms and len(out) < limit:
+            deadline, ck_id = heapq.heappop(heap)
+            ck = self.cks.get(ck_id)
+            if ck is None or ck.record.deadline_ms != deadline:
+                continue
+            if ck.pending:
+                later.append((deadline, ck_id))
+                continue
+            out.append(ck)
+        for item in later:
+            heapq.heappush(heap, item)
+        return out
+
+    def requeue(self, ck: Checkpoint) -> None:
+        """Put a CK whose revive failed back in line."""
+        if ck.ck_id in self.cks:
+            heapq.heappush(self._deadlines, (ck.record.deadline_ms, ck.ck_id))
+
+    # ------------------------------------------------------------------ changes
+
+    def add(self, record: CkRecord, log_offset: int) -> Checkpoint:
+        n = len(record.offsets)
+        ck = Checkpoint(record, log_offset, bytearray(n), n)
+        self.cks[record.ck_id] = ck
+        heapq.heappush(self._deadlines, (record.deadline_ms, record.ck_id))
+        heapq.heappush(self._log_heap, (log_offset, record.ck_id))
+        self._inflight[(record.group, record.topic, record.queue_id)] += n
+        self._group_open[record.group] += n
+        return ck
+
+    def mark(self, ck: Checkpoint, index: int) -> bool:
+        """Mark one entry acked; False if it already was."""
+        if ck.acked[index]:
+            return False
+        ck.acked[index] = 1
+        ck.open -= 1
+        self._count(ck.record, -1)
+        return True
+
+    def unmark(self, ck: Checkpoint, index: int) -> None:
+        """Undo :meth:`mark` (its append failed)."""
+        if ck.acked[index] and ck.ck_id in self.cks:
+            ck.acked[index] = 0
+            ck.open += 1
+            self._count(ck.record, 1)
+
+    def close_if_done(self, ck: Checkpoint) -> None:
+        if ck.open <= 0 and ck.pending <= 0 and ck.ck_id in self.cks:
+            self.close(ck, "acked")
+
+    def close(self, ck: Checkpoint, why: str) -> None:
+        if self.cks.pop(ck.ck_id, None) is None:
+            return
+        if ck.open:
+            self._count(ck.record, -ck.open)
+            ck.open = 0
+        self.closed[ck.ck_id] = why
+        while len(self.closed) > CLOSED_MEMORY:
+            self.closed.popitem(last=False)
+
+    def _count(self, record: CkRecord, delta: int) -> None:
+        key = (record.group, record.topic, record.queue_id)
+        left = self._inflight[key] + delta
+        if left > 0:
+            self._inflight[key] = left
+        else:
+            del self._inflight[key]
+        left = self._group_open[record.group] + delta
+        if left > 0:
+            self._group_open[record.group] = left
+        else:
+            del self._group_open[record.group]
+
+    # ------------------------------------------------------------------ replay
+
+    def apply(self, op: Op, log_offset: int) -> None:
+        """Replay one operation read back from the revive log."""
+        if isinstance(op, CkRecord):
+            if op.ck_id not in self.cks and op.ck_id not in self.closed:
+                self.add(op, log_offset)
+        elif isinstance(op, AckRecord):
+            ck = self.cks.get(op.ck_id)
+            if ck is not None:
+                for i in op.indexes:
+                    if i < len(ck.acked):
+                        self.mark(ck, i)
+                self.close_if_done(ck)
+        elif isinstance(op, DoneRecord):
+            ck = self.cks.get(op.ck_id)
+            if ck is not None:
+                self.close(ck, "revived")
