@@ -37,4 +37,17 @@ class BrokerConfig:
     """Upper bound on a pull's suspend time."""
     metrics_port: int | None = None
     """Prometheus endpoint port (None: off; 0: a free port)."""
+    consumer_expiry_s: float = 40.0
+    """A consumer without a heartbeat for this long leaves its group (looked for every few seconds)."""
+    rebalance_lock_ttl_s: float = 60.0
+    """An orderly consumer's queue lock lapses after this long without renewal (RocketMQ: 60 s)."""
+    offset_persist_interval_s: float = 5.0
+    """How often consumer offsets changed only in memory (pull piggy-back, Pop) are written."""
+    # Pop
+    pop_revive_interval_ms: int = 200
+    """How often Pop messages whose invisible time ended un-acked are looked for and copied to
+    their group's pop retry topic (so they come back at most this late)."""
+    pop_max_inflight_per_group: int = 100_000
+    """Pop messages a group may hold un-acked on this broker; beyond it a pop answers
+    POLLING_FULL (bounds the memory a consumer that never acks can take)."""
     store: StoreConfig = field(default_factory=StoreConfig)

@@ -1,8 +1,9 @@
 """BrokerController: wires one broker process together and owns its lifecycle.
 
-start: open the store (recovery runs off the loop), load topics, listen, register with every
-NameServer and keep re-registering every ``register_interval_s`` (the heartbeat).
-stop: stop listening, unregister, wake held pulls, flush and close the store cleanly.
+start: open the store (recovery runs off the loop), load topics and consumer offsets, listen,
+register with every NameServer and keep re-registering every ``register_interval_s`` (the
+heartbeat); expire silent consumers and lapsed queue locks, write changed offsets periodically.
+stop: stop listening, unregister, wake held pulls, write the offsets, flush and close the store.
 """
 
 from __future__ import annotations
@@ -13,14 +14,19 @@ import logging
 import time
 
 from orbitmq.broker.config import BrokerConfig
+from orbitmq.broker.consumer_manager import ConsumerManager
+from orbitmq.broker.lock_manager import LockManager
 from orbitmq.broker.long_polling import LongPolling
 from orbitmq.broker.metrics import BrokerMetrics
+from orbitmq.broker.offset_manager import ConsumerOffsetManager
+from orbitmq.broker.pop.service import PopService
 from orbitmq.broker.processor import BrokerProcessor
 from orbitmq.broker.store_bridge import StoreBridge
 from orbitmq.broker.topic_manager import TopicConfigManager
 from orbitmq.common.codes import ResponseCode
 from orbitmq.common.errors import MQError
 from orbitmq.net.client import RemotingClient
+from orbitmq.net.connection import Connection
 from orbitmq.net.server import RemotingServer
 from orbitmq.protocol.bodies import RegisterBrokerBody, TopicConfig, encode_body
 from orbitmq.protocol.codes import RequestCode
@@ -46,15 +52,30 @@ class BrokerController:
             config.send_wait_timeout_ms,
             on_append=self.metrics.append_latency.observe,
         )
+        self.offsets = ConsumerOffsetManager(
+            config.store.store_path / "config" / "consumerOffset.json", fsync=True
+        )
+        self.consumers = ConsumerManager(config.consumer_expiry_s)
+        self.consumers.on_event = lambda e: self.metrics.membership_changes.labels(e).inc()
+        self.locks = LockManager(config.rebalance_lock_ttl_s)
+        self.consumers.on_leave(self.locks.release_client)
         self.processor = BrokerProcessor(self)
+        self.pop = PopService(self)
+        self.processor.handlers.update(self.pop.handlers())
+        self.processor.consumer.inflight_source = self.pop.inflight  # stats show Pop's in-flight
         self.server = RemotingServer(
-            self.processor.handle, host=config.host, port=config.port, name="broker"
+            self.processor.handle,
+            host=config.host,
+            port=config.port,
+            name="broker",
+            on_disconnect=self._on_disconnect,
         )
         self.namesrv_client = RemotingClient(name="broker-to-namesrv")
         self.writable = True
         self.recovery: RecoveryReport | None = None
         self.long_polling: LongPolling
         self._register_task: asyncio.Task[None] | None = None
+        self._housekeeping_task: asyncio.Task[None] | None = None
         self._register_now = asyncio.Event()
         self._metrics_server: object | None = None
         self.metrics_port: int | None = None
@@ -67,11 +88,13 @@ class BrokerController:
         loop = asyncio.get_running_loop()
         self.long_polling = LongPolling(loop)
         self.topics.load()
+        self.offsets.load()
         self.recovery = await self.bridge.call(self.store.open)
         for topic in self.topics.topics.values():
             self.apply_retention(topic)
         self.store.add_arrival_listener(self.long_polling.on_arrival)
         self.store.add_flush_listener(self._observe_flush)
+        await self.pop.start()  # restores the Pop state before anyone can pop
         await self.server.start()
         self._start_metrics()
         self.started = True
@@ -80,6 +103,7 @@ class BrokerController:
         # Register once before saying "ready", so routes exist by the time callers look.
         self._registered = await self.register_all()
         self._register_task = loop.create_task(self._register_loop(first_wait=True))
+        self._housekeeping_task = loop.create_task(self._housekeeping_loop())
         log.info(
             "broker %s/%s ready on %s (store %s, %s)",
             self.config.cluster, self.config.broker_name, self.address,
@@ -90,14 +114,21 @@ class BrokerController:
         if not self.started:
             return
         self.started = False
+        self.consumers.notify_enabled = False  # our own closing connections are no news
         await self.server.stop()
-        if self._register_task is not None:
-            self._register_task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._register_task
+        for task in (self._register_task, self._housekeeping_task):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
         await self._unregister_all()
         await self.namesrv_client.close()
         self.long_polling.wake_all()
+        await self.pop.stop()  # writes the revive checkpoint after persisting offsets
+        try:
+            await self.offsets.close()
+        except OSError:
+            log.exception("cannot write consumer offsets at stop")
         self.bridge.shutdown()
         await asyncio.get_running_loop().run_in_executor(None, self.store.close)
         if self._metrics_server is not None:
@@ -128,6 +159,9 @@ class BrokerController:
         m.connections.set_function(lambda: len(self.server.connections))
         m.fsyncs.set_function(lambda: self.store.flusher.fsync_count)
         m.held_pulls.set_function(lambda: self.long_polling.held)
+        m.consumer_groups.set_function(lambda: len(self.consumers.groups))
+        m.consumers.set_function(self.consumers.member_count)
+        m.queue_locks.set_function(lambda: len(self.locks))
         server, _thread = start_http_server(
             self.config.metrics_port, addr=self.config.host, registry=m.registry
         )
@@ -148,6 +182,29 @@ class BrokerController:
         """On the flush thread, after each fsync: feed the flush-latency histogram."""
         if error is None:
             self.metrics.flush_latency.observe(self.store.flusher.last_fsync_s)
+
+    # ---------------------------------------------------------------- consumers
+
+    def _on_disconnect(self, conn: Connection) -> None:
+        """A connection closed: its consumers leave their groups (and free their locks)."""
+        self.consumers.connection_closed(conn)
+
+    async def _housekeeping_loop(self) -> None:
+        """Expire silent consumers and lapsed locks every few seconds (a quarter of the expiry,
+        at most 5 s); write offsets changed only in memory every ``offset_persist_interval_s``."""
+        scan_s = max(0.05, min(5.0, self.config.consumer_expiry_s / 4))
+        persist_s = max(0.05, self.config.offset_persist_interval_s)
+        next_persist = time.monotonic() + persist_s
+        while self.started:
+            await asyncio.sleep(min(scan_s, max(0.0, next_persist - time.monotonic())))
+            try:
+                self.consumers.scan_expired()
+                self.locks.purge_expired()
+                if time.monotonic() >= next_persist:
+                    next_persist = time.monotonic() + persist_s
+                    await self.offsets.persist_if_changed()
+            except Exception:  # housekeeping must go on; the error is logged
+                log.exception("consumer housekeeping failed")
 
     def topics_changed(self) -> None:
         """Register again soon so NameServers learn the change without waiting 30 s."""

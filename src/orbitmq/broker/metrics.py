@@ -43,3 +43,32 @@ class BrokerMetrics:
         self.connections = Gauge("orbitmq_broker_connections", "Open connections", registry=r)
         self.fsyncs = Gauge("orbitmq_store_fsyncs", "CommitLog fsyncs so far", registry=r)
         self.held_pulls = Gauge("orbitmq_broker_long_polls", "Pulls waiting", registry=r)
+        # Consumer groups.
+        self.consumer_groups = Gauge(
+            "orbitmq_broker_consumer_groups", "Consumer groups with online members", registry=r
+        )
+        self.consumers = Gauge(
+            "orbitmq_broker_consumers", "Online consumer group members", registry=r
+        )
+        self.queue_locks = Gauge(
+            "orbitmq_broker_queue_locks", "Queue locks held by orderly consumers", registry=r
+        )
+        self.offset_commits = Counter(
+            "orbitmq_broker_offset_commits", "Consumer offsets committed durably", registry=r
+        )
+        self.membership_changes = Counter(
+            "orbitmq_broker_membership_changes",
+            "Consumers joining or leaving groups, by how",
+            ["event"],
+            registry=r,
+        )
+        self.messages_sent_back = Counter(
+            "orbitmq_broker_messages_sent_back",
+            "Messages copied to a retry topic (CONSUMER_SEND_MSG_BACK)",
+            registry=r,
+        )
+        self.filtered_out = Counter(
+            "orbitmq_broker_sql_filtered_out",
+            "Records read for a pull but not served because its SQL92 filter rejected them",
+            registry=r,
+        )

@@ -9,8 +9,14 @@ Commits are acknowledged only after a write that includes them has reached the f
 killed right after answering loses no committed offset. Writes are coalesced: while one write is
 in progress, every commit arriving meanwhile waits for the next one, so a thousand consumers
 committing at once cost two file writes, not a thousand. Clients commit every few seconds, so the
-file is small and writes are rare; ``persist_interval_s`` also writes it periodically when the
-in-memory table changed without a durable commit (pop and resets go through :meth:`set`).
+file is small and writes are rare; the broker also writes it every ``offset_persist_interval_s``
+when the in-memory table changed without a durable commit (the offsets pulls piggy-back and Pop
+go through :meth:`set`), and once more at a clean stop (:meth:`close`).
+
+The broker fsyncs this file whatever the store's flush mode: it is a few KiB written every few
+seconds at most, and "committed" should mean durable even on an ASYNC_FLUSH broker. (After a
+power loss there, a committed offset may lie past the recovered end of a queue; the consumer's
+next pull then answers PULL_OFFSET_MOVED and it resumes at the queue's end.)
 """
 
 from __future__ import annotations
@@ -23,6 +29,8 @@ import os
 import time
 from collections.abc import Iterable
 from pathlib import Path
+
+from orbitmq.common.errors import ConfigError, StoreIOError
 
 log = logging.getLogger(__name__)
 
@@ -40,19 +48,22 @@ class ConsumerOffsetManager:
     # ------------------------------------------------------------------ load and save
 
     def load(self) -> None:
-        """Read the file written last (a missing file is an empty table)."""
+        """Read the file written last (a missing file is an empty table; a damaged one is a
+        ConfigError naming the file, rather than a broker that silently forgets its offsets)."""
         try:
             raw = json.loads(self.path.read_text("utf-8"))
+            table = raw.get("offsets", {})
+            self._table = {
+                str(group): {
+                    str(topic): {int(q): int(o) for q, o in queues.items()}
+                    for topic, queues in topics.items()
+                }
+                for group, topics in table.items()
+            }
         except FileNotFoundError:
             return
-        table = raw.get("offsets", {})
-        self._table = {
-            group: {
-                topic: {int(q): int(o) for q, o in queues.items()}
-                for topic, queues in topics.items()
-            }
-            for group, topics in table.items()
-        }
+        except (ValueError, TypeError, AttributeError) as exc:
+            raise ConfigError(f"{self.path} is damaged: {exc}") from exc
 
     def _snapshot(self) -> bytes:
         return json.dumps({"offsets": self._table}, sort_keys=True, indent=1).encode()
@@ -69,7 +80,9 @@ class ConsumerOffsetManager:
         tmp = self.path.with_suffix(".tmp")
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         try:
-            os.write(fd, data)
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view) :]
             if self.fsync:
                 os.fsync(fd)
         finally:
@@ -95,16 +108,30 @@ class ConsumerOffsetManager:
         version = self._version
         try:
             await asyncio.get_running_loop().run_in_executor(None, self._write_file, data)
-        except OSError:
+        except OSError as exc:
             log.exception("cannot write consumer offsets to %s", self.path)
-            raise
+            raise StoreIOError(f"cannot write consumer offsets: {exc}") from exc
         self._written = max(self._written, version)
 
     async def persist_if_changed(self) -> None:
         """The periodic write: only when something changed since the last one."""
         if self._written < self._version:
-            with contextlib.suppress(OSError):
+            with contextlib.suppress(StoreIOError):
                 await self.persist()
+
+    async def close(self) -> None:
+        """At shutdown: let a write in progress finish, then write what is left, synchronously
+        (off the loop), so a clean stop loses nothing that was set in memory."""
+        if self._writing is not None and not self._writing.done():
+            with contextlib.suppress(StoreIOError):
+                await asyncio.shield(self._writing)
+        if self._written < self._version:
+            await asyncio.get_running_loop().run_in_executor(None, self.write_now)
+
+    @property
+    def dirty(self) -> bool:
+        """Changed in memory since the last write."""
+        return self._written < self._version
 
     # ------------------------------------------------------------------ table
 
@@ -134,6 +161,9 @@ class ConsumerOffsetManager:
 
     def groups(self) -> list[str]:
         return sorted(self._table)
+
+    def topics(self, group: str) -> list[str]:
+        return sorted(self._table.get(group, {}))
 
     def groups_of_topic(self, topic: str) -> list[str]:
         return sorted(g for g, topics in self._table.items() if topic in topics)

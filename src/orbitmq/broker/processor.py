@@ -9,15 +9,20 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import msgspec
 import numpy as np
 
+from orbitmq.broker.consumer_processor import ConsumerProcessor
 from orbitmq.common.codes import ResponseCode
 from orbitmq.common.errors import FlushTimeoutError, MessageIllegalError, MQError, ProtocolError
+from orbitmq.common.filter import MessageFilter, compile_filter
 from orbitmq.common.ids import default_generator
-from orbitmq.common.message import MessageBatch, find_all, property_value
+from orbitmq.common.message import MessageBatch, decode_properties, find_all, property_value
+from orbitmq.common.record import properties_slice
+from orbitmq.common.validation import validate_group
 from orbitmq.protocol.bodies import (
     PERM_READ,
     PERM_WRITE,
@@ -29,11 +34,11 @@ from orbitmq.protocol.bodies import (
     encode_body,
 )
 from orbitmq.protocol.codes import RequestCode
-from orbitmq.protocol.fields import get_int, get_str, get_str_list
+from orbitmq.protocol.fields import FieldError, get_int, get_str, get_str_list
 from orbitmq.protocol.frame import Frame
 from orbitmq.protocol.messages import SendBody, decode_send_body
 from orbitmq.store.commit_log import AppendResult
-from orbitmq.store.message_store import GetStatus
+from orbitmq.store.message_store import GetResult, GetStatus
 
 if TYPE_CHECKING:
     from orbitmq.broker.controller import BrokerController
@@ -44,6 +49,21 @@ log = logging.getLogger(__name__)
 _UNIQ = b"UNIQ_CLIENT_MESSAGE_ID_KEYIDX\x01"
 MAX_PULL_MESSAGES = 1024
 MAX_PULL_BYTES = 16 * 1024 * 1024
+SQL_SCAN_LIMIT = 1024
+"""A SQL92 pull that matches nothing reads on, up to this many records, before answering
+PULL_RETRY_IMMEDIATELY (so a selective filter does not cost a round trip per batch)."""
+
+
+@dataclass(slots=True)
+class _SqlRead:
+    """A pull's read with a SQL92 filter applied: ``result`` is the last read that found records
+    (or the first read, when it found none), ``parts`` the matching records, ``next_begin`` where
+    the next pull starts."""
+
+    result: GetResult
+    next_begin: int
+    parts: list[memoryview] = field(default_factory=list)
+    dropped: int = 0
 
 
 class TopicNotExistError(MQError):
@@ -120,17 +140,26 @@ class BrokerProcessor:
             RequestCode.GET_ALL_TOPIC_CONFIG: self.all_topics,
             RequestCode.GET_TOPIC_STATS: self.topic_stats,
             RequestCode.GET_BROKER_RUNTIME_INFO: self.runtime_info,
-            RequestCode.HEART_BEAT: self.heartbeat,
         }
+        self.consumer = ConsumerProcessor(broker)
+        self.handlers.update(self.consumer.handlers)
+        self.conn_handlers: dict[int, Callable[[Frame, Connection], Awaitable[Reply]]] = dict(
+            self.consumer.conn_handlers
+        )
+        """Handlers that need the connection the request came on (heartbeats bind to it)."""
 
     async def handle(self, frame: Frame, conn: Connection) -> Reply:
         handler = self.handlers.get(frame.code)
+        conn_handler = self.conn_handlers.get(frame.code)
         self.metrics.requests.labels(str(frame.code)).inc()
-        if handler is None:
+        if handler is None and conn_handler is None:
             return frame.reply(
                 ResponseCode.REQUEST_CODE_NOT_SUPPORTED, f"request code {frame.code} not supported"
             )
         try:
+            if conn_handler is not None:
+                return await conn_handler(frame, conn)
+            assert handler is not None
             if handler == self.send:
                 return await self.send(frame, conn)
             return await handler(frame)
@@ -218,6 +247,57 @@ class BrokerProcessor:
 
     # ------------------------------------------------------------------ pull
 
+    def _pull_filter(self, frame: Frame) -> tuple[list[str] | None, MessageFilter | None]:
+        """(tags for the store's tag prefilter, SQL92 filter to apply after reading). An
+        ``expression`` (with ``expression_type``, TAG by default) takes precedence over the older
+        ``tags`` list."""
+        tags = get_str_list(frame, "tags")
+        if "expression" not in frame.fields and "expression_type" not in frame.fields:
+            return tags, None
+        flt = compile_filter(
+            get_str(frame, "expression_type", "TAG"), get_str(frame, "expression", "*")
+        )
+        if flt.is_sql:
+            return None, flt
+        return (sorted(flt.tags) if flt.tags is not None else None), None
+
+    def _read_sql(
+        self, flt: MessageFilter, topic: str, queue_id: int, offset: int, max_nums: int,
+        max_bytes: int,
+    ) -> _SqlRead:  # fmt: skip
+        """On a reader thread: read and keep the records the filter passes, reading on until
+        ``max_nums`` / ``max_bytes`` worth passed, the queue ends, or SQL_SCAN_LIMIT records were
+        looked at. ``next_begin`` is just past the last record looked at."""
+        chunk = max(max_nums, 64)
+        first = self.store.get_messages(topic, queue_id, offset, chunk, max_bytes, None)
+        out = _SqlRead(first, first.next_begin_offset)
+        res = first
+        used = 0
+        scanned = 0
+        while res.status is GetStatus.FOUND:
+            out.result = res
+            views = res.messages
+            keep = flt.matches_many([decode_properties(properties_slice(v, 0)[1]) for v in views])
+            out.next_begin = res.next_begin_offset
+            full = False
+            for view, passed, queue_offset in zip(views, keep, res.queue_offsets, strict=True):
+                scanned += 1
+                if not passed:
+                    out.dropped += 1
+                    continue
+                out.parts.append(view)
+                used += len(view)
+                if len(out.parts) >= max_nums or used >= max_bytes:
+                    out.next_begin = queue_offset + 1
+                    full = True
+                    break
+            if full or scanned >= SQL_SCAN_LIMIT or out.next_begin >= res.max_offset:
+                break
+            res = self.store.get_messages(topic, queue_id, out.next_begin, chunk, max_bytes, None)
+        if res is not out.result and res.status is GetStatus.NO_MATCHED_MESSAGE:
+            out.next_begin = res.next_begin_offset  # read on past records it could not serve
+        return out
+
     async def pull(self, frame: Frame) -> Reply:
         topic = get_str(frame, "topic")
         self._topic(topic, for_write=False)
@@ -225,24 +305,47 @@ class BrokerProcessor:
         offset = get_int(frame, "queue_offset", lo=0)
         max_nums = get_int(frame, "max_msg_nums", 32, lo=1, hi=MAX_PULL_MESSAGES)
         max_bytes = get_int(frame, "max_bytes", 4 * 1024 * 1024, lo=1, hi=MAX_PULL_BYTES)
-        tags = get_str_list(frame, "tags")
+        tags, sql = self._pull_filter(frame)
         suspend_ms = get_int(frame, "suspend_timeout_ms", 0, lo=0)
         suspend_ms = min(suspend_ms, self.broker.config.long_polling_max_ms)
+        group = get_str(frame, "group", "")
+        if group:
+            validate_group(group)
+        commit = get_int(frame, "commit_offset", -1)
+        if commit >= 0:
+            if not group:
+                raise FieldError("field 'commit_offset' needs field 'group'")
+            self.consumer.commit_in_memory(group, topic, queue_id, commit)
         deadline = time.monotonic() + suspend_ms / 1000
         while True:
-            res = await self.bridge.read(
-                self.store.get_messages, topic, queue_id, offset, max_nums, max_bytes, tags
-            )
+            parts: list[memoryview] | None = None
+            if sql is None:
+                res = await self.bridge.read(
+                    self.store.get_messages, topic, queue_id, offset, max_nums, max_bytes, tags
+                )
+                next_begin = res.next_begin_offset
+            else:
+                sql_read = await self.bridge.read(
+                    self._read_sql, sql, topic, queue_id, offset, max_nums, max_bytes
+                )
+                res, parts, next_begin = sql_read.result, sql_read.parts, sql_read.next_begin
+                if sql_read.dropped:
+                    self.metrics.filtered_out.inc(sql_read.dropped)
             fields = {
-                "next_begin_offset": res.next_begin_offset,
+                "next_begin_offset": next_begin,
                 "min_offset": res.min_offset,
                 "max_offset": res.max_offset,
             }
-            if res.status is GetStatus.FOUND:
+            if res.status is GetStatus.FOUND and parts is None:
                 self.metrics.messages_out.inc(res.count)
                 self.metrics.bytes_out.inc(res.total_bytes)
                 return frame.reply(ResponseCode.SUCCESS, fields=fields), res.body_parts
-            if res.status is GetStatus.NO_MATCHED_MESSAGE:
+            if res.status is GetStatus.FOUND and parts:
+                self.metrics.messages_out.inc(len(parts))
+                self.metrics.bytes_out.inc(sum(len(p) for p in parts))
+                return frame.reply(ResponseCode.SUCCESS, fields=fields), parts
+            if res.status in (GetStatus.NO_MATCHED_MESSAGE, GetStatus.FOUND):
+                # Read on, but nothing passed the filter: the client asks again from there.
                 return frame.reply(ResponseCode.PULL_RETRY_IMMEDIATELY, fields=fields)
             if res.status in (GetStatus.OFFSET_TOO_SMALL, GetStatus.OFFSET_OVERFLOW_BADLY):
                 return frame.reply(
@@ -320,6 +423,9 @@ class BrokerProcessor:
         if not self.topics.delete(topic):
             raise TopicNotExistError(f"topic {topic} does not exist on this broker")
         await self.bridge.call(self.store.delete_topic, topic)
+        # Offsets and locks of a deleted topic mean nothing (a topic made again restarts at 0).
+        self.broker.offsets.delete_topic(topic)
+        self.broker.locks.delete_topic(topic)
         self.broker.topics_changed()
         return frame.reply(ResponseCode.SUCCESS)
 
@@ -355,6 +461,3 @@ class BrokerProcessor:
             flush_disk_type=self.store.config.flush_disk_type.value,
         )
         return frame.reply(ResponseCode.SUCCESS, fields=info)
-
-    async def heartbeat(self, frame: Frame) -> Reply:
-        return frame.reply(ResponseCode.SUCCESS)

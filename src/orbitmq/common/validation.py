@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from orbitmq.common.errors import (
     EmptyBodyError,
     InvalidTopicError,
+    MessageIllegalError,
     MessageTooLargeError,
     PropertiesTooLargeError,
 )
@@ -16,6 +17,10 @@ TOPIC_MAX_LENGTH = 127
 DEFAULT_MAX_MESSAGE_SIZE = 4 * 1024 * 1024
 DEFAULT_MAX_PROPERTIES_SIZE = 32 * 1024
 _TOPIC_RE = re.compile(r"[A-Za-z0-9%|_+-]+")
+GROUP_MAX_LENGTH = TOPIC_MAX_LENGTH - len("%RETRY%")
+"""So that the group's retry topic (``%RETRY%<group>``) is still a valid topic name."""
+_GROUP_RE = re.compile(r"[A-Za-z0-9%|_-]+")
+"""RocketMQ's characters; no '+', which separates group and topic in Pop retry topics."""
 
 
 def validate_topic(topic: str) -> None:
@@ -27,6 +32,18 @@ def validate_topic(topic: str) -> None:
         )
     if not _TOPIC_RE.fullmatch(topic):
         raise InvalidTopicError(f"topic {topic!r} uses characters outside [A-Za-z0-9%|_+-]")
+
+
+def validate_group(group: str) -> None:
+    """RocketMQ's group name rules, with a length that leaves room for the retry topic prefix."""
+    if not group:
+        raise MessageIllegalError("group is empty")
+    if len(group) > GROUP_MAX_LENGTH:
+        raise MessageIllegalError(
+            f"group is {len(group)} characters, the limit is {GROUP_MAX_LENGTH}"
+        )
+    if not _GROUP_RE.fullmatch(group):
+        raise MessageIllegalError(f"group {group[:60]!r} uses characters outside [A-Za-z0-9%|_-]")
 
 
 def validate_bodies_and_properties(

@@ -19,7 +19,6 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
-import re
 import secrets
 import struct
 import time
@@ -42,6 +41,7 @@ from orbitmq.common.errors import (
 from orbitmq.common.filter import MessageFilter, compile_filter
 from orbitmq.common.message import MessageBatch, decode_properties
 from orbitmq.common.record import properties_slice
+from orbitmq.common.validation import validate_group
 from orbitmq.protocol.bodies import PERM_READ, TopicConfig, decode_body, encode_body
 from orbitmq.protocol.codes import RequestCode
 from orbitmq.protocol.consumer import (
@@ -67,7 +67,6 @@ MAX_POP_BYTES = 8 * 1024 * 1024
 """Record bytes one pop answers with at most (a frame is limited to 16 MiB)."""
 MAX_BATCH_ACK = 4096
 TOPIC_NAME_LIMIT = 127
-_GROUP_RE = re.compile(r"[A-Za-z0-9%|_-]+")
 _PHYSICAL_OFFSET = struct.Struct(">q")  # at byte 28 of a stored record
 CONSUME_FROM = ("LAST_OFFSET", "FIRST_OFFSET")
 RETRY_FIRST_EVERY = 5
@@ -109,10 +108,7 @@ class _Served:
 
 def check_group(group: str, topic: str) -> None:
     """A group name must be usable in its pop retry topic's name."""
-    if not _GROUP_RE.fullmatch(group):
-        raise MessageIllegalError(
-            f"group {group[:60]!r} is empty or uses characters outside [A-Za-z0-9%|_-]"
-        )
+    validate_group(group)
     name = pop_retry_topic(group, topic)
     if len(name) > TOPIC_NAME_LIMIT:
         raise MessageIllegalError(

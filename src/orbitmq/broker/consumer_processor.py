@@ -1,0 +1,515 @@
+"""Request handlers of the consumer side (except Pop): membership, offsets, locks, send-back,
+stats and offset resets. :class:`~orbitmq.broker.processor.BrokerProcessor` routes the codes here;
+errors are raised from the one hierarchy and become response codes there.
+
+See docs/consumer-groups.md for the behaviour, docs/protocol.md for the fields.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable, Sequence
+from typing import TYPE_CHECKING
+
+from orbitmq.broker.consumer_manager import ConsumerGroup, validate_client_id
+from orbitmq.common.codes import ResponseCode
+from orbitmq.common.errors import (
+    MessageIllegalError,
+    MQError,
+    OffsetIllegalError,
+    SubscriptionGroupNotExistError,
+)
+from orbitmq.common.message import (
+    PROPERTY_DELAY_LEVEL,
+    PROPERTY_TIMER_DELIVER_MS,
+    PROPERTY_TRANSACTION_PREPARED,
+    SYSFLAG_COMPRESSED,
+    SYSFLAG_COMPRESSION_ZSTD,
+    SYSFLAG_MULTI_TAGS,
+    MessageBatch,
+    encode_properties,
+)
+from orbitmq.common.record import STORE_TIMESTAMP, STORE_TIMESTAMP_OFFSET, StoredMessage
+from orbitmq.common.validation import validate_group, validate_topic
+from orbitmq.protocol.bodies import (
+    PERM_READ_WRITE,
+    PERM_WRITE,
+    TopicConfig,
+    decode_body,
+    encode_body,
+)
+from orbitmq.protocol.codes import RequestCode
+from orbitmq.protocol.consumer import (
+    POP_RETRY_SEPARATOR,
+    PROPERTY_ORIGIN_MESSAGE_ID,
+    PROPERTY_POP_CK,
+    PROPERTY_RETRY_TOPIC,
+    ConsumerConnection,
+    ConsumerIdList,
+    ConsumeStats,
+    GroupList,
+    GroupSummary,
+    HeartbeatData,
+    LockBatchBody,
+    OffsetsBody,
+    QueueConsumeStats,
+    QueueOffset,
+    retry_topic,
+)
+from orbitmq.protocol.fields import get_int, get_str
+from orbitmq.protocol.frame import Frame
+
+if TYPE_CHECKING:
+    from orbitmq.broker.controller import BrokerController
+    from orbitmq.net.connection import Connection, Reply
+
+log = logging.getLogger(__name__)
+
+MAX_OFFSETS_PER_COMMIT = 65_536
+MAX_LOCK_QUEUES = 4_096
+MAX_QUEUE_ID = 1 << 30
+RESET_POSITIONS = ("earliest", "latest", "timestamp")
+_KEEP_SYS_FLAGS = SYSFLAG_COMPRESSED | SYSFLAG_COMPRESSION_ZSTD | SYSFLAG_MULTI_TAGS
+_I32_MAX = 2**31 - 1
+_DROPPED_ON_RETRY = (
+    PROPERTY_DELAY_LEVEL,
+    PROPERTY_TIMER_DELIVER_MS,
+    PROPERTY_TRANSACTION_PREPARED,
+    PROPERTY_POP_CK,
+)
+"""Properties that described the original delivery, not the retry's."""
+
+InflightSource = Callable[[str, str, int], int]
+"""``inflight(group, topic, queue_id)``: Pop messages handed out and not acked (for stats)."""
+
+
+class ConsumerNotOnlineError(MQError):
+    """The group has no online member on this broker."""
+
+    code = ResponseCode.CONSUMER_NOT_ONLINE
+
+
+class MessageNotFoundError(MQError):
+    """No (indexed) message at the CommitLog offset a request names."""
+
+    code = ResponseCode.QUERY_NOT_FOUND
+
+
+class TopicNotFoundError(MQError):
+    code = ResponseCode.TOPIC_NOT_EXIST
+
+
+class NoWritePermissionError(MQError):
+    code = ResponseCode.NO_PERMISSION
+
+
+def _body(frame: Frame) -> bytes:
+    if not frame.body:
+        raise MessageIllegalError(f"request code {frame.code} needs a body")
+    return frame.body if isinstance(frame.body, bytes) else bytes(frame.body)
+
+
+def _queue_id(value: int, where: str) -> int:
+    if not 0 <= value < MAX_QUEUE_ID:
+        raise MessageIllegalError(f"{where}: queue_id {value} is outside [0, {MAX_QUEUE_ID})")
+    return value
+
+
+class ConsumerProcessor:
+    def __init__(self, broker: BrokerController) -> None:
+        self.broker = broker
+        self.store = broker.store
+        self.topics = broker.topics
+        self.bridge = broker.bridge
+        self.metrics = broker.metrics
+        self.consumers = broker.consumers
+        self.locks = broker.locks
+        self.offsets = broker.offsets
+        self.inflight_source: InflightSource | None = None
+        """Set by Pop to fill QueueConsumeStats.inflight."""
+        self._rr = 0
+        self.handlers: dict[int, Callable[[Frame], Awaitable[Reply]]] = {
+            RequestCode.UNREGISTER_CLIENT: self.unregister,
+            RequestCode.GET_CONSUMER_LIST_BY_GROUP: self.consumer_list,
+            RequestCode.QUERY_CONSUMER_OFFSET: self.query_offset,
+            RequestCode.UPDATE_CONSUMER_OFFSET: self.update_offset,
+            RequestCode.LOCK_BATCH_MQ: self.lock_batch,
+            RequestCode.UNLOCK_BATCH_MQ: self.unlock_batch,
+            RequestCode.CONSUMER_SEND_MSG_BACK: self.send_back,
+            RequestCode.GET_CONSUMER_CONNECTION_LIST: self.connection_list,
+            RequestCode.GET_CONSUME_STATS: self.consume_stats,
+            RequestCode.GET_CONSUMER_GROUP_LIST: self.group_list,
+            RequestCode.INVOKE_BROKER_TO_RESET_OFFSET: self.reset_offset,
+        }
+        self.conn_handlers: dict[int, Callable[[Frame, Connection], Awaitable[Reply]]] = {
+            RequestCode.HEART_BEAT: self.heartbeat,
+        }
+
+    # ------------------------------------------------------------------ helpers
+
+    def _group(self, frame: Frame) -> str:
+        group = get_str(frame, "group")
+        validate_group(group)
+        return group
+
+    def _known_group(self, group: str) -> ConsumerGroup | None:
+        """The online group, or None when only offsets are known; raises when neither is."""
+        online = self.consumers.get(group)
+        if online is None and not self.offsets.topics(group):
+            raise SubscriptionGroupNotExistError(
+                f"consumer group {group} has no online member and no offsets on this broker"
+            )
+        return online
+
+    def _topic_config(self, topic: str) -> TopicConfig:
+        validate_topic(topic)
+        config = self.topics.get(topic)
+        if config is None:
+            raise TopicNotFoundError(f"topic {topic} does not exist on this broker")
+        return config
+
+    @staticmethod
+    def _queue_count(config: TopicConfig) -> int:
+        return max(config.read_queue_nums, config.write_queue_nums)
+
+    # ------------------------------------------------------------------ membership
+
+    async def heartbeat(self, frame: Frame, conn: Connection) -> Reply:
+        hb = decode_body(_body(frame), HeartbeatData)
+        self.consumers.register(conn, hb)
+        return frame.reply(ResponseCode.SUCCESS)
+
+    async def unregister(self, frame: Frame) -> Reply:
+        client_id = get_str(frame, "client_id")
+        validate_client_id(client_id)
+        group = get_str(frame, "group", "") or None
+        if group is not None:
+            validate_group(group)
+        left = self.consumers.unregister(client_id, group)
+        return frame.reply(ResponseCode.SUCCESS, fields={"left": left})
+
+    async def consumer_list(self, frame: Frame) -> Reply:
+        group = self._group(frame)
+        online = self.consumers.get(group)
+        if online is None:
+            raise ConsumerNotOnlineError(f"consumer group {group} has no online member here")
+        body = ConsumerIdList(client_ids=online.client_ids())
+        return frame.reply(ResponseCode.SUCCESS, body=encode_body(body))
+
+    async def connection_list(self, frame: Frame) -> Reply:
+        group = self._group(frame)
+        g = self.consumers.get(group)
+        if g is None:
+            raise ConsumerNotOnlineError(f"consumer group {group} has no online member here")
+        body = ConsumerConnection(
+            group=group,
+            consume_type=g.consume_type,
+            message_model=g.message_model,
+            consume_from_where=g.consume_from_where,
+            members=g.member_infos(),
+        )
+        return frame.reply(ResponseCode.SUCCESS, body=encode_body(body))
+
+    async def group_list(self, frame: Frame) -> Reply:
+        names = set(self.consumers.groups) | set(self.offsets.groups())
+        out: list[GroupSummary] = []
+        for name in sorted(names):
+            g = self.consumers.get(name)
+            topics = set(self.offsets.topics(name))
+            if g is not None:
+                topics |= g.topics()
+            out.append(
+                GroupSummary(
+                    group=name,
+                    consume_type=g.consume_type if g is not None else "",
+                    message_model=g.message_model if g is not None else "",
+                    members=len(g.members) if g is not None else 0,
+                    topics=sorted(topics),
+                )
+            )
+        return frame.reply(ResponseCode.SUCCESS, body=encode_body(GroupList(groups=out)))
+
+    # ------------------------------------------------------------------ offsets
+
+    async def query_offset(self, frame: Frame) -> Reply:
+        group = self._group(frame)
+        topic = get_str(frame, "topic")
+        validate_topic(topic)
+        queue_id = _queue_id(get_int(frame, "queue_id"), topic)
+        fields: dict[str, object] = {
+            "min_offset": self.store.min_offset(topic, queue_id),
+            "max_offset": self.store.max_offset(topic, queue_id),
+        }
+        offset = self.offsets.query(group, topic, queue_id)
+        if offset is None:
+            return frame.reply(
+                ResponseCode.QUERY_NOT_FOUND,
+                f"group {group} has no offset for {topic}/{queue_id}",
+                fields=fields,
+            )
+        fields["offset"] = offset
+        return frame.reply(ResponseCode.SUCCESS, fields=fields)
+
+    def _check_offset(self, topic: str, queue_id: int, offset: int) -> None:
+        """A commit must name a queue of a topic here and lie in [0, max_offset]."""
+        config = self._topic_config(topic)
+        _queue_id(queue_id, topic)
+        if queue_id >= self._queue_count(config) and self.store.queues.get(topic, queue_id) is None:
+            raise MessageIllegalError(f"{topic} has no queue {queue_id} on this broker")
+        high = self.store.max_offset(topic, queue_id)
+        if not 0 <= offset <= high:
+            raise OffsetIllegalError(
+                f"offset {offset} for {topic}/{queue_id} is outside [0, {high}]"
+            )
+
+    async def update_offset(self, frame: Frame) -> Reply:
+        if frame.body:
+            body = decode_body(_body(frame), OffsetsBody)
+            group = body.group
+            if "group" in frame.fields and get_str(frame, "group") != group:
+                raise MessageIllegalError("field group and the body's group differ")
+            if len(body.offsets) > MAX_OFFSETS_PER_COMMIT:
+                raise MessageIllegalError(
+                    f"{len(body.offsets)} offsets in one commit, the limit is "
+                    f"{MAX_OFFSETS_PER_COMMIT}"
+                )
+            entries = [(o.topic, o.queue_id, o.offset) for o in body.offsets]
+        else:
+            group = get_str(frame, "group")
+            entries = [
+                (get_str(frame, "topic"), get_int(frame, "queue_id"), get_int(frame, "offset"))
+            ]
+        validate_group(group)
+        for topic, queue_id, offset in entries:
+            self._check_offset(topic, queue_id, offset)  # every entry, before anything changes
+        await self.offsets.commit(group, entries)
+        self.metrics.offset_commits.inc(len(entries))
+        return frame.reply(ResponseCode.SUCCESS)
+
+    def commit_in_memory(self, group: str, topic: str, queue_id: int, offset: int) -> bool:
+        """A pull's piggy-backed commit: set in memory (written within the persist interval);
+        an offset outside the queue is ignored, quietly, as RocketMQ does. True if applied."""
+        if 0 <= offset <= self.store.max_offset(topic, queue_id):
+            self.offsets.set(group, topic, queue_id, offset)
+            return True
+        return False
+
+    # ------------------------------------------------------------------ locks
+
+    def _lock_body(self, frame: Frame) -> tuple[LockBatchBody, list[tuple[str, int]]]:
+        body = decode_body(_body(frame), LockBatchBody)
+        validate_group(body.group)
+        validate_client_id(body.client_id)
+        if len(body.queues) > MAX_LOCK_QUEUES:
+            raise MessageIllegalError(
+                f"{len(body.queues)} queues in one request, the limit is {MAX_LOCK_QUEUES}"
+            )
+        keys: list[tuple[str, int]] = []
+        for q in body.queues:
+            validate_topic(q.topic)
+            keys.append((q.topic, _queue_id(q.queue_id, q.topic)))
+        return body, keys
+
+    async def lock_batch(self, frame: Frame) -> Reply:
+        body, keys = self._lock_body(frame)
+        held = set(self.locks.lock(body.group, body.client_id, keys))
+        seen: set[tuple[str, int]] = set()
+        queues = []
+        for q in body.queues:
+            key = (q.topic, q.queue_id)
+            if key in held and key not in seen:
+                seen.add(key)
+                queues.append(q)
+        answer = LockBatchBody(group=body.group, client_id=body.client_id, queues=queues)
+        return frame.reply(ResponseCode.SUCCESS, body=encode_body(answer))
+
+    async def unlock_batch(self, frame: Frame) -> Reply:
+        body, keys = self._lock_body(frame)
+        released = self.locks.unlock(body.group, body.client_id, keys)
+        return frame.reply(ResponseCode.SUCCESS, fields={"released": released})
+
+    # ------------------------------------------------------------------ send back
+
+    def _read_indexed(self, physical_offset: int) -> StoredMessage | None:
+        """The message at a CommitLog offset, only if its ConsumeQueue entry points back at it:
+        an offset into the middle of a record (into a body shaped like a record, say) must not
+        let a client have arbitrary bytes copied as a message."""
+        msg = self.store.get_message(physical_offset)
+        if msg is None:
+            return None
+        cq = self.store.queues.get(msg.topic, msg.queue_id)
+        entry = cq.entry(msg.queue_offset) if cq is not None else None
+        if entry is None or entry[0] != physical_offset:
+            return None
+        return msg
+
+    def _retry_config(self, group: str) -> TopicConfig:
+        name = retry_topic(group)
+        config = self.topics.get(name)
+        if config is None:
+            config = self.topics.upsert(
+                TopicConfig(
+                    topic_name=name, read_queue_nums=1, write_queue_nums=1, perm=PERM_READ_WRITE
+                )
+            )
+            self.broker.topics_changed()
+        if not config.perm & PERM_WRITE or not self.broker.writable:
+            raise NoWritePermissionError(f"retry topic {name} is not writable here")
+        return config
+
+    async def send_back(self, frame: Frame) -> Reply:
+        group = self._group(frame)
+        physical_offset = get_int(frame, "offset", lo=0)
+        origin_topic = get_str(frame, "origin_topic", "")
+        # Accepted now, used by #5 (dead-letter queue after this many deliveries).
+        get_int(frame, "max_reconsume_times", 16, lo=-1, hi=_I32_MAX)
+        msg = await self.bridge.read(self._read_indexed, physical_offset)
+        if msg is None:
+            raise MessageNotFoundError(f"no message at CommitLog offset {physical_offset}")
+        first_topic = msg.properties.get(PROPERTY_RETRY_TOPIC) or msg.topic
+        if origin_topic and origin_topic not in (first_topic, msg.topic):
+            raise MessageIllegalError(
+                f"offset {physical_offset} holds a message of {first_topic}, not {origin_topic}"
+            )
+        config = self._retry_config(group)
+        props = {k: v for k, v in msg.properties.items() if k not in _DROPPED_ON_RETRY}
+        props[PROPERTY_RETRY_TOPIC] = first_topic
+        if msg.msg_id and PROPERTY_ORIGIN_MESSAGE_ID not in props:
+            props[PROPERTY_ORIGIN_MESSAGE_ID] = msg.msg_id
+        queue_id = self._rr % config.write_queue_nums
+        self._rr += 1
+        reconsume = min(msg.reconsume_times + 1, _I32_MAX)
+        batch = MessageBatch(
+            config.topic_name,
+            queue_id,
+            [msg.body],
+            [encode_properties(props)],
+            flag=msg.flag,
+            sys_flag=msg.sys_flag & _KEEP_SYS_FLAGS,
+            born_timestamp_ms=msg.born_timestamp_ms,
+            born_host=msg.born_host,
+            reconsume_times=reconsume,
+        )
+        result = await self.bridge.put(batch)
+        self.metrics.messages_sent_back.inc()
+        return frame.reply(
+            ResponseCode.SUCCESS,
+            fields={
+                "topic": config.topic_name,
+                "queue_id": queue_id,
+                "queue_offset": result.first_queue_offset,
+                "offset": result.physical_offsets[0],
+                "reconsume_times": reconsume,
+            },
+        )
+
+    # ------------------------------------------------------------------ stats
+
+    def _stats_topics(self, group: str, online: ConsumerGroup | None) -> list[str]:
+        """Topics of this broker the group subscribes to or has offsets for, and its retry
+        topics (push and Pop)."""
+        names = set(self.offsets.topics(group))
+        if online is not None:
+            names |= {t for t in online.topics() if self.topics.get(t) is not None}
+        retry = retry_topic(group)
+        pop_prefix = retry + POP_RETRY_SEPARATOR
+        names |= {t for t in self.topics.topics if t == retry or t.startswith(pop_prefix)}
+        return sorted(names)
+
+    def _queue_stats(
+        self, topic: str, queue_ids: Sequence[int], committed: dict[int, int]
+    ) -> list[QueueConsumeStats]:
+        """On a reader thread: offsets and the store time of the last consumed message."""
+        out: list[QueueConsumeStats] = []
+        cq_table = self.store.queues
+        for q in queue_ids:
+            high = self.store.max_offset(topic, q)
+            low = self.store.min_offset(topic, q)
+            consumer = committed.get(q, -1)
+            last_ts = 0
+            if consumer - 1 >= low and consumer - 1 < high:
+                cq = cq_table.get(topic, q)
+                entry = cq.entry(consumer - 1) if cq is not None else None
+                record = self.store.read_record(entry[0]) if entry is not None else None
+                if record is not None:
+                    last_ts = int(STORE_TIMESTAMP.unpack_from(record, STORE_TIMESTAMP_OFFSET)[0])
+            out.append(
+                QueueConsumeStats(
+                    topic=topic,
+                    broker_name=self.broker.config.broker_name,
+                    queue_id=q,
+                    broker_offset=high,
+                    consumer_offset=consumer,
+                    lag=max(0, high - max(consumer, low)),
+                    last_consume_timestamp_ms=last_ts,
+                )
+            )
+        return out
+
+    async def consume_stats(self, frame: Frame) -> Reply:
+        group = self._group(frame)
+        only = get_str(frame, "topic", "")
+        online = self._known_group(group)
+        topics = self._stats_topics(group, online)
+        if only:
+            topics = [t for t in topics if t == only]
+        offsets = self.offsets.offsets(group)
+        queues: list[QueueConsumeStats] = []
+        for topic in topics:
+            committed = offsets.get(topic, {})
+            config = self.topics.get(topic)
+            ids = set(committed)
+            if config is not None:
+                ids |= set(range(self._queue_count(config)))
+            queues += await self.bridge.read(self._queue_stats, topic, sorted(ids), committed)
+        if self.inflight_source is not None:
+            for s in queues:
+                s.inflight = self.inflight_source(group, s.topic, s.queue_id)
+        body = ConsumeStats(group=group, queues=queues)
+        return frame.reply(ResponseCode.SUCCESS, body=encode_body(body))
+
+    # ------------------------------------------------------------------ reset
+
+    def _reset_targets(
+        self, topic: str, queue_count: int, position: str, timestamp_ms: int
+    ) -> list[QueueOffset]:
+        """On a reader thread: each queue's offset for the position."""
+        out: list[QueueOffset] = []
+        for q in range(queue_count):
+            if position == "earliest":
+                offset = self.store.min_offset(topic, q)
+            elif position == "latest":
+                offset = self.store.max_offset(topic, q)
+            else:
+                offset = self.store.offset_for_timestamp(topic, q, timestamp_ms)
+            out.append(QueueOffset(topic=topic, queue_id=q, offset=offset))
+        return out
+
+    async def reset_offset(self, frame: Frame) -> Reply:
+        group = self._group(frame)
+        topic = get_str(frame, "topic")
+        position = get_str(frame, "position")
+        if position not in RESET_POSITIONS:
+            raise MessageIllegalError(
+                f"position {position[:40]!r} is not one of {', '.join(RESET_POSITIONS)}"
+            )
+        timestamp_ms = get_int(frame, "timestamp_ms", lo=0) if position == "timestamp" else 0
+        online = self._known_group(group)
+        config = self._topic_config(topic)
+        targets = await self.bridge.read(
+            self._reset_targets, topic, self._queue_count(config), position, timestamp_ms
+        )
+        await self.offsets.commit(group, [(t.topic, t.queue_id, t.offset) for t in targets])
+        body = encode_body(OffsetsBody(group=group, offsets=targets))
+        notified = 0
+        if online is not None:
+            notified = self.consumers.send_to_members(
+                online,
+                lambda: Frame(
+                    RequestCode.RESET_CONSUMER_CLIENT_OFFSET,
+                    fields={"topic": topic, "group": group},
+                    body=body,
+                ),
+            )
+        log.info("group %s reset to %s on %s (%d members told)", group, position, topic, notified)
+        return frame.reply(ResponseCode.SUCCESS, fields={"notified": notified}, body=body)
