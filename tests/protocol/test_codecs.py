@@ -95,3 +95,11 @@ def test_header_with_invalid_utf8_is_a_protocol_error() -> None:
     raw = struct.pack(">IBBHII", 12 + len(header), 1, 0, 30, 1, len(header)) + header
     with pytest.raises(ProtocolError):
         FrameDecoder().feed(raw)
+
+
+def test_a_code_outside_the_field_is_a_protocol_error() -> None:
+    from orbitmq.common.errors import ProtocolError
+    from orbitmq.protocol.frame import Frame, encode
+
+    with pytest.raises(ProtocolError, match="cannot be encoded"):
+        encode(Frame(200050))

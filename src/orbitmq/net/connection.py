@@ -198,7 +198,11 @@ class Connection(asyncio.Protocol):
         frame.opaque = next(self._opaque) & 0xFFFFFFFF
         fut: asyncio.Future[Frame] = asyncio.get_running_loop().create_future()
         self.pending[frame.opaque] = fut
-        self._send(frame)
+        try:
+            self._send(frame)
+        except BaseException:
+            self.pending.pop(frame.opaque, None)
+            raise
         try:
             async with asyncio.timeout(timeout):
                 return await fut

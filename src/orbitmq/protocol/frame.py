@@ -88,9 +88,12 @@ def encode(frame: Frame, body_parts: Sequence[Buffer] | None = None) -> list[Buf
     parts: Sequence[Buffer] = body_parts if body_parts is not None else (frame.body,)
     body_len = sum(len(p) for p in parts)  # memoryview len is items, and records are bytes
     length = PREFIX_SIZE - 4 + len(header) + body_len
-    prefix = PREFIX.pack(
-        length, frame.version, frame.flags, frame.code, frame.opaque & 0xFFFFFFFF, len(header)
-    )
+    try:
+        prefix = PREFIX.pack(
+            length, frame.version, frame.flags, frame.code, frame.opaque & 0xFFFFFFFF, len(header)
+        )
+    except struct.error as exc:  # a code, version or flags outside its field
+        raise ProtocolError(f"frame code={frame.code} cannot be encoded: {exc}") from None
     return [prefix + header, *(p for p in parts if len(p))]
 
 
