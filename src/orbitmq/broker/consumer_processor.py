@@ -507,7 +507,11 @@ class ConsumerProcessor:
                 online,
                 lambda: Frame(
                     RequestCode.RESET_CONSUMER_CLIENT_OFFSET,
-                    fields={"topic": topic, "group": group},
+                    fields={
+                        "topic": topic,
+                        "group": group,
+                        "broker_name": self.broker.config.broker_name,
+                    },
                     body=body,
                 ),
             )
