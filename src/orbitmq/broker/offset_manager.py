@@ -25,12 +25,12 @@ import asyncio
 import contextlib
 import json
 import logging
-import os
 import time
 from collections.abc import Iterable
 from pathlib import Path
 
 from orbitmq.common.errors import ConfigError, StoreIOError
+from orbitmq.common.files import write_atomically
 
 log = logging.getLogger(__name__)
 
@@ -76,24 +76,7 @@ class ConsumerOffsetManager:
         self._written = max(self._written, version)
 
     def _write_file(self, data: bytes) -> None:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.path.with_suffix(".tmp")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-        try:
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view) :]
-            if self.fsync:
-                os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, self.path)
-        if self.fsync:
-            dfd = os.open(self.path.parent, os.O_RDONLY)
-            try:
-                os.fsync(dfd)
-            finally:
-                os.close(dfd)
+        write_atomically(self.path, data, fsync=self.fsync)
 
     async def persist(self) -> None:
         """Return once a write including every change made before this call has finished."""

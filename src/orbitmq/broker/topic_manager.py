@@ -14,9 +14,9 @@ from pathlib import Path
 import msgspec
 
 from orbitmq.common.errors import ConfigError, MessageIllegalError
+from orbitmq.common.files import write_atomically
 from orbitmq.common.validation import validate_topic
 from orbitmq.protocol.bodies import MESSAGE_TYPES, PERM_READ, PERM_WRITE, TopicConfig
-from orbitmq.store.layout import write_atomically
 
 log = logging.getLogger(__name__)
 MAX_QUEUE_NUMS = 1024

@@ -24,7 +24,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import os
 import re
 from collections.abc import Iterable
 from pathlib import Path
@@ -35,6 +34,7 @@ import msgspec
 from orbitmq.client.route import MessageQueue, TopicRouteCache, TopicRouteNotFoundError
 from orbitmq.common.codes import ResponseCode
 from orbitmq.common.errors import ClientError, MQError, ProtocolError, RemoteError
+from orbitmq.common.files import write_atomically
 from orbitmq.net.client import RemotingClient
 from orbitmq.protocol.bodies import encode_body
 from orbitmq.protocol.codes import RequestCode
@@ -342,21 +342,4 @@ class LocalOffsetStore(_MemoryTable):
             self.persisted.update(changed)
 
     def _write_file(self, data: bytes) -> None:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.path.with_suffix(".tmp")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-        try:
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view) :]
-            if self.fsync:
-                os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, self.path)
-        if self.fsync:
-            dfd = os.open(self.path.parent, os.O_RDONLY)
-            try:
-                os.fsync(dfd)
-            finally:
-                os.close(dfd)
+        write_atomically(self.path, data, fsync=self.fsync)

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import crc32c
 
-from orbitmq.store.layout import write_atomically
+from orbitmq.common.files import write_atomically
 
 _MAGIC = 0x4F434B50
 _BODY = struct.Struct(">IHHqqqqq")

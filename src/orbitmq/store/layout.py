@@ -12,8 +12,9 @@
 
 from __future__ import annotations
 
-import os
-from pathlib import Path
+from orbitmq.common.files import TMP_SUFFIX as TMP_SUFFIX
+from orbitmq.common.files import fsync_dir as fsync_dir
+from orbitmq.common.files import write_atomically as write_atomically
 
 COMMITLOG_DIR = "commitlog"
 CONSUMEQUEUE_DIR = "consumequeue"
@@ -21,7 +22,6 @@ INDEX_DIR = "index"
 CHECKPOINT_FILE = "checkpoint"
 ABORT_FILE = "abort"
 LOCK_FILE = "lock"
-TMP_SUFFIX = ".tmp"
 OFFSET_NAME_DIGITS = 20
 
 
@@ -33,27 +33,3 @@ def parse_offset_name(name: str) -> int | None:
     if len(name) == OFFSET_NAME_DIGITS and name.isdigit():
         return int(name)
     return None
-
-
-def fsync_dir(path: Path) -> None:
-    """Make a create/rename/unlink in ``path`` durable."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def write_atomically(path: Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` so a crash leaves either the old or the new contents."""
-    tmp = path.with_name(path.name + TMP_SUFFIX)
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-    try:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view) :]
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(tmp, path)
-    fsync_dir(path.parent)

@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from orbitmq.common.errors import ConfigError, ReceiptHandleInvalidError
-from orbitmq.store.layout import write_atomically
+from orbitmq.common.files import write_atomically
 
 HANDLE_VERSION = 1
 FLAG_RETRY = 0x1

@@ -32,6 +32,7 @@ from orbitmq.broker.pop.records import (
 )
 from orbitmq.broker.pop.state import Checkpoint
 from orbitmq.common.errors import MQError
+from orbitmq.common.files import write_atomically
 from orbitmq.common.message import MessageBatch, encode_properties
 from orbitmq.common.record import StoredMessage, decode
 from orbitmq.protocol.bodies import TopicConfig
@@ -40,7 +41,6 @@ from orbitmq.protocol.consumer import (
     PROPERTY_RETRY_TOPIC,
     pop_retry_topic,
 )
-from orbitmq.store.layout import write_atomically
 from orbitmq.store.message_store import GetStatus, MessageStore
 
 if TYPE_CHECKING:
