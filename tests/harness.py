@@ -24,10 +24,14 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 class ServerProcess:
-    def __init__(self, role: str, args: list[str], log_path: Path) -> None:
+    def __init__(
+        self, role: str, args: list[str], log_path: Path, *, module: str | None = None
+    ) -> None:
         self.role = role
         self.args = args
         self.log_path = log_path
+        self.module = module or f"orbitmq.{role}"
+        """What runs as ``python -m``; it prints ``orbitmq <role> ready <address>``."""
         self.proc: subprocess.Popen[bytes] | None = None
         self.address = ""
 
@@ -43,7 +47,7 @@ class ServerProcess:
         log = open(self.log_path, "ab")  # noqa: SIM115 - owned by the child for its lifetime
         env = dict(os.environ, PYTHONUNBUFFERED="1")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", f"orbitmq.{self.role}", *self.args],
+            [sys.executable, "-m", self.module, *self.args],
             stdout=subprocess.PIPE,
             stderr=log,
             cwd=REPO,
@@ -153,6 +157,24 @@ class Cluster:
             "--segment-bytes", str(64 * 1024 * 1024), *(extra or []),
         ]  # fmt: skip
         proc = ServerProcess("broker", args, self.base / f"{name}.log")
+        self.procs.append(proc)
+        return proc.start() if start else proc
+
+    def child(
+        self,
+        role: str,
+        module: str,
+        args: list[str],
+        *,
+        name: str | None = None,
+        start: bool = True,
+    ) -> ServerProcess:
+        """Any other program run as ``python -m <module> <args>`` (a test's consumer, say)
+        that prints ``orbitmq <role> ready <id>``; stopped with the servers, before them.
+        Its ``address`` is whatever its ready line names (a consumer's client id)."""
+        n = sum(p.role == role for p in self.procs)
+        log = self.base / f"{name or f'{role}{n}'}.log"
+        proc = ServerProcess(role, list(args), log, module=module)
         self.procs.append(proc)
         return proc.start() if start else proc
 
