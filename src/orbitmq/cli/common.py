@@ -19,7 +19,9 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
+from orbitmq.client.route import MessageQueue
 from orbitmq.common.errors import MQError
+from orbitmq.common.record import StoredMessage
 from orbitmq.protocol.bodies import PERM_INHERIT, PERM_READ, PERM_READ_WRITE, PERM_WRITE
 
 T = TypeVar("T")
@@ -155,3 +157,14 @@ def body_preview(body: bytes, limit: int = 80) -> str:
         return shown.replace("\t", "\\t") + ("…" if cut else "")
     cut = limit > 0 and len(body) > limit
     return "hex:" + (body[:limit] if cut else body).hex() + ("…" if cut else "")
+
+
+def message_line(mq: MessageQueue, msg: StoredMessage, preview: int) -> str:
+    """One message as ``orbitmq tail`` and ``orbitmq consume`` print it: ``broker/queue``,
+    queue offset, message id, tags, keys and a body preview (:func:`body_preview`), separated
+    by two spaces. Plain text: callers escape it for rich."""
+    return (
+        f"{mq.broker_name}/{mq.queue_id}  {msg.queue_offset}  {msg.msg_id or '-'}"
+        f"  tags={msg.tags or '-'}  keys={','.join(msg.keys) or '-'}"
+        f"  {body_preview(msg.body, preview)}"
+    )

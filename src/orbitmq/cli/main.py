@@ -1,8 +1,10 @@
 """The `orbitmq` command (typer + rich).
 
 Servers: ``up`` (NameServer + Broker in one process), ``namesrv``, ``broker``.
-Configuration: ``config show``. Benchmarks: ``bench store``, ``bench produce``.
-Clients (docs/cli.md): ``topic``, ``cluster``, ``message``, ``send``, ``tail``.
+Configuration: ``config show``. Benchmarks: ``bench store``, ``bench produce``,
+``bench consume``, ``bench e2e``.
+Clients (docs/cli.md): ``topic``, ``cluster``, ``message``, ``group``, ``send``, ``tail``,
+``consume``.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from orbitmq.cli import admin, bench_produce, produce, tail
+from orbitmq.cli import admin, bench_consume, bench_produce, consume, group, produce, tail
 from orbitmq.cli.settings import Settings, load_settings, settings_rows
 from orbitmq.common.errors import MQError
 
@@ -33,6 +35,7 @@ app.add_typer(bench_app, name="bench")
 app.add_typer(admin.topic_app, name="topic")
 app.add_typer(admin.cluster_app, name="cluster")
 app.add_typer(admin.message_app, name="message")
+app.add_typer(group.group_app, name="group")
 
 console = Console()
 err_console = Console(stderr=True)
@@ -209,7 +212,10 @@ def bench_store(ctx: typer.Context) -> None:
 
 app.command("send")(produce.send)
 app.command("tail")(tail.tail)
+app.command("consume")(consume.consume)
 bench_app.command("produce")(bench_produce.bench_produce)
+bench_app.command("consume")(bench_consume.bench_consume)
+bench_app.command("e2e")(bench_consume.bench_e2e)
 
 
 def main() -> None:

@@ -23,15 +23,14 @@ from orbitmq.cli.common import (
     DEFAULT_NAMESRV,
     NamesrvOpt,
     TopicOpt,
-    body_preview,
     err,
+    message_line,
     out,
     run,
     split_list,
 )
 from orbitmq.client import AdminClient, MessageQueue, PullStatus
 from orbitmq.common.errors import MQError
-from orbitmq.common.record import StoredMessage
 
 LONG_POLL_MS = 5_000
 ROUTE_REFRESH_S = 10.0
@@ -48,14 +47,6 @@ class _State:
     @property
     def full(self) -> bool:
         return self.limit is not None and self.printed >= self.limit
-
-
-def _line(mq: MessageQueue, msg: StoredMessage, preview: int) -> str:
-    return (
-        f"{mq.broker_name}/{mq.queue_id}  {msg.queue_offset}  {msg.msg_id or '-'}"
-        f"  tags={msg.tags or '-'}  keys={','.join(msg.keys) or '-'}"
-        f"  {body_preview(msg.body, preview)}"
-    )
 
 
 def tail(
@@ -170,7 +161,7 @@ async def _follow(
                 for msg in result.messages:
                     if state.full:
                         break
-                    console.print(escape(_line(mq, msg, preview)), soft_wrap=True)
+                    console.print(escape(message_line(mq, msg, preview)), soft_wrap=True)
                     state.printed += 1
                 if state.full:
                     done.set()

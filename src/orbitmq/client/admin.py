@@ -1,4 +1,5 @@
-"""The admin client behind the CLI: topics, cluster, offsets, pulls and message lookups.
+"""The admin client behind the CLI: topics, cluster, offsets, pulls, message lookups and
+consumer groups.
 
 :class:`AdminClient` is async; :class:`BlockingAdminClient` runs one on a private event loop
 thread. Messages come back decoded (:class:`orbitmq.common.record.StoredMessage`, CRC-checked)
@@ -13,7 +14,7 @@ import enum
 import logging
 import ssl
 from collections.abc import Coroutine, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import msgspec
@@ -27,7 +28,13 @@ from orbitmq.client.route import (
     TopicRouteNotFoundError,
 )
 from orbitmq.common.codes import ResponseCode
-from orbitmq.common.errors import ClientError, MQError, ProtocolError, RemoteError
+from orbitmq.common.errors import (
+    ClientError,
+    MQError,
+    ProtocolError,
+    RemoteError,
+    SubscriptionGroupNotExistError,
+)
 from orbitmq.common.record import StoredMessage
 from orbitmq.common.validation import validate_topic
 from orbitmq.net.client import RemotingClient
@@ -43,14 +50,26 @@ from orbitmq.protocol.bodies import (
     encode_body,
 )
 from orbitmq.protocol.codes import RequestCode
+from orbitmq.protocol.consumer import (
+    ConsumerConnection,
+    ConsumeStats,
+    GroupList,
+    GroupSummary,
+    MemberInfo,
+    OffsetsBody,
+    QueueConsumeStats,
+    QueueOffset,
+)
 from orbitmq.protocol.frame import Buffer, Frame
 from orbitmq.protocol.messages import decode_records
 
 log = logging.getLogger(__name__)
 
 __all__ = [
+    "RESET_POSITIONS",
     "AdminClient",
     "BlockingAdminClient",
+    "GroupDescription",
     "PullResult",
     "PullStatus",
     "TopicDescription",
@@ -58,6 +77,10 @@ __all__ = [
 
 _T = TypeVar("_T")
 _END_OF_TIME_MS = (1 << 63) - 1
+
+RESET_POSITIONS = ("earliest", "latest", "timestamp")
+"""Where INVOKE_BROKER_TO_RESET_OFFSET can move a group: each queue's min offset, its max
+offset, or the first offset stored at or after a time."""
 
 
 class PullStatus(enum.Enum):
@@ -95,6 +118,33 @@ class TopicDescription:
     """One entry per broker that answered, sorted by broker name."""
     errors: dict[str, str]
     """broker name -> why its stats are missing."""
+
+
+@dataclass(frozen=True, slots=True)
+class GroupDescription:
+    """A consumer group as the brokers see it: who is in it and how far it got in each queue."""
+
+    group: str
+    members: list[MemberInfo]
+    """Online members, one per client id, sorted (the brokers each see the same client; the
+    freshest heartbeat wins). Empty when no member is online."""
+    queues: list[QueueConsumeStats]
+    """Every queue of every broker the group subscribes to or has offsets in (its retry topic
+    included), sorted by topic, broker, queue."""
+    consume_type: str = ""
+    message_model: str = ""
+    consume_from_where: str = ""
+    """As the members' heartbeats declare them; empty when no member is online."""
+    errors: dict[str, str] = field(default_factory=dict)
+    """broker name -> why its part is missing (unreachable, an error answer)."""
+
+    @property
+    def total_lag(self) -> int:
+        return sum(max(0, q.lag) for q in self.queues)
+
+    @property
+    def total_inflight(self) -> int:
+        return sum(q.inflight for q in self.queues)
 
 
 class AdminClient:
@@ -427,6 +477,220 @@ class AdminClient:
             _int_field(resp, "max_offset", -1),
         )
 
+    # ------------------------------------------------------------------ consumer groups
+
+    async def _all_masters(self) -> dict[str, str]:
+        """broker name -> master address, over every cluster the NameServers know."""
+        info = await self.cluster_info()
+        out: dict[str, str] = {}
+        for name, bd in info.broker_addr_table.items():
+            master = bd.master_addr()
+            if master:
+                out[name] = master
+        if not out:
+            raise ClientError("no master broker is registered with the NameServers")
+        return out
+
+    async def _each_master(
+        self, code: int, fields: dict[str, Any], *, ok: frozenset[int] = frozenset()
+    ) -> dict[str, Frame | MQError]:
+        """The same request to every master, concurrently: broker name -> answer or error.
+
+        A non-SUCCESS answer whose code is in ``ok`` comes back as the Frame; other error
+        answers as RemoteError (so callers can tell "unknown group" from "unreachable").
+        """
+        masters = await self._all_masters()
+        names = sorted(masters)
+        accept = ok | {ResponseCode.SUCCESS}
+        results = await asyncio.gather(
+            *(self._call(masters[n], code, fields, ok=accept) for n in names),
+            return_exceptions=True,
+        )
+        out: dict[str, Frame | MQError] = {}
+        for name, res in zip(names, results, strict=True):
+            if isinstance(res, (Frame, MQError)):
+                out[name] = res
+            else:
+                raise res
+        return out
+
+    async def list_groups(self) -> list[GroupSummary]:
+        """GET_CONSUMER_GROUP_LIST on every master, merged by group, sorted by name.
+
+        A group is known to a broker while it has members online there or offsets kept there.
+        Merged: topics are the union, members the most any one broker sees (each member
+        heartbeats every broker of its topics), types from the first broker that names them.
+        Brokers that fail are logged and skipped; if none answers, ClientError.
+        """
+        answers = await self._each_master(RequestCode.GET_CONSUMER_GROUP_LIST, {})
+        merged: dict[str, GroupSummary] = {}
+        failures: list[str] = []
+        for name, ans in answers.items():
+            if isinstance(ans, MQError):
+                failures.append(f"{name}: {ans}")
+                continue
+            for g in _decode(ans.body, GroupList).groups:
+                have = merged.get(g.group)
+                if have is None:
+                    merged[g.group] = GroupSummary(
+                        group=g.group,
+                        consume_type=g.consume_type,
+                        message_model=g.message_model,
+                        members=g.members,
+                        topics=sorted(set(g.topics)),
+                    )
+                    continue
+                have.consume_type = have.consume_type or g.consume_type
+                have.message_model = have.message_model or g.message_model
+                have.members = max(have.members, g.members)
+                have.topics = sorted(set(have.topics) | set(g.topics))
+        if failures and len(failures) == len(answers):
+            raise ClientError("no broker answered: " + "; ".join(failures))
+        for line in failures:
+            log.warning("group list from broker %s", line)
+        return [merged[g] for g in sorted(merged)]
+
+    async def consume_stats(self, group: str, topic: str | None = None) -> list[QueueConsumeStats]:
+        """GET_CONSUME_STATS on every master, merged: per queue the broker's max offset, the
+        group's committed offset, the lag, the last consume time and (Pop) in-flight messages.
+
+        Raises SubscriptionGroupNotExistError when no broker knows the group, ClientError when
+        some broker could not answer (see :meth:`describe_group` for a partial answer).
+        """
+        queues, errors, known = await self._consume_stats(group, topic)
+        if not known:
+            raise _unknown_group(group)
+        if errors:
+            raise ClientError(
+                "consume stats failed on " + "; ".join(f"{b}: {e}" for b, e in errors.items())
+            )
+        return queues
+
+    async def _consume_stats(
+        self, group: str, topic: str | None
+    ) -> tuple[list[QueueConsumeStats], dict[str, str], bool]:
+        fields: dict[str, Any] = {"group": group}
+        if topic is not None:
+            fields["topic"] = topic
+        answers = await self._each_master(
+            RequestCode.GET_CONSUME_STATS,
+            fields,
+            ok=frozenset({ResponseCode.SUBSCRIPTION_GROUP_NOT_EXIST}),
+        )
+        queues: list[QueueConsumeStats] = []
+        errors: dict[str, str] = {}
+        known = False
+        for name, ans in answers.items():
+            if isinstance(ans, MQError):
+                errors[name] = str(ans)
+            elif ans.code == ResponseCode.SUCCESS:
+                known = True
+                queues.extend(_decode(ans.body, ConsumeStats).queues)
+        queues.sort(key=lambda q: (q.topic, q.broker_name, q.queue_id))
+        # A broker that could not answer may know it: only "nobody knows" is unknown.
+        return queues, errors, known or bool(errors)
+
+    async def describe_group(self, group: str) -> GroupDescription:
+        """Members (GET_CONSUMER_CONNECTION_LIST; CONSUMER_NOT_ONLINE: none) and per-queue
+        stats (GET_CONSUME_STATS) from every master.
+
+        Raises SubscriptionGroupNotExistError when no broker knows the group (no member online
+        and no offsets anywhere). Brokers that fail are listed in ``errors``.
+        """
+        conn_answers, (queues, errors, known) = await asyncio.gather(
+            self._each_master(
+                RequestCode.GET_CONSUMER_CONNECTION_LIST,
+                {"group": group},
+                ok=frozenset(
+                    {ResponseCode.CONSUMER_NOT_ONLINE, ResponseCode.SUBSCRIPTION_GROUP_NOT_EXIST}
+                ),
+            ),
+            self._consume_stats(group, None),
+        )
+        members: dict[str, MemberInfo] = {}
+        kinds: tuple[str, str, str] = ("", "", "")
+        for name, ans in conn_answers.items():
+            if isinstance(ans, MQError):
+                errors.setdefault(name, str(ans))
+                continue
+            if ans.code != ResponseCode.SUCCESS:
+                continue
+            conn = _decode(ans.body, ConsumerConnection)
+            if not kinds[0]:
+                kinds = (conn.consume_type, conn.message_model, conn.consume_from_where)
+            for m in conn.members:
+                have = members.get(m.client_id)
+                if have is None or m.last_heartbeat_ms > have.last_heartbeat_ms:
+                    members[m.client_id] = m
+        if not known and not members:
+            raise _unknown_group(group)
+        return GroupDescription(
+            group=group,
+            members=[members[c] for c in sorted(members)],
+            queues=queues,
+            consume_type=kinds[0],
+            message_model=kinds[1],
+            consume_from_where=kinds[2],
+            errors=dict(sorted(errors.items())),
+        )
+
+    async def reset_offset(
+        self, group: str, topic: str, position: str, timestamp_ms: int | None = None
+    ) -> dict[str, list[QueueOffset]]:
+        """Move ``group``'s offsets in every queue of ``topic`` (INVOKE_BROKER_TO_RESET_OFFSET on
+        every master serving the topic): ``position`` is "earliest", "latest" or "timestamp"
+        (then ``timestamp_ms`` is required). Online members are told by the broker.
+
+        Returns broker name -> the new offsets. A broker that answers "unknown group" while
+        another resets is reported with no offsets (the group never consumed there). Raises
+        SubscriptionGroupNotExistError when no broker knows the group, ClientError naming the
+        brokers that failed otherwise (after trying them all).
+        """
+        if position not in RESET_POSITIONS:
+            raise ClientError(f"position {position!r}: one of {', '.join(RESET_POSITIONS)}")
+        if position == "timestamp" and timestamp_ms is None:
+            raise ClientError("reset to a timestamp needs timestamp_ms")
+        if timestamp_ms is not None and timestamp_ms < 0:
+            raise ClientError(f"timestamp_ms {timestamp_ms} is negative")
+        info = await self._info(topic, fresh=True)
+        if not info.broker_addrs:
+            raise TopicRouteNotFoundError(topic)
+        fields: dict[str, Any] = {"group": group, "topic": topic, "position": position}
+        if position == "timestamp":
+            fields["timestamp_ms"] = timestamp_ms
+        names = sorted(info.broker_addrs)
+        results = await asyncio.gather(
+            *(
+                self._call(info.broker_addrs[n], RequestCode.INVOKE_BROKER_TO_RESET_OFFSET, fields)
+                for n in names
+            ),
+            return_exceptions=True,
+        )
+        out: dict[str, list[QueueOffset]] = {}
+        unknown: list[str] = []
+        failures: list[str] = []
+        for name, res in zip(names, results, strict=True):
+            if isinstance(res, RemoteError) and (
+                res.response_code == ResponseCode.SUBSCRIPTION_GROUP_NOT_EXIST
+            ):
+                unknown.append(name)
+            elif isinstance(res, MQError):
+                failures.append(f"{name}: {res}")
+            elif isinstance(res, BaseException):
+                raise res
+            else:
+                offsets = _decode(res.body, OffsetsBody).offsets if res.body else []
+                out[name] = sorted(offsets, key=lambda o: (o.topic, o.queue_id))
+        if failures:
+            raise ClientError(
+                f"reset offset of group {group!r} on {topic!r} failed on " + "; ".join(failures)
+            )
+        if not out:
+            raise _unknown_group(group)
+        for name in unknown:
+            out[name] = []
+        return dict(sorted(out.items()))
+
     # ------------------------------------------------------------------ message lookups
 
     async def get_message_by_id(self, topic: str, msg_id: str) -> StoredMessage | None:
@@ -497,6 +761,12 @@ class AdminClient:
         for err in errors:
             log.warning("lookup on broker %s", err)
         return out
+
+
+def _unknown_group(group: str) -> SubscriptionGroupNotExistError:
+    return SubscriptionGroupNotExistError(
+        f"consumer group {group!r} is unknown to every broker (no member online, no offsets)"
+    )
 
 
 def _records(resp: Frame) -> list[StoredMessage]:
@@ -629,3 +899,17 @@ class BlockingAdminClient(BlockingFacade[AdminClient]):
 
     def query_by_key(self, topic: str, key: str, **options: Any) -> list[StoredMessage]:
         return self._thread.run(self._async.query_by_key(topic, key, **options))
+
+    def list_groups(self) -> list[GroupSummary]:
+        return self._thread.run(self._async.list_groups())
+
+    def describe_group(self, group: str) -> GroupDescription:
+        return self._thread.run(self._async.describe_group(group))
+
+    def consume_stats(self, group: str, topic: str | None = None) -> list[QueueConsumeStats]:
+        return self._thread.run(self._async.consume_stats(group, topic))
+
+    def reset_offset(
+        self, group: str, topic: str, position: str, timestamp_ms: int | None = None
+    ) -> dict[str, list[QueueOffset]]:
+        return self._thread.run(self._async.reset_offset(group, topic, position, timestamp_ms))
