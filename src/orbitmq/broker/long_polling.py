@@ -7,6 +7,7 @@ loop with ``call_soon_threadsafe`` and wakes the pulls waiting on that queue.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 
 
 class LongPolling:
@@ -36,13 +37,27 @@ class LongPolling:
         else:
             del self.waiters[(topic, queue_id)]
 
-    async def wait(self, topic: str, queue_id: int, offset: int, timeout_s: float) -> bool:
-        """True if a message past ``offset`` arrived within ``timeout_s``."""
+    async def wait(
+        self,
+        topic: str,
+        queue_id: int,
+        offset: int,
+        timeout_s: float,
+        ready: Callable[[], bool] | None = None,
+    ) -> bool:
+        """True if a message past ``offset`` arrived within ``timeout_s``.
+
+        ``ready`` is asked once the waiter is registered: an arrival reported between the
+        caller's last look and the registration woke nobody, so without this second look the
+        pull would sleep until the next message or its whole suspend time.
+        """
         fut: asyncio.Future[None] = self.loop.create_future()
         entry = (offset, fut)
         self.waiters.setdefault((topic, queue_id), []).append(entry)
         self.held += 1
         try:
+            if ready is not None and ready():
+                return True
             async with asyncio.timeout(timeout_s):
                 await fut
             return True
