@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import ipaddress
 import os
+import pickle
 
 import pytest
 from hypothesis import given
@@ -15,12 +18,15 @@ from orbitmq.common.record import (
     HEADER_SIZE,
     BatchHeader,
     RecordError,
+    StoredMessage,
     check_record,
     decode,
+    decode_batch,
     encode_batch,
     encode_blank,
     pack_host,
     record_sizes,
+    unpack_host,
 )
 
 
@@ -109,3 +115,95 @@ def test_find_all_matches_bytes_find(block: bytes, needle: bytes) -> None:
         i for i in range(len(block) - len(needle) + 1) if block[i : i + len(needle)] == needle
     ]
     assert find_all(block, needle).tolist() == expected
+
+
+# ---------------------------------------------------------------------- batch decoding
+
+
+def _batch(
+    bodies: list[bytes], props: list[dict[str, str]], topic: bytes = b"T"
+) -> tuple[bytearray, list[int]]:
+    encoded = [encode_properties(p) for p in props]
+    return encode_batch(_head(5, topic=topic), bodies, encoded), record_sizes(
+        len(topic), bodies, encoded
+    )
+
+
+@given(
+    bodies=st.lists(st.binary(max_size=200), min_size=1, max_size=40),
+    tag=st.sampled_from(["", "a", "é"]),
+    host=st.tuples(st.ip_addresses(v=4).map(str), st.integers(-(2**31), 2**31 - 1)),
+)
+def test_decode_batch_matches_record_by_record_decoding(
+    bodies: list[bytes], tag: str, host: tuple[str, int]
+) -> None:
+    props = [
+        {"TAGS": tag, "UNIQ_CLIENT_MESSAGE_ID_KEYIDX": str(i)} if tag else {}
+        for i in range(len(bodies))
+    ]
+    head = _head(5)
+    head.born_host = pack_host(host)
+    buf = encode_batch(head, bodies, [encode_properties(p) for p in props])
+    expected = []
+    at = 0
+    for size in record_sizes(1, bodies, [encode_properties(p) for p in props]):
+        expected.append(decode(bytes(buf[at : at + size])))
+        at += size
+    for data in (bytes(buf), buf, memoryview(bytes(buf))):
+        got = decode_batch(data)
+        assert got == expected
+        assert all(type(m) is StoredMessage for m in got)
+        assert [m.properties for m in got] == props
+        assert [m.body for m in got] == bodies
+        assert got[0].born_host == host
+
+
+def test_batch_decoded_messages_behave_like_constructed_ones() -> None:
+    buf, _ = _batch([b"a", b"b"], [{"TAGS": "x", "KEYS": "k1 k2"}, {}])
+    first, second = decode_batch(bytes(buf))
+    made = StoredMessage(
+        **{f.name: getattr(first, f.name) for f in dataclasses.fields(StoredMessage)}
+    )
+    assert made == first and repr(made) == repr(first)
+    assert first.tags == "x" and first.keys == ["k1", "k2"] and second.properties == {}
+    assert first.properties is first.properties  # decoded once, then kept
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        first.body = b"changed"  # type: ignore[misc]
+    assert pickle.loads(pickle.dumps(second)) == second
+    changed = dataclasses.replace(first, reconsume_times=3)
+    assert changed.reconsume_times == 3 and changed.properties == {"TAGS": "x", "KEYS": "k1 k2"}
+
+
+@given(
+    bodies=st.lists(st.binary(max_size=100), min_size=1, max_size=20),
+    flip=st.integers(min_value=0),
+    bit=st.integers(min_value=0, max_value=7),
+)
+def test_decode_batch_catches_any_single_bit_flip(bodies: list[bytes], flip: int, bit: int) -> None:
+    buf, _ = _batch(bodies, [{"k": "v"}] * len(bodies))
+    buf[flip % len(buf)] ^= 1 << bit
+    with pytest.raises(RecordError, match="record at"):
+        decode_batch(bytes(buf))
+
+
+@given(data=st.binary(max_size=600))
+def test_decode_batch_of_garbage_raises_record_error_only(data: bytes) -> None:
+    with contextlib.suppress(RecordError):
+        decode_batch(data)
+
+
+def test_decode_batch_rejects_truncation_fillers_and_bad_topics() -> None:
+    buf, sizes = _batch([b"one", b"two"], [{}, {}])
+    assert decode_batch(b"") == []
+    with pytest.raises(RecordError, match=f"record at {sizes[0]}"):
+        decode_batch(bytes(buf[:-1]))
+    with pytest.raises(RecordError, match="filler"):
+        decode_batch(bytes(buf) + encode_blank(64))
+    bad, _ = _batch([b"x"], [{}], topic=b"\xff")
+    with pytest.raises(RecordError, match="topic is not UTF-8"):
+        decode_batch(bytes(bad))
+
+
+@given(st.ip_addresses(v=4), st.integers(-(2**31), 2**31 - 1))
+def test_unpack_host_inverts_pack_host(ip: ipaddress.IPv4Address, port: int) -> None:
+    assert unpack_host(pack_host((str(ip), port))) == (str(ip), port)

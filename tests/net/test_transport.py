@@ -74,6 +74,31 @@ async def test_timeout_and_oneway() -> None:
         await server.stop()
 
 
+async def test_timed_out_and_cancelled_requests_leave_nothing_pending() -> None:
+    server = RemotingServer(handler)
+    await server.start()
+    client = RemotingClient()
+    try:
+        conn = await client.connection(server.address)
+        with pytest.raises(RequestTimeoutError, match=r"within 0\.100s"):
+            await conn.request(Frame(SILENT), 0.1)
+        assert conn.pending == {}
+        task = asyncio.create_task(conn.request(Frame(SILENT), 5.0))
+        await asyncio.sleep(0.05)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert conn.pending == {}
+        # The connection still works, and answers reach their own requests.
+        replies = await asyncio.gather(
+            *(conn.request(Frame(ECHO, fields={"i": i}), 5.0) for i in range(5))
+        )
+        assert [r.fields["i"] for r in replies] == list(range(5))
+    finally:
+        await client.close()
+        await server.stop()
+
+
 async def test_lost_connection_fails_pending_and_reconnects() -> None:
     server = RemotingServer(handler)
     await server.start()

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from orbitmq.common.errors import ProtocolError
 from orbitmq.protocol.frame import Frame, FrameDecoder, encode_bytes
-from orbitmq.protocol.messages import decode_send_body, encode_send_body
+from orbitmq.protocol.messages import decode_records, decode_send_body, encode_send_body
 
 field_values = st.recursive(
     st.none()
@@ -103,3 +103,21 @@ def test_a_code_outside_the_field_is_a_protocol_error() -> None:
 
     with pytest.raises(ProtocolError, match="cannot be encoded"):
         encode(Frame(200050))
+
+
+@given(st.binary(max_size=400))
+def test_pull_body_garbage_raises_only_protocol_error(data: bytes) -> None:
+    with contextlib.suppress(ProtocolError):
+        decode_records(data)
+
+
+def test_pull_body_with_a_bad_record_names_its_position() -> None:
+    from orbitmq.common.record import BatchHeader, encode_batch, pack_host
+
+    head = BatchHeader(b"T", 0, 0, 0, 0, 0, 1, pack_host(("127.0.0.1", 1)), 2,
+                       pack_host(("127.0.0.1", 2)), 0, 0)  # fmt: skip
+    body = encode_batch(head, [b"a", b"b"], [b"", b""])
+    assert [m.body for m in decode_records(bytes(body))] == [b"a", b"b"]
+    body[88] ^= 1  # the first record's body
+    with pytest.raises(ProtocolError, match="pull body: record at 0: CRC mismatch"):
+        decode_records(bytes(body))

@@ -313,7 +313,7 @@ class ConsumeBenchOptions:
     mode: str = "push"
     batch: int = 32
     """push: consume_batch_size; lite-pull: poll_max; pop: messages per receive."""
-    pull_batch: int = 32
+    pull_batch: int = 64
     """push / lite-pull: messages per pull request."""
     threads: int = 20
     """push with a thread listener: consume threads."""
@@ -732,7 +732,7 @@ class E2EBenchOptions:
     """The producer sends what is due every tick, as one send_batch."""
     batch: int = 1
     """consume_batch_size of the push consumer."""
-    pull_batch: int = 32
+    pull_batch: int = 64
     threads: int = 20
     listener: str = "async"
     drain_s: float = 10.0

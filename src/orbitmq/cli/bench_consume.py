@@ -114,7 +114,7 @@ def bench_consume(
     ] = 32,
     pull_batch: Annotated[
         int, typer.Option("--pull-batch", min=1, max=1024, help="Messages per pull request.")
-    ] = 32,
+    ] = 64,
     listener: ListenerOpt = "async",
     threads: Annotated[
         int, typer.Option("--threads", min=1, help="push, thread listener: consume threads.")
@@ -202,7 +202,7 @@ def bench_e2e(
     batch: Annotated[int, typer.Option("--batch", min=1, max=1024, help="consume_batch_size.")] = 1,
     pull_batch: Annotated[
         int, typer.Option("--pull-batch", min=1, max=1024, help="Messages per pull request.")
-    ] = 32,
+    ] = 64,
     listener: ListenerOpt = "async",
     threads: Annotated[
         int, typer.Option("--threads", min=1, help="Thread listener: consume threads.")

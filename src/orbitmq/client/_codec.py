@@ -71,3 +71,12 @@ def plain(msg: StoredMessage) -> StoredMessage:
     return dataclasses.replace(
         msg, body=decompress(msg.body, msg.sys_flag), sys_flag=msg.sys_flag & ~ZSTD_FLAGS
     )
+
+
+def plain_all(msgs: list[StoredMessage]) -> list[StoredMessage]:
+    """:func:`plain` of each message; ``msgs`` itself when none is compressed (the usual case:
+    one look at each flag, no new list)."""
+    for m in msgs:
+        if m.sys_flag & SYSFLAG_COMPRESSED:
+            return [plain(m) for m in msgs]
+    return msgs

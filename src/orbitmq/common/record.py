@@ -40,9 +40,11 @@ from __future__ import annotations
 
 import functools
 import ipaddress
+import socket
 import struct
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any, NoReturn, cast
 
 import crc32c
 import numpy as np
@@ -59,6 +61,7 @@ CRC_START = 12
 PREFIX = struct.Struct(">iIIiiq")  # total, magic, crc, queue_id, flag, queue_offset
 U16 = struct.Struct(">H")
 U32 = struct.Struct(">I")
+I32 = struct.Struct(">i")
 BLANK = struct.Struct(">iI")
 MIN_BLANK = BLANK.size
 STORE_TIMESTAMP_OFFSET = 56
@@ -81,13 +84,20 @@ def pack_host(host: tuple[str, int]) -> bytes:
     return packed + struct.pack(">i", port)
 
 
+@functools.lru_cache(maxsize=4096)
 def unpack_host(raw: bytes) -> tuple[str, int]:
-    return str(ipaddress.IPv4Address(raw[:4])), struct.unpack(">i", raw[4:])[0]
+    """(IPv4 text, port) of 8 packed bytes. Cached: a pull body repeats the same few hosts, and
+    building the text is most of a small record's decode otherwise."""
+    return socket.inet_ntoa(raw[:4]), I32.unpack_from(raw, 4)[0]
 
 
 @dataclass(frozen=True, slots=True)
 class StoredMessage:
-    """A decoded record. ``body`` and ``properties`` are copies; the raw record is ``raw``."""
+    """A decoded record. ``body`` and ``properties`` are copies of the record's bytes.
+
+    Records decoded here (:func:`decode`, :func:`decode_batch`) decode ``properties`` on first
+    access: a consumer that never looks at them does not pay for building a dict per message
+    (see :class:`_LazyProperties`)."""
 
     total_size: int
     queue_id: int
@@ -159,6 +169,92 @@ def check_record(view: memoryview, pos: int, limit: int, *, verify_crc: bool = T
     return int(total)
 
 
+class _LazyProperties:
+    """``StoredMessage.properties``, decoded when first read.
+
+    The decoders put the record's raw properties bytes in the slot; the first read decodes them
+    (:func:`orbitmq.common.message.decode_properties`) and keeps the dict in their place, so
+    every later read is the same dict. A StoredMessage made by its constructor holds a dict from
+    the start. ``==``, ``repr``, pickling and ``dataclasses.replace`` all read the attribute, so
+    they see the dict too. Decoding the properties is the largest part of decoding a small
+    record, and most listeners never look at them. Two threads reading a message's properties
+    for the first time at once may each decode them (equal dicts; the last one is kept).
+    """
+
+    __slots__ = ("_get", "_set")
+
+    def __init__(self, slot: Any) -> None:
+        self._get = slot.__get__
+        self._set = slot.__set__
+
+    def __get__(self, obj: object, owner: type | None = None) -> Any:
+        if obj is None:
+            return self
+        value = self._get(obj, owner)
+        if type(value) is bytes:
+            value = decode_properties(value)
+            self._set(obj, value)
+        return value
+
+    def __set__(self, obj: object, value: object) -> None:
+        self._set(obj, value)
+
+
+setattr(StoredMessage, "properties", _LazyProperties(StoredMessage.__dict__["properties"]))  # noqa: B010
+
+
+class _Builder:
+    """Makes a :class:`StoredMessage` faster than its constructor.
+
+    A frozen dataclass's ``__init__`` sets each of its 15 fields through
+    ``object.__setattr__``: about 3 µs a message on a small VM, more than all the rest of a
+    record's decode. The builder has the same slots, sets them plainly, then turns the object
+    into a StoredMessage by assigning ``__class__`` (which CPython allows between classes of
+    identical layout). The result is indistinguishable from one made by ``StoredMessage(...)``.
+    ``properties`` may be raw bytes here: see :class:`_LazyProperties`.
+    """
+
+    __slots__ = StoredMessage.__slots__
+
+    def __init__(
+        self,
+        total_size: int,
+        queue_id: int,
+        flag: int,
+        queue_offset: int,
+        physical_offset: int,
+        sys_flag: int,
+        born_timestamp_ms: int,
+        born_host: tuple[str, int],
+        store_timestamp_ms: int,
+        store_host: tuple[str, int],
+        reconsume_times: int,
+        prepared_transaction_offset: int,
+        body: bytes,
+        topic: str,
+        properties: dict[str, str] | bytes,
+    ) -> None:
+        self.total_size = total_size
+        self.queue_id = queue_id
+        self.flag = flag
+        self.queue_offset = queue_offset
+        self.physical_offset = physical_offset
+        self.sys_flag = sys_flag
+        self.born_timestamp_ms = born_timestamp_ms
+        self.born_host = born_host
+        self.store_timestamp_ms = store_timestamp_ms
+        self.store_host = store_host
+        self.reconsume_times = reconsume_times
+        self.prepared_transaction_offset = prepared_transaction_offset
+        self.body = body
+        self.topic = topic
+        self.properties = properties
+        self.__class__ = StoredMessage  # type: ignore[assignment]
+
+
+_new_message = cast(Callable[..., StoredMessage], _Builder)
+
+
 def decode(view: memoryview | bytes, pos: int = 0) -> StoredMessage:
     """Decode a record assumed valid (call :func:`check_record` first on untrusted bytes)."""
     mv = memoryview(view)
@@ -171,11 +267,95 @@ def decode(view: memoryview | bytes, pos: int = 0) -> StoredMessage:
     topic = bytes(mv[at + 2 : at + 2 + topic_len]).decode()
     at += 2 + topic_len
     props_len = U16.unpack_from(mv, at)[0]
-    props = decode_properties(mv[at + 2 : at + 2 + props_len])
-    return StoredMessage(
+    return _new_message(
         total, qid, flag, qoff, phy, sysflag, born_ts, unpack_host(born_host), store_ts,
-        unpack_host(store_host), reconsume, prepared, body, topic, props,
+        unpack_host(store_host), reconsume, prepared, body, topic,
+        bytes(mv[at + 2 : at + 2 + props_len]),
     )  # fmt: skip
+
+
+def decode_batch(data: Buffer, *, verify_crc: bool = True) -> list[StoredMessage]:
+    """Decode records laid back to back (a pull or pop body), checking each as
+    :func:`check_record` does; RecordError naming the first bad one's position.
+
+    What is left per message is what cannot be shared: one ``struct`` call for the header, the
+    CRC, the body copy and the object (made by :class:`_Builder`). Hosts and topics repeat and
+    are converted once; properties are decoded only when read (:class:`_LazyProperties`).
+    Decoding the headers as numpy columns instead (as :func:`encode_batch` encodes them) was
+    measured at most ~10% faster at 128..256 records and slower below: those three costs
+    dominate, not the header fields.
+    """
+    if (
+        isinstance(data, memoryview)
+        and isinstance(data.obj, bytes)
+        and data.nbytes == len(data.obj)
+    ):
+        data = data.obj  # a view of a whole frame body (what the clients pass)
+    elif not isinstance(data, bytes):
+        data = bytes(data)  # bytes slices are the bodies: one copy each, no memoryview objects
+    size = len(data)
+    view = memoryview(data)
+    out: list[StoredMessage] = []
+    append = out.append
+    unpack = HEADER.unpack_from
+    u16 = U16.unpack_from
+    crc = crc32c.crc32c
+    host = unpack_host
+    new = _new_message
+    topics: dict[bytes, str] = {}
+    pos = 0
+    while pos < size:
+        if pos + HEADER_SIZE + 4 > size:
+            _reject(view, pos, size)
+        (total, magic, want, qid, flag, qoff, phy, sysflag, born_ts, born_host, store_ts,
+         store_host, reconsume, prepared, body_len) = unpack(data, pos)  # fmt: skip
+        end = pos + total
+        t_at = pos + HEADER_SIZE + body_len
+        if (
+            magic != MAGIC
+            or total < HEADER_SIZE + 4
+            or end > size
+            or body_len < 0
+            or t_at + 2 > end
+        ):
+            _reject(view, pos, size)
+        p_at = t_at + 2 + u16(data, t_at)[0]
+        if p_at + 2 > end or p_at + 2 + u16(data, p_at)[0] != end:
+            _reject(view, pos, size)
+        if verify_crc and crc(view[pos + CRC_START : end]) != want:
+            _reject(view, pos, size)
+        raw_topic = data[t_at + 2 : p_at]
+        topic = topics.get(raw_topic)
+        if topic is None:
+            topic = topics[raw_topic] = _topic_text(raw_topic, pos)
+        append(
+            new(
+                total, qid, flag, qoff, phy, sysflag, born_ts, host(born_host), store_ts,
+                host(store_host), reconsume, prepared, data[pos + HEADER_SIZE : t_at], topic,
+                data[p_at + 2 : end],
+            )
+        )  # fmt: skip
+        pos = end
+    return out
+
+
+def _topic_text(raw: bytes, pos: int) -> str:
+    try:
+        return raw.decode()
+    except UnicodeDecodeError:
+        raise RecordError(f"record at {pos}: topic is not UTF-8") from None
+
+
+def _reject(view: memoryview, pos: int, limit: int) -> NoReturn:
+    """Why the record at ``pos`` failed the batch decoder's checks, as RecordError (the one
+    wording of :func:`check_record`)."""
+    try:
+        size = check_record(view, pos, limit)
+    except RecordError as exc:
+        raise RecordError(f"record at {pos}: {exc}") from None
+    if size < 0:
+        raise RecordError(f"record at {pos}: an end-of-segment filler")
+    raise RecordError(f"record at {pos}: not a valid record")
 
 
 def properties_slice(view: memoryview, pos: int) -> tuple[memoryview, memoryview]:

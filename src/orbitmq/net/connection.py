@@ -195,23 +195,32 @@ class Connection(asyncio.Protocol):
         """Send a request and wait for its response (RequestTimeoutError after ``timeout``)."""
         if self.transport is None or self.transport.is_closing():
             raise ConnectionClosedError(f"connection to {self.peer} is closed")
-        frame.opaque = next(self._opaque) & 0xFFFFFFFF
-        fut: asyncio.Future[Frame] = asyncio.get_running_loop().create_future()
-        self.pending[frame.opaque] = fut
+        opaque = frame.opaque = next(self._opaque) & 0xFFFFFFFF
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[Frame] = loop.create_future()
+        self.pending[opaque] = fut
         try:
             self._send(frame)
         except BaseException:
-            self.pending.pop(frame.opaque, None)
+            self.pending.pop(opaque, None)
             raise
+        # One timer handle that fails the future, rather than an asyncio.timeout() context
+        # (which creates and reschedules its own handle and cancels the task): this is on the
+        # path of every pull and send.
+        timer = loop.call_later(timeout, self._expire, fut, frame.code, timeout)
         try:
-            async with asyncio.timeout(timeout):
-                return await fut
-        except TimeoutError:
-            raise RequestTimeoutError(
-                f"no answer from {self.peer} to code {frame.code} within {timeout:.3f}s"
-            ) from None
+            return await fut
         finally:
-            self.pending.pop(frame.opaque, None)
+            timer.cancel()
+            self.pending.pop(opaque, None)
+
+    def _expire(self, fut: asyncio.Future[Frame], code: int, timeout: float) -> None:
+        if not fut.done():
+            fut.set_exception(
+                RequestTimeoutError(
+                    f"no answer from {self.peer} to code {code} within {timeout:.3f}s"
+                )
+            )
 
     def send_oneway(self, frame: Frame) -> None:
         if self.transport is None or self.transport.is_closing():

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from orbitmq.common.errors import ProtocolError
-from orbitmq.common.record import RecordError, StoredMessage, check_record, decode
+from orbitmq.common.record import RecordError, StoredMessage, decode_batch
 
 _COUNT = struct.Struct(">I")
 MAX_SEND_MESSAGES = 1 << 20
@@ -115,18 +115,10 @@ def _decode_few(data: bytes, n: int, table_end: int) -> SendBody:
     )
 
 
-def decode_records(data: bytes | memoryview) -> list[StoredMessage]:
-    """Decode a pull body (stored records back to back); ProtocolError if one fails its CRC."""
-    view = memoryview(data)
-    out: list[StoredMessage] = []
-    pos = 0
-    while pos < len(view):
-        try:
-            size = check_record(view, pos, len(view))
-        except RecordError as exc:
-            raise ProtocolError(f"record at {pos} of a pull body: {exc}") from exc
-        if size <= 0:
-            raise ProtocolError("filler in a pull body")
-        out.append(decode(view[pos : pos + size]))
-        pos += size
-    return out
+def decode_records(data: bytes | bytearray | memoryview) -> list[StoredMessage]:
+    """Decode a pull body (stored records back to back); ProtocolError if one is not a valid
+    record (bad framing, a CRC mismatch, an end-of-segment filler)."""
+    try:
+        return decode_batch(data)
+    except RecordError as exc:
+        raise ProtocolError(f"pull body: {exc}") from exc
