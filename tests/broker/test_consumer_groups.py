@@ -40,6 +40,7 @@ from orbitmq.protocol.consumer import (
     retry_topic,
 )
 from orbitmq.protocol.frame import Frame
+from orbitmq.protocol.group_config import SubscriptionGroupConfig
 from orbitmq.protocol.messages import decode_records, encode_send_body
 from tests.broker.conftest import broker_config
 
@@ -486,6 +487,8 @@ async def test_locks_released_when_holder_leaves(
 async def test_send_back_copies_to_the_retry_topic(
     broker: BrokerController, client: RemotingClient
 ) -> None:
+    # No backoff, so the copies can be pulled at once (tests/broker/test_retry_dlq.py has it).
+    broker.groups.upsert(SubscriptionGroupConfig(group_name=G, retry_delays_ms=[0]))
     [phys] = await send(client, broker, "T", 1, TAGS="tagA", KEYS="k1", color="red")
     [original] = decode_records(
         (

@@ -29,6 +29,7 @@ from orbitmq.protocol.consumer import (
     pop_retry_topic,
 )
 from orbitmq.protocol.frame import Frame, FrameDecoder, encode
+from orbitmq.protocol.group_config import SubscriptionGroupConfig
 from orbitmq.protocol.messages import decode_records, encode_send_body
 from tests.broker.conftest import broker_config
 
@@ -73,6 +74,12 @@ async def call(
     frames = FrameDecoder().feed(b"".join(bytes(p) for p in encode(resp, parts)))
     assert len(frames) == 1
     return frames[0]
+
+
+def no_pop_backoff(broker: BrokerController, group: str = GROUP) -> None:
+    """Revived messages visible at the end of their invisible time (the default adds the
+    retry schedule's 10 s, 30 s, ...; tests/broker/test_retry_dlq.py covers that)."""
+    broker.groups.upsert(SubscriptionGroupConfig(group_name=group, pop_retry_delays_ms=[]))
 
 
 def make_topic(broker: BrokerController, topic: str, queues: int = 1) -> None:
@@ -258,6 +265,7 @@ async def test_unacked_messages_come_back(tmp_path: Any, client: RemotingClient)
     b = BrokerController(broker_config(tmp_path / "s", pop_revive_interval_ms=50))
     await b.start()
     try:
+        no_pop_backoff(b)
         make_topic(b, "R")
         await send(client, b, "R", [b"x", b"y"], props=[{"TAGS": "t", "k": "1"}] * 2)
         _, first, handles = await pop(client, b, "R", invisible_time_ms=300)

@@ -13,7 +13,15 @@ from orbitmq.common.message import MessageBatch
 from orbitmq.common.record import StoredMessage
 from orbitmq.net.client import RemotingClient
 from tests.broker.conftest import broker_config
-from tests.broker.test_pop import GROUP, NEEDS_POP_RETRY_TOPIC, ack, make_topic, pop, send
+from tests.broker.test_pop import (
+    GROUP,
+    NEEDS_POP_RETRY_TOPIC,
+    ack,
+    make_topic,
+    no_pop_backoff,
+    pop,
+    send,
+)
 
 
 async def _drain(
@@ -40,6 +48,7 @@ async def test_restart_keeps_pop_state(tmp_path: Path, client: RemotingClient) -
     b = BrokerController(config)
     await b.start()
     try:
+        no_pop_backoff(b)  # persisted: it holds after the restart too
         make_topic(b, "T", 2)
         await send(client, b, "T", [b"a0", b"a1", b"a2"], queue_id=0)
         await send(client, b, "T", [b"b0", b"b1", b"b2"], queue_id=1)
@@ -92,6 +101,7 @@ async def test_deadline_passed_while_stopped(tmp_path: Path, client: RemotingCli
     b = BrokerController(config)
     await b.start()
     try:
+        no_pop_backoff(b)  # persisted: it holds after the restart too
         make_topic(b, "Z")
         await send(client, b, "Z", [b"z"])
         _, msgs, _ = await pop(client, b, "Z", invisible_time_ms=200)
@@ -118,6 +128,7 @@ async def test_crash_before_offsets_are_written(tmp_path: Path, client: Remoting
     b = BrokerController(config)
     await b.start()
     try:
+        no_pop_backoff(b)  # persisted: it holds after the restart too
         make_topic(b, "K")
         await send(client, b, "K", [b"k0", b"k1", b"k2", b"k3"])
         await b.offsets.persist()

@@ -49,6 +49,7 @@ from orbitmq.protocol.consumer import (
     retry_topic,
 )
 from orbitmq.protocol.frame import Buffer, Frame
+from orbitmq.protocol.group_config import SubscriptionGroupConfig
 from tests.client.test_e2e import RealCluster, start_cluster, stop_cluster, wait_route
 
 pytestmark = pytest.mark.timeout(60)
@@ -155,6 +156,35 @@ async def test_concurrent_listener_filters_by_tag_and_commits(real: RealCluster)
         await c2.close()
 
 
+async def test_async_listener_calls_run_concurrently_up_to_consume_threads(
+    real: RealCluster,
+) -> None:
+    await create_topic(real.addr, "AC")
+    await send(real.addr, "AC", [f"a{i}".encode() for i in range(40)])
+    got = Collector()
+    running = peak = 0
+
+    async def listener(msgs: list[ConsumedMessage]) -> ConsumeResult:
+        nonlocal running, peak
+        running += 1
+        peak = max(peak, running)
+        await asyncio.sleep(0.02)  # awaits: other batches run meanwhile
+        running -= 1
+        got.add(msgs)
+        return ConsumeResult.SUCCESS
+
+    c = AsyncPushConsumer([real.addr], "G-AC", consume_threads=3, **FAST)
+    c.subscribe("AC")
+    c.register_listener(listener)
+    await c.start()
+    try:
+        await got.wait_count(40)
+        assert len(got.bodies()) == 40  # nothing twice
+        assert 2 <= peak <= 3
+    finally:
+        await c.close()
+
+
 async def test_reconsume_later_goes_through_the_retry_topic(real: RealCluster) -> None:
     await create_topic(real.addr, "RL", queues=1)
     bodies = [f"r{i}".encode() for i in range(10)]
@@ -167,6 +197,10 @@ async def test_reconsume_later_goes_through_the_retry_topic(real: RealCluster) -
             raise RuntimeError("not yet")  # an exception counts as RECONSUME_LATER
         return ConsumeResult.SUCCESS if msgs[0].reconsume_times else ConsumeResult.RECONSUME_LATER
 
+    async with AdminClient([real.addr]) as admin:  # retried after 0.2 s, not the default 10 s
+        await admin.update_group_config(
+            SubscriptionGroupConfig(group_name="G-RL", retry_delays_ms=[200])
+        )
     c = AsyncPushConsumer([real.addr], "G-RL", **FAST)
     c.subscribe("RL")
     c.register_listener(listener)

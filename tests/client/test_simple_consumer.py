@@ -51,6 +51,7 @@ from orbitmq.protocol.consumer import (
     pop_retry_topic,
 )
 from orbitmq.protocol.frame import Frame
+from orbitmq.protocol.group_config import SubscriptionGroupConfig
 from orbitmq.protocol.messages import encode_send_body
 from tests.client.fakes import FakeBroker, FakeNamesrv, StoredRecord
 from tests.client.test_e2e import broker_config, wait_route
@@ -529,6 +530,10 @@ async def test_real_receive_and_ack(real: Real) -> None:
 
 async def test_real_unacked_message_comes_back(real: Real) -> None:
     await real.topic("SC_B")
+    # Back at the end of the invisible time: no Pop backoff beyond it (the default adds 10 s).
+    await real.admin.update_group_config(
+        SubscriptionGroupConfig(group_name="G_B", pop_retry_delays_ms=[])
+    )
     await real.send("SC_B", 1)
     c = await real.consumer("G_B", "SC_B", await_duration_s=0.5).start()
     (first,) = await receive_all(c, 1, invisible_duration_s=0.5)

@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 
 from orbitmq.broker.config import BrokerConfig
-from orbitmq.broker.controller import BrokerController
+from orbitmq.broker.controller import BrokerController, settle_heap
 from orbitmq.net.loop import run
 from orbitmq.store.config import FlushDiskType, StoreConfig
 
@@ -56,6 +56,7 @@ def parse(argv: list[str]) -> BrokerConfig:
 async def serve(config: BrokerConfig) -> None:
     broker = BrokerController(config)
     await broker.start()
+    settle_heap()
     print(f"orbitmq broker ready {broker.address}", flush=True)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

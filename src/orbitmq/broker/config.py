@@ -50,4 +50,40 @@ class BrokerConfig:
     pop_max_inflight_per_group: int = 100_000
     """Pop messages a group may hold un-acked on this broker; beyond it a pop answers
     POLLING_FULL (bounds the memory a consumer that never acks can take)."""
+    pop_fifo_window: int = 1024
+    """FIFO Pop (docs/fifo.md): how many messages past a queue's oldest unfinished one a pop
+    looks at for message groups free to deliver; a group stuck at the front holds back the
+    others only once they are this far ahead."""
+    # Transactions
+    transaction_timeout_ms: int = 6_000
+    """A half message without a decision this old gets its first check-back (RocketMQ's
+    transactionTimeOut; a CHECK_IMMUNITY_TIME_IN_SECONDS property can ask for longer)."""
+    transaction_check_interval_ms: int = 30_000
+    """How often undecided half messages are checked back with their producer group
+    (RocketMQ's transactionCheckInterval)."""
+    transaction_check_max: int = 15
+    """Check-backs a half message gets at most; after that it is discarded and logged
+    (RocketMQ's transactionCheckMax)."""
+    enforce_topic_message_type: bool = False
+    """Refuse a send whose kind does not match the topic's message_type (a transactional send
+    to a topic not typed TRANSACTION answers TRANSACTION_TYPE_MISMATCH)."""
+    # Delayed and timer messages (docs/timers.md)
+    timer_max_delay_ms: int = 40 * 24 * 3600 * 1000
+    """Longest delay a delayed or timer message may ask for (40 days); beyond it the send
+    answers MESSAGE_ILLEGAL. Longer than the CommitLog retention is fine: long timers are
+    stored again every timer_roll_window_ms ("roll"), so retention never takes a pending one."""
+    message_delay_level: str = "1s 5s 10s 30s 1m 2m 3m 4m 5m 6m 7m 8m 9m 10m 20m 30m 1h 2h"
+    """The delays of DELAY levels 1, 2, ... (RocketMQ's messageDelayLevel; units s m h d); a
+    level above the last means the last."""
+    timer_fire_batch: int = 4096
+    """Due timers one fire pass delivers at most; more due go in the next pass at once (under
+    load a pass is the tick: every message of it is late by at most the pass's duration)."""
+    timer_checkpoint_interval_ms: int = 1_000
+    """How often the timer fire checkpoint is written (after the copies it vouches for are
+    fsynced): a crash re-delivers at most this much of the last fired messages."""
+    timer_roll_window_ms: int = 24 * 3600 * 1000
+    """No pending timer's stored copy gets older than this: a timer due later is stored again
+    (rolled) in the timer topic every window until its last hop, so CommitLog retention
+    (file_reserved_time_hours) never deletes a pending one. Must be well below the retention:
+    above half of it, half of it is used (and a warning logged); at least 100 ms."""
     store: StoreConfig = field(default_factory=StoreConfig)

@@ -8,10 +8,13 @@ See docs/consumer-groups.md for the behaviour, docs/protocol.md for the fields.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING
 
 from orbitmq.broker.consumer_manager import ConsumerGroup, validate_client_id
+from orbitmq.broker.dead_letter import copy_properties, ensure_dlq_topic, exhausted
+from orbitmq.broker.group_config_processor import GroupConfigProcessor
 from orbitmq.common.codes import ResponseCode
 from orbitmq.common.errors import (
     MessageIllegalError,
@@ -20,9 +23,6 @@ from orbitmq.common.errors import (
     SubscriptionGroupNotExistError,
 )
 from orbitmq.common.message import (
-    PROPERTY_DELAY_LEVEL,
-    PROPERTY_TIMER_DELIVER_MS,
-    PROPERTY_TRANSACTION_PREPARED,
     SYSFLAG_COMPRESSED,
     SYSFLAG_COMPRESSION_ZSTD,
     SYSFLAG_MULTI_TAGS,
@@ -41,8 +41,6 @@ from orbitmq.protocol.bodies import (
 from orbitmq.protocol.codes import RequestCode
 from orbitmq.protocol.consumer import (
     POP_RETRY_SEPARATOR,
-    PROPERTY_ORIGIN_MESSAGE_ID,
-    PROPERTY_POP_CK,
     PROPERTY_RETRY_TOPIC,
     ConsumerConnection,
     ConsumerIdList,
@@ -71,13 +69,6 @@ MAX_QUEUE_ID = 1 << 30
 RESET_POSITIONS = ("earliest", "latest", "timestamp")
 _KEEP_SYS_FLAGS = SYSFLAG_COMPRESSED | SYSFLAG_COMPRESSION_ZSTD | SYSFLAG_MULTI_TAGS
 _I32_MAX = 2**31 - 1
-_DROPPED_ON_RETRY = (
-    PROPERTY_DELAY_LEVEL,
-    PROPERTY_TIMER_DELIVER_MS,
-    PROPERTY_TRANSACTION_PREPARED,
-    PROPERTY_POP_CK,
-)
-"""Properties that described the original delivery, not the retry's."""
 
 InflightSource = Callable[[str, str, int], int]
 """``inflight(group, topic, queue_id)``: Pop messages handed out and not acked (for stats)."""
@@ -141,6 +132,8 @@ class ConsumerProcessor:
             RequestCode.GET_CONSUMER_GROUP_LIST: self.group_list,
             RequestCode.INVOKE_BROKER_TO_RESET_OFFSET: self.reset_offset,
         }
+        self.group_configs = GroupConfigProcessor(broker)
+        self.handlers.update(self.group_configs.handlers)
         self.conn_handlers: dict[int, Callable[[Frame, Connection], Awaitable[Reply]]] = {
             RequestCode.HEART_BEAT: self.heartbeat,
         }
@@ -358,11 +351,19 @@ class ConsumerProcessor:
         return config
 
     async def send_back(self, frame: Frame) -> Reply:
+        """A consumer failed a message: copy it to the group's retry topic, due after the
+        group's backoff (through the timer), or, once its retries are used up or when the
+        request asks (``to_dlq``: an orderly consumer giving up), to the group's DLQ."""
         group = self._group(frame)
         physical_offset = get_int(frame, "offset", lo=0)
         origin_topic = get_str(frame, "origin_topic", "")
-        # Accepted now, used by #5 (dead-letter queue after this many deliveries).
-        get_int(frame, "max_reconsume_times", 16, lo=-1, hi=_I32_MAX)
+        # -1 (RocketMQ clients' "not set") or absent: the group config's retry_max_times.
+        max_times = get_int(frame, "max_reconsume_times", -1, lo=-1, hi=_I32_MAX)
+        # Orderly consumers retry in place and count deliveries themselves.
+        seen_times = get_int(frame, "reconsume_times", -1, lo=-1, hi=_I32_MAX)
+        to_dlq = frame.fields.get("to_dlq", False)
+        if not isinstance(to_dlq, bool):
+            raise MessageIllegalError(f"field 'to_dlq' must be a boolean, not {to_dlq!r:.40}")
         msg = await self.bridge.read(self._read_indexed, physical_offset)
         if msg is None:
             raise MessageNotFoundError(f"no message at CommitLog offset {physical_offset}")
@@ -371,16 +372,40 @@ class ConsumerProcessor:
             raise MessageIllegalError(
                 f"offset {physical_offset} holds a message of {first_topic}, not {origin_topic}"
             )
+        group_config = self.broker.groups.get(group)
+        if max_times < 0:
+            max_times = group_config.retry_max_times
+        times = max(msg.reconsume_times, seen_times)
+        if to_dlq or exhausted(times, max_times):
+            reason = "orderly" if to_dlq else "max_reconsume_times"
+            return await self._dead_letter(frame, group, msg, first_topic, times, reason)
         config = self._retry_config(group)
-        props = {k: v for k, v in msg.properties.items() if k not in _DROPPED_ON_RETRY}
-        props[PROPERTY_RETRY_TOPIC] = first_topic
-        if msg.msg_id and PROPERTY_ORIGIN_MESSAGE_ID not in props:
-            props[PROPERTY_ORIGIN_MESSAGE_ID] = msg.msg_id
+        props = copy_properties(msg, first_topic)
         queue_id = self._rr % config.write_queue_nums
         self._rr += 1
-        reconsume = min(msg.reconsume_times + 1, _I32_MAX)
-        batch = MessageBatch(
-            config.topic_name,
+        reconsume = min(times + 1, _I32_MAX)
+        batch = self._copy(config.topic_name, queue_id, msg, props, reconsume)
+        deliver_at = int(time.time() * 1000) + group_config.retry_delay_ms(times)
+        result = await self.broker.timer.put_delayed(batch, deliver_at)
+        self.metrics.messages_sent_back.inc()
+        return frame.reply(
+            ResponseCode.SUCCESS,
+            fields={
+                "topic": config.topic_name,
+                "queue_id": queue_id,
+                "offset": result.physical_offsets[0],
+                "reconsume_times": reconsume,
+                "deliver_at_ms": deliver_at,
+                "dlq": False,
+            },
+        )
+
+    @staticmethod
+    def _copy(
+        topic: str, queue_id: int, msg: StoredMessage, props: dict[str, str], reconsume: int
+    ) -> MessageBatch:
+        return MessageBatch(
+            topic,
             queue_id,
             [msg.body],
             [encode_properties(props)],
@@ -390,16 +415,36 @@ class ConsumerProcessor:
             born_host=msg.born_host,
             reconsume_times=reconsume,
         )
+
+    async def _dead_letter(
+        self,
+        frame: Frame,
+        group: str,
+        msg: StoredMessage,
+        first_topic: str,
+        times: int,
+        reason: str,
+    ) -> Reply:
+        """Append the copy to ``%DLQ%<group>`` at once (it keeps the reconsume count of the
+        delivery that failed last)."""
+        config = await ensure_dlq_topic(self.broker, group)
+        props = copy_properties(msg, first_topic, dlq_reason=reason)
+        batch = self._copy(config.topic_name, 0, msg, props, min(times, _I32_MAX))
         result = await self.bridge.put(batch)
         self.metrics.messages_sent_back.inc()
+        log.info(
+            "group %s: message %s of %s dead-lettered after %d reconsumes (%s)",
+            group, msg.msg_id, first_topic, times, reason,
+        )  # fmt: skip
         return frame.reply(
             ResponseCode.SUCCESS,
             fields={
                 "topic": config.topic_name,
-                "queue_id": queue_id,
+                "queue_id": 0,
                 "queue_offset": result.first_queue_offset,
                 "offset": result.physical_offsets[0],
-                "reconsume_times": reconsume,
+                "reconsume_times": batch.reconsume_times,
+                "dlq": True,
             },
         )
 

@@ -226,10 +226,18 @@ class BrokerProcessor:
             born_host=peer,
             reconsume_times=get_int(frame, "reconsume_times", 0, lo=0, hi=2**31 - 1),
         )
+        half = self.broker.transactions.half_of(batch, send, config)
+        # DELAY / TIMER_* properties: delayed messages wait in the timer topic (docs/timers.md).
+        timed = half is None and self.broker.timer.wants(send.properties_block)
         code = ResponseCode.SUCCESS
         remark = ""
         try:
-            result = await self.bridge.put(batch)
+            if timed:
+                result = await self.broker.timer.put_send(batch)
+            elif half is None:
+                result = await self.bridge.put(batch)
+            else:  # a prepared transactional message: stored invisible, as a half message
+                result = await self.broker.transactions.put_half(half)
         except FlushTimeoutError as exc:
             if not isinstance(exc.result, AppendResult):
                 raise
@@ -245,6 +253,8 @@ class BrokerProcessor:
         }
         if ids is not None:
             fields["msg_ids"] = ids
+        if timed and result.count > 1:
+            fields["offsets"] = result.physical_offsets  # split batch: not back to back
         return frame.reply(code, remark, fields=fields)
 
     # ------------------------------------------------------------------ pull
@@ -474,4 +484,5 @@ class BrokerProcessor:
             disk_used_percent=round(self.store.retention.disk_ratio, 2),
             flush_disk_type=self.store.config.flush_disk_type.value,
         )
+        info.update(self.broker.timer.stats())
         return frame.reply(ResponseCode.SUCCESS, fields=info)

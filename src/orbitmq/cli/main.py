@@ -2,9 +2,9 @@
 
 Servers: ``up`` (NameServer + Broker in one process), ``namesrv``, ``broker``.
 Configuration: ``config show``. Benchmarks: ``bench store``, ``bench produce``,
-``bench consume``, ``bench e2e``.
-Clients (docs/cli.md): ``topic``, ``cluster``, ``message``, ``group``, ``send``, ``tail``,
-``consume``.
+``bench consume``, ``bench e2e``, ``bench timer``.
+Clients (docs/cli.md): ``topic``, ``cluster``, ``message``, ``group``, ``dlq``, ``send``,
+``tail``, ``consume``.
 """
 
 from __future__ import annotations
@@ -18,7 +18,17 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from orbitmq.cli import admin, bench_consume, bench_produce, consume, group, produce, tail
+from orbitmq.cli import (
+    admin,
+    bench_consume,
+    bench_produce,
+    bench_timer,
+    consume,
+    dlq,
+    group,
+    produce,
+    tail,
+)
 from orbitmq.cli.settings import Settings, load_settings, settings_rows
 from orbitmq.common.errors import MQError
 
@@ -36,6 +46,7 @@ app.add_typer(admin.topic_app, name="topic")
 app.add_typer(admin.cluster_app, name="cluster")
 app.add_typer(admin.message_app, name="message")
 app.add_typer(group.group_app, name="group")
+app.add_typer(dlq.dlq_app, name="dlq")
 
 console = Console()
 err_console = Console(stderr=True)
@@ -216,6 +227,7 @@ app.command("consume")(consume.consume)
 bench_app.command("produce")(bench_produce.bench_produce)
 bench_app.command("consume")(bench_consume.bench_consume)
 bench_app.command("e2e")(bench_consume.bench_e2e)
+bench_app.command("timer")(bench_timer.bench_timer)
 
 
 def main() -> None:

@@ -14,7 +14,7 @@ import signal
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
-from orbitmq.broker.controller import BrokerController
+from orbitmq.broker.controller import BrokerController, settle_heap
 from orbitmq.cli.settings import Settings
 from orbitmq.namesrv.controller import NamesrvController
 
@@ -27,6 +27,7 @@ async def _until_signal(on_ready: Callable[[], None]) -> None:
     for sig in (signal.SIGINT, signal.SIGTERM):
         with contextlib.suppress(NotImplementedError):
             loop.add_signal_handler(sig, stop.set)
+    settle_heap()
     on_ready()
     await stop.wait()
 

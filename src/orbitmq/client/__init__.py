@@ -29,6 +29,7 @@ from orbitmq.client.consumer_types import (
     new_client_id,
 )
 from orbitmq.client.fault import FaultStrategy
+from orbitmq.client.fifo import fifo_message, message_group_selector, set_message_group
 from orbitmq.client.heartbeat import HeartbeatService, InvalidSubscriptionError
 from orbitmq.client.lite_pull_consumer import AsyncLitePullConsumer, LitePullConsumer
 from orbitmq.client.offset_store import LocalOffsetStore, OffsetStore, RemoteOffsetStore
@@ -45,12 +46,20 @@ from orbitmq.client.producer import (
 )
 from orbitmq.client.push_consumer import AsyncPushConsumer, PushConsumer
 from orbitmq.client.rebalance import RebalanceService
+from orbitmq.client.recall import recall_message
 from orbitmq.client.route import MessageQueue, TopicPublishInfo, TopicRouteCache
 from orbitmq.client.simple_consumer import (
     AsyncSimpleConsumer,
     ExpiredReceiptHandleError,
     InvalidReceiptHandleError,
     SimpleConsumer,
+)
+from orbitmq.client.transaction import (
+    AsyncTransactionProducer,
+    LocalTransactionState,
+    TransactionListener,
+    TransactionProducer,
+    TransactionSendResult,
 )
 from orbitmq.common.message import Message
 
@@ -65,6 +74,7 @@ __all__ = [
     "AsyncProducer",
     "AsyncPushConsumer",
     "AsyncSimpleConsumer",
+    "AsyncTransactionProducer",
     "BlockingAdminClient",
     "ConsumeFromWhere",
     "ConsumeResult",
@@ -76,6 +86,7 @@ __all__ = [
     "InvalidSubscriptionError",
     "LitePullConsumer",
     "LocalOffsetStore",
+    "LocalTransactionState",
     "Message",
     "MessageModel",
     "MessageQueue",
@@ -97,6 +108,13 @@ __all__ = [
     "TopicDescription",
     "TopicPublishInfo",
     "TopicRouteCache",
+    "TransactionListener",
+    "TransactionProducer",
+    "TransactionSendResult",
+    "fifo_message",
     "hash_selector",
+    "message_group_selector",
     "new_client_id",
+    "recall_message",
+    "set_message_group",
 ]

@@ -21,6 +21,7 @@ import msgspec
 
 from orbitmq.client import _codec
 from orbitmq.client._loop_thread import BlockingFacade, LoopThread
+from orbitmq.client.dlq import DlqMessage
 from orbitmq.client.route import (
     MessageQueue,
     TopicPublishInfo,
@@ -61,6 +62,11 @@ from orbitmq.protocol.consumer import (
     QueueOffset,
 )
 from orbitmq.protocol.frame import Buffer, Frame
+from orbitmq.protocol.group_config import (
+    SubscriptionGroupConfig,
+    SubscriptionGroupConfigList,
+    validate_group_config,
+)
 from orbitmq.protocol.messages import decode_records
 
 log = logging.getLogger(__name__)
@@ -691,6 +697,121 @@ class AdminClient:
             out[name] = []
         return dict(sorted(out.items()))
 
+    # ------------------------------------------------------------------ group configs, DLQ
+
+    async def _masters_of(self, cluster: str | None) -> dict[str, str]:
+        return await (self.masters(cluster) if cluster is not None else self._all_masters())
+
+    async def update_group_config(
+        self, config: SubscriptionGroupConfig, *, cluster: str | None = None
+    ) -> list[str]:
+        """UPDATE_AND_CREATE_SUBSCRIPTIONGROUP on every master (of ``cluster``; None: all):
+        the group's retry policy and DLQ limit (docs/retry-dlq.md). Validated here first
+        (MessageIllegalError naming the field). Returns the broker names; ClientError naming
+        the brokers that failed."""
+        validate_group_config(config)
+        masters = await self._masters_of(cluster)
+        body = encode_body(config)
+        code = RequestCode.UPDATE_AND_CREATE_SUBSCRIPTIONGROUP
+        await _all_or_raise(
+            {a: self._call(a, code, {}, body) for a in masters.values()},
+            f"update of group config {config.group_name!r}",
+        )
+        return sorted(masters)
+
+    async def get_group_config(self, group: str) -> SubscriptionGroupConfig:
+        """The group's config as the first master (by name) that answers has it; the
+        defaults when it was never configured."""
+        answers = await self._each_master(
+            RequestCode.GET_ALL_SUBSCRIPTIONGROUP_CONFIG, {"group": group}
+        )
+        errors: list[str] = []
+        for name in sorted(answers):
+            ans = answers[name]
+            if isinstance(ans, MQError):
+                errors.append(f"{name}: {ans}")
+                continue
+            configs = _decode(ans.body, SubscriptionGroupConfigList).configs
+            if configs:
+                return configs[0]
+        raise ClientError("no broker answered: " + "; ".join(errors))
+
+    async def group_configs(self) -> dict[str, list[SubscriptionGroupConfig]]:
+        """broker name -> the groups configured there (not the ones left at the defaults)."""
+        answers = await self._each_master(RequestCode.GET_ALL_SUBSCRIPTIONGROUP_CONFIG, {})
+        out: dict[str, list[SubscriptionGroupConfig]] = {}
+        for name, ans in sorted(answers.items()):
+            if isinstance(ans, MQError):
+                raise ClientError(f"group configs from {name}: {ans}")
+            out[name] = _decode(ans.body, SubscriptionGroupConfigList).configs
+        return out
+
+    async def delete_group_config(self, group: str, *, cluster: str | None = None) -> list[str]:
+        """DELETE_SUBSCRIPTIONGROUP on every master: the group is back to the defaults.
+        Returns the brokers that had a config for it."""
+        masters = await self._masters_of(cluster)
+        names = sorted(masters)
+        results = await asyncio.gather(
+            *(
+                self._call(masters[n], RequestCode.DELETE_SUBSCRIPTIONGROUP, {"group": group})
+                for n in names
+            ),
+            return_exceptions=True,
+        )
+        deleted: list[str] = []
+        failures: list[str] = []
+        for name, res in zip(names, results, strict=True):
+            if isinstance(res, MQError):
+                failures.append(f"{name}: {res}")
+            elif isinstance(res, BaseException):
+                raise res
+            elif res.fields.get("deleted") is True:
+                deleted.append(name)
+        if failures:
+            raise ClientError(f"delete of group config {group!r} failed on " + "; ".join(failures))
+        return deleted
+
+    async def dlq_messages(self, group: str, *, max_messages: int = 1000) -> list[DlqMessage]:
+        """The messages in ``%DLQ%<group>`` on every master (GET_DLQ_MESSAGES: consumers cannot
+        pull a DLQ), oldest first per broker, at most ``max_messages`` in all. Brokers that
+        fail are logged and skipped; ClientError when none answers."""
+        if max_messages < 1:
+            raise ClientError(f"max_messages must be at least 1, not {max_messages}")
+        masters = await self._all_masters()
+        ok = frozenset(
+            {ResponseCode.SUCCESS, ResponseCode.PULL_NOT_FOUND, ResponseCode.PULL_OFFSET_MOVED}
+        )
+        out: list[DlqMessage] = []
+        failures: list[str] = []
+        for name in sorted(masters):
+            offset, moves = -1, 0
+            while len(out) < max_messages:
+                fields = {
+                    "group": group,
+                    "queue_offset": offset,
+                    "max_msg_nums": min(256, max_messages - len(out)),
+                }
+                try:
+                    resp = await self._call(
+                        masters[name], RequestCode.GET_DLQ_MESSAGES, fields, ok=ok
+                    )
+                except MQError as exc:
+                    failures.append(f"{name}: {exc}")
+                    break
+                next_begin = _int_field(resp, "next_begin_offset", offset)
+                if resp.code == ResponseCode.PULL_OFFSET_MOVED and moves < 3:
+                    offset, moves = next_begin, moves + 1  # retention removed the start
+                    continue
+                if resp.code != ResponseCode.SUCCESS or next_begin <= offset:
+                    break
+                out += [DlqMessage(name, m) for m in _records(resp)]
+                offset = next_begin
+        if failures and len(failures) == len(masters):
+            raise ClientError("no broker answered: " + "; ".join(failures))
+        for line in failures:
+            log.warning("DLQ of %s from broker %s", group, line)
+        return out[:max_messages]
+
     # ------------------------------------------------------------------ message lookups
 
     async def get_message_by_id(self, topic: str, msg_id: str) -> StoredMessage | None:
@@ -913,3 +1034,20 @@ class BlockingAdminClient(BlockingFacade[AdminClient]):
         self, group: str, topic: str, position: str, timestamp_ms: int | None = None
     ) -> dict[str, list[QueueOffset]]:
         return self._thread.run(self._async.reset_offset(group, topic, position, timestamp_ms))
+
+    def update_group_config(
+        self, config: SubscriptionGroupConfig, *, cluster: str | None = None
+    ) -> list[str]:
+        return self._thread.run(self._async.update_group_config(config, cluster=cluster))
+
+    def get_group_config(self, group: str) -> SubscriptionGroupConfig:
+        return self._thread.run(self._async.get_group_config(group))
+
+    def group_configs(self) -> dict[str, list[SubscriptionGroupConfig]]:
+        return self._thread.run(self._async.group_configs())
+
+    def delete_group_config(self, group: str, *, cluster: str | None = None) -> list[str]:
+        return self._thread.run(self._async.delete_group_config(group, cluster=cluster))
+
+    def dlq_messages(self, group: str, *, max_messages: int = 1000) -> list[DlqMessage]:
+        return self._thread.run(self._async.dlq_messages(group, max_messages=max_messages))

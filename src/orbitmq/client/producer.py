@@ -14,7 +14,8 @@ Send modes:
   first + index). Messages without an explicit queue or selector are batched per topic and the
   whole batch goes to one queue picked round-robin, so batches stay large however many queues
   the topic has. Sends to an explicit queue (or through a selector) keep their order: one batch
-  per queue is in flight at a time.
+  per queue is in flight at a time. A message with a message group (``__SHARDINGKEY``, see
+  :mod:`orbitmq.client.fifo`) and no queue or selector goes to its group's queue.
 
 Every message gets its unique id (UNIQ_CLIENT_MESSAGE_ID_KEYIDX) here, before it is sent, so a
 SendResult's ``msg_id`` is the id the broker stores and indexes. A body larger than
@@ -46,6 +47,7 @@ import crc32c
 from orbitmq.client import _codec
 from orbitmq.client._loop_thread import BlockingFacade, LoopThread
 from orbitmq.client.fault import FaultStrategy
+from orbitmq.client.fifo import check_batch_groups, selector_for
 from orbitmq.client.route import MessageQueue, TopicPublishInfo, TopicRouteCache
 from orbitmq.common.codes import ResponseCode
 from orbitmq.common.errors import (
@@ -475,6 +477,7 @@ class AsyncProducer:
         topic = msgs[0].topic
         if any(m.topic != topic for m in msgs):
             raise ClientError("send_batch: all messages must have the same topic")
+        check_batch_groups(msgs)
         items = [self._prepare(m, compress=False) for m in msgs]
         threshold = self.config.compress_over_bytes
         if threshold >= 0 and any(len(i.body) > threshold for i in items):
@@ -576,7 +579,7 @@ class AsyncProducer:
             except ClientError as exc:
                 fut.set_exception(exc)
                 return
-        elif selector is not None:
+        elif selector is not None or (selector := selector_for(item.msg)) is not None:
             info = self.routes.cached(topic)
             waiters = self._route_waiters.get(topic)
             if info is None or waiters is not None:
@@ -708,8 +711,8 @@ class AsyncProducer:
         if queue is not None:
             _check_queue(queue, msg.topic)
             return queue
-        if selector is None:
-            return None
+        if selector is None and (selector := selector_for(msg)) is None:
+            return None  # any queue; a message group picks its group's queue
         loop = asyncio.get_running_loop()
         info = await self._route(msg.topic, deadline - loop.time())
         return _select(info, msg, selector, arg)

@@ -15,13 +15,17 @@ How it works, per assigned queue (see :mod:`orbitmq.client.rebalance` for which 
   messages, many at a time: a plain function on a thread pool of ``consume_threads`` (never on the
   I/O loop), an ``async def`` as tasks on the consumer's loop (at most ``consume_threads`` at once).
   SUCCESS removes the batch from the cache. RECONSUME_LATER, or an exception, sends each message
-  back (CONSUMER_SEND_MSG_BACK) for a later delivery through the group's retry topic; a message the
-  broker would not take back is retried here after 5 s. Broadcasting consumers have no retry
-  topic: RECONSUME_LATER there drops the messages (with a warning), as RocketMQ does.
+  back (CONSUMER_SEND_MSG_BACK) for a later delivery through the group's retry topic, after the
+  group's backoff (10 s, 30 s, 1 min, ... by default; the broker decides, and dead-letters a
+  message whose retries are used up); a message the broker would not take back is retried here
+  after 5 s. Broadcasting consumers have no retry topic: RECONSUME_LATER there drops the
+  messages (with a warning), as RocketMQ does.
 - **orderly listeners** (:meth:`register_orderly_listener`) get one batch at a time per queue, in
   queue order, and only while this client holds the queue's broker lock (clustering).
-  RECONSUME_LATER pauses the queue ``orderly_suspend_s`` (1 s) and retries the same messages;
-  there is no retry limit yet.
+  RECONSUME_LATER (or an exception) pauses the queue ``orderly_retry_interval_s`` (3 s) and
+  retries the same messages in place, counting deliveries per message here (the listener sees
+  ``reconsume_times`` grow); a message that failed with ``reconsume_times`` at the limit
+  (``max_reconsume_times``, 16) is sent to the group's DLQ and the queue moves on.
 - **offsets**: what is committable (the smallest offset still cached, so nothing unconsumed is
   skipped whatever order batches finish in) is committed every ``auto_commit_interval_s``, when
   a queue is handed over and at shutdown; clustering offsets go to the brokers, broadcasting ones
@@ -41,7 +45,9 @@ outlived ``removal_timeout_s`` during a handover, or when a send-back's answer w
 from __future__ import annotations
 
 import asyncio
+import collections
 import concurrent.futures
+import dataclasses
 import enum
 import inspect
 import logging
@@ -119,6 +125,9 @@ _PULL_OK = frozenset(
 _ROUTE_CODES = frozenset({ResponseCode.TOPIC_NOT_EXIST, ResponseCode.NO_PERMISSION})
 _PULL_MAX_BYTES = 4 * 1024 * 1024
 _SEND_BACK_RETRY_S = 5.0
+ORDERLY_MAX_RECONSUME_TIMES = 16
+"""Orderly retries in place before the DLQ when ``max_reconsume_times`` is not set (the
+group config's default; the client does not read group configs)."""
 _BACKOFF_S = (1.0, 3.0)
 
 
@@ -195,7 +204,7 @@ class _ConsumerBase:
         consume_from_where: ConsumeFromWhere = ConsumeFromWhere.LAST_OFFSET,
         consume_timestamp_ms: int | None = None,
         allocate_strategy: str | AllocateStrategy = "AVG",
-        pull_batch_size: int = 32,
+        pull_batch_size: int = 64,
         max_cached_messages_per_queue: int = 1000,
         max_cached_bytes_per_queue: int = 100 * 1024 * 1024,
         client_id: str | None = None,
@@ -530,7 +539,7 @@ class _ConsumerBase:
             raise ProtocolError(f"pull answer without next_begin_offset: {resp.fields!r}")
         code = resp.code
         if code == ResponseCode.SUCCESS:
-            msgs = [_codec.plain(m) for m in decode_records(memoryview(resp.body))]
+            msgs = _codec.plain_all(decode_records(resp.body))
             added = pq.put(sub.accept(msgs), next_begin)
             if added:
                 self._on_pulled(pq, added)
@@ -621,8 +630,11 @@ class AsyncPushConsumer(_ConsumerBase):
 
     ``consume_threads`` bounds listener calls running at once (a thread pool for plain functions,
     a semaphore for ``async def`` ones); ``consume_batch_size`` is the most messages per call;
-    ``max_reconsume_times`` goes with each send-back (the broker's limit before the dead letter
-    queue); ``orderly_suspend_s`` is the pause before an orderly retry.
+    ``max_reconsume_times``: retries before the dead-letter queue; None (the default) leaves it
+    to the group's config on the broker (``retry_max_times``, 16 unless changed), a number is
+    sent with each send-back and overrides it. Orderly consumers count retries themselves and
+    use it too (16 when None). ``orderly_retry_interval_s`` is the pause before an orderly
+    retry (``orderly_suspend_s`` is its older name).
     """
 
     consume_type = "PUSH"
@@ -635,24 +647,42 @@ class AsyncPushConsumer(_ConsumerBase):
         *,
         consume_threads: int = 20,
         consume_batch_size: int = 1,
-        max_reconsume_times: int = 16,
-        orderly_suspend_s: float = 1.0,
+        max_reconsume_times: int | None = None,
+        orderly_retry_interval_s: float = 3.0,
+        orderly_suspend_s: float | None = None,
         **options: Any,
     ) -> None:
         super().__init__(namesrv_addrs, group, **options)
-        if consume_threads < 1 or consume_batch_size < 1 or max_reconsume_times < 0:
+        if orderly_suspend_s is not None:
+            orderly_retry_interval_s = orderly_suspend_s
+        if (
+            consume_threads < 1
+            or consume_batch_size < 1
+            or (max_reconsume_times is not None and not 0 <= max_reconsume_times <= 2**31 - 1)
+            or not 0 <= orderly_retry_interval_s <= 3600
+        ):
             raise ClientError(
                 "consume_threads and consume_batch_size must be at least 1, "
-                "max_reconsume_times at least 0"
+                "max_reconsume_times at least 0, orderly_retry_interval_s 0..3600"
             )
         self.consume_threads = consume_threads
         self.consume_batch_size = consume_batch_size
         self.max_reconsume_times = max_reconsume_times
-        self.orderly_suspend_s = orderly_suspend_s
+        self.orderly_retry_interval_s = orderly_retry_interval_s
+        self._orderly_attempts: dict[MessageQueue, dict[int, int]] = {}
+        """Orderly: queue offset -> reconsume_times of the message's next delivery."""
+        self.dead_lettered = 0
+        """Messages the broker put in the group's DLQ at this consumer's request."""
         self._listener: ConcurrentListener | None = None
         self._is_async = False
         self._executor: concurrent.futures.ThreadPoolExecutor | None = None
         self._semaphore: asyncio.Semaphore | None = None
+        self._async_batches: collections.deque[tuple[ProcessQueue, list[StoredMessage], int]] = (
+            collections.deque()
+        )
+        """Batches waiting for an async listener's worker (see :meth:`_async_worker`)."""
+        self._workers = 0
+        self._worker_starting = False
         self._orderly_tasks: dict[MessageQueue, asyncio.Task[None]] = {}
         self._warned_none = False
         self.consumed = 0
@@ -779,7 +809,37 @@ class AsyncPushConsumer(_ConsumerBase):
 
             fut.add_done_callback(done)
         else:
-            self._spawn(self._run_async(pq, batch, generation))
+            self._async_batches.append((pq, batch, generation))
+            if not self._worker_starting and self._workers < self.consume_threads:
+                self._start_worker()
+
+    def _start_worker(self) -> None:
+        self._workers += 1
+        self._worker_starting = True
+        self._spawn(self._async_worker()).add_done_callback(self._worker_done)
+
+    def _worker_done(self, _task: asyncio.Task[Any]) -> None:
+        self._workers -= 1
+
+    async def _async_worker(self) -> None:
+        """Run waiting batches of an ``async def`` listener, one after another.
+
+        At most ``consume_threads`` workers exist. Before each call a worker starts another if
+        batches are still waiting (and none is about to start): listeners that await run
+        concurrently, as with one task per batch, while listeners that return without waiting
+        run back to back in one task, with no task or semaphore per batch (at
+        consume_batch_size 1 those were most of the consumer's work per message).
+        """
+        self._worker_starting = False
+        waiting = self._async_batches
+        while waiting:
+            pq, batch, generation = waiting.popleft()
+            if waiting and not self._worker_starting and self._workers < self.consume_threads:
+                self._start_worker()
+            try:
+                await self._run_async(pq, batch, generation)
+            except Exception:
+                log.exception("%s: handing a batch to the listener failed", self.group)
 
     def _run_sync(
         self, pq: ProcessQueue, batch: list[StoredMessage], generation: int
@@ -826,15 +886,14 @@ class AsyncPushConsumer(_ConsumerBase):
     async def _run_async(
         self, pq: ProcessQueue, batch: list[StoredMessage], generation: int
     ) -> None:
-        assert self._semaphore is not None
-        async with self._semaphore:
-            if not pq.try_begin(generation):
-                return
-            try:
-                result = await self._call_async([ConsumedMessage(m, pq.mq) for m in batch])
-            except BaseException:
-                pq.end()
-                raise
+        """On a worker (:meth:`_async_worker`), which bounds how many run at once."""
+        if not pq.try_begin(generation):
+            return
+        try:
+            result = await self._call_async([ConsumedMessage(m, pq.mq) for m in batch])
+        except BaseException:
+            pq.end()
+            raise
         self._apply(pq, batch, result, generation)
 
     def _apply(
@@ -898,23 +957,33 @@ class AsyncPushConsumer(_ConsumerBase):
         if self._state is _State.RUNNING and not pq.dropped and pq.generation == generation:
             self._submit(pq, batch, generation)
 
-    async def _send_back_one(self, mq: MessageQueue, msg: StoredMessage) -> bool:
+    async def _send_back_one(
+        self, mq: MessageQueue, msg: StoredMessage, *, to_dlq: bool = False
+    ) -> bool:
+        """CONSUMER_SEND_MSG_BACK; ``to_dlq``: straight to the DLQ (orderly, retries used up)."""
+        fields: dict[str, Any] = {
+            "group": self.group,
+            "offset": msg.physical_offset,
+            "origin_topic": msg.properties.get("RETRY_TOPIC") or msg.topic,
+        }
+        if self.max_reconsume_times is not None:
+            fields["max_reconsume_times"] = self.max_reconsume_times
+        if to_dlq:
+            fields["to_dlq"] = True
+            fields["reconsume_times"] = msg.reconsume_times
         try:
-            await self.requester.call_queue(
-                mq,
-                RequestCode.CONSUMER_SEND_MSG_BACK,
-                {
-                    "group": self.group,
-                    "offset": msg.physical_offset,
-                    "origin_topic": msg.properties.get("RETRY_TOPIC") or msg.topic,
-                    "max_reconsume_times": self.max_reconsume_times,
-                },
-            )
+            resp = await self.requester.call_queue(mq, RequestCode.CONSUMER_SEND_MSG_BACK, fields)
         except MQError as exc:
             log.warning(
                 "%s: send-back of %s offset %d failed: %s", self.group, mq, msg.queue_offset, exc
             )
             return False
+        if resp.fields.get("dlq") is True:
+            self.dead_lettered += 1
+            log.warning(
+                "%s: message %s (%s offset %d) went to the dead-letter queue after %d reconsumes",
+                self.group, msg.msg_id, mq, msg.queue_offset, msg.reconsume_times,
+            )  # fmt: skip
         return True
 
     def _retry_topic_seen(self, broker_name: str) -> None:
@@ -947,18 +1016,22 @@ class AsyncPushConsumer(_ConsumerBase):
         task.add_done_callback(done)
 
     async def _consume_orderly(self, pq: ProcessQueue) -> None:
-        """One batch at a time, in order, while the queue is ours and locked."""
+        """One batch at a time, in order, while the queue is ours and locked. A failed batch is
+        retried in place after ``orderly_retry_interval_s``; its messages whose retries are
+        used up go to the DLQ first, so the queue moves on."""
         locks = self.rebalance.needs_lock
         loop = asyncio.get_running_loop()
+        attempts = self._orderly_attempts.setdefault(pq.mq, {})
         while self._state is _State.RUNNING and not pq.dropped:
             if locks and not pq.lock_valid(LOCK_MAX_AGE_S):
                 return  # queue_relocked starts us again
             generation = pq.generation
-            batch = pq.take(self.consume_batch_size)
+            batch = [_with_attempts(m, attempts) for m in pq.take(self.consume_batch_size)]
             if not batch:
                 return
             if not pq.try_begin(generation):
                 return
+            moved_on = False
             try:
                 msgs = [ConsumedMessage(m, pq.mq) for m in batch]
                 if self._semaphore is not None:
@@ -972,11 +1045,60 @@ class AsyncPushConsumer(_ConsumerBase):
                 if result is ConsumeResult.SUCCESS:
                     self.consumed += 1
                     pq.remove(batch)
+                    for m in batch:
+                        attempts.pop(m.queue_offset, None)
                     continue
                 pq.untake(batch)
+                moved_on = await self._orderly_failed(pq, batch, attempts)
             finally:
                 pq.end()
-            await asyncio.sleep(self.orderly_suspend_s)
+            if not moved_on:
+                await asyncio.sleep(self.orderly_retry_interval_s)
+        if pq.dropped:
+            self._orderly_attempts.pop(pq.mq, None)
+
+    async def _orderly_failed(
+        self, pq: ProcessQueue, batch: list[StoredMessage], attempts: dict[int, int]
+    ) -> bool:
+        """Count the failure; dead-letter (clustering) or drop (broadcasting) the messages that
+        failed at the limit. True when the whole batch is gone (no pause needed)."""
+        limit = (
+            ORDERLY_MAX_RECONSUME_TIMES
+            if self.max_reconsume_times is None
+            else self.max_reconsume_times
+        )
+        exhausted: list[StoredMessage] = []
+        for m in batch:
+            if m.reconsume_times >= limit:
+                exhausted.append(m)
+            else:
+                attempts[m.queue_offset] = m.reconsume_times + 1
+        if not exhausted:
+            return False
+        if self.clustering:
+            sent = await asyncio.gather(
+                *(self._send_back_one(pq.mq, m, to_dlq=True) for m in exhausted)
+            )
+            gone = [m for m, ok in zip(exhausted, sent, strict=True) if ok]
+        else:
+            log.warning(
+                "broadcasting orderly consumer of %s: dropping %d messages of %s after %d "
+                "reconsumes (no dead-letter queue)",
+                self.group, len(exhausted), pq.mq, limit,
+            )  # fmt: skip
+            gone = exhausted
+        pq.remove(gone)
+        for m in gone:
+            attempts.pop(m.queue_offset, None)
+        return len(gone) == len(batch)
+
+
+def _with_attempts(msg: StoredMessage, attempts: dict[int, int]) -> StoredMessage:
+    """The message as its next orderly delivery shows it: ``reconsume_times`` counted here."""
+    n = attempts.get(msg.queue_offset)
+    if n is None or n == msg.reconsume_times:
+        return msg
+    return dataclasses.replace(msg, reconsume_times=n)
 
 
 class _suppress_closed:

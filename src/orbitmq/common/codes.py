@@ -48,3 +48,17 @@ class ResponseCode(enum.IntEnum):
     change_invisible_duration, or past its invisible time (the message was made visible again)."""
     OFFSET_ILLEGAL = 1005
     """A committed or reset offset outside the queue ([0, max_offset])."""
+    # Timers (1010-1019).
+    TIMER_MESSAGE_NOT_FOUND = 1010
+    """RECALL_MESSAGE names no delayed message of that topic on this broker."""
+    TIMER_MESSAGE_NOT_PENDING = 1011
+    """RECALL_MESSAGE came too late: the message was already delivered, or already recalled."""
+    # Transactions (1030-1039).
+    TRANSACTION_NOT_FOUND = 1030
+    """END_TRANSACTION names no half message this broker holds (wrong offset, id or group)."""
+    TRANSACTION_STATE_CONFLICT = 1031
+    """END_TRANSACTION contradicts the decision already applied (rollback after commit, or any
+    decision after the broker discarded the transaction)."""
+    TRANSACTION_TYPE_MISMATCH = 1032
+    """A transactional send to a topic whose message_type is not TRANSACTION, with
+    enforce_topic_message_type on."""

@@ -169,6 +169,24 @@ class OffsetIllegalError(MQError, ValueError):
     code = ResponseCode.OFFSET_ILLEGAL
 
 
+class TransactionNotFoundError(MQError):
+    """END_TRANSACTION names no half message this broker holds (offset, id or group wrong)."""
+
+    code = ResponseCode.TRANSACTION_NOT_FOUND
+
+
+class TransactionStateConflictError(MQError):
+    """END_TRANSACTION contradicts the decision already applied to the transaction."""
+
+    code = ResponseCode.TRANSACTION_STATE_CONFLICT
+
+
+class TransactionTypeMismatchError(MessageIllegalError):
+    """A transactional send to a topic not typed TRANSACTION (enforce_topic_message_type on)."""
+
+    code = ResponseCode.TRANSACTION_TYPE_MISMATCH
+
+
 _RETRIABLE = frozenset(
     {
         ResponseCode.SYSTEM_ERROR,

@@ -23,6 +23,12 @@ PROPERTY_KEYS = "KEYS"
 PROPERTY_UNIQ_KEY = "UNIQ_CLIENT_MESSAGE_ID_KEYIDX"
 PROPERTY_DELAY_LEVEL = "DELAY"
 PROPERTY_TIMER_DELIVER_MS = "TIMER_DELIVER_MS"
+PROPERTY_TIMER_DELAY_MS = "TIMER_DELAY_MS"
+PROPERTY_TIMER_DELAY_SEC = "TIMER_DELAY_SEC"
+PROPERTY_TIMER_OUT_MS = "TIMER_OUT_MS"
+"""On a delivered delayed message: the due time (epoch ms) it was scheduled for."""
+PROPERTY_REAL_TOPIC = "REAL_TOPIC"
+PROPERTY_REAL_QUEUE_ID = "REAL_QID"
 PROPERTY_SHARDING_KEY = "__SHARDINGKEY"
 PROPERTY_TRANSACTION_PREPARED = "TRAN_MSG"
 
@@ -95,6 +101,22 @@ class Message:
     keys: Sequence[str] = ()
     properties: dict[str, str] = field(default_factory=dict)
     flag: int = 0
+
+    def set_delay_level(self, level: int) -> Message:
+        """Deliver after delay level ``level`` (1..18 by default: 1s 5s 10s 30s 1m ... 2h;
+        0 = no delay; above the last level means the last). Returns the message."""
+        self.properties[PROPERTY_DELAY_LEVEL] = str(int(level))
+        return self
+
+    def set_deliver_time_ms(self, epoch_ms: int) -> Message:
+        """Deliver at ``epoch_ms`` (a time not in the future: at once). Returns the message."""
+        self.properties[PROPERTY_TIMER_DELIVER_MS] = str(int(epoch_ms))
+        return self
+
+    def set_delay_ms(self, delay_ms: int) -> Message:
+        """Deliver ``delay_ms`` after the broker stores it. Returns the message."""
+        self.properties[PROPERTY_TIMER_DELAY_MS] = str(int(delay_ms))
+        return self
 
     def system_properties(self) -> dict[str, str]:
         """User properties plus TAGS and KEYS, as they are stored."""

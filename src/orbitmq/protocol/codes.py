@@ -28,7 +28,9 @@ class RequestCode(enum.IntEnum):
     HEART_BEAT = 34
     UNREGISTER_CLIENT = 35
     CONSUMER_SEND_MSG_BACK = 36
+    END_TRANSACTION = 37
     GET_CONSUMER_LIST_BY_GROUP = 38
+    CHECK_TRANSACTION_STATE = 39
     NOTIFY_CONSUMER_IDS_CHANGED = 40
     LOCK_BATCH_MQ = 41
     UNLOCK_BATCH_MQ = 42
@@ -41,7 +43,10 @@ class RequestCode(enum.IntEnum):
     ADD_WRITE_PERM_OF_BROKER = 327
     DELETE_TOPIC_IN_BROKER = 215
     DELETE_TOPIC_IN_NAMESRV = 216
+    UPDATE_AND_CREATE_SUBSCRIPTIONGROUP = 200
+    GET_ALL_SUBSCRIPTIONGROUP_CONFIG = 201
     GET_CONSUMER_CONNECTION_LIST = 203
+    DELETE_SUBSCRIPTIONGROUP = 207
     GET_CONSUME_STATS = 208
     RESET_CONSUMER_CLIENT_OFFSET = 220
     INVOKE_BROKER_TO_RESET_OFFSET = 222
@@ -56,3 +61,7 @@ class RequestCode(enum.IntEnum):
     GET_TOPIC_STATS = 1000
     GET_BROKER_RUNTIME_INFO = 1001
     GET_CONSUMER_GROUP_LIST = 1002
+    RECALL_MESSAGE = 1060
+    """Cancel a pending delayed/timer message by topic and message id (docs/timers.md)."""
+    GET_DLQ_MESSAGES = 1070
+    """Admin read of a group's %DLQ% topic, which consumers cannot pull (docs/retry-dlq.md)."""

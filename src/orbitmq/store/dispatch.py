@@ -20,6 +20,7 @@ from orbitmq.common.message import find_all, property_value
 from orbitmq.common.record import BLANK, BLANK_MAGIC, HEADER, HEADER_SIZE, U16
 from orbitmq.store.commit_log import CommitLog
 from orbitmq.store.consume_queue import ENTRY_DTYPE, ConsumeQueueTable
+from orbitmq.store.timer_index import TIMER_TOPIC, timer_tag
 
 log = logging.getLogger(__name__)
 
@@ -169,6 +170,12 @@ class Dispatcher:
                 view, props_at + 2, props_len, run_starts, run_topics, phys, times, tags,
                 index_items,
             )  # fmt: skip
+        if TIMER_TOPIC in run_topics:  # the timer topic's tag is the due time (timer_index)
+            p_at, p_len = (props_at + 2).tolist(), props_len.tolist()
+            for topic, a, b in zip(run_topics, run_starts, run_ends, strict=True):
+                if topic == TIMER_TOPIC:
+                    for k in range(a, b):
+                        tags[k] = timer_tag(bytes(view[p_at[k] : p_at[k] + p_len[k]]))
         entries = np.empty(n, dtype=ENTRY_DTYPE)
         entries["phy"] = phys
         entries["size"] = sizes
@@ -211,6 +218,8 @@ class Dispatcher:
                 value = property_value(props, _TAGS)
                 if value:
                     tag = crc(value)
+                if topic == TIMER_TOPIC:
+                    tag = timer_tag(props)
                 if indexing:
                     pre = self._prefix(topic)
                     keys = property_value(props, _KEYS)

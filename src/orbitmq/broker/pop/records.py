@@ -7,7 +7,8 @@ carries the operations of one request, which makes them atomic (a record is CRC-
 whole: after a crash either all of a request's operations are there or none is)::
 
     body = msgpack([1, [op, ...]]) + HMAC-SHA256(secret, msgpack part)[:16]
-    op   = ["ck", ck_id, group, topic, origin_topic, queue_id, [offsets], [phys], pop_ms, deadline_ms]
+    op   = ["ck", ck_id, group, topic, origin_topic, queue_id, [offsets], [phys], pop_ms, deadline_ms,
+            fifo_attempts (list or nil; absent in entries written before FIFO)]
          | ["ack", ck_id, [index, ...]]
          | ["done", ck_id]
 
@@ -53,6 +54,10 @@ class CkRecord(msgspec.Struct, tag="ck", array_like=True, frozen=True):
     """CommitLog offsets of the same messages (revive reads them back from there)."""
     pop_time_ms: int
     deadline_ms: int
+    fifo_attempts: list[int] | None = None
+    """FIFO pop only (docs/fifo.md): the delivery attempt (1, 2, ...) of each entry. A FIFO
+    entry not acked in time is made visible again in place (never copied to the retry topic),
+    so the attempt count lives here. None: an ordinary CK (old entries decode to None)."""
 
 
 class AckRecord(msgspec.Struct, tag="ack", array_like=True, frozen=True):
@@ -106,6 +111,7 @@ def decode_entry(body: bytes | memoryview, secret: bytes) -> list[Op]:
             not 0 < len(op.offsets) <= MAX_CK_ENTRIES
             or len(op.offsets) != len(op.phys)
             or op.queue_id < 0
+            or (op.fifo_attempts is not None and len(op.fifo_attempts) != len(op.offsets))
         ):
             raise RecordCodecError(f"CK {op.ck_id:x} is malformed")
         if isinstance(op, AckRecord) and any(i < 0 or i >= MAX_CK_ENTRIES for i in op.indexes):

@@ -1,9 +1,12 @@
 """Revive: messages whose invisible time ended un-acked go to the group's pop retry topic.
 
 Every ``pop_revive_interval_ms`` the reviver takes the checkpoints past their deadline, reads
-their un-acked messages back from the CommitLog, appends copies to
+their un-acked messages back from the CommitLog, and stores copies: to
 ``pop_retry_topic(group, topic)`` (reconsume_times + 1, RETRY_TOPIC = the original topic, kept
-if already set, ORIGIN_MESSAGE_ID), and only once the copies are stored appends a DONE for the
+if already set, ORIGIN_MESSAGE_ID) through the broker's timer, due at the deadline plus the
+group's Pop backoff (``SubscriptionGroupConfig.pop_retry_delay_ms`` of the message's
+reconsume_times); or, for a message popped with ``reconsume_times >= retry_max_times``, to
+``%DLQ%<group>`` at once. Only once the copies are stored does it append a DONE for the
 checkpoints. A crash between the two revives them again at restart: a duplicate, never a loss.
 
 It also owns the restart side: :meth:`Reviver.recover` replays the revive log from the revive
@@ -23,6 +26,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from orbitmq.broker.dead_letter import copy_properties, ensure_dlq_topic, exhausted
 from orbitmq.broker.pop.records import (
     REVIVE_TOPIC,
     CkRecord,
@@ -36,11 +40,8 @@ from orbitmq.common.files import write_atomically
 from orbitmq.common.message import MessageBatch, encode_properties
 from orbitmq.common.record import StoredMessage, decode
 from orbitmq.protocol.bodies import TopicConfig
-from orbitmq.protocol.consumer import (
-    PROPERTY_ORIGIN_MESSAGE_ID,
-    PROPERTY_RETRY_TOPIC,
-    pop_retry_topic,
-)
+from orbitmq.protocol.consumer import PROPERTY_RETRY_TOPIC, dlq_topic, pop_retry_topic
+from orbitmq.protocol.group_config import SubscriptionGroupConfig
 from orbitmq.store.message_store import GetStatus, MessageStore
 
 if TYPE_CHECKING:
@@ -57,22 +58,25 @@ FAILURE_BACKOFF_S = 2.0
 REPLAY_CHUNK = 1024
 CHECKPOINT_FILE = "pop_revive.json"
 
-_BatchKey = tuple[str, int, int, int, int, tuple[str, int]]
+_BatchKey = tuple[str, int, int, int, int, tuple[str, int], int]
+"""(target topic, flag, sys_flag, reconsume_times, born time, born host, due ms or -1: the DLQ,
+appended at once)."""
 
 
 class _Copies:
-    """Copies to append, grouped by the fields a MessageBatch shares, in batches of at most
-    COPY_BATCH_BYTES."""
+    """Copies to append, grouped by the fields a MessageBatch shares (and their due time), in
+    batches of at most COPY_BATCH_BYTES."""
 
     def __init__(self) -> None:
         self.batches: dict[_BatchKey, list[MessageBatch]] = {}
         self._last_bytes: dict[_BatchKey, int] = {}
+        self.dlq_groups: set[str] = set()
 
     def add(self, key: _BatchKey, msg: StoredMessage, properties: bytes) -> None:
         group = self.batches.setdefault(key, [])
         size = self._last_bytes.get(key, 0)
         if not group or size + len(msg.body) > COPY_BATCH_BYTES:
-            target, flag, sys_flag, reconsume, born_ts, born_host = key
+            target, flag, sys_flag, reconsume, born_ts, born_host, _due = key
             group.append(
                 MessageBatch(
                     target, 0, [], [], flag=flag, sys_flag=sys_flag, born_timestamp_ms=born_ts,
@@ -84,8 +88,9 @@ class _Copies:
         group[-1].properties.append(properties)
         self._last_bytes[key] = size + len(msg.body)
 
-    def all(self) -> list[MessageBatch]:
-        return [b for group in self.batches.values() for b in group]
+    def all(self) -> list[tuple[int, MessageBatch]]:
+        """(due ms, or -1 for a DLQ copy; the batch)."""
+        return [(key[6], b) for key, group in self.batches.items() for b in group]
 
 
 class Reviver:
@@ -244,6 +249,7 @@ class Reviver:
                 break
             taken.append(ck)
             rec = ck.record
+            policy = svc.broker.groups.get(rec.group)
             indexes = ck.unacked()
             found = await svc.bridge.read(_load, svc.store, [rec.phys[j] for j in indexes])
             for j, msg in zip(indexes, found, strict=True):
@@ -256,13 +262,20 @@ class Reviver:
                     log.warning("pop revive: %s/%d offset %d is gone from the store; not revived",
                                 rec.topic, rec.queue_id, rec.offsets[j])  # fmt: skip
                     continue
-                self._add_copy(copies, rec, msg)
+                self._add_copy(copies, rec, msg, policy)
                 messages += 1
                 nbytes += len(msg.body)
         if copies.batches:
-            for topic in {key[0] for key in copies.batches}:
+            dlqs = {dlq_topic(g) for g in copies.dlq_groups}
+            for group in copies.dlq_groups:
+                await ensure_dlq_topic(svc.broker, group)
+            for topic in {key[0] for key in copies.batches} - dlqs:
                 await self._ensure_topic(topic)
-            puts = [svc.bridge.put(b) for b in copies.all()]
+            timer = svc.broker.timer
+            puts = [
+                svc.bridge.put(b) if due < 0 else timer.put_delayed(b, due)
+                for due, b in copies.all()
+            ]
             results = await asyncio.gather(*puts, return_exceptions=True)
             for result in results:
                 if isinstance(result, BaseException):
@@ -271,17 +284,29 @@ class Reviver:
         self.revived += messages
         return taken
 
-    def _add_copy(self, copies: _Copies, rec: CkRecord, msg: StoredMessage) -> None:
-        target = pop_retry_topic(rec.group, rec.origin_topic)
-        props = dict(msg.properties)
-        props.setdefault(PROPERTY_RETRY_TOPIC, rec.origin_topic)
-        if msg.msg_id:
-            props.setdefault(PROPERTY_ORIGIN_MESSAGE_ID, msg.msg_id)
+    def _add_copy(
+        self, copies: _Copies, rec: CkRecord, msg: StoredMessage, policy: SubscriptionGroupConfig
+    ) -> None:
+        """A retry copy due at the CK's deadline plus the group's Pop backoff, or, when the
+        message has been redelivered ``retry_max_times`` times already, a DLQ copy."""
+        origin = msg.properties.get(PROPERTY_RETRY_TOPIC) or rec.origin_topic
+        if exhausted(msg.reconsume_times, policy.retry_max_times):
+            target = dlq_topic(rec.group)
+            props = copy_properties(msg, origin, dlq_reason="pop")
+            reconsume = msg.reconsume_times
+            due = -1
+            copies.dlq_groups.add(rec.group)
+        else:
+            target = pop_retry_topic(rec.group, rec.origin_topic)
+            props = copy_properties(msg, origin)
+            reconsume = msg.reconsume_times + 1
+            due = rec.deadline_ms + policy.pop_retry_delay_ms(msg.reconsume_times)
         encoded = encode_properties(props)
         if len(encoded) > self.service.store.config.max_properties_size:
             encoded = encode_properties(msg.properties)  # no room: keep the message, lose the tags
-        reconsume = msg.reconsume_times + 1
-        key = (target, msg.flag, msg.sys_flag, reconsume, msg.born_timestamp_ms, msg.born_host)
+        key = (
+            target, msg.flag, msg.sys_flag, reconsume, msg.born_timestamp_ms, msg.born_host, due,
+        )  # fmt: skip
         copies.add(key, msg, encoded)
 
     async def _ensure_topic(self, topic: str) -> None:

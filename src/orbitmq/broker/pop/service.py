@@ -12,11 +12,16 @@ state from the log.
 All state lives on the event loop; a per-(group, topic, queue) asyncio lock keeps two pops from
 reading the same offset, and is held across the CK append so the offset moves only after the
 CK is stored.
+
+A FIFO topic (or a group configured ``fifo``) is popped through a per-queue window instead
+(:mod:`orbitmq.broker.pop.fifo`, docs/fifo.md): one message per message group in flight, an
+un-acked one made visible again in place, dead-lettered after the group's retry limit.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import logging
 import secrets
@@ -26,6 +31,8 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from orbitmq.broker.dead_letter import copy_properties, ensure_dlq_topic, exhausted
+from orbitmq.broker.pop.fifo import FifoWindow, message_group, with_attempt
 from orbitmq.broker.pop.receipt import HandleCodec, ReceiptHandle, load_or_create_secret
 from orbitmq.broker.pop.records import REVIVE_TOPIC, AckRecord, CkRecord, Op, encode_entry
 from orbitmq.broker.pop.revive import Reviver
@@ -39,20 +46,21 @@ from orbitmq.common.errors import (
     ReceiptHandleInvalidError,
 )
 from orbitmq.common.filter import MessageFilter, compile_filter
-from orbitmq.common.message import MessageBatch, decode_properties
-from orbitmq.common.record import properties_slice
+from orbitmq.common.message import MessageBatch, decode_properties, encode_properties
+from orbitmq.common.record import StoredMessage, properties_slice
 from orbitmq.common.validation import validate_group
 from orbitmq.protocol.bodies import PERM_READ, TopicConfig, decode_body, encode_body
 from orbitmq.protocol.codes import RequestCode
 from orbitmq.protocol.consumer import (
     AckResults,
     ReceiptHandleList,
+    dlq_topic,
     is_system_group_topic,
     pop_retry_topic,
 )
 from orbitmq.protocol.fields import get_int, get_str
 from orbitmq.protocol.frame import Frame
-from orbitmq.store.message_store import GetResult, GetStatus
+from orbitmq.store.message_store import GetResult, GetStatus, MessageStore
 
 if TYPE_CHECKING:
     from orbitmq.broker.controller import BrokerController
@@ -71,6 +79,14 @@ _PHYSICAL_OFFSET = struct.Struct(">q")  # at byte 28 of a stored record
 CONSUME_FROM = ("LAST_OFFSET", "FIRST_OFFSET")
 RETRY_FIRST_EVERY = 5
 """One pop in this many visits the retry queue before the topic's queues (RocketMQ's 20 %)."""
+FIFO_READ_CHUNK = 256
+"""Messages one store read of a FIFO window scan asks for."""
+FIFO_EXPIRE_PASS = 256
+"""FIFO CKs one expiry pass handles at most."""
+FIFO_DLQ_RETRY_MS = 2_000
+"""A FIFO message whose dead-lettering failed is tried again this much later (held meanwhile)."""
+DEFAULT_RETRY_MAX_TIMES = 16
+MAX_FIFO_WINDOW = 65_536
 
 
 def now_ms() -> int:
@@ -96,6 +112,8 @@ class _PopRequest:
     poll_ms: int
     filter: MessageFilter
     from_first: bool
+    fifo: bool = False
+    """Pop through the FIFO window (topic type FIFO, or the group is configured fifo)."""
 
 
 @dataclass(slots=True)
@@ -104,6 +122,18 @@ class _Served:
     handles: list[str] = field(default_factory=list)
     nbytes: int = 0
     pop_time_ms: int = 0
+
+
+@dataclass(slots=True)
+class _FifoPick:
+    offset: int
+    view: memoryview
+    attempt: int
+
+
+def _load(store: MessageStore, phys: list[int]) -> list[StoredMessage | None]:
+    """On a reader thread: the records at these CommitLog offsets."""
+    return [store.get_message(p) for p in phys]
 
 
 def check_group(group: str, topic: str) -> None:
@@ -137,6 +167,11 @@ class PopService:
         """Revive-log max offset when each append in flight started (its entry lands at or
         past it): the restart checkpoint must not pass them."""
         self.started = False
+        self.fifo_window = max(1, min(self.config.pop_fifo_window, MAX_FIFO_WINDOW))
+        self.fifo_dead_lettered = 0
+        """FIFO messages moved to a DLQ after their last attempt since start."""
+        self._fifo_task: asyncio.Task[None] | None = None
+        self._fifo_stopping = asyncio.Event()
 
     def handlers(self) -> dict[int, Callable[[Frame], Awaitable[Reply]]]:
         return {
@@ -167,9 +202,30 @@ class PopService:
             )
             await asyncio.to_thread(self.topics.upsert, config)
         self.store.add_arrival_listener(self._on_arrival)
+        before = {g: self.offsets.offsets(g) for g in self.offsets.groups()}
         await self.reviver.recover()
+        self._restore_fifo_bases(before)
         self.reviver.start()
+        self._fifo_stopping.clear()
+        self._fifo_task = self._loop.create_task(self._fifo_loop(), name="pop-fifo-expire")
         self.started = True
+
+    def _restore_fifo_bases(self, before: dict[str, dict[str, dict[int, int]]]) -> None:
+        """After replay: give every FIFO window its base. Replay moves a group's offset past
+        every replayed CK's run (right for ordinary pops, whose offsets only move forward
+        over what they handed out); a FIFO queue's offset is the window's base, below
+        messages still to be delivered, so it goes back to what it was before replay (the
+        persisted base), or, never persisted, to the lowest offset the window knows."""
+        for key, win in list(self.state.fifo.items()):
+            group, topic, queue_id = key
+            base = before.get(group, {}).get(topic, {}).get(queue_id)
+            if base is None:
+                base = win.earliest()
+            if base is None:
+                del self.state.fifo[key]
+                continue
+            win.rebase(base)
+            self.offsets.set(group, topic, queue_id, win.advance())
 
     async def stop(self) -> None:
         """Before the store closes: stop reviving, wake held pops, write the revive checkpoint."""
@@ -179,6 +235,10 @@ class PopService:
                 if not fut.done():
                     fut.set_result(None)
         self._waiters.clear()
+        self._fifo_stopping.set()
+        if self._fifo_task is not None:
+            await self._fifo_task
+            self._fifo_task = None
         await self.reviver.stop()
 
     # ------------------------------------------------------------------ stats
@@ -208,6 +268,9 @@ class PopService:
         open_floor = self.state.revive_floor()
         if open_floor is not None:
             floor = min(floor, open_floor)
+        fifo_floor = self.state.fifo_floor()
+        if fifo_floor is not None:
+            floor = min(floor, fifo_floor)
         if self._append_floors:
             floor = min(floor, *self._append_floors)
         return floor
@@ -258,7 +321,19 @@ class PopService:
                 get_str(frame, "expression_type", "TAG"), get_str(frame, "expression", "*")
             ),
             from_first=from_where == "FIRST_OFFSET",
+            fifo=config.message_type == "FIFO" or self._group_fifo(group),
         )
+
+    def _group_config(self, group: str) -> object | None:
+        groups = getattr(self.broker, "groups", None)
+        return groups.get(group) if groups is not None else None
+
+    def _group_fifo(self, group: str) -> bool:
+        return bool(getattr(self._group_config(group), "fifo", False))
+
+    def _retry_max_times(self, group: str) -> int:
+        value = getattr(self._group_config(group), "retry_max_times", DEFAULT_RETRY_MAX_TIMES)
+        return value if isinstance(value, int) else DEFAULT_RETRY_MAX_TIMES
 
     async def pop(self, frame: Frame) -> Reply:
         req = self._parse_pop(frame)
@@ -336,7 +411,10 @@ class PopService:
             if left <= 0 or served.nbytes >= MAX_POP_BYTES:
                 break
             try:
-                await self._pop_queue(req, topic, queue_id, retry, left, served)
+                if req.fifo and not retry:
+                    await self._pop_fifo_queue(req, topic, queue_id, left, served)
+                else:
+                    await self._pop_queue(req, topic, queue_id, retry, left, served)
             except MQError:
                 if not served.handles:
                     raise
@@ -403,6 +481,244 @@ class PopService:
             served.parts += [views[i] for i in keep]
         served.nbytes += sum(res.sizes[i] for i in keep)
         served.pop_time_ms = served.pop_time_ms or pop_time
+
+    # ------------------------------------------------------------------ FIFO pop
+
+    async def _pop_fifo_queue(
+        self, req: _PopRequest, topic: str, queue_id: int, want: int, served: _Served
+    ) -> None:
+        """One queue of a FIFO pop: at most one message per message group that has none in
+        flight, oldest first, from the window above the group's offset (docs/fifo.md)."""
+        key = (req.group, topic, queue_id)
+        win = self.state.window(key)
+        offset = self._offset(req, topic, queue_id, False)
+        if win.base == offset and offset >= self.store.max_offset(topic, queue_id):
+            return  # nothing unfinished: no lock, no thread hop
+        lock = self._locks.get(key)
+        if lock is None:
+            lock = self._locks[key] = asyncio.Lock()
+        async with lock:
+            offset = self._offset(req, topic, queue_id, False)
+            if win.base != offset:
+                win.rebase(offset)  # first use, or reset / committed from outside
+            picks = await self._fifo_scan(req, topic, queue_id, win, want, served.nbytes)
+            self._fifo_settle(key, win)
+            if not picks:
+                return
+            pop_time = now_ms()
+            record = CkRecord(
+                ck_id=self._new_ck_id(),
+                group=req.group,
+                topic=topic,
+                origin_topic=req.topic,
+                queue_id=queue_id,
+                offsets=[p.offset for p in picks],
+                phys=[_PHYSICAL_OFFSET.unpack_from(p.view, 28)[0] for p in picks],
+                pop_time_ms=pop_time,
+                deadline_ms=pop_time + req.invisible_ms,
+                fifo_attempts=[p.attempt for p in picks],
+            )
+            log_offset = await self.append_ops([record])
+            self.state.add(record, log_offset)
+        encode, deadline = self.codec.encode, record.deadline_ms
+        for i, p in enumerate(picks):
+            handle = ReceiptHandle(record.ck_id, i, queue_id, p.offset, deadline, False)
+            served.handles.append(encode(handle, req.group, req.topic))
+            # A redelivery says its attempt in RECONSUME_TIMES (a copy; first ones zero-copy).
+            served.parts.append(
+                p.view if p.attempt == 1 else memoryview(with_attempt(p.view, p.attempt))
+            )
+            served.nbytes += len(p.view)
+        served.pop_time_ms = served.pop_time_ms or pop_time
+
+    async def _fifo_scan(
+        self,
+        req: _PopRequest,
+        topic: str,
+        queue_id: int,
+        win: FifoWindow,
+        want: int,
+        nbytes: int,
+    ) -> list[_FifoPick]:
+        """Walk the window from its base: finished offsets are passed over, an in-flight one
+        blocks its message group for the rest of the walk, and the first visible message of
+        every other group is picked (blocking its group too), until ``want`` are picked."""
+        end = min(win.base + self.fifo_window, self.store.max_offset(topic, queue_id))
+        pos = win.base
+        blocked: set[bytes] = set()
+        picks: list[_FifoPick] = []
+        sql = req.filter if req.filter.is_sql else None
+        while pos < end and len(picks) < want and nbytes < MAX_POP_BYTES:
+            start = pos
+            res = await self.bridge.read(
+                self.store.get_messages, topic, queue_id, pos, min(end - pos, FIFO_READ_CHUNK),
+                MAX_POP_BYTES, req.filter.tags,
+            )  # fmt: skip
+            if res.status is GetStatus.OFFSET_TOO_SMALL and pos == win.base:
+                log.info("pop %s %s/%d: offset %d is gone, moving to %d", req.group, topic,
+                         queue_id, pos, res.next_begin_offset)  # fmt: skip
+                win.rebase(res.next_begin_offset)
+                pos = res.next_begin_offset
+                continue
+            if res.status is GetStatus.NO_MATCHED_MESSAGE:
+                for o in range(pos, min(res.next_begin_offset, end)):
+                    win.skip(o)  # the tag filter rejected them all: consumed
+                if res.next_begin_offset <= pos:
+                    break
+                pos = res.next_begin_offset
+                continue
+            if res.status is not GetStatus.FOUND:
+                break
+            stopped = False
+            for view, o, size in zip(res.messages, res.queue_offsets, res.sizes, strict=True):
+                if o >= end:
+                    stopped = True
+                    break
+                for gap in range(pos, o):
+                    win.skip(gap)  # rejected by the tag filter, expired or unreadable
+                pos = o + 1
+                if o < win.base or o in win.done:
+                    continue  # (an ack during the read may have moved the base past it)
+                group = message_group(view)
+                if o in win.inflight or group in blocked:
+                    blocked.add(group)
+                    continue
+                if sql is not None and not sql.matches(
+                    decode_properties(properties_slice(view, 0)[1])
+                ):
+                    win.skip(o)
+                    continue
+                blocked.add(group)
+                picks.append(_FifoPick(o, view, win.attempts.get(o, 0) + 1))
+                nbytes += size
+                if len(picks) >= want or nbytes >= MAX_POP_BYTES:
+                    stopped = True
+                    break
+            if stopped:
+                break
+            for gap in range(pos, min(res.next_begin_offset, end)):
+                win.skip(gap)
+            if res.next_begin_offset <= start:
+                break  # no progress (cannot happen with FOUND; never spin)
+            pos = max(pos, res.next_begin_offset)
+        return picks
+
+    def _fifo_settle(self, key: tuple[str, str, int], win: FifoWindow) -> None:
+        """Move the window's base over its finished prefix and make it the group's offset."""
+        old = win.base
+        base = win.advance()
+        group, topic, queue_id = key
+        if base != old or self.offsets.query(group, topic, queue_id) != base:
+            self.offsets.set(group, topic, queue_id, base)
+
+    def _fifo_acked(self, entries: list[tuple[Checkpoint, int]]) -> None:
+        """ACKs of FIFO entries are stored: finish their offsets, move the bases, and wake
+        pops waiting for the next message of those groups."""
+        topics: set[str] = set()
+        for ck, index in entries:
+            win = self.state.fifo_ack(ck, index)
+            if win is not None:
+                rec = ck.record
+                self._fifo_settle((rec.group, rec.topic, rec.queue_id), win)
+                topics.add(rec.origin_topic)
+        for topic in topics:
+            self._wake(topic)
+
+    async def _fifo_loop(self) -> None:
+        interval = self.config.pop_revive_interval_ms / 1000
+        while not self._fifo_stopping.is_set():
+            try:
+                pause = 0.0 if await self.expire_fifo() >= FIFO_EXPIRE_PASS else interval
+            except Exception:  # keep going: the CKs stay open and are looked at again
+                log.exception("FIFO pop expiry pass failed; retrying in %.0f s",
+                              FIFO_DLQ_RETRY_MS / 1000)  # fmt: skip
+                pause = FIFO_DLQ_RETRY_MS / 1000
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(pause):
+                    await self._fifo_stopping.wait()
+
+    async def expire_fifo(self, now: int | None = None) -> int:
+        """One pass over FIFO CKs whose invisible time ended: un-acked entries become visible
+        again in place (their next delivery is the next attempt), except those delivered
+        ``retry_max_times + 1`` times, which are copied to ``%DLQ%<group>`` and then acked.
+        Returns how many CKs it closed."""
+        now = now_ms() if now is None else now
+        due = self.state.fifo_due(now, FIFO_EXPIRE_PASS)
+        woken: set[str] = set()
+        closed = 0
+        for ck in due:
+            rec = ck.record
+            attempts = rec.fifo_attempts or []
+            win = self.state.fifo.get((rec.group, rec.topic, rec.queue_id))
+            max_times = self._retry_max_times(rec.group)
+            dead: list[int] = []
+            for i in ck.unacked():
+                held = win is not None and win.inflight.get(rec.offsets[i]) == (rec.ck_id, i)
+                if held and exhausted(attempts[i] - 1, max_times):
+                    dead.append(i)
+            if dead:
+                try:
+                    await self._fifo_dead_letter(ck, dead)
+                except Exception:
+                    log.exception("FIFO pop: cannot dead-letter %d messages of %s %s/%d; "
+                                  "they stay in flight", len(dead), rec.group, rec.topic,
+                                  rec.queue_id)  # fmt: skip
+                    self.state.fifo_requeue(ck, now + FIFO_DLQ_RETRY_MS)
+                    continue
+            if win is not None:
+                for i in ck.unacked():
+                    win.release(rec.offsets[i], rec.ck_id, i)
+                self._fifo_settle((rec.group, rec.topic, rec.queue_id), win)
+            self.state.close(ck, "revived")
+            woken.add(rec.origin_topic)
+            closed += 1
+        for topic in woken:
+            self._wake(topic)
+        return closed
+
+    async def _fifo_dead_letter(self, ck: Checkpoint, indexes: list[int]) -> None:
+        """Copy the entries' messages to the group's DLQ, then ACK them (one entry): a crash
+        between the two dead-letters them again at restart (a duplicate, never a loss)."""
+        rec = ck.record
+        found = await self.bridge.read(_load, self.store, [rec.phys[i] for i in indexes])
+        await ensure_dlq_topic(self.broker, rec.group)
+        target = dlq_topic(rec.group)
+        attempts = rec.fifo_attempts or []
+        puts = []
+        for i, msg in zip(indexes, found, strict=True):
+            if msg is None or msg.queue_offset != rec.offsets[i] or msg.topic != rec.topic:
+                log.warning("FIFO pop: %s/%d offset %d is gone from the store; not dead-lettered",
+                            rec.topic, rec.queue_id, rec.offsets[i])  # fmt: skip
+                continue
+            props = encode_properties(copy_properties(msg, rec.origin_topic, dlq_reason="orderly"))
+            if len(props) > self.store.config.max_properties_size:
+                props = encode_properties(msg.properties)
+            batch = MessageBatch(
+                target, 0, [msg.body], [props], flag=msg.flag, sys_flag=msg.sys_flag,
+                born_timestamp_ms=msg.born_timestamp_ms, born_host=msg.born_host,
+                reconsume_times=max(0, attempts[i] - 1),
+            )  # fmt: skip
+            puts.append(self.bridge.put(batch))
+        for result in await asyncio.gather(*puts, return_exceptions=True):
+            if isinstance(result, BaseException):
+                raise result
+        for i in indexes:
+            self.state.mark(ck, i)
+        ck.pending += 1
+        ok = False
+        try:
+            await self.append_ops([AckRecord(ck.ck_id, indexes)])
+            ok = True
+        finally:
+            ck.pending -= 1
+            if not ok:
+                for i in indexes:
+                    self.state.unmark(ck, i)
+        self._fifo_acked([(ck, i) for i in indexes])
+        self.fifo_dead_lettered += len(indexes)
+        log.warning("FIFO pop: %d messages of %s %s/%d dead-lettered to %s after %d deliveries",
+                    len(indexes), rec.group, rec.topic, rec.queue_id, target,
+                    max(attempts[i] for i in indexes))  # fmt: skip
 
     async def _read(
         self, req: _PopRequest, topic: str, queue_id: int, offset: int, want: int, served: _Served
@@ -509,6 +825,8 @@ class PopService:
                 ck.pending -= 1
                 if not ok:
                     self.state.unmark(ck, index)
+            if ok:
+                self._fifo_acked([(ck, i) for ck, i in entries if ck.fifo])
             for ck, _idx in by_ck.values():
                 self.state.close_if_done(ck)
 
@@ -559,6 +877,7 @@ class PopService:
             phys=[rec.phys[index]],
             pop_time_ms=pop_time,
             deadline_ms=pop_time + invisible_ms,
+            fifo_attempts=None if rec.fifo_attempts is None else [rec.fifo_attempts[index]],
         )
         self.state.mark(ck, index)
         ck.pending += 1

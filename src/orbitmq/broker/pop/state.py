@@ -1,6 +1,9 @@
 """The in-memory Pop state: open checkpoints, which of their entries are acked, and the indexes
 the broker needs (deadlines for revive, revive-log positions for the restart checkpoint,
-in-flight counts for stats and for the per-group bound).
+in-flight counts for stats and for the per-group bound), and the FIFO windows
+(:mod:`orbitmq.broker.pop.fifo`): a FIFO CK is kept out of revive's deadline heap (its
+un-acked entries become visible again in place, see :meth:`PopState.fifo_due`) and updates the
+window of its queue.
 
 Everything here is rebuilt from the revive log at start (:meth:`PopState.apply`), so it holds
 nothing that is not also on disk; it runs on the event loop only (no locks).
@@ -12,6 +15,7 @@ import heapq
 from collections import Counter, OrderedDict
 from dataclasses import dataclass, field
 
+from orbitmq.broker.pop.fifo import FifoWindow, WindowKey
 from orbitmq.broker.pop.records import AckRecord, CkRecord, DoneRecord, Op
 
 CLOSED_MEMORY = 65_536
@@ -37,6 +41,10 @@ class Checkpoint:
     def unacked(self) -> list[int]:
         return [i for i, done in enumerate(self.acked) if not done]
 
+    @property
+    def fifo(self) -> bool:
+        return self.record.fifo_attempts is not None
+
 
 @dataclass(slots=True)
 class PopState:
@@ -47,6 +55,9 @@ class PopState:
     _log_heap: list[tuple[int, int]] = field(default_factory=list)
     _inflight: Counter[tuple[str, str, int]] = field(default_factory=Counter)
     _group_open: Counter[str] = field(default_factory=Counter)
+    fifo: dict[WindowKey, FifoWindow] = field(default_factory=dict)
+    """FIFO windows per (group, topic, queue)."""
+    _fifo_deadlines: list[tuple[int, int]] = field(default_factory=list)
 
     # ------------------------------------------------------------------ queries
 
@@ -89,8 +100,57 @@ class PopState:
 
     def requeue(self, ck: Checkpoint) -> None:
         """Put a CK whose revive failed back in line."""
-        if ck.ck_id in self.cks:
+        if ck.ck_id in self.cks and not ck.fifo:
             heapq.heappush(self._deadlines, (ck.record.deadline_ms, ck.ck_id))
+
+    # ------------------------------------------------------------------ FIFO
+
+    def window(self, key: WindowKey) -> FifoWindow:
+        win = self.fifo.get(key)
+        if win is None:
+            win = self.fifo[key] = FifoWindow()
+        return win
+
+    def fifo_due(self, now_ms: int, limit: int) -> list[Checkpoint]:
+        """Open FIFO CKs past their deadline (or their retry time, see :meth:`fifo_requeue`)
+        that no append is touching, at most ``limit``; the caller releases or dead-letters
+        their entries and closes them."""
+        out: list[Checkpoint] = []
+        later: list[tuple[int, int]] = []
+        heap = self._fifo_deadlines
+        while heap and heap[0][0] <= now_ms and len(out) < limit:
+            due, ck_id = heapq.heappop(heap)
+            ck = self.cks.get(ck_id)
+            if ck is None:
+                continue
+            if ck.pending:
+                later.append((due, ck_id))
+                continue
+            out.append(ck)
+        for item in later:
+            heapq.heappush(heap, item)
+        return out
+
+    def fifo_requeue(self, ck: Checkpoint, at_ms: int) -> None:
+        """Look at a FIFO CK again at ``at_ms`` (its dead-lettering failed)."""
+        if ck.ck_id in self.cks:
+            heapq.heappush(self._fifo_deadlines, (at_ms, ck.ck_id))
+
+    def fifo_ack(self, ck: Checkpoint, index: int) -> FifoWindow | None:
+        """The ACK of a FIFO entry is stored: finish its offset in the window (None: not a
+        FIFO CK, or the entry no longer holds the offset)."""
+        rec = ck.record
+        if rec.fifo_attempts is None:
+            return None
+        win = self.fifo.get((rec.group, rec.topic, rec.queue_id))
+        if win is None or not win.ack(rec.offsets[index], rec.ck_id, index):
+            return None
+        return win
+
+    def fifo_floor(self) -> int | None:
+        """The lowest revive-log offset replay needs for the FIFO windows (None: none)."""
+        floors = [f for w in self.fifo.values() if (f := w.floor()) is not None]
+        return min(floors, default=None)
 
     # ------------------------------------------------------------------ changes
 
@@ -98,7 +158,16 @@ class PopState:
         n = len(record.offsets)
         ck = Checkpoint(record, log_offset, bytearray(n), n)
         self.cks[record.ck_id] = ck
-        heapq.heappush(self._deadlines, (record.deadline_ms, record.ck_id))
+        if record.fifo_attempts is None:
+            heapq.heappush(self._deadlines, (record.deadline_ms, record.ck_id))
+        else:
+            heapq.heappush(self._fifo_deadlines, (record.deadline_ms, record.ck_id))
+            win = self.window((record.group, record.topic, record.queue_id))
+            for i, (offset, attempt) in enumerate(
+                zip(record.offsets, record.fifo_attempts, strict=True)
+            ):
+                win.deliver(offset, record.ck_id, i, attempt)
+            win.pins.append((max(record.offsets), log_offset))
         heapq.heappush(self._log_heap, (log_offset, record.ck_id))
         self._inflight[(record.group, record.topic, record.queue_id)] += n
         self._group_open[record.group] += n
@@ -160,6 +229,7 @@ class PopState:
                 for i in op.indexes:
                     if i < len(ck.acked):
                         self.mark(ck, i)
+                        self.fifo_ack(ck, i)
                 self.close_if_done(ck)
         elif isinstance(op, DoneRecord):
             ck = self.cks.get(op.ck_id)

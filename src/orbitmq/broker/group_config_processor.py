@@ -1,0 +1,115 @@
+"""Handlers of consumer-group configs and of the admin read of dead-letter queues.
+
+- UPDATE_AND_CREATE_SUBSCRIPTIONGROUP (200): body SubscriptionGroupConfig; validated, stored
+  durably, then answered.
+- GET_ALL_SUBSCRIPTIONGROUP_CONFIG (201): body SubscriptionGroupConfigList of every configured
+  group; with field ``group``, that group's effective config (the defaults when it has none)
+  and field ``configured``.
+- DELETE_SUBSCRIPTIONGROUP (207): field ``group``; the group is back to the defaults. Field
+  ``deleted`` says whether it had a config (deleting twice is not an error).
+- GET_DLQ_MESSAGES (1070): fields ``group``, ``queue_id`` (0), ``queue_offset`` (-1: the
+  queue's min offset), ``max_msg_nums`` (1..256, 32). Answers like a pull: SUCCESS with the
+  records, PULL_NOT_FOUND (no DLQ here, or nothing from that offset), PULL_OFFSET_MOVED;
+  fields ``next_begin_offset``, ``min_offset``, ``max_offset``. It ignores the DLQ topic's
+  missing read permission: that is what keeps consumers, not operators, out.
+
+See docs/retry-dlq.md.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING
+
+from orbitmq.common.codes import ResponseCode
+from orbitmq.common.errors import MessageIllegalError
+from orbitmq.common.validation import validate_group
+from orbitmq.protocol.bodies import decode_body, encode_body
+from orbitmq.protocol.codes import RequestCode
+from orbitmq.protocol.consumer import dlq_topic
+from orbitmq.protocol.fields import get_int, get_str
+from orbitmq.protocol.frame import Frame
+from orbitmq.protocol.group_config import (
+    SubscriptionGroupConfig,
+    SubscriptionGroupConfigList,
+    validate_group_config,
+)
+from orbitmq.store.message_store import GetStatus
+
+if TYPE_CHECKING:
+    from orbitmq.broker.controller import BrokerController
+    from orbitmq.net.connection import Reply
+
+MAX_DLQ_READ = 256
+DLQ_READ_BYTES = 4 * 1024 * 1024
+
+
+class GroupConfigProcessor:
+    def __init__(self, broker: BrokerController) -> None:
+        self.broker = broker
+        self.handlers: dict[int, Callable[[Frame], Awaitable[Reply]]] = {
+            RequestCode.UPDATE_AND_CREATE_SUBSCRIPTIONGROUP: self.update,
+            RequestCode.GET_ALL_SUBSCRIPTIONGROUP_CONFIG: self.get_all,
+            RequestCode.DELETE_SUBSCRIPTIONGROUP: self.delete,
+            RequestCode.GET_DLQ_MESSAGES: self.dlq_messages,
+        }
+
+    async def update(self, frame: Frame) -> Reply:
+        if not frame.body:
+            raise MessageIllegalError("UPDATE_AND_CREATE_SUBSCRIPTIONGROUP needs a body")
+        body = frame.body if isinstance(frame.body, bytes) else bytes(frame.body)
+        config = decode_body(body, SubscriptionGroupConfig)
+        validate_group_config(config)  # before the thread hop: a bad config costs nothing
+        await asyncio.to_thread(self.broker.groups.upsert, config)
+        return frame.reply(ResponseCode.SUCCESS)
+
+    async def get_all(self, frame: Frame) -> Reply:
+        group = get_str(frame, "group", "")
+        if group:
+            validate_group(group)
+            configs = [self.broker.groups.get(group)]
+            fields: dict[str, object] = {"configured": self.broker.groups.find(group) is not None}
+        else:
+            configs = self.broker.groups.all()
+            fields = {}
+        body = encode_body(SubscriptionGroupConfigList(configs=configs))
+        return frame.reply(ResponseCode.SUCCESS, fields=fields, body=body)
+
+    async def delete(self, frame: Frame) -> Reply:
+        group = get_str(frame, "group")
+        validate_group(group)
+        deleted = await asyncio.to_thread(self.broker.groups.delete, group)
+        return frame.reply(ResponseCode.SUCCESS, fields={"deleted": deleted})
+
+    async def dlq_messages(self, frame: Frame) -> Reply:
+        group = get_str(frame, "group")
+        validate_group(group)
+        queue_id = get_int(frame, "queue_id", 0, lo=0, hi=1 << 30)
+        offset = get_int(frame, "queue_offset", -1, lo=-1)
+        max_nums = get_int(frame, "max_msg_nums", 32, lo=1, hi=MAX_DLQ_READ)
+        topic = dlq_topic(group)
+        store = self.broker.store
+        if self.broker.topics.get(topic) is None:
+            return frame.reply(
+                ResponseCode.PULL_NOT_FOUND,
+                f"group {group} has no dead-letter queue on this broker",
+                fields={"next_begin_offset": 0, "min_offset": 0, "max_offset": 0},
+            )
+        if offset < 0:
+            offset = store.min_offset(topic, queue_id)
+        res = await self.broker.bridge.read(
+            store.get_messages, topic, queue_id, offset, max_nums, DLQ_READ_BYTES, None
+        )
+        fields = {
+            "next_begin_offset": res.next_begin_offset,
+            "min_offset": res.min_offset,
+            "max_offset": res.max_offset,
+        }
+        if res.status is GetStatus.FOUND:
+            return frame.reply(ResponseCode.SUCCESS, fields=fields), res.body_parts
+        if res.status in (GetStatus.OFFSET_TOO_SMALL, GetStatus.OFFSET_OVERFLOW_BADLY):
+            return frame.reply(
+                ResponseCode.PULL_OFFSET_MOVED, f"offset {offset}: {res.status.value}", fields
+            )
+        return frame.reply(ResponseCode.PULL_NOT_FOUND, "no message", fields)

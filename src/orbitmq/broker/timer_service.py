@@ -1,0 +1,734 @@
+"""TimerService: delayed messages (DELAY levels) and timer messages (TIMER_* properties), one
+mechanism, plus recall (docs/timers.md).
+
+A send with a delay becomes a copy in the system topic :data:`TIMER_TOPIC` carrying REAL_TOPIC,
+REAL_QID and TIMER_OUT_MS (its due time); the dispatcher writes the due time into the copy's
+ConsumeQueue tag, and the service loads new ConsumeQueue entries into a
+:class:`~orbitmq.store.timer_index.TimerIndex` (numpy runs, no object per timer) as they are
+dispatched. The fire loop sleeps until the earliest due time (woken early by an earlier
+insert), takes the due timers in (due, queue offset) order, at most ``timer_fire_batch`` at a
+time, reads their copies, appends them to their real topic and queue (REAL_*/DELAY/TIMER_DELAY*
+removed, TIMER_OUT_MS kept) and waits for them to be durable in the broker's flush mode.
+
+The fire checkpoint (``config/timer_checkpoint.json``, written atomically at most every
+``timer_checkpoint_interval_ms`` and at stop, always after fsyncing the CommitLog up to the last
+copy) says: every timer below queue offset ``low_offset`` is done, and every timer below
+``scan_offset`` whose (due, queue offset) is at or before (``fired_due``, ``fired_qoff``) was
+delivered. A restart reads the timer queue's ConsumeQueue from ``low_offset`` (20 bytes a timer,
+no record read), drops what the watermark covers and what cancel markers cancel, and fires
+whatever fell due meanwhile at once, in due order. A crash between a copy and the next
+checkpoint delivers that copy again after the restart (at-least-once), never loses it.
+
+Roll: retention deletes CommitLog segments (``file_reserved_time_hours``), so no pending timer's
+copy may get old. A copy due later than ``timer_roll_window_ms`` after it is stored carries
+``TIMER_ROLL_MS`` (store time + window) and its ConsumeQueue entry comes due then; when the fire
+pass takes an entry whose real due time (TIMER_OUT_MS) is still ahead, it stores the record
+again in the timer topic (same body, record fields and properties, message id kept, a new
+TIMER_ROLL_MS) instead of delivering it. The old entry then counts as fired (the watermark and
+``low_offset`` cover it like a delivered one), so only the newest copy is pending; a crash
+between the new copy and the checkpoint leaves two copies pending: a duplicate, not a loss.
+
+Recall (RECALL_MESSAGE: topic, msg_id) finds the copy through the IndexFile (the copy keeps the
+message's unique id), appends a cancel marker to the timer topic (its ConsumeQueue tag is
+``-1 - target offset``: durable like a send, replayed at restart), then drops the timer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import re
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from orbitmq.common.codes import ResponseCode
+from orbitmq.common.errors import MessageIllegalError, MQError
+from orbitmq.common.files import write_atomically
+from orbitmq.common.message import (
+    PROPERTY_DELAY_LEVEL,
+    PROPERTY_REAL_QUEUE_ID,
+    PROPERTY_REAL_TOPIC,
+    PROPERTY_TIMER_DELAY_MS,
+    PROPERTY_TIMER_DELAY_SEC,
+    PROPERTY_TIMER_DELIVER_MS,
+    MessageBatch,
+    decode_properties,
+    encode_properties,
+)
+from orbitmq.common.record import decode
+from orbitmq.protocol.bodies import TopicConfig
+from orbitmq.protocol.codes import RequestCode
+from orbitmq.protocol.fields import get_str
+from orbitmq.protocol.frame import Frame
+from orbitmq.store.commit_log import AppendResult, now_ms
+from orbitmq.store.timer_index import (
+    PROPERTY_TIMER_CANCEL,
+    PROPERTY_TIMER_OUT_MS,
+    PROPERTY_TIMER_ROLL_MS,
+    TIMER_DTYPE,
+    TIMER_QUEUE_ID,
+    TIMER_TOPIC,
+    TimerIndex,
+    fired_mask,
+    index_due,
+    read_entries,
+)
+
+if TYPE_CHECKING:
+    from orbitmq.broker.config import BrokerConfig
+    from orbitmq.broker.controller import BrokerController
+    from orbitmq.net.connection import Reply
+    from orbitmq.store.message_store import MessageStore
+
+log = logging.getLogger(__name__)
+
+CHECKPOINT_FILE = "timer_checkpoint.json"
+FAILURE_BACKOFF_S = 1.0
+MAX_RECALL_CANDIDATES = 16
+MIN_ROLL_WINDOW_MS = 100
+COPY_BATCH_BYTES = 4 * 1024 * 1024
+_REQUEST_NEEDLES = (b"DELAY\x01", b"TIMER_DELIVER_MS\x01", b"TIMER_DELAY_")
+_SCHEDULING = (
+    PROPERTY_REAL_TOPIC,
+    PROPERTY_REAL_QUEUE_ID,
+    PROPERTY_TIMER_OUT_MS,
+    PROPERTY_TIMER_ROLL_MS,
+    PROPERTY_TIMER_CANCEL,
+)
+"""Properties only the broker sets on a timer copy (a sender's values are replaced)."""
+_REMOVED_ON_DELIVERY = (
+    PROPERTY_REAL_TOPIC,
+    PROPERTY_REAL_QUEUE_ID,
+    PROPERTY_TIMER_CANCEL,
+    PROPERTY_TIMER_ROLL_MS,
+    PROPERTY_DELAY_LEVEL,
+    PROPERTY_TIMER_DELIVER_MS,
+    PROPERTY_TIMER_DELAY_MS,
+    PROPERTY_TIMER_DELAY_SEC,
+)
+_UNIT_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
+_LEVEL = re.compile(r"^(\d+)(ms|s|m|h|d)$")
+
+
+class TimerDelayTooLongError(MessageIllegalError):
+    """A delay beyond ``timer_max_delay_ms``."""
+
+
+class TimerMessageNotFoundError(MQError):
+    """RECALL_MESSAGE: no delayed message with that id and topic on this broker."""
+
+    code = ResponseCode.TIMER_MESSAGE_NOT_FOUND
+
+
+class TimerMessageNotPendingError(MQError):
+    """RECALL_MESSAGE: the message was delivered or recalled already."""
+
+    code = ResponseCode.TIMER_MESSAGE_NOT_PENDING
+
+
+def parse_delay_levels(spec: str) -> list[int]:
+    """``"1s 5s 10s ..."`` -> delays in ms (RocketMQ's messageDelayLevel syntax, plus ms)."""
+    out: list[int] = []
+    for word in spec.split():
+        m = _LEVEL.match(word)
+        if m is None:
+            raise ValueError(f"delay level {word!r} is not <number><ms|s|m|h|d>")
+        out.append(int(m.group(1)) * _UNIT_MS[m.group(2)])
+    if not out:
+        raise ValueError("message_delay_level names no level")
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class TimerCheckpoint:
+    low_offset: int = 0
+    """Every timer-topic entry below this queue offset is delivered, recalled or a marker."""
+    scan_offset: int = 0
+    fired_due: int = -1
+    fired_qoff: int = -1
+    """Every timer below ``scan_offset`` at or before (fired_due, fired_qoff) was delivered."""
+
+    def encode(self) -> bytes:
+        return json.dumps(
+            {
+                "low_offset": self.low_offset,
+                "scan_offset": self.scan_offset,
+                "fired_due": self.fired_due,
+                "fired_qoff": self.fired_qoff,
+                "written_at_ms": now_ms(),
+            }
+        ).encode()
+
+    @classmethod
+    def decode(cls, raw: bytes) -> TimerCheckpoint:
+        data = json.loads(raw)
+        values = [data[k] for k in ("low_offset", "scan_offset", "fired_due", "fired_qoff")]
+        if not all(isinstance(v, int) for v in values) or values[0] < 0 or values[1] < 0:
+            raise ValueError(f"bad values {values}")
+        return cls(*values)
+
+
+def roll_window(config: BrokerConfig) -> int:
+    """``timer_roll_window_ms`` as used: at most half the CommitLog retention (a copy must be
+    stored again well before its segment may expire) and at least MIN_ROLL_WINDOW_MS."""
+    window = config.timer_roll_window_ms
+    reserved_ms = int(config.store.file_reserved_time_hours * 3_600_000)
+    limit = max(MIN_ROLL_WINDOW_MS, reserved_ms // 2)
+    if window > limit:
+        log.warning(
+            "timer_roll_window_ms=%d is not well below the CommitLog retention "
+            "(file_reserved_time_hours=%s): using %d ms, half the retention",
+            window, config.store.file_reserved_time_hours, limit,
+        )  # fmt: skip
+        return limit
+    if window < MIN_ROLL_WINDOW_MS:
+        log.warning("timer_roll_window_ms=%d is too small: using %d ms", window,
+                    MIN_ROLL_WINDOW_MS)  # fmt: skip
+        return MIN_ROLL_WINDOW_MS
+    return window
+
+
+@dataclass(slots=True)
+class _Fired:
+    count: int = 0
+    rolled: int = 0
+    skipped: int = 0
+    end_offset: int = 0
+    roll_end_offset: int = 0
+
+
+class TimerService:
+    def __init__(self, broker: BrokerController) -> None:
+        self.broker = broker
+        self.config = broker.config
+        self.store = broker.store
+        self.bridge = broker.bridge
+        self.clock: Callable[[], int] = now_ms
+        self.levels = parse_delay_levels(self.config.message_delay_level)
+        self.roll_window_ms = roll_window(self.config)
+        """No pending timer's copy is older than this (plus a fire pass): see docs/timers.md."""
+        self.path = self.config.store.store_path / "config" / CHECKPOINT_FILE
+        self.index = TimerIndex()
+        self.checkpoint = TimerCheckpoint()
+        self.loaded = 0
+        """Timer-topic queue offset up to which entries were loaded into the index."""
+        self.fired = 0
+        self.rolled = 0
+        self.skipped = 0
+        self.recalled = 0
+        self._stale_below = 0
+        """At start: timer-topic entries below this offset were stored more than a roll window
+        ago (broker down, or the window shrank); they are rolled at once."""
+        self._inflight: list[int] = []
+        self._recalling: set[int] = set()
+        self._fired_end = 0
+        self._dirty = False
+        self._last_checkpoint = 0.0
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._wake = asyncio.Event()
+        self._stopping = False
+        self._task: asyncio.Task[None] | None = None
+        self._write_lock = asyncio.Lock()
+        self._fire_lock = asyncio.Lock()
+        """Held by a fire pass (until its rolled copies are in the index) and by a recall, so a
+        recall never sees a timer between its old and its new copy."""
+        self.started = False
+
+    def handlers(self) -> dict[int, Callable[[Frame], Awaitable[Reply]]]:
+        return {RequestCode.RECALL_MESSAGE: self.recall}
+
+    # ------------------------------------------------------------------ lifecycle
+
+    async def start(self) -> None:
+        """After the store is open: rebuild the pending timers, then fire."""
+        self._loop = asyncio.get_running_loop()
+        if self.broker.topics.get(TIMER_TOPIC) is None:
+            # Registered with no permission: clients can neither send to it nor pull from it
+            # (delayed messages stay invisible until due); only the broker appends.
+            config = TopicConfig(
+                topic_name=TIMER_TOPIC, read_queue_nums=1, write_queue_nums=1, perm=0
+            )
+            await asyncio.to_thread(self.broker.topics.upsert, config)
+        self.store.add_arrival_listener(self._on_arrival)
+        await self.bridge.call(self.store.wait_for_dispatch)
+        began = time.monotonic()
+        self.checkpoint = await asyncio.to_thread(self._read_checkpoint)
+        cq = self.store.queues.get(TIMER_TOPIC, TIMER_QUEUE_ID)
+        end = cq.max_offset if cq is not None else 0
+        if self.checkpoint.scan_offset > end:  # the queue lost its tail (power cut, ASYNC)
+            cp = self.checkpoint
+            self.checkpoint = TimerCheckpoint(min(cp.low_offset, end), end, cp.fired_due,
+                                              cp.fired_qoff)  # fmt: skip
+        self.loaded = self.checkpoint.low_offset
+        self._stale_below = await self.bridge.read(
+            self.store.offset_for_timestamp, TIMER_TOPIC, TIMER_QUEUE_ID,
+            self.clock() - self.roll_window_ms,
+        )  # fmt: skip
+        self._load_new()
+        self._stale_below = 0
+        log.info(
+            "timers: %d pending, rebuilt from offset %d of %s in %.2fs (next due %s)",
+            len(self.index), self.checkpoint.low_offset, TIMER_TOPIC,
+            time.monotonic() - began, self.index.next_due(),
+        )  # fmt: skip
+        self._stopping = False
+        self._task = self._loop.create_task(self._run(), name="timer-fire")
+        self.started = True
+
+    async def stop(self) -> None:
+        """Let the pass in progress finish, then write the checkpoint once more."""
+        self.started = False
+        self._stopping = True
+        self._wake.set()
+        if self._task is not None:
+            await self._task
+            self._task = None
+        try:
+            if self.store.is_open:
+                await self.write_checkpoint(force=True)
+        except (MQError, OSError):
+            log.exception("cannot write the timer checkpoint at stop")
+
+    def _read_checkpoint(self) -> TimerCheckpoint:
+        try:
+            return TimerCheckpoint.decode(self.path.read_bytes())
+        except FileNotFoundError:
+            return TimerCheckpoint()
+        except (ValueError, KeyError, TypeError, OSError) as exc:
+            # Reading the whole timer queue again delivers timers fired already once more
+            # (duplicates), which beats forgetting any.
+            log.warning("%s is damaged (%s): rebuilding timers from the start", self.path, exc)
+            return TimerCheckpoint()
+
+    # ------------------------------------------------------------------ loading
+
+    def _on_arrival(self, topic: str, queue_id: int, _max_offset: int) -> None:
+        """On the dispatcher thread: new timer-topic entries; load them on the loop."""
+        loop = self._loop
+        if topic == TIMER_TOPIC and loop is not None and not loop.is_closed():
+            with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
+                loop.call_soon_threadsafe(self._load_new)
+
+    def _load_new(self) -> None:
+        """Load the timer queue's entries from ``loaded`` to its end into the index."""
+        cq = self.store.queues.get(TIMER_TOPIC, TIMER_QUEUE_ID)
+        if cq is None or cq.max_offset <= self.loaded:
+            return
+        got = read_entries(cq, self.loaded, cq.max_offset)
+        self.loaded = max(self.loaded, got.end)
+        timers = got.timers
+        cp = self.checkpoint
+        keep = ~fired_mask(timers, cp.scan_offset, cp.fired_due, cp.fired_qoff)
+        if len(got.cancelled):
+            keep &= ~np.isin(timers["qoff"], got.cancelled)
+            others = got.cancelled[~np.isin(got.cancelled, list(self._recalling))]
+            self.index.remove_many(others)
+        timers = timers[keep]
+        if self._stale_below and len(timers):
+            # Copies stored more than a roll window ago and not yet due: roll them now, before
+            # retention can take them (their entries below count as fired once taken).
+            now = self.clock()
+            stale = (timers["qoff"] < self._stale_below) & (timers["due"] > now)
+            timers["due"][stale] = now
+        if len(timers):
+            self.index.add(timers)
+            self._wake.set()
+        self._dirty = True
+
+    # ------------------------------------------------------------------ sends
+
+    def wants(self, properties_block: bytes) -> bool:
+        """Whether a send's properties may ask for a delay (a substring check; false positives
+        are sorted out per message by :meth:`put_send`)."""
+        return any(n in properties_block for n in _REQUEST_NEEDLES)
+
+    def due_time(self, props: dict[str, str], now: int) -> int | None:
+        """The due time a message's properties ask for (None: no delay asked). Raises
+        MessageIllegalError for a malformed value or a delay beyond timer_max_delay_ms."""
+        name = next(
+            (
+                n
+                for n in (
+                    PROPERTY_TIMER_DELIVER_MS,
+                    PROPERTY_TIMER_DELAY_MS,
+                    PROPERTY_TIMER_DELAY_SEC,
+                    PROPERTY_DELAY_LEVEL,
+                )
+                if n in props
+            ),
+            None,
+        )
+        if name is None:
+            return None
+        raw = props[name]
+        try:
+            value = int(raw)
+        except ValueError:
+            raise MessageIllegalError(f"property {name}={raw[:40]!r} is not an integer") from None
+        if name == PROPERTY_TIMER_DELIVER_MS:
+            due = value
+        elif name == PROPERTY_TIMER_DELAY_MS:
+            due = now + value
+        elif name == PROPERTY_TIMER_DELAY_SEC:
+            due = now + value * 1000
+        elif value <= 0:
+            return None  # level 0: no delay
+        else:
+            due = now + self.levels[min(value, len(self.levels)) - 1]
+        self.check_delay(due, now, f"{name}={raw[:40]}")
+        return due
+
+    def check_delay(self, due: int, now: int, what: str) -> None:
+        limit = self.config.timer_max_delay_ms
+        if due - now > limit:
+            raise TimerDelayTooLongError(
+                f"{what} asks for a delay of {(due - now) / 1000:.0f}s; the longest this broker "
+                f"accepts is {limit / 1000:.0f}s (timer_max_delay_ms)"
+            )
+
+    async def put_send(self, batch: MessageBatch) -> AppendResult:
+        """A send whose properties may ask for delays: delayed messages go to the timer topic,
+        the others (no delay, level 0, a time not in the future) to their topic at once.
+        The result lists every message's CommitLog offset in the batch's order."""
+        now = self.clock()
+        maps = [decode_properties(p) for p in batch.properties]
+        dues = [self.due_time(m, now) for m in maps]
+        delayed = [i for i, d in enumerate(dues) if d is not None and d > now]
+        if not delayed:
+            return await self.bridge.put(batch)
+        later = set(delayed)
+        direct = [i for i in range(len(dues)) if i not in later]
+        timer_batch = self._timer_batch(
+            batch,
+            [batch.bodies[i] for i in delayed],
+            [maps[i] for i in delayed],
+            [dues[i] or 0 for i in delayed],
+        )
+        parts: list[tuple[list[int], MessageBatch]] = [(delayed, timer_batch)]
+        if direct:
+            sub = _subset(batch, direct)
+            parts.insert(0, (direct, sub))
+        results = await asyncio.gather(*(self.bridge.put(b) for _, b in parts))
+        phys = [0] * len(dues)
+        sizes = [0] * len(dues)
+        for (idx, _b), res in zip(parts, results, strict=True):
+            for k, i in enumerate(idx):
+                phys[i] = res.physical_offsets[k]
+                sizes[i] = res.sizes[k]
+        first = results[0]
+        return AppendResult(
+            batch.topic, batch.queue_id, first.first_queue_offset, phys, sizes,
+            max(r.end_offset for r in results), first.store_timestamp_ms,
+        )  # fmt: skip
+
+    async def put_delayed(self, batch: MessageBatch, deliver_at_ms: int) -> AppendResult:
+        """Store ``batch`` (its real topic and queue inside) to be delivered at
+        ``deliver_at_ms``; a time not in the future appends it to its topic at once. Durable
+        as a send is; raises TimerDelayTooLongError beyond timer_max_delay_ms."""
+        now = self.clock()
+        if deliver_at_ms <= now:
+            return await self.bridge.put(batch)
+        self.check_delay(deliver_at_ms, now, f"delivery at {deliver_at_ms}")
+        maps = [decode_properties(p) for p in batch.properties]
+        timer_batch = self._timer_batch(batch, batch.bodies, maps, [deliver_at_ms] * len(maps))
+        return await self.bridge.put(timer_batch)
+
+    def _timer_batch(
+        self,
+        batch: MessageBatch,
+        bodies: list[bytes],
+        maps: list[dict[str, str]],
+        dues: list[int],
+    ) -> MessageBatch:
+        props: list[bytes] = []
+        roll_at = self.clock() + self.roll_window_ms
+        for m, due in zip(maps, dues, strict=True):
+            m = {k: v for k, v in m.items() if k not in _SCHEDULING}
+            m[PROPERTY_REAL_TOPIC] = batch.topic
+            m[PROPERTY_REAL_QUEUE_ID] = str(batch.queue_id)
+            m[PROPERTY_TIMER_OUT_MS] = str(due)
+            if due > roll_at:  # stored again at roll_at, long before retention may delete it
+                m[PROPERTY_TIMER_ROLL_MS] = str(roll_at)
+            props.append(encode_properties(m))
+        return MessageBatch(
+            TIMER_TOPIC, TIMER_QUEUE_ID, list(bodies), props, flag=batch.flag,
+            sys_flag=batch.sys_flag, born_timestamp_ms=batch.born_timestamp_ms,
+            born_host=batch.born_host, reconsume_times=batch.reconsume_times,
+            prepared_transaction_offset=batch.prepared_transaction_offset,
+        )  # fmt: skip
+
+    # ------------------------------------------------------------------ firing
+
+    async def _run(self) -> None:
+        interval = self.config.timer_checkpoint_interval_ms / 1000
+        while not self._stopping:
+            self._wake.clear()
+            try:
+                nxt = self.index.next_due()
+                now = self.clock()
+                if nxt is not None and nxt <= now:
+                    await self.fire_due(now)
+                    await self.write_checkpoint()
+                    continue
+                await self.write_checkpoint()
+                pause: float | None = None if nxt is None else (nxt - now) / 1000
+                if self._dirty:
+                    pause = interval if pause is None else min(pause, interval)
+            except Exception:  # keep firing: the timers stay pending and are retried
+                log.exception("timer fire pass failed; retrying in %.0f s", FAILURE_BACKOFF_S)
+                pause = FAILURE_BACKOFF_S
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(pause):
+                    await self._wake.wait()
+
+    async def fire_due(self, now: int | None = None) -> int:
+        """One pass: deliver (or roll) up to timer_fire_batch timers due by ``now``. Returns
+        how many were delivered."""
+        async with self._fire_lock:
+            return await self._fire_pass(now)
+
+    async def _fire_pass(self, now: int | None) -> int:
+        now = self.clock() if now is None else now
+        scan = self.loaded
+        due = self.index.pop_due(now, self.config.timer_fire_batch)
+        if not len(due):
+            return 0
+        low = int(due["qoff"].min())
+        self._inflight.append(low)
+        try:
+            done = await self.bridge.call(_fire, self.store, due, now, self.roll_window_ms)
+            if self.store.sync_flush and done.end_offset > 0:
+                await asyncio.wrap_future(self.store.flush_future(done.end_offset))
+        except BaseException:
+            self.index.add(due)  # retried by the next pass (copies made already: duplicates)
+            raise
+        finally:
+            self._inflight.remove(low)
+        last_due, last_qoff = int(due["due"][-1]), int(due["qoff"][-1])
+        cp = self.checkpoint
+        if (last_due, last_qoff) >= (cp.fired_due, cp.fired_qoff):
+            self.checkpoint = TimerCheckpoint(cp.low_offset, scan, last_due, last_qoff)
+        self._fired_end = max(self._fired_end, done.end_offset)
+        self.fired += done.count
+        self.rolled += done.rolled
+        self.skipped += done.skipped
+        self._dirty = True
+        if done.roll_end_offset > 0:
+            # The new copies must be pending (in the index) before a recall may look: wait for
+            # their ConsumeQueue entries and load them.
+            end = done.roll_end_offset
+            if not await asyncio.to_thread(self.store.dispatcher.wait_for, end, 10.0):
+                log.warning("timer: rolled copies not dispatched within 10 s")
+            self._load_new()
+        return done.count
+
+    def low_offset(self) -> int:
+        """Where a restart must start reading the timer queue."""
+        low = self.loaded
+        pending = self.index.min_qoff()
+        if pending is not None:
+            low = min(low, pending)
+        if self._inflight:
+            low = min(low, *self._inflight)
+        return low
+
+    async def write_checkpoint(self, force: bool = False) -> None:
+        """Persist the fire checkpoint, after fsyncing the copies it vouches for."""
+        interval = self.config.timer_checkpoint_interval_ms / 1000
+        if not self._dirty or (not force and time.monotonic() - self._last_checkpoint < interval):
+            return
+        async with self._write_lock:
+            self._dirty = False
+            self._last_checkpoint = time.monotonic()
+            cp = self.checkpoint
+            cp = TimerCheckpoint(self.low_offset(), cp.scan_offset, cp.fired_due, cp.fired_qoff)
+            try:
+                await asyncio.to_thread(self._write_blocking, cp, self._fired_end)
+            except BaseException:
+                self._dirty = True
+                raise
+
+    def _write_blocking(self, cp: TimerCheckpoint, fired_end: int) -> None:
+        if fired_end > self.store.commit_log.flushed_offset:
+            self.store.commit_log.flush(fired_end)
+        write_atomically(self.path, cp.encode())
+
+    # ------------------------------------------------------------------ recall
+
+    async def recall(self, frame: Frame) -> Reply:
+        """RECALL_MESSAGE (topic, msg_id): cancel a delayed message before it is due."""
+        topic = get_str(frame, "topic")
+        msg_id = get_str(frame, "msg_id")
+        if not msg_id or len(msg_id) > 128:
+            raise MessageIllegalError("field 'msg_id' must be 1 to 128 characters")
+        if self.store.index is None:
+            raise TimerMessageNotFoundError(
+                "recall needs the message index (message_index_enable), which is off"
+            )
+        async with self._fire_lock:
+            reply = await self._recall(frame, topic, msg_id)
+        try:
+            # The fire watermark must cover the copies rolled away before the one recalled,
+            # or a crash now would bring an older copy back (and deliver the message).
+            await self.write_checkpoint(force=True)
+        except (MQError, OSError):
+            log.exception("cannot write the timer checkpoint after a recall")
+        return reply
+
+    async def _recall(self, frame: Frame, topic: str, msg_id: str) -> Reply:
+        found = await self.bridge.read(
+            self.store.query_by_key, TIMER_TOPIC, msg_id, MAX_RECALL_CANDIDATES
+        )
+        targets: list[tuple[int, int]] = []
+        for m in found:
+            if m.msg_id != msg_id or m.properties.get(PROPERTY_REAL_TOPIC) != topic:
+                continue
+            due = index_due(m.properties)  # the roll time of a rolled copy
+            if due is not None:
+                targets.append((due, m.queue_offset))
+        if not targets:
+            raise TimerMessageNotFoundError(
+                f"no delayed message {msg_id} of topic {topic} on this broker"
+            )
+        pending = [(d, q) for d, q in targets if self.index.find(d, q)]
+        if not pending:
+            raise TimerMessageNotPendingError(
+                f"delayed message {msg_id} was already delivered or recalled"
+            )
+        marker = MessageBatch(
+            TIMER_TOPIC, TIMER_QUEUE_ID, [b"recall"] * len(pending),
+            [encode_properties({PROPERTY_TIMER_CANCEL: str(q), "RECALL_ID": msg_id})
+             for _, q in pending],
+            born_timestamp_ms=self.clock(),
+        )  # fmt: skip
+        qoffs = {q for _, q in pending}
+        self._recalling |= qoffs
+        try:
+            await self.bridge.put(marker)
+        finally:
+            self._recalling -= qoffs
+        removed = sum(self.index.remove(d, q) for d, q in pending)
+        if not removed:
+            raise TimerMessageNotPendingError(
+                f"delayed message {msg_id} fell due while the recall was being stored"
+            )
+        self.recalled += removed
+        self._dirty = True
+        return frame.reply(ResponseCode.SUCCESS, fields={"recalled": removed})
+
+    # ------------------------------------------------------------------ stats
+
+    def stats(self) -> dict[str, int]:
+        return {
+            "timer_pending": len(self.index),
+            "timer_index_bytes": self.index.nbytes,
+            "timer_fired": self.fired,
+            "timer_rolled": self.rolled,
+            "timer_skipped": self.skipped,
+            "timer_recalled": self.recalled,
+            "timer_loaded_offset": self.loaded,
+        }
+
+
+def _subset(batch: MessageBatch, idx: list[int]) -> MessageBatch:
+    return MessageBatch(
+        batch.topic, batch.queue_id, [batch.bodies[i] for i in idx],
+        [batch.properties[i] for i in idx], flag=batch.flag, sys_flag=batch.sys_flag,
+        born_timestamp_ms=batch.born_timestamp_ms, born_host=batch.born_host,
+        reconsume_times=batch.reconsume_times,
+        prepared_transaction_offset=batch.prepared_transaction_offset,
+    )  # fmt: skip
+
+
+_Key = tuple[object, ...]
+
+
+def _fire(store: MessageStore, due: np.ndarray, now: int, window_ms: int) -> _Fired:
+    """On a worker thread: read the due timers' copies and append them to their real topics
+    and queues, grouped per (topic, queue, shared record fields), in due order per queue. A
+    copy whose real due time (TIMER_OUT_MS) is still ahead is rolled instead: stored again in
+    the timer topic with a new TIMER_ROLL_MS."""
+    out = _Fired()
+    batches: dict[_Key, MessageBatch] = {}
+    for phy, qoff in zip(due["phy"].tolist(), due["qoff"].tolist(), strict=True):
+        raw = store.read_record(phy)
+        msg = decode(raw) if raw is not None else None
+        if msg is None or msg.topic != TIMER_TOPIC or msg.queue_offset != qoff:
+            log.error(
+                "timer %d: its stored copy is gone (deleted by retention under disk pressure?); "
+                "not delivered", qoff,
+            )  # fmt: skip
+            out.skipped += 1
+            continue
+        props = msg.properties
+        try:
+            out_ms = int(props.get(PROPERTY_TIMER_OUT_MS, ""))
+        except ValueError:
+            out_ms = 0
+        if out_ms > now:  # came due at its roll time: a fresh copy, the same message
+            rolled = dict(props)
+            rolled.pop(PROPERTY_TIMER_ROLL_MS, None)
+            if out_ms > now + window_ms:
+                rolled[PROPERTY_TIMER_ROLL_MS] = str(now + window_ms)
+            kept, topic, queue_id = rolled, TIMER_TOPIC, TIMER_QUEUE_ID
+        else:
+            topic = props.get(PROPERTY_REAL_TOPIC, "")
+            try:
+                queue_id = int(props.get(PROPERTY_REAL_QUEUE_ID, ""))
+            except ValueError:
+                queue_id = -1
+            if not topic or queue_id < 0:
+                log.warning("timer %d: no valid REAL_TOPIC/REAL_QID; not delivered", qoff)
+                out.skipped += 1
+                continue
+            kept = {k: v for k, v in props.items() if k not in _REMOVED_ON_DELIVERY}
+        key = (
+            topic, queue_id, msg.flag, msg.sys_flag, msg.reconsume_times,
+            msg.born_timestamp_ms, msg.born_host, msg.prepared_transaction_offset,
+        )  # fmt: skip
+        batch = batches.get(key)
+        if batch is not None and sum(map(len, batch.bodies)) + len(msg.body) > COPY_BATCH_BYTES:
+            batches[(*key, len(batches))] = batch  # full: keep it under another key
+            batch = None
+        if batch is None:
+            batch = batches[key] = MessageBatch(
+                topic, queue_id, [], [], flag=msg.flag, sys_flag=msg.sys_flag,
+                born_timestamp_ms=msg.born_timestamp_ms, born_host=msg.born_host,
+                reconsume_times=msg.reconsume_times,
+                prepared_transaction_offset=msg.prepared_transaction_offset,
+            )  # fmt: skip
+        batch.bodies.append(msg.body)
+        batch.properties.append(encode_properties(kept))
+    for batch in batches.values():
+        try:
+            result = store.append(batch)
+        except (MessageIllegalError, ValueError) as exc:  # retrying cannot help: log, go on
+            log.error("timer: %d messages for %s/%d cannot be stored, dropped: %s",
+                      len(batch), batch.topic, batch.queue_id, exc)  # fmt: skip
+            out.skipped += len(batch)
+            continue
+        if batch.topic == TIMER_TOPIC:
+            out.rolled += len(batch)
+            out.roll_end_offset = max(out.roll_end_offset, result.end_offset)
+        else:
+            out.count += len(batch)
+        out.end_offset = max(out.end_offset, result.end_offset)
+    return out
+
+
+__all__ = [
+    "TIMER_DTYPE",
+    "TIMER_TOPIC",
+    "TimerCheckpoint",
+    "TimerDelayTooLongError",
+    "TimerMessageNotFoundError",
+    "TimerMessageNotPendingError",
+    "TimerService",
+    "parse_delay_levels",
+]

@@ -1,0 +1,2 @@
+"""Transactional messages: half messages, op records, END_TRANSACTION, check-back, restart
+replay (see :mod:`orbitmq.broker.transaction.service` and docs/transactions.md)."""

@@ -1,0 +1,119 @@
+"""The broker's in-memory view of transactions: every half message from the oldest undecided
+one on, and where a restart must start replaying.
+
+Half messages have consecutive queue offsets in the half topic (only the broker appends there),
+so the state is a window ``[floor_q, next_q)`` of them keyed by queue offset. Decided ones stay
+in the window until every older one is decided too, then :meth:`TxState.prune` drops them (the
+last few thousand decisions are kept in :attr:`TxState.recent` so a late duplicate still gets
+the right answer). A restart replays the half topic from ``floor_q`` and the op topic from
+:meth:`TxState.op_floor`, the first op record about any half message in the window, which
+rebuilds exactly this state.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import heapq
+from collections import OrderedDict
+from dataclasses import dataclass
+
+RECENT_DECISIONS = 65_536
+"""Decisions of pruned half messages remembered, to answer late duplicates exactly."""
+
+
+class TxStatus(enum.Enum):
+    PENDING = "PENDING"
+    COMMITTING = "COMMITTING"
+    """A CommitBegin op is stored; the copy and the Committed op may or may not be."""
+    COMMITTED = "COMMITTED"
+    ROLLED_BACK = "ROLLED_BACK"
+    DISCARDED = "DISCARDED"
+
+    @property
+    def decided(self) -> bool:
+        return self in (TxStatus.COMMITTED, TxStatus.ROLLED_BACK, TxStatus.DISCARDED)
+
+
+@dataclass(slots=True, eq=False)
+class Half:
+    """One half message."""
+
+    phys: int
+    """CommitLog offset of the half record: the transaction's handle on the wire."""
+    qoffset: int
+    """Queue offset in the half topic."""
+    store_ms: int
+    group: str
+    msg_id: str
+    transaction_id: str
+    topic: str
+    queue_id: int
+    immunity_ms: int = 0
+    checks: int = 0
+    status: TxStatus = TxStatus.PENDING
+    first_op: int = -1
+    """Queue offset of the first op record about it (-1: none yet)."""
+    commit_floor: int = 0
+    busy: asyncio.Future[None] | None = None
+    """Set while a decision is being applied: other decisions wait for it."""
+
+
+class TxState:
+    def __init__(self, start_q: int = 0) -> None:
+        self.by_q: dict[int, Half] = {}
+        self.by_phys: dict[int, Half] = {}
+        self.floor_q = start_q
+        self.next_q = start_q
+        self.recent: OrderedDict[int, TxStatus] = OrderedDict()
+        self._op_heap: list[tuple[int, int]] = []
+
+    def reset(self, start_q: int) -> None:
+        self.__init__(start_q)  # type: ignore[misc]
+
+    def add(self, half: Half) -> None:
+        if half.qoffset < self.floor_q:
+            return  # replayed from before the window: decided long ago
+        self.by_q[half.qoffset] = half
+        self.by_phys[half.phys] = half
+        self.next_q = max(self.next_q, half.qoffset + 1)
+
+    def note_op(self, half: Half, op_q: int) -> None:
+        if half.first_op < 0 or op_q < half.first_op:
+            half.first_op = op_q
+            heapq.heappush(self._op_heap, (op_q, half.qoffset))
+
+    def prune(self, halves_in_flight: bool) -> int:
+        """Drop decided half messages at the window's start; returns how many. A missing queue
+        offset is a half append still under way (stop there) unless none is."""
+        dropped = 0
+        while self.floor_q < self.next_q:
+            half = self.by_q.get(self.floor_q)
+            if half is None:
+                if halves_in_flight:
+                    break
+            elif not half.status.decided or half.busy is not None:
+                break
+            else:
+                del self.by_q[half.qoffset]
+                self.by_phys.pop(half.phys, None)
+                self.recent[half.phys] = half.status
+                if len(self.recent) > RECENT_DECISIONS:
+                    self.recent.popitem(last=False)
+                dropped += 1
+            self.floor_q += 1
+        return dropped
+
+    def op_floor(self) -> int | None:
+        """The first op record a restart must replay (None: no half in the window has one)."""
+        heap = self._op_heap
+        while heap and (
+            heap[0][1] < self.floor_q
+            or (half := self.by_q.get(heap[0][1])) is None
+            or half.first_op != heap[0][0]
+        ):
+            heapq.heappop(heap)
+        return heap[0][0] if heap else None
+
+    def pending(self) -> int:
+        return sum(not h.status.decided for h in self.by_q.values())

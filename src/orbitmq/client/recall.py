@@ -1,0 +1,58 @@
+"""Recall (cancel) a delayed or timer message before it is due (docs/timers.md).
+
+    result = await producer.send(Message("T", b"x").set_delay_ms(60_000))
+    await recall_message(admin, "T", result.msg_id, broker_name=result.message_queue.broker_name)
+
+The delayed copy lives on the broker that stored the send, so naming that broker (from the
+SendResult) asks only it; without a name every broker of the topic is asked.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from orbitmq.client.admin import AdminClient
+from orbitmq.common.codes import ResponseCode
+from orbitmq.common.errors import ClientError, MQError, RemoteError
+from orbitmq.protocol.codes import RequestCode
+from orbitmq.protocol.frame import Frame
+
+_MISSES = (ResponseCode.TIMER_MESSAGE_NOT_FOUND, ResponseCode.TIMER_MESSAGE_NOT_PENDING)
+
+
+async def recall_message(
+    admin: AdminClient, topic: str, msg_id: str, *, broker_name: str | None = None
+) -> str:
+    """RECALL_MESSAGE: the message is not delivered. Returns the broker that held it.
+
+    Raises RemoteError with TIMER_MESSAGE_NOT_PENDING when it was delivered (or recalled)
+    already, TIMER_MESSAGE_NOT_FOUND when no broker asked knows it.
+    """
+    info = await admin.routes.refresh(topic)
+    names = sorted(info.broker_addrs) if broker_name is None else [broker_name]
+    if broker_name is not None and broker_name not in info.broker_addrs:
+        raise ClientError(f"broker {broker_name!r} serves no queue of {topic!r}")
+    frame_fields = {"topic": topic, "msg_id": msg_id}
+
+    async def one(name: str) -> Frame:
+        frame = Frame(RequestCode.RECALL_MESSAGE, fields=dict(frame_fields))
+        return await admin.remoting.invoke(info.broker_addrs[name], frame, admin.timeout_s)
+
+    answers = await asyncio.gather(*(one(n) for n in names), return_exceptions=True)
+    misses: list[RemoteError] = []
+    failures: list[str] = []
+    for name, resp in zip(names, answers, strict=True):
+        if isinstance(resp, MQError):
+            failures.append(f"{name}: {resp}")
+        elif isinstance(resp, BaseException):
+            raise resp
+        elif resp.code == ResponseCode.SUCCESS:
+            return name
+        elif resp.code in _MISSES:
+            misses.append(RemoteError(resp.code, resp.remark))
+        else:
+            raise RemoteError(resp.code, resp.remark)
+    if failures and not misses:
+        raise ClientError("no broker answered the recall: " + "; ".join(failures))
+    misses.sort(key=lambda e: e.response_code != ResponseCode.TIMER_MESSAGE_NOT_PENDING)
+    raise misses[0]

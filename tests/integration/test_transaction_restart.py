@@ -1,0 +1,196 @@
+"""Transactions across real process deaths: a producer killed with transactions undecided (a
+new producer process of the group answers the check-backs), and a broker SIGKILLed with half
+messages pending (after its restart they are checked back and resolved, none twice).
+
+This module is also the child program the tests run (``python -m`` it)::
+
+    broker   <python -m orbitmq.broker flags> --tx-timeout-ms N --tx-check-interval-ms N
+    producer --namesrv ADDR --topic T --ledger FILE --mode send|answer [--count N]
+
+``producer --mode send`` sends ``count`` transactions. Transaction i decides COMMIT (i % 3 == 0),
+ROLLBACK (i % 3 == 1) or UNKNOWN (i % 3 == 2); before returning, the local transaction appends
+``<msg_id> <outcome> <body>`` to the ledger (the application's durable record: the outcome of an
+UNKNOWN one alternates COMMIT/ROLLBACK). Check-backs it gets are answered UNKNOWN. It prints
+``orbitmq producer ready <client_id>`` when every transaction was sent, then waits to be killed.
+``--mode answer`` only answers check-backs, from the ledger.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import logging
+import os
+import signal
+import sys
+import threading
+from pathlib import Path
+from typing import Any
+
+from tests.harness import Cluster, ServerProcess
+
+MODULE = "tests.integration.test_transaction_restart"
+TOPIC = "TX_RESTART"
+GROUP = "PG_RESTART"
+COUNT = 9
+
+
+# ----------------------------------------------------------------------------- child programs
+
+
+def _broker_main(argv: list[str]) -> None:
+    from orbitmq.broker.__main__ import parse, serve
+    from orbitmq.net.loop import run
+
+    extra = argparse.ArgumentParser()
+    extra.add_argument("--tx-timeout-ms", type=int, default=400)
+    extra.add_argument("--tx-check-interval-ms", type=int, default=200)
+    ours, rest = extra.parse_known_args(argv)
+    config = dataclasses.replace(
+        parse(rest),
+        transaction_timeout_ms=ours.tx_timeout_ms,
+        transaction_check_interval_ms=ours.tx_check_interval_ms,
+    )
+    run(serve(config))
+
+
+def _read_ledger(path: Path) -> dict[str, tuple[str, str]]:
+    """msg id -> (outcome, body)."""
+    out: dict[str, tuple[str, str]] = {}
+    if path.exists():
+        for line in path.read_text().splitlines():
+            parts = line.split()
+            if len(parts) == 3:
+                out[parts[0]] = (parts[1], parts[2])
+    return out
+
+
+def _producer_main(argv: list[str]) -> None:
+    from orbitmq.client import LocalTransactionState, Message, TransactionProducer
+    from orbitmq.common.message import PROPERTY_UNIQ_KEY
+
+    p = argparse.ArgumentParser()
+    p.add_argument("--namesrv", required=True)
+    p.add_argument("--topic", required=True)
+    p.add_argument("--ledger", required=True, type=Path)
+    p.add_argument("--mode", choices=["send", "answer"], required=True)
+    p.add_argument("--count", type=int, default=COUNT)
+    a = p.parse_args(argv)
+    ledger: Path = a.ledger
+
+    class Listener:
+        def execute_local_transaction(self, msg: Message, arg: Any) -> LocalTransactionState:
+            i = int(arg)
+            outcome = "COMMIT" if i % 3 == 0 or (i % 3 == 2 and i % 2 == 0) else "ROLLBACK"
+            line = f"{msg.properties[PROPERTY_UNIQ_KEY]} {outcome} {msg.body.decode()}\n"
+            fd = os.open(ledger, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+            try:
+                os.write(fd, line.encode())
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            if i % 3 == 2:
+                return LocalTransactionState.UNKNOWN  # "crashed" before telling the broker
+            return LocalTransactionState(outcome)
+
+        def check_local_transaction(self, msg: Any) -> LocalTransactionState:
+            if a.mode == "send":
+                return LocalTransactionState.UNKNOWN
+            known = _read_ledger(ledger).get(msg.msg_id or "")
+            return LocalTransactionState(known[0]) if known else LocalTransactionState.UNKNOWN
+
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    producer = TransactionProducer(
+        [a.namesrv], GROUP, Listener(), topics=[a.topic], heartbeat_interval_s=0.3
+    )
+    try:
+        if a.mode == "send":
+            for i in range(a.count):
+                producer.send_in_transaction(Message(a.topic, f"tx{i}".encode()), arg=i)
+        print(f"orbitmq producer ready {producer.client_id}", flush=True)
+        stop.wait()
+    finally:
+        producer.close()
+
+
+def main(argv: list[str]) -> None:
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    role, rest = argv[0], argv[1:]
+    if role == "broker":
+        _broker_main(rest)
+    elif role == "producer":
+        _producer_main(rest)
+    else:
+        raise SystemExit(f"unknown role {role!r}")
+
+
+# ----------------------------------------------------------------------------- the tests
+
+
+def _start_broker(cluster: Cluster, namesrv: str, store: Path) -> ServerProcess:
+    args = [
+        "broker", "--host", "127.0.0.1", "--port", "0", "--name", "broker-tx",
+        "--namesrv", namesrv, "--store-path", str(store), "--auto-create-topic",
+        "--register-interval", "1", "--segment-bytes", str(64 * 1024 * 1024),
+        "--tx-timeout-ms", "400", "--tx-check-interval-ms", "200",
+    ]  # fmt: skip
+    return cluster.child("broker", MODULE, args, name="broker-tx")
+
+
+def _producer(cluster: Cluster, namesrv: str, ledger: Path, mode: str) -> ServerProcess:
+    args = ["producer", "--namesrv", namesrv, "--topic", TOPIC, "--ledger", str(ledger),
+            "--mode", mode]  # fmt: skip
+    return cluster.child("producer", MODULE, args, name=f"producer-{mode}")
+
+
+async def _visible_bodies(namesrv: str, want: int, timeout_s: float = 20.0) -> list[str]:
+    """Pull the topic until ``want`` messages came (or the time is up), then once more after a
+    pause: every message read, duplicates included."""
+    from orbitmq.client import AdminClient
+    from tests.client.test_e2e import read_all
+
+    async with AdminClient([namesrv], timeout_s=3.0) as admin:
+        got = await read_all(admin, TOPIC, want, timeout_s)
+        await asyncio.sleep(1.0)  # a late duplicate would show now
+        got = await read_all(admin, TOPIC, len(got) + 1, 0.5)
+    return sorted(m.body.decode() for m in got)
+
+
+def _expected(ledger: Path) -> list[str]:
+    return sorted(body for outcome, body in _read_ledger(ledger).values() if outcome == "COMMIT")
+
+
+async def test_restarted_producer_answers_check_backs(cluster: Cluster, tmp_path: Path) -> None:
+    ns = cluster.namesrv()
+    _start_broker(cluster, ns.address, tmp_path / "store")
+    ledger = tmp_path / "ledger.txt"
+    sender = _producer(cluster, ns.address, ledger, "send")
+    sender.kill()  # undecided transactions stay behind
+    assert len(_read_ledger(ledger)) == COUNT
+    _producer(cluster, ns.address, ledger, "answer")
+    expected = _expected(ledger)
+    assert expected == ["tx0", "tx2", "tx3", "tx6", "tx8"]
+    assert await _visible_bodies(ns.address, len(expected)) == expected
+
+
+async def test_broker_sigkill_with_pending_half_messages(cluster: Cluster, tmp_path: Path) -> None:
+    ns = cluster.namesrv()
+    broker = _start_broker(cluster, ns.address, tmp_path / "store")
+    ledger = tmp_path / "ledger.txt"
+    sender = _producer(cluster, ns.address, ledger, "send")  # answers check-backs UNKNOWN
+    broker.kill()  # half messages tx2, tx5, tx8 pending (checked, never decided)
+    sender.kill()
+    broker.restart()
+    _producer(cluster, ns.address, ledger, "answer")
+    expected = _expected(ledger)
+    assert await _visible_bodies(ns.address, len(expected)) == expected
+    log = broker.log()
+    assert "transactions: " in log and "half messages" in log
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
