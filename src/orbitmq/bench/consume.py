@@ -38,13 +38,9 @@ import multiprocessing
 import os
 import platform
 import queue
-import select
 import shutil
-import signal
 import statistics
 import struct
-import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -57,6 +53,7 @@ from typing import Any
 import numpy as np
 from hdrh.histogram import HdrHistogram
 
+from orbitmq.bench._child import ServerChild
 from orbitmq.bench.store import _cpu_model, _loadavg
 from orbitmq.client import AdminClient, AsyncProducer, Message, MessageQueue
 from orbitmq.client.consumer_types import ConsumedMessage, ConsumeFromWhere, ConsumeResult
@@ -112,25 +109,17 @@ def target_cluster(namesrv: str | None, data_dir: Path | None, say: Say) -> Iter
     made = data_dir is None
     folder = Path(tempfile.mkdtemp(prefix="orbitmq-bench-")) if made else Path(data_dir or ".")
     folder.mkdir(parents=True, exist_ok=True)
-    log_path = folder / "up.log"
-    cmd = [
-        sys.executable, "-m", "orbitmq.cli", "up", "--namesrv-port", "0", "--broker-port", "0",
-        "--data-dir", str(folder), "--host", "127.0.0.1", "--log-level", "WARNING",
-    ]  # fmt: skip
-    with open(log_path, "ab") as log:
-        proc = subprocess.Popen(
-            cmd,
-            stdout=subprocess.PIPE,
-            stderr=log,
-            env=dict(os.environ, PYTHONUNBUFFERED="1", COLUMNS="200"),
-        )
+    child = ServerChild(
+        [
+            "orbitmq.cli", "up", "--namesrv-port", "0", "--broker-port", "0",
+            "--data-dir", str(folder), "--host", "127.0.0.1", "--log-level", "WARNING",
+        ],
+        folder / "up.log",
+        "orbitmq up ready ",
+    )  # fmt: skip
     try:
-        endpoints = _wait_ready(proc, "orbitmq up ready ", READY_TIMEOUT_S)
-        if endpoints is None:
-            raise ClientError(
-                "the benchmark's own broker did not start; its log:\n"
-                + log_path.read_text(errors="replace")[-2000:]
-            )
+        pairs = (p.partition("=") for p in child.start(READY_TIMEOUT_S).split())
+        endpoints = {k: v for k, _, v in pairs}
         say(
             f"started NameServer {endpoints.get('namesrv')} + Broker {endpoints.get('broker')} "
             f"({endpoints.get('flush', '?')}) in {folder}"
@@ -139,39 +128,9 @@ def target_cluster(namesrv: str | None, data_dir: Path | None, say: Say) -> Iter
             endpoints["namesrv"], own=True, data_dir=str(folder), flush=endpoints.get("flush", "")
         )
     finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(10)
-        if proc.stdout is not None:
-            proc.stdout.close()
+        child.stop(30.0)
         if made:
             shutil.rmtree(folder, ignore_errors=True)
-
-
-def _wait_ready(
-    proc: subprocess.Popen[bytes], prefix: str, timeout: float
-) -> dict[str, str] | None:
-    assert proc.stdout is not None
-    fd = proc.stdout.fileno()
-    deadline = time.monotonic() + timeout
-    pending = b""
-    while (remaining := deadline - time.monotonic()) > 0:
-        if not select.select([fd], [], [], remaining)[0]:
-            break
-        chunk = os.read(fd, 4096)
-        if not chunk:
-            break
-        *lines, pending = (pending + chunk).split(b"\n")
-        for raw in lines:
-            line = raw.decode(errors="replace")
-            if line.startswith(prefix):
-                pairs = (p.partition("=") for p in line[len(prefix) :].split())
-                return {k: v for k, _, v in pairs}
-    return None
 
 
 # ---------------------------------------------------------------------------- topic + load

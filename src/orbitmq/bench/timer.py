@@ -25,11 +25,7 @@ import contextlib
 import os
 import platform
 import random
-import select
 import shutil
-import signal
-import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator
@@ -39,6 +35,7 @@ from typing import Any
 
 import numpy as np
 
+from orbitmq.bench._child import ServerChild
 from orbitmq.common.codes import ResponseCode
 from orbitmq.common.errors import ClientError
 from orbitmq.common.message import encode_properties
@@ -100,76 +97,34 @@ class OwnBroker:
     def __init__(self, folder: Path, flush: str) -> None:
         self.folder = folder
         self.flush = flush
-        self.proc: subprocess.Popen[bytes] | None = None
         self.address = ""
         self.port = 0
+        self._child: ServerChild | None = None
 
     def start(self) -> float:
-        """Start it; returns seconds until it said ready."""
+        """Start it (again, on the same port after a restart); seconds until it said ready."""
         began = time.monotonic()
-        cmd = [
-            sys.executable, "-m", "orbitmq.broker", "--host", "127.0.0.1",
-            "--port", str(self.port), "--namesrv", "", "--store-path", str(self.folder / "store"),
-            "--flush", self.flush, "--auto-create-topic",
-        ]  # fmt: skip
-        with open(self.folder / "broker.log", "ab") as log:
-            self.proc = subprocess.Popen(
-                cmd, stdout=subprocess.PIPE, stderr=log, env=dict(os.environ, PYTHONUNBUFFERED="1")
-            )
-        line = _wait_line(self.proc, "orbitmq broker ready ", READY_TIMEOUT_S)
-        if line is None:
-            self.stop()
-            raise ClientError(
-                "the benchmark's broker did not start; its log:\n"
-                + (self.folder / "broker.log").read_text(errors="replace")[-2000:]
-            )
-        self.address = line.split()[0]
+        self._child = ServerChild(
+            [
+                "orbitmq.broker", "--host", "127.0.0.1", "--port", str(self.port),
+                "--namesrv", "", "--store-path", str(self.folder / "store"),
+                "--flush", self.flush, "--auto-create-topic",
+            ],
+            self.folder / "broker.log",
+            "orbitmq broker ready ",
+        )  # fmt: skip
+        self.address = self._child.start(READY_TIMEOUT_S).split()[0]
         self.port = int(self.address.rpartition(":")[2])
         return time.monotonic() - began
 
     def memory(self) -> dict[str, float]:
         """VmRSS / RssAnon / RssFile of the broker, in MB."""
-        assert self.proc is not None
-        out: dict[str, float] = {}
-        for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():
-            name, _, rest = line.partition(":")
-            if name in ("VmRSS", "RssAnon", "RssFile"):
-                out[name] = int(rest.split()[0]) / 1024
-        return out
+        assert self._child is not None
+        return self._child.memory_mb()
 
     def stop(self) -> None:
-        proc = self.proc
-        if proc is None:
-            return
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(60)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(10)
-        if proc.stdout is not None:
-            proc.stdout.close()
-        self.proc = None
-
-
-def _wait_line(proc: subprocess.Popen[bytes], prefix: str, timeout: float) -> str | None:
-    assert proc.stdout is not None
-    fd = proc.stdout.fileno()
-    deadline = time.monotonic() + timeout
-    pending = b""
-    while (remaining := deadline - time.monotonic()) > 0:
-        if not select.select([fd], [], [], remaining)[0]:
-            break
-        chunk = os.read(fd, 4096)
-        if not chunk:
-            break
-        *lines, pending = (pending + chunk).split(b"\n")
-        for raw in lines:
-            text = raw.decode(errors="replace")
-            if text.startswith(prefix):
-                return text[len(prefix) :]
-    return None
+        if self._child is not None:
+            self._child.stop()
 
 
 @contextlib.contextmanager
