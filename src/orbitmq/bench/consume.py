@@ -48,7 +48,10 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from multiprocessing.queues import Queue as MPQueue
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from orbitmq.client.push_consumer import PushConsumer
 
 import numpy as np
 from hdrh.histogram import HdrHistogram
@@ -534,31 +537,8 @@ def _consume_once(
 def _push_consumer(
     namesrv: str, options: ConsumeBenchOptions, group: str, count: _Count
 ) -> tuple[Callable[[], None], Callable[[], None]]:
-    from orbitmq.client.push_consumer import PushConsumer
 
-    consumer = PushConsumer(
-        namesrv,
-        group,
-        consume_from_where=ConsumeFromWhere.FIRST_OFFSET,
-        consume_batch_size=options.batch,
-        pull_batch_size=options.pull_batch,
-        consume_threads=options.threads,
-    )
-    consumer.subscribe(options.topic, "*")
-    if options.listener == "async":
-
-        async def on_async(msgs: list[ConsumedMessage]) -> ConsumeResult:
-            count.add(msgs)
-            return ConsumeResult.SUCCESS
-
-        consumer.register_listener(on_async)
-    else:
-
-        def on_sync(msgs: list[ConsumedMessage]) -> ConsumeResult:
-            count.add(msgs)
-            return ConsumeResult.SUCCESS
-
-        consumer.register_listener(on_sync)
+    consumer = _new_push_consumer(namesrv, group, options, ConsumeFromWhere.FIRST_OFFSET, count.add)
 
     def start() -> None:
         consumer.start()
@@ -958,33 +938,10 @@ async def _prepare_e2e(
 def _e2e_once(
     namesrv: str, options: E2EBenchOptions, group: str, queues: int, meter: Meter, say: Say
 ) -> E2ERun:
-    from orbitmq.client.push_consumer import PushConsumer
 
     run_id = int.from_bytes(os.urandom(4), "big")
     rec = _Latencies(run_id)
-    consumer = PushConsumer(
-        namesrv,
-        group,
-        consume_from_where=ConsumeFromWhere.LAST_OFFSET,
-        consume_batch_size=options.batch,
-        pull_batch_size=options.pull_batch,
-        consume_threads=options.threads,
-    )
-    consumer.subscribe(options.topic, "*")
-    if options.listener == "async":
-
-        async def on_async(msgs: list[ConsumedMessage]) -> ConsumeResult:
-            rec.add(msgs)
-            return ConsumeResult.SUCCESS
-
-        consumer.register_listener(on_async)
-    else:
-
-        def on_sync(msgs: list[ConsumedMessage]) -> ConsumeResult:
-            rec.add(msgs)
-            return ConsumeResult.SUCCESS
-
-        consumer.register_listener(on_sync)
+    consumer = _new_push_consumer(namesrv, group, options, ConsumeFromWhere.LAST_OFFSET, rec.add)
     ctx = multiprocessing.get_context("spawn")
     results: MPQueue[_ProducerReport | str] = ctx.Queue()
     proc = None
@@ -1105,3 +1062,40 @@ def format_e2e_report(result: E2EBenchResult) -> str:
         + f"  over {len(result.runs)} run{'s' if len(result.runs) != 1 else ''}"
     )
     return "\n".join(lines)
+
+
+def _new_push_consumer(
+    namesrv: str,
+    group: str,
+    options: Any,
+    where: ConsumeFromWhere,
+    sink: Callable[[list[ConsumedMessage]], None],
+) -> PushConsumer:
+    """A push consumer of ``options.topic`` whose listener (async or thread, as the options
+    say) hands every batch to ``sink``; not started. Shared by bench consume and bench e2e."""
+    from orbitmq.client.push_consumer import PushConsumer
+
+    consumer = PushConsumer(
+        namesrv,
+        group,
+        consume_from_where=where,
+        consume_batch_size=options.batch,
+        pull_batch_size=options.pull_batch,
+        consume_threads=options.threads,
+    )
+    consumer.subscribe(options.topic, "*")
+    if options.listener == "async":
+
+        async def on_async(msgs: list[ConsumedMessage]) -> ConsumeResult:
+            sink(msgs)
+            return ConsumeResult.SUCCESS
+
+        consumer.register_listener(on_async)
+    else:
+
+        def on_sync(msgs: list[ConsumedMessage]) -> ConsumeResult:
+            sink(msgs)
+            return ConsumeResult.SUCCESS
+
+        consumer.register_listener(on_sync)
+    return consumer
