@@ -23,6 +23,14 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 
 
+SMALL_FILES = [
+    "--store-option", "max_hash_slot_num=4096", "--store-option", "max_index_num=65536",
+    "--store-option", "consume_queue_entries_per_file=16384",
+]  # fmt: skip
+"""Store files are preallocated; at RocketMQ's sizes one broker takes 400 MiB for its first
+IndexFile and 6 MiB per queue. Tests make hundreds of queues: small files, same code paths."""
+
+
 class ServerProcess:
     def __init__(
         self, role: str, args: list[str], log_path: Path, *, module: str | None = None
@@ -154,7 +162,7 @@ class Cluster:
             "--host", "127.0.0.1", "--port", str(port), "--name", name,
             "--namesrv", ";".join(namesrvs), "--store-path", str(store or self.base / name),
             "--flush", flush, "--auto-create-topic", "--register-interval", "1",
-            "--segment-bytes", str(64 * 1024 * 1024), *(extra or []),
+            "--segment-bytes", str(64 * 1024 * 1024), *SMALL_FILES, *(extra or []),
         ]  # fmt: skip
         proc = ServerProcess("broker", args, self.base / f"{name}.log")
         self.procs.append(proc)

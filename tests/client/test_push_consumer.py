@@ -34,6 +34,7 @@ from orbitmq.client._loop_thread import LoopThread
 from orbitmq.client.allocate import resolve_strategy
 from orbitmq.client.offset_store import BrokerRequester, RemoteOffsetStore
 from orbitmq.client.process_queue import ProcessQueue
+from orbitmq.client.push_consumer import _State
 from orbitmq.client.rebalance import RebalanceService
 from orbitmq.client.route import TopicPublishInfo, TopicRouteCache
 from orbitmq.common.codes import ResponseCode
@@ -51,6 +52,7 @@ from orbitmq.protocol.consumer import (
 from orbitmq.protocol.frame import Buffer, Frame
 from orbitmq.protocol.group_config import SubscriptionGroupConfig
 from tests.client.test_e2e import RealCluster, start_cluster, stop_cluster, wait_route
+from tests.client.test_process_queue import msg as stored
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -571,6 +573,72 @@ async def test_handover_waits_for_the_listener_then_commits_then_unlocks() -> No
     await rb.close()
     assert broker.locked == set() and rb.assignment() == []
     assert broker.log == ["commit 0=100,1=100", "unlock [0, 1]"]  # one request each
+
+
+async def test_batch_submitted_as_the_last_async_worker_ends_is_still_consumed() -> None:
+    """Regression: an async listener's worker used to leave its slot in a done callback, a loop
+    turn after it found no batch waiting. A batch submitted in that gap saw the one slot
+    (consume_threads=1) still taken, and nobody ever consumed it (``orbitmq consume`` hung)."""
+    c = AsyncPushConsumer(["127.0.0.1:1"], "G", consume_threads=1)
+    loop = asyncio.get_running_loop()
+    c._loop = loop
+    mq = MessageQueue("T", "broker-a", 0)
+    pq = ProcessQueue(mq, 0)
+    first, second = pq.put([stored(0)], 1), pq.put([stored(1)], 2)
+    seen: list[int] = []
+
+    async def listener(msgs: list[ConsumedMessage]) -> ConsumeResult:
+        seen.extend(m.message.queue_offset for m in msgs)
+        if len(seen) == 1:
+            # Runs after this step of the worker (which then finds nothing waiting and ends)
+            # and before the worker task's done callbacks: exactly the gap.
+            loop.call_soon(c._submit, pq, second, pq.generation)
+        return ConsumeResult.SUCCESS  # returns without awaiting: same step as the worker's end
+
+    c.register_listener(listener)
+    c._submit(pq, first, pq.generation)
+    for _ in range(50):
+        if seen == [0, 1] and c._workers == 0:
+            break
+        await asyncio.sleep(0.01)
+    assert seen == [0, 1]
+    assert c._workers == 0 and pq.committable() == 2
+
+
+async def test_orderly_messages_pulled_as_its_task_ends_are_still_consumed() -> None:
+    """Regression, the orderly twin of the one above: the queue's task was unregistered in a
+    done callback, so messages pulled between its last step and that callback started no task."""
+    c = AsyncPushConsumer(
+        ["127.0.0.1:1"], "G", message_model=MessageModel.BROADCASTING, consume_threads=1
+    )
+    seen: list[int] = []
+    mq = MessageQueue("T", "broker-a", 0)
+    pq = ProcessQueue(mq, 0)
+
+    def pulled_more() -> None:
+        c._on_pulled(pq, pq.put([stored(1)], 2))
+
+    async def listener(msgs: list[ConsumedMessage]) -> ConsumeResult:
+        seen.extend(m.message.queue_offset for m in msgs)
+        if len(seen) == 1:
+            asyncio.get_running_loop().call_soon(pulled_more)  # lands in the gap
+        return ConsumeResult.SUCCESS
+
+    c.register_orderly_listener(listener)
+    c.subscribe("T")
+    c._make_clients()
+    c._semaphore = asyncio.Semaphore(1)
+    c._state = _State.RUNNING
+    try:
+        c._on_pulled(pq, pq.put([stored(0)], 1))
+        for _ in range(50):
+            if seen == [0, 1] and not c._orderly_tasks:
+                break
+            await asyncio.sleep(0.01)
+        assert seen == [0, 1] and pq.committable() == 2
+    finally:
+        c._state = _State.CLOSED
+        await c.remoting.close()
 
 
 @settings(max_examples=60, deadline=None)

@@ -816,10 +816,7 @@ class AsyncPushConsumer(_ConsumerBase):
     def _start_worker(self) -> None:
         self._workers += 1
         self._worker_starting = True
-        self._spawn(self._async_worker()).add_done_callback(self._worker_done)
-
-    def _worker_done(self, _task: asyncio.Task[Any]) -> None:
-        self._workers -= 1
+        self._spawn(self._async_worker())
 
     async def _async_worker(self) -> None:
         """Run waiting batches of an ``async def`` listener, one after another.
@@ -832,14 +829,20 @@ class AsyncPushConsumer(_ConsumerBase):
         """
         self._worker_starting = False
         waiting = self._async_batches
-        while waiting:
-            pq, batch, generation = waiting.popleft()
-            if waiting and not self._worker_starting and self._workers < self.consume_threads:
-                self._start_worker()
-            try:
-                await self._run_async(pq, batch, generation)
-            except Exception:
-                log.exception("%s: handing a batch to the listener failed", self.group)
+        try:
+            while waiting:
+                pq, batch, generation = waiting.popleft()
+                if waiting and not self._worker_starting and self._workers < self.consume_threads:
+                    self._start_worker()
+                try:
+                    await self._run_async(pq, batch, generation)
+                except Exception:
+                    log.exception("%s: handing a batch to the listener failed", self.group)
+        finally:
+            # Counted out in the same step that found the queue empty. A done callback would
+            # run a loop turn later, and a batch submitted in between would see every worker
+            # slot taken and wait for a worker that is already gone (a consumer that stalls).
+            self._workers -= 1
 
     def _run_sync(
         self, pq: ProcessQueue, batch: list[StoredMessage], generation: int
@@ -1008,7 +1011,7 @@ class AsyncPushConsumer(_ConsumerBase):
         self._orderly_tasks[pq.mq] = task
 
         def done(t: asyncio.Task[None]) -> None:
-            if self._orderly_tasks.get(pq.mq) is t:
+            if self._orderly_tasks.get(pq.mq) is t:  # ended before it ran (cancelled)
                 del self._orderly_tasks[pq.mq]
             if not t.cancelled() and (exc := t.exception()) is not None:
                 log.error("orderly consumption of %s failed", pq.mq, exc_info=exc)
@@ -1019,6 +1022,16 @@ class AsyncPushConsumer(_ConsumerBase):
         """One batch at a time, in order, while the queue is ours and locked. A failed batch is
         retried in place after ``orderly_retry_interval_s``; its messages whose retries are
         used up go to the DLQ first, so the queue moves on."""
+        try:
+            await self._consume_orderly_batches(pq)
+        finally:
+            # Unregistered in the step that found nothing to do, not in a done callback a loop
+            # turn later: messages pulled in between would find this task still registered,
+            # start no other, and wait for the next pull (forever on a quiet queue).
+            if self._orderly_tasks.get(pq.mq) is asyncio.current_task():
+                del self._orderly_tasks[pq.mq]
+
+    async def _consume_orderly_batches(self, pq: ProcessQueue) -> None:
         locks = self.rebalance.needs_lock
         loop = asyncio.get_running_loop()
         attempts = self._orderly_attempts.setdefault(pq.mq, {})
