@@ -270,3 +270,35 @@ def test_message_line_is_shared_by_tail_and_consume() -> None:
     )  # fmt: skip
     line = message_line(MessageQueue("T", "broker-a", 1), msg, 80)
     assert line == "broker-a/1  7  AB  tags=paid  keys=k1,k2  hello\\nworld"
+
+
+def test_group_config_show_set_delete(cli_cluster: CliCluster) -> None:
+    g = "GrpConfigG"
+    shown = cli(cli_cluster, "group", "config", "show", g).stdout
+    assert re.search(r"retry max times\s+16", shown), shown  # RocketMQ's defaults
+    assert re.search(r"retry delays\s+10s 30s 1m 2m", shown), shown
+
+    r = cli(cli_cluster, "group", "config", "set", g, "--retry-max-times", "3",
+            "--retry-delays", "5s, 30s,1m", "--pop-retry-delays", "none")  # fmt: skip
+    assert "updated on 2 brokers" in r.stdout
+    with BlockingAdminClient(cli_cluster.namesrv) as admin:
+        configs = admin.group_configs()
+        for broker in ("broker-a", "broker-b"):
+            (cfg,) = [c for c in configs[broker] if c.group_name == g]
+            assert cfg.retry_max_times == 3 and cfg.retry_delays_ms == [5000, 30000, 60000]
+            assert cfg.pop_retry_delays_ms == []
+    # Settings not given keep their values.
+    cli(cli_cluster, "group", "config", "set", g, "--orderly-retry-interval", "250ms")
+    shown = cli(cli_cluster, "group", "config", "show", g).stdout
+    assert re.search(r"retry max times\s+3\b", shown) and "250ms" in shown, shown
+    assert "none (the invisible time alone)" in shown
+
+    for bad in (["--retry-delays", "soon"], ["--orderly-retry-interval", "-1s"], []):
+        r = cli(cli_cluster, "group", "config", "set", g, *bad, code=2)
+    r = cli(cli_cluster, "group", "config", "set", g, "--retry-max-times", "5000", code=1)
+    assert r.stderr.startswith("error:") and "retry_max_times" in r.stderr, r.stderr
+
+    r = cli(cli_cluster, "group", "config", "delete", g)
+    assert "broker-a" in r.stdout and "broker-b" in r.stdout
+    shown = cli(cli_cluster, "group", "config", "show", g).stdout
+    assert re.search(r"retry max times\s+16", shown), shown

@@ -1,5 +1,6 @@
 """Consumer groups: ``orbitmq group list``, ``orbitmq group describe G``,
-``orbitmq group reset-offset G --topic T --to-earliest|--to-latest|--to-timestamp X``.
+``orbitmq group reset-offset G --topic T --to-earliest|--to-latest|--to-timestamp X``,
+``orbitmq group config show|set|delete G`` (retry policy and DLQ limit).
 
 Everything goes through :class:`orbitmq.client.AdminClient`: the brokers are the source of
 truth for who is in a group (its members' heartbeats) and how far it got (committed offsets).
@@ -10,6 +11,7 @@ from __future__ import annotations
 import datetime
 from typing import Annotated
 
+import msgspec
 import typer
 from rich import box
 from rich.markup import escape
@@ -27,6 +29,7 @@ from orbitmq.cli.common import (
 from orbitmq.client import AdminClient
 from orbitmq.client.admin import GroupDescription
 from orbitmq.protocol.consumer import is_system_group_topic
+from orbitmq.protocol.group_config import SubscriptionGroupConfig
 
 group_app = typer.Typer(
     no_args_is_help=True,
@@ -257,3 +260,167 @@ def group_reset_offset(
         f"broker{'s' if len(result) != 1 else ''}",
         soft_wrap=True,
     )
+
+
+# ---------------------------------------------------------------------- group configs
+
+config_app = typer.Typer(
+    no_args_is_help=True,
+    help="A group's retry policy and dead-letter limit, kept by every broker (docs/retry-dlq.md).",
+)
+group_app.add_typer(config_app, name="config")
+
+_UNITS_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
+
+
+def parse_duration_ms(value: str, option: str) -> int:
+    """``250ms``, ``10s``, ``1m``, ``2h``, ``1d``, or plain milliseconds."""
+    text = value.strip().lower()
+    number, unit = text, "ms"
+    for suffix in ("ms", "s", "m", "h", "d"):
+        if text.endswith(suffix):
+            number, unit = text[: -len(suffix)], suffix
+            break
+    try:
+        amount = float(number)
+    except ValueError:
+        raise typer.BadParameter(
+            f"{value!r}: a duration like 500ms, 10s, 1m, 2h (or milliseconds)", param_hint=option
+        ) from None
+    if amount < 0:
+        raise typer.BadParameter(f"{value!r} is negative", param_hint=option)
+    return round(amount * _UNITS_MS[unit])
+
+
+def parse_delays(value: str, option: str) -> list[int]:
+    """A comma- or space-separated list of durations: ``10s,30s,1m,2m``."""
+    return [parse_duration_ms(item, option) for item in value.replace(",", " ").split()]
+
+
+def duration_text(ms: int) -> str:
+    for unit in ("d", "h", "m", "s"):
+        size = _UNITS_MS[unit]
+        if ms >= size and ms % size == 0:
+            return f"{ms // size}{unit}"
+    return f"{ms}ms"
+
+
+def print_group_config(config: SubscriptionGroupConfig) -> None:
+    pop = config.pop_retry_delays_ms
+    rows = [
+        ("group", config.group_name),
+        ("retry max times", str(config.retry_max_times)),
+        ("retry delays", " ".join(map(duration_text, config.retry_delays_ms))),
+        (
+            "pop retry delays",
+            "same as retry delays"
+            if pop is None
+            else (" ".join(map(duration_text, pop)) or "none (the invisible time alone)"),
+        ),
+        ("orderly retry interval", duration_text(config.orderly_retry_interval_ms)),
+        ("consume enabled", "yes" if config.consume_enable else "no"),
+        ("fifo", "yes" if config.fifo else "no"),
+    ]
+    table = Table(Column("setting", no_wrap=True), Column("value"), box=box.SIMPLE_HEAD)
+    for name, value in rows:
+        table.add_row(name, escape(value))
+    out().print(table)
+
+
+@config_app.command("show")
+def group_config_show(group: GroupArg, namesrv: NamesrvOpt = DEFAULT_NAMESRV) -> None:
+    """Show a group's retry policy (RocketMQ's defaults when it was never configured).
+
+    Example: orbitmq group config show OrderProcessors
+    """
+
+    async def go() -> SubscriptionGroupConfig:
+        async with AdminClient(namesrv) as admin:
+            return await admin.get_group_config(group)
+
+    print_group_config(run(go()))
+
+
+@config_app.command("set")
+def group_config_set(
+    group: GroupArg,
+    retry_max_times: Annotated[
+        int | None,
+        typer.Option(
+            "--retry-max-times",
+            min=0,
+            help="Redeliveries before a message goes to %DLQ%<group> (RocketMQ: 16).",
+        ),
+    ] = None,
+    retry_delays: Annotated[
+        str | None,
+        typer.Option(
+            "--retry-delays",
+            help="Push backoff per attempt, e.g. '10s,30s,1m,2m' (the last repeats).",
+        ),
+    ] = None,
+    pop_retry_delays: Annotated[
+        str | None,
+        typer.Option(
+            "--pop-retry-delays",
+            help="Pop backoff beyond the invisible time; 'same' (the push list) or 'none'.",
+        ),
+    ] = None,
+    orderly_retry_interval: Annotated[
+        str | None,
+        typer.Option("--orderly-retry-interval", help="Orderly in-place retry interval (3s)."),
+    ] = None,
+    fifo: Annotated[
+        bool | None, typer.Option("--fifo/--no-fifo", help="Pop FIFO consumption.")
+    ] = None,
+    namesrv: NamesrvOpt = DEFAULT_NAMESRV,
+) -> None:
+    """Change a group's retry policy on every broker; settings not given keep their values.
+
+    Example: orbitmq group config set OrderProcessors --retry-max-times 3 --retry-delays 5s,30s
+    """
+    changes: dict[str, object] = {}
+    if retry_max_times is not None:
+        changes["retry_max_times"] = retry_max_times
+    if retry_delays is not None:
+        changes["retry_delays_ms"] = parse_delays(retry_delays, "--retry-delays")
+    if pop_retry_delays is not None:
+        word = pop_retry_delays.strip().lower()
+        changes["pop_retry_delays_ms"] = (
+            None
+            if word == "same"
+            else []
+            if word == "none"
+            else parse_delays(pop_retry_delays, "--pop-retry-delays")
+        )
+    if orderly_retry_interval is not None:
+        changes["orderly_retry_interval_ms"] = parse_duration_ms(
+            orderly_retry_interval, "--orderly-retry-interval"
+        )
+    if fifo is not None:
+        changes["fifo"] = fifo
+    if not changes:
+        raise typer.BadParameter("give at least one setting to change", param_hint="options")
+
+    async def go() -> tuple[SubscriptionGroupConfig, list[str]]:
+        async with AdminClient(namesrv) as admin:
+            current = await admin.get_group_config(group)
+            updated = msgspec.structs.replace(current, **changes)
+            return updated, await admin.update_group_config(updated)
+
+    updated, brokers = run(go())
+    print_group_config(updated)
+    out().print(f"updated on {len(brokers)} broker{'s' if len(brokers) != 1 else ''}")
+
+
+@config_app.command("delete")
+def group_config_delete(group: GroupArg, namesrv: NamesrvOpt = DEFAULT_NAMESRV) -> None:
+    """Forget a group's config on every broker: it is back to RocketMQ's defaults."""
+
+    async def go() -> list[str]:
+        async with AdminClient(namesrv) as admin:
+            return await admin.delete_group_config(group)
+
+    brokers = run(go())
+    where = ", ".join(brokers) if brokers else "no broker had one"
+    out().print(f"config of group {escape(group)} deleted ({where})")
