@@ -10,7 +10,9 @@ This module is also the child program the tests run (``python -m`` it)::
 ``producer --mode send`` sends ``count`` transactions. Transaction i decides COMMIT (i % 3 == 0),
 ROLLBACK (i % 3 == 1) or UNKNOWN (i % 3 == 2); before returning, the local transaction appends
 ``<msg_id> <outcome> <body>`` to the ledger (the application's durable record: the outcome of an
-UNKNOWN one alternates COMMIT/ROLLBACK). Check-backs it gets are answered UNKNOWN. It prints
+UNKNOWN one alternates COMMIT/ROLLBACK). Then it sends BATCHES half batches of BATCH_SIZE
+messages, undecided, after writing ``<transaction id> <outcome> <body>,<body>,...`` (batch 0
+COMMIT, the others ROLLBACK). Check-backs it gets are answered UNKNOWN. It prints
 ``orbitmq producer ready <client_id>`` when every transaction was sent, then waits to be killed.
 ``--mode answer`` only answers check-backs, from the ledger.
 """
@@ -34,6 +36,8 @@ MODULE = "tests.integration.test_transaction_restart"
 TOPIC = "TX_RESTART"
 GROUP = "PG_RESTART"
 COUNT = 9
+BATCHES = 2
+BATCH_SIZE = 4
 
 
 # ----------------------------------------------------------------------------- child programs
@@ -68,6 +72,7 @@ def _read_ledger(path: Path) -> dict[str, tuple[str, str]]:
 
 def _producer_main(argv: list[str]) -> None:
     from orbitmq.client import LocalTransactionState, Message, TransactionProducer
+    from orbitmq.common.ids import default_generator
     from orbitmq.common.message import PROPERTY_UNIQ_KEY
 
     p = argparse.ArgumentParser()
@@ -79,17 +84,19 @@ def _producer_main(argv: list[str]) -> None:
     a = p.parse_args(argv)
     ledger: Path = a.ledger
 
+    def record(line: str) -> None:
+        fd = os.open(ledger, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            os.write(fd, f"{line}\n".encode())
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
     class Listener:
         def execute_local_transaction(self, msg: Message, arg: Any) -> LocalTransactionState:
             i = int(arg)
             outcome = "COMMIT" if i % 3 == 0 or (i % 3 == 2 and i % 2 == 0) else "ROLLBACK"
-            line = f"{msg.properties[PROPERTY_UNIQ_KEY]} {outcome} {msg.body.decode()}\n"
-            fd = os.open(ledger, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-            try:
-                os.write(fd, line.encode())
-                os.fsync(fd)
-            finally:
-                os.close(fd)
+            record(f"{msg.properties[PROPERTY_UNIQ_KEY]} {outcome} {msg.body.decode()}")
             if i % 3 == 2:
                 return LocalTransactionState.UNKNOWN  # "crashed" before telling the broker
             return LocalTransactionState(outcome)
@@ -109,6 +116,12 @@ def _producer_main(argv: list[str]) -> None:
         if a.mode == "send":
             for i in range(a.count):
                 producer.send_in_transaction(Message(a.topic, f"tx{i}".encode()), arg=i)
+            for j in range(BATCHES):
+                bodies = [f"b{j}_{k}" for k in range(BATCH_SIZE)]
+                tx_id = default_generator.next_id()  # recorded before the send, as an app would
+                record(f"{tx_id} {'COMMIT' if j == 0 else 'ROLLBACK'} {','.join(bodies)}")
+                msgs = [Message(a.topic, b.encode()) for b in bodies]
+                producer.send_half_batch(msgs, transaction_id=tx_id)  # left undecided
         print(f"orbitmq producer ready {producer.client_id}", flush=True)
         stop.wait()
     finally:
@@ -161,7 +174,12 @@ async def _visible_bodies(namesrv: str, want: int, timeout_s: float = 20.0) -> l
 
 
 def _expected(ledger: Path) -> list[str]:
-    return sorted(body for outcome, body in _read_ledger(ledger).values() if outcome == "COMMIT")
+    return sorted(
+        body
+        for outcome, bodies in _read_ledger(ledger).values()
+        if outcome == "COMMIT"
+        for body in bodies.split(",")
+    )
 
 
 async def test_restarted_producer_answers_check_backs(cluster: Cluster, tmp_path: Path) -> None:
@@ -170,10 +188,10 @@ async def test_restarted_producer_answers_check_backs(cluster: Cluster, tmp_path
     ledger = tmp_path / "ledger.txt"
     sender = _producer(cluster, ns.address, ledger, "send")
     sender.kill()  # undecided transactions stay behind
-    assert len(_read_ledger(ledger)) == COUNT
+    assert len(_read_ledger(ledger)) == COUNT + BATCHES
     _producer(cluster, ns.address, ledger, "answer")
     expected = _expected(ledger)
-    assert expected == ["tx0", "tx2", "tx3", "tx6", "tx8"]
+    assert expected == ["b0_0", "b0_1", "b0_2", "b0_3", "tx0", "tx2", "tx3", "tx6", "tx8"]
     assert await _visible_bodies(ns.address, len(expected)) == expected
 
 
@@ -182,7 +200,7 @@ async def test_broker_sigkill_with_pending_half_messages(cluster: Cluster, tmp_p
     broker = _start_broker(cluster, ns.address, tmp_path / "store")
     ledger = tmp_path / "ledger.txt"
     sender = _producer(cluster, ns.address, ledger, "send")  # answers check-backs UNKNOWN
-    broker.kill()  # half messages tx2, tx5, tx8 pending (checked, never decided)
+    broker.kill()  # tx2, tx5, tx8 and both batches pending (checked, never decided)
     sender.kill()
     broker.restart()
     _producer(cluster, ns.address, ledger, "answer")

@@ -56,6 +56,8 @@ from orbitmq.client.simple_consumer import (
 )
 from orbitmq.client.transaction import (
     AsyncTransactionProducer,
+    EndResult,
+    HalfBatchResult,
     LocalTransactionState,
     TransactionListener,
     TransactionProducer,
@@ -79,8 +81,10 @@ __all__ = [
     "ConsumeFromWhere",
     "ConsumeResult",
     "ConsumedMessage",
+    "EndResult",
     "ExpiredReceiptHandleError",
     "FaultStrategy",
+    "HalfBatchResult",
     "HeartbeatService",
     "InvalidReceiptHandleError",
     "InvalidSubscriptionError",

@@ -19,6 +19,13 @@ asked, a producer must be known to the broker: it heartbeats its group (HEART_BE
 ``producer_groups``) to every broker of the topics given as ``topics=`` and of every topic it
 has sent to.
 
+**Transactional batches** (``send_half_batch`` / ``end_many``): n messages of one queue sent as
+ONE prepared message whose body packs them (the send-body layout) and whose property TRAN_BATCH
+is n. The broker stores one half record; one COMMIT appends all n to the queue, in order,
+exactly once; ROLLBACK drops all. This is what an exactly-once sink needs at scale: per batch,
+one request to send, one to decide, instead of per message. The halves of many batches are then
+decided together with ``end_many`` (concurrent END_TRANSACTIONs), from any producer of the group.
+
 The producer is composed of an :class:`~orbitmq.client.producer.AsyncProducer` (its routing,
 retries and options); check-backs arrive on that producer's connections.
 """
@@ -30,42 +37,79 @@ import dataclasses
 import enum
 import inspect
 import logging
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 from orbitmq.client import _codec
 from orbitmq.client._loop_thread import BlockingFacade, LoopThread
 from orbitmq.client.consumer_types import new_client_id
+from orbitmq.client.fifo import check_batch_groups
 from orbitmq.client.producer import AsyncProducer, SendResult, SendStatus
+from orbitmq.client.route import MessageQueue
 from orbitmq.common.codes import ResponseCode
-from orbitmq.common.errors import ClientError, MQError, RemoteError
+from orbitmq.common.errors import (
+    ClientError,
+    EmptyBodyError,
+    MessageIllegalError,
+    MQError,
+    PropertiesTooLargeError,
+    RemoteError,
+)
 from orbitmq.common.ids import default_generator
-from orbitmq.common.message import PROPERTY_UNIQ_KEY, Message
+from orbitmq.common.message import (
+    PROPERTY_UNIQ_KEY,
+    SYSFLAG_TRANSACTION_PREPARED,
+    Message,
+    decode_properties,
+    encode_properties,
+)
 from orbitmq.common.record import StoredMessage
-from orbitmq.common.validation import validate_group
+from orbitmq.common.validation import DEFAULT_MAX_PROPERTIES_SIZE, validate_group
 from orbitmq.net.connection import Connection, Reply
 from orbitmq.protocol.bodies import encode_body
 from orbitmq.protocol.codes import RequestCode
 from orbitmq.protocol.consumer import HeartbeatData
 from orbitmq.protocol.frame import Frame
-from orbitmq.protocol.messages import decode_records
+from orbitmq.protocol.messages import decode_records, decode_send_body, encode_send_body
 
 log = logging.getLogger(__name__)
 
 __all__ = [
+    "PROPERTY_TRANSACTION_BATCH",
     "AsyncTransactionProducer",
+    "EndResult",
+    "HalfBatchResult",
     "LocalTransactionState",
     "TransactionListener",
     "TransactionProducer",
     "TransactionSendResult",
+    "half_batch_count",
+    "unpack_half_batch",
 ]
 
 PROPERTY_TRANSACTION_PREPARED = "TRAN_MSG"
 PROPERTY_PRODUCER_GROUP = "PGROUP"
 PROPERTY_REAL_TOPIC = "REAL_TOPIC"
 PROPERTY_REAL_QUEUE_ID = "REAL_QID"
+PROPERTY_TRANSACTION_BATCH = "TRAN_BATCH"
+"""On a half batch: how many messages it packs (what a check-back's listener reads)."""
+PROPERTY_CHECK_IMMUNITY_S = "CHECK_IMMUNITY_TIME_IN_SECONDS"
+PROPERTY_TRANSACTION_ID = "__transactionId__"
 _HALF_ONLY = (PROPERTY_TRANSACTION_PREPARED, PROPERTY_REAL_TOPIC, PROPERTY_REAL_QUEUE_ID)
+_RESERVED_IN_BATCH = frozenset(
+    {
+        *_HALF_ONLY,
+        PROPERTY_TRANSACTION_BATCH,
+        PROPERTY_CHECK_IMMUNITY_S,
+        PROPERTY_TRANSACTION_ID,
+    }
+)
+"""Names a message inside a half batch may not carry (the broker refuses them too)."""
+_RESERVED_BATCH_LEVEL = frozenset(
+    {*_HALF_ONLY, PROPERTY_TRANSACTION_BATCH, PROPERTY_PRODUCER_GROUP, PROPERTY_UNIQ_KEY}
+)
+"""Names the producer sets on a half batch itself (the transaction id: ``transaction_id=``)."""
 
 
 class LocalTransactionState(enum.Enum):
@@ -107,6 +151,74 @@ class TransactionSendResult:
     @property
     def msg_id(self) -> str:
         return self.send_result.msg_id
+
+
+@dataclass(frozen=True, slots=True)
+class HalfBatchResult:
+    """A stored half batch: everything END_TRANSACTION needs, as plain fields, so that it can
+    be pickled to another process of the producer group (a Spark driver deciding what its
+    executors sent) and decided there."""
+
+    topic: str
+    queue_id: int
+    """The real queue: all ``count`` messages go there on COMMIT."""
+    broker_name: str
+    broker_addr: str
+    """The broker's address when the half was sent ("" if unknown); ``end_many`` prefers the
+    current route's address for ``broker_name``."""
+    offset: int
+    """CommitLog offset of the half record: the handle END_TRANSACTION names."""
+    queue_offset: int
+    """The half record's offset in the half topic."""
+    transaction_id: str
+    """The half record's unique id; ``msg.msg_id`` in a check-back."""
+    count: int
+    msg_ids: tuple[str, ...]
+    """Each message's own unique id, in order: the committed copies carry them."""
+    status: SendStatus = SendStatus.SEND_OK
+    """Not SEND_OK: stored, but not as safely as asked. Roll it back (RocketMQ does)."""
+
+    @property
+    def msg_id(self) -> str:
+        return self.transaction_id
+
+
+@dataclass(frozen=True, slots=True)
+class EndResult:
+    """The outcome of one END_TRANSACTION sent by ``end_many``."""
+
+    transaction_id: str
+    state: LocalTransactionState
+    """The decision sent."""
+    broker_state: str = ""
+    """The broker's answer: COMMITTED, ROLLED_BACK, DISCARDED, PENDING (for UNKNOWN), RESOLVED
+    (decided long ago, the exact outcome forgotten); "" when ``error`` is set."""
+    error: MQError | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+
+def half_batch_count(msg: StoredMessage) -> int:
+    """How many messages a half record (as a check-back's listener gets it) packs; 0 for a
+    single half message."""
+    try:
+        return max(0, int(msg.properties.get(PROPERTY_TRANSACTION_BATCH, "0")))
+    except ValueError:
+        return 0
+
+
+def unpack_half_batch(msg: StoredMessage) -> list[tuple[bytes, dict[str, str]]]:
+    """The (body, properties) of each message packed in a half batch, in order. Rarely
+    needed: a listener normally decides from the batch's own properties."""
+    if not half_batch_count(msg):
+        raise ClientError(f"message {msg.msg_id} is not a half batch")
+    send = decode_send_body(msg.body)
+    return [
+        (bytes(body), decode_properties(props))
+        for body, props in zip(send.bodies, send.properties, strict=True)
+    ]
 
 
 def _as_state(value: object, what: str) -> LocalTransactionState:
@@ -263,12 +375,146 @@ class AsyncTransactionProducer:
         # check-back names: msg.msg_id there).
         msg.properties.setdefault(PROPERTY_UNIQ_KEY, default_generator.next_id())
         result = await self.producer.send(msg)
-        if msg.topic not in self._topics:
-            self._topics.append(msg.topic)
+        await self._after_half(result)  # so this broker can reach us for check-backs
+        return result
+
+    async def send_half_batch(
+        self,
+        messages: Sequence[Message],
+        *,
+        queue: MessageQueue | None = None,
+        properties: Mapping[str, str] | None = None,
+        transaction_id: str | None = None,
+    ) -> HalfBatchResult:
+        """Send ``messages`` (one topic, n >= 1) prepared, as ONE half record for one queue:
+        one request, one append on the broker. ``properties`` go on the half record (a check-back
+        shows them; the committed messages do not carry them). Raises when nothing was stored
+        for sure (bad input, a refusal, no answer after the producer's retries)."""
+        if not messages:
+            raise EmptyBodyError("a transactional batch holds at least one message")
+        topic = messages[0].topic
+        if any(m.topic != topic for m in messages):
+            raise ClientError("send_half_batch: all messages must have the same topic")
+        batch_props = dict(properties or {})
+        if not _RESERVED_BATCH_LEVEL.isdisjoint(batch_props):
+            names = sorted(_RESERVED_BATCH_LEVEL.intersection(batch_props))
+            raise ClientError(
+                f"properties {', '.join(names)} are set by the producer "
+                "(pass the transaction id as transaction_id=)"
+            )
+        producer = self.producer
+        loop = producer._check_running()
+        bodies, props, ids = _pack_columns(messages)
+        if len(ids) > 1 and any(p is not _NO_PROPS for p in props):
+            check_batch_groups(messages)
+        packed = encode_send_body(
+            bodies,
+            [p or _UNIQ_PREFIX + i.encode() + b"\x02" for p, i in zip(props, ids, strict=True)],
+        )
+        tx_id = transaction_id or default_generator.next_id()
+        batch_props[PROPERTY_TRANSACTION_PREPARED] = "true"
+        batch_props[PROPERTY_PRODUCER_GROUP] = self.group
+        batch_props[PROPERTY_UNIQ_KEY] = tx_id
+        batch_props[PROPERTY_TRANSACTION_BATCH] = str(len(ids))
+        # Validates the packed size against max_message_size, and the batch's properties.
+        half = producer._prepare(Message(topic, packed, properties=batch_props), compress=False)
+        deadline = loop.time() + producer.config.send_timeout_s
+        fixed = await producer._choose_fixed_queue(messages[0], queue, None, None, deadline)
+        if fixed is None:
+            # Pinned for the producer's retries too: a retry after a lost answer then reaches
+            # the broker holding the first try, which answers with that half instead of
+            # storing a second one (a second half, checked back by transaction id, could be
+            # committed as well: duplicates).
+            info = await producer._route(topic, deadline - loop.time())
+            fixed = producer.fault.select_queue(topic, info.write_queues)
+        [result] = await producer._send_items(
+            topic,
+            [half],
+            SYSFLAG_TRANSACTION_PREPARED,
+            messages[0].flag,
+            queue=fixed,
+            deadline=deadline,
+        )
+        addr = await self._after_half(result)
+        mq = result.message_queue
+        return HalfBatchResult(
+            topic=topic,
+            queue_id=mq.queue_id,
+            broker_name=mq.broker_name,
+            broker_addr=addr,
+            offset=result.offset,
+            queue_offset=result.queue_offset,
+            transaction_id=tx_id,
+            count=len(ids),
+            msg_ids=tuple(ids),
+            status=result.status,
+        )
+
+    async def _after_half(self, result: SendResult) -> str:
+        """Make sure the broker holding a new half can reach this producer for check-backs;
+        returns its address ("" if unknown)."""
+        topic = result.message_queue.topic
+        if topic not in self._topics:
+            self._topics.append(topic)
         addr = self.producer.routes.master_addr(result.message_queue.broker_name)
         if addr and addr not in self._beaten:
-            await self._beat(addr)  # so this broker can reach us for check-backs
-        return result
+            await self._beat(addr)
+        return addr or ""
+
+    async def end_many(
+        self,
+        halves: Sequence[HalfBatchResult | SendResult],
+        state: LocalTransactionState,
+        *,
+        concurrency: int = 64,
+    ) -> list[EndResult]:
+        """Decide many halves: one END_TRANSACTION each, at most ``concurrency`` in flight per
+        broker, results in the order of ``halves``. A failure is reported in its EndResult, not
+        raised; deciding again is safe (the broker applies a decision once)."""
+        if concurrency < 1:
+            raise ClientError("concurrency must be >= 1")
+        for topic in {_topic_of(h) for h in halves}:
+            try:  # the current route: the address a half was sent to may be stale
+                await self.producer.routes.get(topic)
+            except MQError as exc:
+                log.info("end_many: no route for %r: %s", topic, exc)
+        slots: dict[str, asyncio.Semaphore] = {}
+
+        async def one(half: HalfBatchResult | SendResult) -> EndResult:
+            addr = self._addr_of(half)
+            tx_id = half.transaction_id if isinstance(half, HalfBatchResult) else half.msg_id
+            if not addr:
+                err = ClientError(f"no address for the broker of transaction {tx_id}")
+                return EndResult(tx_id, state, error=err)
+            sem = slots.setdefault(addr, asyncio.Semaphore(concurrency))
+            async with sem:
+                answer, error = await self._send_end(addr, half.offset, tx_id, state)
+            return EndResult(tx_id, state, answer, error)
+
+        results = list(await asyncio.gather(*(one(h) for h in halves)))
+        failed = [r for r in results if r.error is not None]
+        if failed:
+            log.warning("end_many %s: %d of %d failed (first: %s: %s)", state.value,
+                        len(failed), len(results), failed[0].transaction_id, failed[0].error)  # fmt: skip
+        return results
+
+    def _addr_of(self, half: HalfBatchResult | SendResult) -> str:
+        if isinstance(half, HalfBatchResult):
+            return self.producer.routes.master_addr(half.broker_name) or half.broker_addr
+        return self.producer.routes.master_addr(half.message_queue.broker_name) or ""
+
+    async def _send_end(
+        self, addr: str, offset: int, tx_id: str, state: LocalTransactionState
+    ) -> tuple[str, MQError | None]:
+        """One END_TRANSACTION; (the broker's state, None) or ("", why it failed)."""
+        frame = self._end_frame(offset, tx_id, state, from_check=False)
+        try:
+            resp = await self.producer.remoting.invoke(addr, frame, self.end_timeout_s)
+        except MQError as exc:
+            return "", exc
+        if resp.code != ResponseCode.SUCCESS:
+            return "", RemoteError(resp.code, resp.remark)
+        return str(resp.fields.get("state", "")), None
 
     async def _run_local(
         self, msg: Message, local_tx: LocalTransaction | None, arg: Any
@@ -294,14 +540,7 @@ class AsyncTransactionProducer:
         if not addr:
             tx.end_error = ClientError(f"no address for broker {result.message_queue.broker_name}")
             return tx
-        frame = self._end_frame(result.offset, result.msg_id, state, from_check=False)
-        try:
-            resp = await self.producer.remoting.invoke(addr, frame, self.end_timeout_s)
-        except MQError as exc:
-            tx.end_error = exc
-        else:
-            if resp.code != ResponseCode.SUCCESS:
-                tx.end_error = RemoteError(resp.code, resp.remark)
+        _, tx.end_error = await self._send_end(addr, result.offset, result.msg_id, state)
         if tx.end_error is not None:
             log.warning("END_TRANSACTION %s for %s: %s", state.value, result.msg_id, tx.end_error)
         return tx
@@ -366,6 +605,57 @@ class AsyncTransactionProducer:
         self.checks_answered += 1
         if resp.code != ResponseCode.SUCCESS:
             log.warning("broker refused the check answer for %s: %s", msg.msg_id, resp.remark)
+
+
+_UNIQ_PREFIX = PROPERTY_UNIQ_KEY.encode() + b"\x01"
+_NO_PROPS = b""
+
+
+def _pack_columns(messages: Sequence[Message]) -> tuple[list[bytes], list[bytes], list[str]]:
+    """Bodies, encoded properties and unique ids of a half batch's messages. Per message only
+    what must be: ids come in one call, and a message without tags, keys or properties (the
+    usual sink row) costs a list slot; its properties are just its id, added by the caller.
+    Raises before anything is sent."""
+    fresh = default_generator.next_ids(len(messages))
+    bodies = [m.body if type(m.body) is bytes else bytes(m.body) for m in messages]
+    if not all(bodies):
+        raise EmptyBodyError(
+            f"message {bodies.index(b'')} of the transactional batch has an empty body"
+        )
+    props: list[bytes] = [_NO_PROPS] * len(messages)
+    ids = fresh
+    for k, m in enumerate(messages):
+        if not (m.properties or m.tags or m.keys):
+            continue
+        if m.properties and not _RESERVED_IN_BATCH.isdisjoint(m.properties):
+            names = sorted(_RESERVED_IN_BATCH.intersection(m.properties))
+            raise ClientError(
+                f"message {k} of a transactional batch carries {', '.join(names)}: "
+                "the batch's own properties carry the transaction"
+            )
+        system = m.system_properties()
+        given = system.get(PROPERTY_UNIQ_KEY)
+        if given:
+            ids[k] = given  # the caller's own id (a retried write keeps its ids)
+        else:
+            system[PROPERTY_UNIQ_KEY] = ids[k]
+        encoded = encode_properties(system)
+        n = len(system)
+        if encoded.count(b"\x01") != n or encoded.count(b"\x02") != n:
+            raise MessageIllegalError(
+                f"message {k}: property names and values may not contain \\x01 or \\x02"
+            )
+        if len(encoded) > DEFAULT_MAX_PROPERTIES_SIZE:
+            raise PropertiesTooLargeError(
+                f"message {k}: properties are {len(encoded)} bytes encoded, "
+                f"limit {DEFAULT_MAX_PROPERTIES_SIZE}"
+            )
+        props[k] = encoded
+    return bodies, props, ids
+
+
+def _topic_of(half: HalfBatchResult | SendResult) -> str:
+    return half.topic if isinstance(half, HalfBatchResult) else half.message_queue.topic
 
 
 def _checked_message(frame: Frame) -> tuple[StoredMessage, int]:
@@ -438,6 +728,31 @@ class TransactionProducer(BlockingFacade[AsyncTransactionProducer]):
                 log.exception("local transaction of %s raised: state UNKNOWN", msg.topic)
                 state = LocalTransactionState.UNKNOWN
         return self._thread.run(self._async.end(result, state))
+
+    def send_half_batch(
+        self,
+        messages: Sequence[Message],
+        *,
+        queue: MessageQueue | None = None,
+        properties: Mapping[str, str] | None = None,
+        transaction_id: str | None = None,
+    ) -> HalfBatchResult:
+        """See :meth:`AsyncTransactionProducer.send_half_batch`."""
+        return self._thread.run(
+            self._async.send_half_batch(
+                messages, queue=queue, properties=properties, transaction_id=transaction_id
+            )
+        )
+
+    def end_many(
+        self,
+        halves: Sequence[HalfBatchResult | SendResult],
+        state: LocalTransactionState,
+        *,
+        concurrency: int = 64,
+    ) -> list[EndResult]:
+        """See :meth:`AsyncTransactionProducer.end_many`."""
+        return self._thread.run(self._async.end_many(halves, state, concurrency=concurrency))
 
 
 async def _make(

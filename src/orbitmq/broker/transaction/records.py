@@ -14,6 +14,11 @@ CommitLog offset::
          | ["d", half]                             discarded after transaction_check_max checks
          | ["k", [half, ...]]                      checked back once more (the count survives)
 
+A *half batch* is one half record for many messages of one queue: property
+:data:`PROPERTY_TRANSACTION_BATCH` holds their count and the body packs them in the send-body
+layout (:func:`orbitmq.protocol.messages.encode_send_body`). Its ops are the same as a single
+half message's; a commit copies all of them in one append.
+
 Both topics are readable (tools may look) but not writable by clients: only the broker appends,
 through the normal append path, so they are exactly as durable as any message.
 """
@@ -32,6 +37,8 @@ PROPERTY_REAL_TOPIC = "REAL_TOPIC"
 PROPERTY_REAL_QUEUE_ID = "REAL_QID"
 PROPERTY_CHECK_IMMUNITY_S = "CHECK_IMMUNITY_TIME_IN_SECONDS"
 PROPERTY_TRANSACTION_ID = "__transactionId__"
+PROPERTY_TRANSACTION_BATCH = "TRAN_BATCH"
+"""On a half record: it packs this many messages (an OrbitMQ property, not RocketMQ's)."""
 
 LOG_VERSION = 1
 

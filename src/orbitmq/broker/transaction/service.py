@@ -23,12 +23,18 @@ prepared_transaction_offset in the real queue from ``floor`` on, appends the cop
 not, then Committed); or Committed (done). While running, decisions for one half message are
 serialized (:attr:`Half.busy`) and a decided one answers duplicates without touching the store,
 so a decision sent twice, concurrently or after a restart, is applied once.
+
+Transactional batches. A prepared send whose property TRAN_BATCH=n says its body packs n
+messages of one queue (the send-body layout) is one half record: one request, one append, one
+op trail. COMMIT copies all n in one append; the restart check counts the copies already in the
+real queue (all, none, or a prefix when a crash cut the append) and appends only the rest.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import itertools
 import json
 import logging
@@ -44,6 +50,7 @@ from orbitmq.broker.transaction.records import (
     PROPERTY_PRODUCER_GROUP,
     PROPERTY_REAL_QUEUE_ID,
     PROPERTY_REAL_TOPIC,
+    PROPERTY_TRANSACTION_BATCH,
     PROPERTY_TRANSACTION_ID,
     PROPERTY_TRANSACTION_PREPARED,
     Checked,
@@ -59,9 +66,12 @@ from orbitmq.broker.transaction.records import (
 from orbitmq.broker.transaction.state import Half, TxState, TxStatus
 from orbitmq.common.codes import ResponseCode
 from orbitmq.common.errors import (
+    EmptyBodyError,
     FlushTimeoutError,
     MessageIllegalError,
     MQError,
+    PropertiesTooLargeError,
+    ProtocolError,
     TransactionNotFoundError,
     TransactionStateConflictError,
     TransactionTypeMismatchError,
@@ -69,6 +79,7 @@ from orbitmq.common.errors import (
 from orbitmq.common.files import write_atomically
 from orbitmq.common.message import (
     PROPERTY_UNIQ_KEY,
+    SYSFLAG_COMPRESSED,
     SYSFLAG_TRANSACTION_COMMIT,
     SYSFLAG_TRANSACTION_PREPARED,
     MessageBatch,
@@ -82,7 +93,7 @@ from orbitmq.protocol.bodies import PERM_READ, TopicConfig
 from orbitmq.protocol.codes import RequestCode
 from orbitmq.protocol.fields import FieldError, get_int, get_str
 from orbitmq.protocol.frame import Frame
-from orbitmq.protocol.messages import SendBody
+from orbitmq.protocol.messages import SendBody, decode_send_body
 from orbitmq.store.commit_log import AppendResult
 from orbitmq.store.message_store import GetStatus, MessageStore
 
@@ -102,6 +113,9 @@ CHECKPOINT_FILE = "transaction.json"
 CHECKPOINT_INTERVAL_S = 1.0
 MAX_CHECKS_PER_PASS = 2048
 """Check-backs sent per pass at most (the rest wait for the next pass)."""
+MAX_CHECK_BYTES_PER_PASS = 64 * 1024 * 1024
+"""Bytes of half records sent per check pass at most (a check-back carries its half record, and
+a half batch's can be megabytes), one record at least: the rest wait for the next pass."""
 REPLAY_CHUNK = 1024
 SCAN_CHUNK = 1024
 _TRAN_TRUE = PROPERTY_TRANSACTION_PREPARED.encode() + b"\x01true"
@@ -112,6 +126,12 @@ _STRIPPED_ON_COMMIT = (
     PROPERTY_TRANSACTION_PREPARED,
     PROPERTY_CHECK_IMMUNITY_S,
 )
+_RESERVED_IN_BATCH = tuple(
+    name.encode() + b"\x01"
+    for name in (*_STRIPPED_ON_COMMIT, PROPERTY_TRANSACTION_BATCH, PROPERTY_TRANSACTION_ID)
+)
+"""Properties a message packed in a half batch may not carry: its commit copy keeps its
+properties byte for byte (no per-message re-encoding), so they are refused at send instead."""
 
 
 def now_ms() -> int:
@@ -129,6 +149,8 @@ class HalfRequest:
     topic: str
     queue_id: int
     immunity_ms: int
+    batch_size: int = 0
+    """Messages packed in a half batch (0: a single half message)."""
 
 
 def _bool_field(frame: Frame, name: str) -> bool:
@@ -148,6 +170,8 @@ class TransactionService:
         self.state = TxState()
         self.path: Path = self.config.store.store_path / "config" / CHECKPOINT_FILE
         self._halves_in_flight = 0
+        self._sending: dict[tuple[str, str], asyncio.Event] = {}
+        """Half appends under way by (group, transaction id), for a retry that overtakes one."""
         self._op_floors: list[int] = []
         """Op-topic max offset when each op append in flight started (its record lands at or
         past it): the checkpoint must not pass them."""
@@ -206,7 +230,11 @@ class TransactionService:
             if not any(property_value(p, _TRAN_NEEDLE) == b"true" for p in batch.properties):
                 return None
         if len(batch.bodies) != 1:
-            raise MessageIllegalError("a transactional message cannot be sent in a batch")
+            raise MessageIllegalError(
+                "a transactional message cannot be sent in a batch: send a transactional batch "
+                f"as one prepared message with {PROPERTY_TRANSACTION_BATCH}=<count> whose body "
+                "packs the messages (docs/transactions.md)"
+            )
         if self.config.enforce_topic_message_type and topic.message_type != (
             MESSAGE_TYPE_TRANSACTION
         ):
@@ -226,13 +254,17 @@ class TransactionService:
         immunity_ms = 0
         with contextlib.suppress(ValueError):
             immunity_ms = max(0, int(props.get(PROPERTY_CHECK_IMMUNITY_S, "0")) * 1000)
+        body = bytes(batch.bodies[0])
+        count = 0
+        if PROPERTY_TRANSACTION_BATCH in props:
+            count = self._check_packed(body, props[PROPERTY_TRANSACTION_BATCH], batch.sys_flag)
         props[PROPERTY_TRANSACTION_PREPARED] = "true"
         props[PROPERTY_REAL_TOPIC] = batch.topic
         props[PROPERTY_REAL_QUEUE_ID] = str(batch.queue_id)
         half = MessageBatch(
             HALF_TOPIC,
             0,
-            [bytes(batch.bodies[0])],
+            [body],
             [encode_properties(props)],
             flag=batch.flag,
             sys_flag=(batch.sys_flag & ~TX_TYPE_MASK) | SYSFLAG_TRANSACTION_PREPARED,
@@ -248,10 +280,70 @@ class TransactionService:
             batch.topic,
             batch.queue_id,
             immunity_ms,
+            count,
         )
 
+    def _check_packed(self, body: bytes, count_text: str, sys_flag: int) -> int:
+        """Validate a half batch's packed body now, so that its commit cannot fail on it later;
+        returns the message count. Vectorized over the batch: a few array operations and one
+        substring search per reserved name, whatever the count."""
+        try:
+            count = int(count_text)
+        except ValueError:
+            count = -1
+        if count < 1:
+            raise MessageIllegalError(
+                f"{PROPERTY_TRANSACTION_BATCH} must be a message count >= 1, not {count_text[:20]!r}"
+            )
+        if sys_flag & SYSFLAG_COMPRESSED:
+            raise MessageIllegalError(
+                "a transactional batch is sent uncompressed (its body is the packed messages)"
+            )
+        try:
+            send = decode_send_body(body)
+        except ProtocolError as exc:
+            raise MessageIllegalError(f"transactional batch body: {exc}") from None
+        if len(send.bodies) != count:
+            raise MessageIllegalError(
+                f"transactional batch body packs {len(send.bodies)} messages, "
+                f"{PROPERTY_TRANSACTION_BATCH} says {count}"
+            )
+        if int(send.body_lengths.min()) == 0:
+            raise EmptyBodyError(
+                f"message {int(send.body_lengths.argmin())} of the transactional batch is empty"
+            )
+        limit = self.config.store.max_properties_size
+        if int(send.properties_lengths.max()) > limit:
+            raise PropertiesTooLargeError(
+                f"message {int(send.properties_lengths.argmax())} of the transactional batch has "
+                f"{int(send.properties_lengths.max())} bytes of properties, limit {limit}"
+            )
+        block = send.properties_block
+        for needle in _RESERVED_IN_BATCH:
+            if needle in block and _names_property(block, send.properties_starts.tolist(), needle):
+                raise MessageIllegalError(
+                    f"a message in a transactional batch may not carry {needle[:-1].decode()} "
+                    "(the batch's own properties carry the transaction)"
+                )
+        return count
+
     async def put_half(self, req: HalfRequest) -> AppendResult:
-        """Store a half message (durable as any send) and track it."""
+        """Store a half message (durable as any send) and track it.
+
+        A half batch repeating one still in the window (same group and transaction id, same
+        real queue: a producer's retry after a lost answer) is answered with the first half
+        instead of storing a second, which a check-back could commit too (a duplicate). Only
+        batches: their transaction id is made per call, while a single half message's is its
+        message id, which a caller reusing a Message object repeats for new content."""
+        key = (req.group, req.msg_id)
+        dedup = bool(req.msg_id) and req.batch_size > 0
+        if dedup:
+            first = await self._same_half(key, req)
+            if first is not None:
+                return first
+        done: asyncio.Event | None = None
+        if dedup:
+            done = self._sending[key] = asyncio.Event()
         self._halves_in_flight += 1
         try:
             try:
@@ -264,6 +356,25 @@ class TransactionService:
             return result
         finally:
             self._halves_in_flight -= 1
+            if done is not None:
+                if self._sending.get(key) is done:
+                    del self._sending[key]
+                done.set()  # a waiting repeat looks again: at the tracked half, or appends
+
+    async def _same_half(self, key: tuple[str, str], req: HalfRequest) -> AppendResult | None:
+        while (under_way := self._sending.get(key)) is not None:
+            await under_way.wait()
+        half = self.state.by_id.get(key)
+        if half is None or (half.topic, half.queue_id, half.batch_size) != (
+            req.topic,
+            req.queue_id,
+            req.batch_size,
+        ):
+            return None
+        log.info(
+            "prepared send of %s repeated: answered with its half at %d", req.msg_id, half.phys
+        )
+        return AppendResult(HALF_TOPIC, 0, half.qoffset, [half.phys], [0], 0, half.store_ms)
 
     def _track(self, req: HalfRequest, result: AppendResult) -> None:
         self.state.add(
@@ -277,6 +388,8 @@ class TransactionService:
                 topic=req.topic,
                 queue_id=req.queue_id,
                 immunity_ms=req.immunity_ms,
+                batch_size=req.batch_size,
+                size=result.sizes[0],
             )
         )
 
@@ -363,20 +476,24 @@ class TransactionService:
             fut.set_result(None)
 
     async def _finish_commit(self, half: Half, verify: bool) -> None:
-        msg = await self.bridge.read(self.store.get_message, half.phys)
-        if msg is None:
+        copies = await self.bridge.read(_read_copies, self.store, half)  # unpacked off the loop
+        if copies is None:
             raise TransactionNotFoundError(
                 f"half message {half.msg_id} at offset {half.phys} is gone from the store"
             )
-        present = verify and await self.bridge.read(_find_copy, self.store, half)
-        if present:
+        present = await self.bridge.read(_count_copies, self.store, half) if verify else 0
+        if present >= len(copies):
             log.info("transaction %s: the copy is stored already, not copied again", half.msg_id)
         else:
+            if present:
+                log.info("transaction %s: %d of %d copies are stored already; appending the rest",
+                         half.msg_id, present, len(copies))  # fmt: skip
+                copies = _tail(copies, present)
             if self.topics.get(half.topic) is None:
                 log.warning("transaction %s commits to %s, which no longer exists here",
                             half.msg_id, half.topic)  # fmt: skip
             try:
-                await self.bridge.put(_copy_of(msg, half))
+                await self.bridge.put(copies)
             except FlushTimeoutError as exc:
                 if not isinstance(exc.result, AppendResult):
                     raise  # stored but not yet fsynced goes on: Committed comes after it
@@ -443,6 +560,7 @@ class TransactionService:
         due: list[Half] = []
         discard: list[Half] = []
         stuck: list[Half] = []
+        due_bytes = 0
         for half in list(self.state.by_q.values()):
             if half.busy is not None:
                 continue
@@ -453,8 +571,11 @@ class TransactionService:
             ):
                 if half.checks >= cfg.transaction_check_max:
                     discard.append(half)
-                elif len(due) < MAX_CHECKS_PER_PASS:
+                elif len(due) < MAX_CHECKS_PER_PASS and (
+                    not due or due_bytes + half.size <= MAX_CHECK_BYTES_PER_PASS
+                ):
                     due.append(half)
+                    due_bytes += half.size
         for half in stuck:
             try:
                 await self.commit(half)
@@ -507,6 +628,8 @@ class TransactionService:
                 "queue_id": half.queue_id,
                 "check_times": half.checks,
             }
+            if half.batch_size:
+                fields["batch_count"] = half.batch_size
             try:
                 conn.send_oneway(
                     Frame(RequestCode.CHECK_TRANSACTION_STATE, fields=fields, body=raw)
@@ -659,9 +782,13 @@ def _half_of_record(msg: StoredMessage) -> Half | None:
     with contextlib.suppress(ValueError):
         immunity_ms = max(0, int(props.get(PROPERTY_CHECK_IMMUNITY_S, "0")) * 1000)
     msg_id = msg.msg_id or ""
+    batch_size = 0
+    with contextlib.suppress(ValueError):
+        batch_size = max(0, int(props.get(PROPERTY_TRANSACTION_BATCH, "0")))
     return Half(
         phys=msg.physical_offset,
         qoffset=msg.queue_offset,
+        size=msg.total_size,
         store_ms=msg.store_timestamp_ms,
         group=props.get(PROPERTY_PRODUCER_GROUP, ""),
         msg_id=msg_id,
@@ -669,18 +796,44 @@ def _half_of_record(msg: StoredMessage) -> Half | None:
         topic=topic,
         queue_id=queue_id,
         immunity_ms=immunity_ms,
+        batch_size=batch_size,
     )
 
 
+def _names_property(block: bytes, starts: list[int], needle: bytes) -> bool:
+    """Does ``needle`` (``name\x01``) start a property somewhere in ``block``, not merely occur
+    inside another name? (A value cannot hold \x01, so only names can end with it.)"""
+    heads = set(starts)
+    at = block.find(needle)
+    while at >= 0:
+        if at in heads or block[at - 1] == 2:
+            return True
+        at = block.find(needle, at + 1)
+    return False
+
+
 def _copy_of(msg: StoredMessage, half: Half) -> MessageBatch:
-    """The committed message: the half's body and properties, in its real topic and queue, a
-    normal message (transaction type COMMIT, no TRAN_MSG), pointing back at the half."""
-    props = {k: v for k, v in msg.properties.items() if k not in _STRIPPED_ON_COMMIT}
+    """The committed message(s): the half's body and properties, in its real topic and queue,
+    normal messages (transaction type COMMIT, no TRAN_MSG), pointing back at the half. A half
+    batch gives all its packed messages, each with its own properties as sent (validated at
+    send, so no per-message work here)."""
+    if half.batch_size:
+        try:
+            send = decode_send_body(msg.body)
+        except ProtocolError as exc:  # validated at send: only a damaged record gets here
+            raise MessageIllegalError(
+                f"half batch {half.msg_id} at {half.phys} does not unpack: {exc}"
+            ) from None
+        bodies: list[bytes] = send.bodies  # type: ignore[assignment]  # views, appended as is
+        properties = send.properties
+    else:
+        props = {k: v for k, v in msg.properties.items() if k not in _STRIPPED_ON_COMMIT}
+        bodies, properties = [msg.body], [encode_properties(props)]
     return MessageBatch(
         half.topic,
         half.queue_id,
-        [msg.body],
-        [encode_properties(props)],
+        bodies,
+        properties,
         flag=msg.flag,
         sys_flag=(msg.sys_flag & ~TX_TYPE_MASK) | SYSFLAG_TRANSACTION_COMMIT,
         born_timestamp_ms=msg.born_timestamp_ms,
@@ -690,20 +843,40 @@ def _copy_of(msg: StoredMessage, half: Half) -> MessageBatch:
     )
 
 
-def _find_copy(store: MessageStore, half: Half) -> bool:
-    """On a reader thread: is the commit's copy in the real queue (from its floor on)?"""
+def _read_copies(store: MessageStore, half: Half) -> MessageBatch | None:
+    """On a reader thread: the commit's copies of the half at ``half.phys`` (None: gone)."""
+    msg = store.get_message(half.phys)
+    return None if msg is None else _copy_of(msg, half)
+
+
+def _tail(batch: MessageBatch, start: int) -> MessageBatch:
+    return dataclasses.replace(
+        batch, bodies=batch.bodies[start:], properties=batch.properties[start:]
+    )
+
+
+def _count_copies(store: MessageStore, half: Half) -> int:
+    """On a reader thread: how many of the commit's copies are in the real queue (from its
+    floor on)? They were one append, so they are consecutive there, and a crash keeps a prefix
+    of them: counting is enough to know which are missing."""
     store.wait_for_dispatch()
+    want = max(1, half.batch_size)
+    found = 0
     offset = half.commit_floor
     while offset < store.max_offset(half.topic, half.queue_id):
         res = store.get_messages(half.topic, half.queue_id, offset, SCAN_CHUNK, 16 * 1024 * 1024)
         if res.status is GetStatus.FOUND:
             for view in res.messages:
                 if decode(view).prepared_transaction_offset == half.phys:
-                    return True
+                    found += 1
+                    if found == want:
+                        return found
+                elif found:
+                    return found  # the run of copies ended
         if res.next_begin_offset <= offset:
             break
         offset = res.next_begin_offset
-    return False
+    return found
 
 
 def _read_records(store: MessageStore, phys: list[int]) -> list[bytes | None]:

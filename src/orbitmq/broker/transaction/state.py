@@ -50,6 +50,10 @@ class Half:
     topic: str
     queue_id: int
     immunity_ms: int = 0
+    batch_size: int = 0
+    size: int = 0
+    """Bytes of the half record (bounds what one check pass reads)."""
+    """Messages packed in a half batch (0: a single half message)."""
     checks: int = 0
     status: TxStatus = TxStatus.PENDING
     first_op: int = -1
@@ -63,6 +67,8 @@ class TxState:
     def __init__(self, start_q: int = 0) -> None:
         self.by_q: dict[int, Half] = {}
         self.by_phys: dict[int, Half] = {}
+        self.by_id: dict[tuple[str, str], Half] = {}
+        """(group, transaction id) -> its half batch: a retried send finds the first one."""
         self.floor_q = start_q
         self.next_q = start_q
         self.recent: OrderedDict[int, TxStatus] = OrderedDict()
@@ -76,6 +82,8 @@ class TxState:
             return  # replayed from before the window: decided long ago
         self.by_q[half.qoffset] = half
         self.by_phys[half.phys] = half
+        if half.msg_id and half.batch_size:
+            self.by_id.setdefault((half.group, half.msg_id), half)
         self.next_q = max(self.next_q, half.qoffset + 1)
 
     def note_op(self, half: Half, op_q: int) -> None:
@@ -97,6 +105,9 @@ class TxState:
             else:
                 del self.by_q[half.qoffset]
                 self.by_phys.pop(half.phys, None)
+                key = (half.group, half.msg_id)
+                if self.by_id.get(key) is half:
+                    del self.by_id[key]
                 self.recent[half.phys] = half.status
                 if len(self.recent) > RECENT_DECISIONS:
                     self.recent.popitem(last=False)
