@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: help up test lint fmt test-crash bench clean
+.PHONY: help up test lint fmt test-crash bench proto clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
@@ -36,6 +36,9 @@ test-crash: $(STAMP) ## only the crash tests (ORBITMQ_CRASH_ITERATIONS=N for lon
 
 bench: $(STAMP) ## storage benchmark
 	$(PY) -m orbitmq.bench store
+
+proto: $(STAMP) ## regenerate the gRPC proxy's protobuf modules (orbitmq/proxy/grpc_v2)
+	$(PY) -m orbitmq.proxy.grpc_v2.generate
 
 clean: ## remove the virtualenv and caches
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -97,7 +97,8 @@ def test_orbitmq_up_starts_serves_metrics_and_stops_on_ctrl_c(tmp_path: Path) ->
     ns_port, broker_port, metrics_port = _free_port(), _free_port(), _free_port()
     proc = subprocess.Popen(
         [sys.executable, "-m", "orbitmq.cli", "up", "--namesrv-port", str(ns_port),
-         "--broker-port", str(broker_port), "--metrics-port", str(metrics_port)],
+         "--broker-port", str(broker_port), "--metrics-port", str(metrics_port),
+         "--proxy-port", "0"],
         cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
         env=dict(os.environ, PYTHONUNBUFFERED="1"),
     )  # fmt: skip

@@ -21,12 +21,14 @@ from rich.table import Table
 from orbitmq.cli import (
     admin,
     bench_consume,
+    bench_grpc,
     bench_produce,
     bench_timer,
     consume,
     dlq,
     group,
     produce,
+    proxy,
     tail,
 )
 from orbitmq.cli.settings import Settings, load_settings, settings_rows
@@ -47,6 +49,7 @@ app.add_typer(admin.cluster_app, name="cluster")
 app.add_typer(admin.message_app, name="message")
 app.add_typer(group.group_app, name="group")
 app.add_typer(dlq.dlq_app, name="dlq")
+app.add_typer(proxy.proxy_app, name="proxy")
 
 console = Console()
 err_console = Console(stderr=True)
@@ -120,9 +123,14 @@ def up(
     metrics_port: Annotated[
         int | None, typer.Option(help="Prometheus port for the broker.")
     ] = None,
+    proxy_port: Annotated[
+        int | None,
+        typer.Option(help="gRPC proxy port for RocketMQ 5 clients (default 8081; -1: none)."),
+    ] = None,
     log_level: LogLevel = "INFO",
 ) -> None:
-    """Start NameServer + Broker in one process (dev profile: topics are created on first use)."""
+    """Start NameServer + Broker + gRPC proxy in one process (dev profile: topics are created
+    on first use)."""
     from orbitmq.cli.server import dev_settings, run_all_in_one
 
     _logging(log_level)
@@ -134,7 +142,9 @@ def up(
             "store": {"flush_disk_type": flush},
         },
     )
-    _run(run_all_in_one(dev_settings(settings, data_dir), _announce("OrbitMQ up", "up")))
+    _run(
+        run_all_in_one(dev_settings(settings, data_dir), _announce("OrbitMQ up", "up"), proxy_port)
+    )
 
 
 @app.command()
@@ -169,9 +179,13 @@ def broker(
     flush: Annotated[str | None, typer.Option(help="ASYNC_FLUSH or SYNC_FLUSH.")] = None,
     auto_create_topic: Annotated[bool | None, typer.Option()] = None,
     metrics_port: Annotated[int | None, typer.Option()] = None,
+    proxy_port: Annotated[
+        int | None,
+        typer.Option(help="Also run a gRPC proxy in this process on this port (0: a free one)."),
+    ] = None,
     log_level: LogLevel = "INFO",
 ) -> None:
-    """Run a Broker."""
+    """Run a Broker (with --proxy-port, a gRPC proxy beside it)."""
     from orbitmq.cli.server import run_broker
 
     _logging(log_level)
@@ -190,7 +204,7 @@ def broker(
             "store": {"store_path": store_path, "flush_disk_type": flush},
         },
     )
-    _run(run_broker(settings, _announce("Broker", "broker")))
+    _run(run_broker(settings, _announce("Broker", "broker"), proxy_port))
 
 
 @config_app.command("show")
@@ -228,6 +242,7 @@ bench_app.command("produce")(bench_produce.bench_produce)
 bench_app.command("consume")(bench_consume.bench_consume)
 bench_app.command("e2e")(bench_consume.bench_e2e)
 bench_app.command("timer")(bench_timer.bench_timer)
+bench_app.command("grpc")(bench_grpc.bench_grpc)
 
 
 def main() -> None:

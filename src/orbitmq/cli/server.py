@@ -1,4 +1,10 @@
-"""Running servers from the command line: `orbitmq up`, `orbitmq namesrv`, `orbitmq broker`.
+"""Running servers from the command line: `orbitmq up`, `orbitmq namesrv`, `orbitmq broker`,
+`orbitmq proxy`.
+
+The gRPC proxy (RocketMQ 5 clients) runs in local mode inside `orbitmq up` (port 8081 unless told
+otherwise) and, when asked for with a proxy port, inside a broker process; on the same event loop
+as the servers, as a client of them. It is imported only when it runs, so a plain broker never
+loads gRPC.
 
 Heavy optional imports (the Spark connector) never happen here: starting a broker loads only
 what a broker needs.
@@ -11,14 +17,64 @@ import contextlib
 import dataclasses
 import logging
 import signal
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from orbitmq.broker.controller import BrokerController, settle_heap
 from orbitmq.cli.settings import Settings
 from orbitmq.namesrv.controller import NamesrvController
 
+if TYPE_CHECKING:
+    from orbitmq.proxy.config import ProxyConfig
+
 log = logging.getLogger(__name__)
+
+DEFAULT_PROXY_PORT = 8081
+
+
+def up_proxy_port(settings: Settings, proxy_port: int | None) -> int | None:
+    """`orbitmq up`'s proxy port: as asked (negative: none), else 8081, else a free port when
+    the NameServer itself takes a free one (a throwaway instance must not claim 8081)."""
+    if proxy_port is not None:
+        return None if proxy_port < 0 else proxy_port
+    return 0 if settings.namesrv.port == 0 else DEFAULT_PROXY_PORT
+
+
+@contextlib.asynccontextmanager
+async def local_proxy(
+    config: ProxyConfig | None, endpoints: dict[str, str], *, required: bool
+) -> AsyncIterator[None]:
+    """Run the gRPC proxy for the body of the ``with`` (``config`` None: no proxy). When it
+    cannot start and is not ``required`` (the dev profile's default port is taken), the
+    servers run without it and say so."""
+    if config is None:
+        yield
+        return
+    from orbitmq.common.errors import MQError
+    from orbitmq.proxy.server import ProxyServer
+
+    server = ProxyServer(config)
+    try:
+        await server.start()
+    except MQError as exc:
+        if required:
+            raise
+        log.warning("gRPC proxy not started: %s", exc)
+        endpoints["proxy"] = f"off ({exc})"
+        yield
+        return
+    endpoints["proxy"] = server.address
+    try:
+        yield
+    finally:
+        await server.stop()
+
+
+def proxy_config(namesrv_addrs: tuple[str, ...], host: str, port: int) -> ProxyConfig:
+    from orbitmq.proxy.config import ProxyConfig
+
+    return ProxyConfig(namesrv_addrs=namesrv_addrs, host=host, port=port)
 
 
 async def _until_signal(on_ready: Callable[[], None]) -> None:
@@ -43,8 +99,13 @@ def dev_settings(settings: Settings, data_dir: Path) -> Settings:
     return dataclasses.replace(settings, broker=dataclasses.replace(broker, store=store))
 
 
-async def run_all_in_one(settings: Settings, announce: Callable[[dict[str, str]], None]) -> None:
-    """NameServer and Broker in one process and one event loop; Ctrl-C stops both cleanly."""
+async def run_all_in_one(
+    settings: Settings,
+    announce: Callable[[dict[str, str]], None],
+    proxy_port: int | None = None,
+) -> None:
+    """NameServer, Broker and gRPC proxy in one process and one event loop; Ctrl-C stops them
+    cleanly. ``proxy_port``: see :func:`up_proxy_port` (negative: no proxy)."""
     namesrv = NamesrvController(settings.namesrv)
     await namesrv.start()
     broker_cfg = settings.broker
@@ -65,7 +126,10 @@ async def run_all_in_one(settings: Settings, announce: Callable[[dict[str, str]]
         }
         if broker.metrics_port is not None:
             endpoints["metrics"] = f"http://{broker_cfg.host}:{broker.metrics_port}/metrics"
-        await _until_signal(lambda: announce(endpoints))
+        port = up_proxy_port(settings, proxy_port)
+        config = None if port is None else proxy_config((namesrv.address,), broker_cfg.host, port)
+        async with local_proxy(config, endpoints, required=proxy_port is not None):
+            await _until_signal(lambda: announce(endpoints))
     finally:
         await broker.stop()
         await namesrv.stop()
@@ -80,22 +144,36 @@ async def run_namesrv(settings: Settings, announce: Callable[[dict[str, str]], N
         await namesrv.stop()
 
 
-async def run_broker(settings: Settings, announce: Callable[[dict[str, str]], None]) -> None:
+async def run_broker(
+    settings: Settings,
+    announce: Callable[[dict[str, str]], None],
+    proxy_port: int | None = None,
+) -> None:
+    """A Broker; with ``proxy_port`` also a gRPC proxy in the same process (local mode), which
+    routes by the broker's NameServers like any proxy."""
     broker = BrokerController(settings.broker)
     await broker.start()
     try:
-        await _until_signal(
-            lambda: announce(
-                {
-                    "broker": broker.address,
-                    "cluster": settings.broker.cluster,
-                    "namesrv": ";".join(settings.broker.namesrv_addrs),
-                    "store": str(settings.broker.store.store_path),
-                }
-            )
-        )
+        endpoints = {
+            "broker": broker.address,
+            "cluster": settings.broker.cluster,
+            "namesrv": ";".join(settings.broker.namesrv_addrs),
+            "store": str(settings.broker.store.store_path),
+        }
+        config = None
+        if proxy_port is not None and proxy_port >= 0:
+            config = proxy_config(settings.broker.namesrv_addrs, settings.broker.host, proxy_port)
+        async with local_proxy(config, endpoints, required=True):
+            await _until_signal(lambda: announce(endpoints))
     finally:
         await broker.stop()
+
+
+async def run_proxy(config: ProxyConfig, announce: Callable[[dict[str, str]], None]) -> None:
+    """Cluster mode: a stateless proxy in front of the brokers the NameServers know."""
+    endpoints = {"namesrv": ";".join(config.namesrv_addrs)}
+    async with local_proxy(config, endpoints, required=True):
+        await _until_signal(lambda: announce({"proxy": endpoints["proxy"], **endpoints}))
 
 
 Runner = Callable[[Settings, Callable[[dict[str, str]], None]], Awaitable[None]]

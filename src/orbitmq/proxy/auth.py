@@ -1,0 +1,92 @@
+"""The ``MQv2-HMAC-SHA1`` Authorization header of RocketMQ 5 clients, verified.
+
+Every call carries ``authorization: MQv2-HMAC-SHA1 Credential=<AK>, SignedHeaders=x-mq-date-time,
+Signature=<hex>`` where the signature is ``hex(HMAC-SHA1(secret key, x-mq-date-time header))``.
+Clients send it even without credentials (empty ``Credential=``), so it only matters when ACL is
+on. No clock-skew check, on purpose: the Python client stamps local time labelled as UTC, and the
+Telemetry stream is signed once and lives for a year (the Java proxy does not check skew either).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+from orbitmq.proxy.grpc_v2 import definition_pb2 as pb
+from orbitmq.proxy.status import ProxyError
+
+ALGORITHM = "MQv2-HMAC-SHA1"
+HEADER_AUTHORIZATION = "authorization"
+HEADER_DATE_TIME = "x-mq-date-time"
+MAX_HEADER_CHARS = 4096
+"""A longer Authorization header is refused before parsing (no client sends one)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Credential:
+    access_key: str
+    signature: str
+    signed_headers: str
+
+
+def parse_authorization(value: str) -> Credential:
+    """Split ``<algorithm> k=v, k=v, ...``; raise UNAUTHORIZED if it is not our scheme."""
+    if len(value) > MAX_HEADER_CHARS:
+        raise ProxyError(pb.Code.UNAUTHORIZED, "authorization header too long")
+    algorithm, _, rest = value.strip().partition(" ")
+    if algorithm != ALGORITHM:
+        raise ProxyError(
+            pb.Code.UNAUTHORIZED, f"unsupported authorization algorithm {algorithm[:40]!r}"
+        )
+    items: dict[str, str] = {}
+    for part in rest.split(","):
+        key, sep, val = part.strip().partition("=")
+        if sep:
+            items[key.strip()] = val.strip()
+    # Some SDKs send "AK/<scope...>": the access key is the part before the first slash.
+    access_key = items.get("Credential", "").split("/", 1)[0]
+    signature = items.get("Signature", "")
+    if not access_key or not signature:
+        raise ProxyError(pb.Code.UNAUTHORIZED, "authorization header lacks Credential or Signature")
+    return Credential(access_key, signature, items.get("SignedHeaders", HEADER_DATE_TIME))
+
+
+def sign(secret_key: str, date_time: str) -> str:
+    """What a client puts in ``Signature=``: lowercase hex of HMAC-SHA1(sk, date-time)."""
+    return hmac.new(secret_key.encode(), date_time.encode(), hashlib.sha1).hexdigest()
+
+
+class Authenticator:
+    """Verifies calls against the configured access keys. ``check`` returns the access key (or
+    "" when ACL is off) and raises ProxyError(UNAUTHORIZED) otherwise."""
+
+    def __init__(self, enabled: bool, access_keys: Mapping[str, str]) -> None:
+        self.enabled = enabled
+        self._keys = dict(access_keys)
+
+    def check(self, metadata: Iterable[tuple[str, str | bytes]] | None) -> str:
+        if not self.enabled:
+            return ""
+        auth = date_time = ""
+        for key, value in metadata or ():
+            if key == HEADER_AUTHORIZATION:
+                auth = value if isinstance(value, str) else value.decode("latin-1")
+            elif key == HEADER_DATE_TIME:
+                date_time = value if isinstance(value, str) else value.decode("latin-1")
+        if not auth:
+            raise ProxyError(pb.Code.UNAUTHORIZED, "ACL is on: the call carries no authorization")
+        cred = parse_authorization(auth)
+        secret = self._keys.get(cred.access_key)
+        if secret is None:
+            raise ProxyError(pb.Code.UNAUTHORIZED, f"unknown access key {cred.access_key[:64]!r}")
+        if not date_time:
+            raise ProxyError(pb.Code.UNAUTHORIZED, f"missing {HEADER_DATE_TIME} header")
+        expected = sign(secret, date_time)
+        given = cred.signature.strip().lower().encode("utf-8", "replace")
+        if not hmac.compare_digest(expected.encode(), given):
+            raise ProxyError(
+                pb.Code.UNAUTHORIZED, f"bad signature for access key {cred.access_key!r}"
+            )
+        return cred.access_key

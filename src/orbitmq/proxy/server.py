@@ -1,0 +1,134 @@
+"""ProxyServer: the gRPC server's lifecycle (start, bound address, stop).
+
+One ``grpc.aio`` server on the caller's event loop: each client keeps a Telemetry stream open
+per endpoint plus long-polling receives, which a thread-per-call server would pay a thread for.
+The receive limit is raised to the largest body plus overhead (gRPC's 4 MiB default would refuse
+a 4 MiB body). Server keepalive pings keep idle Telemetry streams alive through NAT.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ipaddress
+import logging
+
+import grpc
+
+from orbitmq.common.errors import ConfigError
+from orbitmq.proxy.config import ProxyConfig
+from orbitmq.proxy.consumer_service import ConsumerRpcs
+from orbitmq.proxy.context import ProxyContext
+from orbitmq.proxy.grpc_v2 import definition_pb2 as pb
+from orbitmq.proxy.servicer import MessagingServicer
+
+log = logging.getLogger(__name__)
+
+SESSION_SWEEP_S = 30.0
+
+
+def endpoints_of(host: str, port: int) -> pb.Endpoints:
+    """``host:port`` as protocol Endpoints (IPv4, IPv6 or a domain name)."""
+    try:
+        ip = ipaddress.ip_address(host)
+    except ValueError:
+        scheme = pb.AddressScheme.DOMAIN_NAME
+    else:
+        scheme = pb.AddressScheme.IPv4 if ip.version == 4 else pb.AddressScheme.IPv6
+    return pb.Endpoints(scheme=scheme, addresses=[pb.Address(host=host, port=port)])
+
+
+class ProxyServer:
+    """``server = ProxyServer(config); await server.start(); ...; await server.stop()``."""
+
+    def __init__(self, config: ProxyConfig) -> None:
+        self.config = config
+        self.port = 0
+        self.ctx: ProxyContext | None = None
+        self.servicer: MessagingServicer | None = None
+        self._server: grpc.aio.Server | None = None
+        self._sweeper: asyncio.Task[None] | None = None
+
+    @property
+    def address(self) -> str:
+        host = self.config.host
+        if host in ("0.0.0.0", "::", ""):
+            host = "127.0.0.1"
+        return f"{host}:{self.port}"
+
+    async def start(self) -> ProxyServer:
+        cfg = self.config
+        ctx = await ProxyContext.start(cfg)
+        try:
+            server = grpc.aio.server(
+                options=[
+                    ("grpc.max_receive_message_length", cfg.grpc_max_receive_bytes),
+                    ("grpc.max_send_message_length", -1),
+                    ("grpc.keepalive_time_ms", 60_000),
+                    ("grpc.keepalive_timeout_ms", 20_000),
+                    ("grpc.keepalive_permit_without_calls", 1),
+                    ("grpc.http2.min_recv_ping_interval_without_data_ms", 5_000),
+                    ("grpc.http2.max_ping_strikes", 0),
+                    ("grpc.so_reuseport", 0),
+                ]
+            )
+            bind = f"[{cfg.host}]:{cfg.port}" if ":" in cfg.host else f"{cfg.host}:{cfg.port}"
+            try:
+                port = server.add_insecure_port(bind)
+            except RuntimeError as exc:
+                raise ConfigError(f"proxy cannot listen on {bind}: {exc}") from exc
+            if port == 0:
+                raise ConfigError(f"proxy cannot listen on {bind} (in use?)")
+            self.port = port
+            host = "127.0.0.1" if cfg.host in ("0.0.0.0", "::", "") else cfg.host
+            servicer = MessagingServicer(ctx, ConsumerRpcs(ctx), endpoints_of(host, port))
+            server.add_generic_rpc_handlers((servicer.handler(),))
+            await servicer.start()
+            try:
+                await server.start()
+            except BaseException:
+                await servicer.close()
+                raise
+        except BaseException:
+            await ctx.close()
+            raise
+        self.ctx, self.servicer, self._server = ctx, servicer, server
+        self._sweeper = asyncio.get_running_loop().create_task(
+            self._sweep(), name="orbitmq-proxy-sessions"
+        )
+        log.info(
+            "gRPC proxy listening on %s (NameServers %s)", self.address, ";".join(cfg.namesrv_addrs)
+        )
+        return self
+
+    async def _sweep(self) -> None:
+        assert self.ctx is not None
+        while True:
+            await asyncio.sleep(SESSION_SWEEP_S)
+            for gone in self.ctx.sessions.expire():
+                log.debug("client %s expired", gone.client_id)
+
+    async def stop(self, grace_s: float = 1.0) -> None:
+        """Stop accepting calls, end the open ones after ``grace_s``, close the broker clients."""
+        server, self._server = self._server, None
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+            await asyncio.gather(self._sweeper, return_exceptions=True)
+            self._sweeper = None
+        if server is not None:
+            if self.ctx is not None:
+                for session in self.ctx.sessions:
+                    for stream in session.streams:
+                        stream.close()
+            await server.stop(grace_s)
+        if self.servicer is not None:
+            await self.servicer.close()
+            self.servicer = None
+        if self.ctx is not None:
+            await self.ctx.close()
+            self.ctx = None
+
+    async def __aenter__(self) -> ProxyServer:
+        return await self.start()
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()

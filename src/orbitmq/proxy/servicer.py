@@ -1,0 +1,310 @@
+"""The MessagingService servicer: authentication, then delegation to the RPC groups.
+
+Every RPC goes through the same frame: the ACL check (when enabled), the client id, and a last
+line of defence that turns an unexpected exception into INTERNAL_ERROR *in the response body*
+(the clients expect a Status in every answer; a bare gRPC error reaches the user only after the
+producer's retries). A request whose bytes do not parse is answered BAD_REQUEST the same way, so
+a broken client gets a clear message and the proxy stays up.
+
+Producer, route and session RPCs are this package's; the consumer RPCs (receive, ack, change
+invisible duration, DLQ, assignment, pull and offsets) live in :mod:`orbitmq.proxy.consumer_service`.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any, Protocol, TypeVar
+
+import grpc
+from google.protobuf.message import DecodeError
+from google.protobuf.message import Message as PbMessage
+
+from orbitmq.proxy import status
+from orbitmq.proxy.client_service import ClientRpcs
+from orbitmq.proxy.context import ProxyContext
+from orbitmq.proxy.grpc_v2 import definition_pb2 as pb
+from orbitmq.proxy.grpc_v2 import service_pb2 as svc
+from orbitmq.proxy.producer_service import ProducerRpcs
+from orbitmq.proxy.route_service import RouteRpcs
+from orbitmq.proxy.status import ProxyError
+from orbitmq.proxy.transactions import TransactionRelay
+
+log = logging.getLogger(__name__)
+
+SERVICE_NAME = "apache.rocketmq.v2.MessagingService"
+Code = pb.Code
+Ctx = grpc.aio.ServicerContext[Any, Any]
+_Req = TypeVar("_Req", bound=PbMessage)
+_Resp = TypeVar("_Resp", bound=PbMessage)
+
+
+class ConsumerSide(Protocol):
+    """What the consumer RPC group provides (orbitmq.proxy.consumer_service.ConsumerRpcs)."""
+
+    async def start(self) -> None: ...
+    async def close(self) -> None: ...
+    def receive_message(
+        self, request: svc.ReceiveMessageRequest, context: Ctx
+    ) -> AsyncIterator[svc.ReceiveMessageResponse]: ...
+    def pull_message(
+        self, request: svc.PullMessageRequest, context: Ctx
+    ) -> AsyncIterator[svc.PullMessageResponse]: ...
+    async def ack_message(
+        self, request: svc.AckMessageRequest, context: Ctx
+    ) -> svc.AckMessageResponse: ...
+    async def change_invisible_duration(
+        self, request: svc.ChangeInvisibleDurationRequest, context: Ctx
+    ) -> svc.ChangeInvisibleDurationResponse: ...
+    async def forward_message_to_dead_letter_queue(
+        self, request: svc.ForwardMessageToDeadLetterQueueRequest, context: Ctx
+    ) -> svc.ForwardMessageToDeadLetterQueueResponse: ...
+    async def query_assignment(
+        self, request: svc.QueryAssignmentRequest, context: Ctx
+    ) -> svc.QueryAssignmentResponse: ...
+    async def update_offset(
+        self, request: svc.UpdateOffsetRequest, context: Ctx
+    ) -> svc.UpdateOffsetResponse: ...
+    async def get_offset(
+        self, request: svc.GetOffsetRequest, context: Ctx
+    ) -> svc.GetOffsetResponse: ...
+    async def query_offset(
+        self, request: svc.QueryOffsetRequest, context: Ctx
+    ) -> svc.QueryOffsetResponse: ...
+    async def on_settings(self, client_id: str, settings: pb.Settings) -> None: ...
+    async def on_client_gone(self, client_id: str, group: str | None) -> None: ...
+
+
+class _Malformed:
+    """Stands for a request whose bytes did not parse (the deserializer never raises)."""
+
+    def __init__(self, error: str) -> None:
+        self.error = error
+
+
+def _deserializer(cls: type[_Req]) -> Callable[[bytes], _Req | _Malformed]:
+    def parse(data: bytes) -> _Req | _Malformed:
+        try:
+            return cls.FromString(data)
+        except (DecodeError, ValueError, RuntimeError) as exc:
+            return _Malformed(f"malformed {cls.__name__}: {exc}")
+
+    return parse
+
+
+class MessagingServicer:
+    def __init__(
+        self,
+        ctx: ProxyContext,
+        consumer: ConsumerSide,
+        own_endpoints: pb.Endpoints,
+    ) -> None:
+        self.ctx = ctx
+        self.consumer = consumer
+        self.relay = TransactionRelay(ctx)
+        self.producer = ProducerRpcs(ctx, self.relay)
+        self.route = RouteRpcs(ctx, own_endpoints)
+        self.clients = ClientRpcs(
+            ctx, self.relay, on_settings=consumer.on_settings, on_gone=consumer.on_client_gone
+        )
+
+    async def start(self) -> None:
+        self.relay.start()
+        await self.consumer.start()
+
+    async def close(self) -> None:
+        try:
+            await self.consumer.close()
+        finally:
+            await self.relay.close()
+
+    # ------------------------------------------------------------------ the common frame
+
+    def _refusal(self, request: object, context: Ctx) -> pb.Status | None:
+        """Why the call is refused (malformed bytes, ACL), or None."""
+        if isinstance(request, _Malformed):
+            return status.make(Code.BAD_REQUEST, request.error)
+        if not self.ctx.auth.enabled:
+            return None
+        try:
+            self.ctx.auth.check(context.invocation_metadata())
+        except ProxyError as exc:
+            return status.from_error(exc)
+        return None
+
+    def unary(
+        self,
+        response_cls: type[_Resp],
+        handler: Callable[[Any, Ctx], Awaitable[_Resp]],
+    ) -> Callable[[Any, Ctx], Awaitable[_Resp]]:
+        async def call(request: Any, context: Ctx) -> _Resp:
+            refused = self._refusal(request, context)
+            if refused is not None:
+                return response_cls(status=refused)
+            try:
+                return await handler(request, context)
+            except Exception as exc:  # the last line of defence: answer, stay up
+                log.exception("%s failed", response_cls.__name__.removesuffix("Response"))
+                return response_cls(status=status.make(Code.INTERNAL_ERROR, f"proxy error: {exc}"))
+
+        return call
+
+    def streaming(
+        self,
+        response_cls: type[_Resp],
+        handler: Callable[[Any, Ctx], AsyncIterator[_Resp]],
+    ) -> Callable[[Any, Ctx], AsyncIterator[_Resp]]:
+        async def call(request: Any, context: Ctx) -> AsyncIterator[_Resp]:
+            refused = self._refusal(request, context)
+            if refused is not None:
+                yield response_cls(status=refused)
+                return
+            sent_status = False
+            try:
+                async for item in handler(request, context):
+                    sent_status = sent_status or item.HasField("status")
+                    yield item
+            except Exception as exc:  # the last line of defence: answer, stay up
+                log.exception("%s failed", response_cls.__name__.removesuffix("Response"))
+                if not sent_status:
+                    yield response_cls(
+                        status=status.make(Code.INTERNAL_ERROR, f"proxy error: {exc}")
+                    )
+
+        return call
+
+    async def telemetry(
+        self, requests: AsyncIterator[Any], context: Ctx
+    ) -> AsyncIterator[svc.TelemetryCommand]:
+        refused = self._refusal(None, context)
+        if refused is not None:
+            yield svc.TelemetryCommand(status=refused)
+            return
+        async for cmd in self.clients.telemetry(_parsed(requests), self.ctx.client_id(context)):
+            yield cmd
+
+    # ------------------------------------------------------------------ RPCs of this package
+
+    async def _query_route(
+        self, request: svc.QueryRouteRequest, context: Ctx
+    ) -> svc.QueryRouteResponse:
+        return await self.route.query_route(request)
+
+    async def _heartbeat(
+        self, request: svc.HeartbeatRequest, context: Ctx
+    ) -> svc.HeartbeatResponse:
+        return await self.clients.heartbeat(request, self.ctx.client_id(context))
+
+    async def _send_message(
+        self, request: svc.SendMessageRequest, context: Ctx
+    ) -> svc.SendMessageResponse:
+        return await self.producer.send_message(request, self.ctx.client_id(context))
+
+    async def _end_transaction(
+        self, request: svc.EndTransactionRequest, context: Ctx
+    ) -> svc.EndTransactionResponse:
+        return await self.producer.end_transaction(request)
+
+    async def _notify_client_termination(
+        self, request: svc.NotifyClientTerminationRequest, context: Ctx
+    ) -> svc.NotifyClientTerminationResponse:
+        return await self.clients.notify_client_termination(request, self.ctx.client_id(context))
+
+    async def _recall_message(
+        self, request: svc.RecallMessageRequest, context: Ctx
+    ) -> svc.RecallMessageResponse:
+        return await self.producer.recall(request)
+
+    async def _sync_lite_subscription(
+        self, request: svc.SyncLiteSubscriptionRequest, context: Ctx
+    ) -> svc.SyncLiteSubscriptionResponse:
+        return svc.SyncLiteSubscriptionResponse(
+            status=status.make(Code.UNSUPPORTED, "lite topics are not supported by OrbitMQ")
+        )
+
+    # ------------------------------------------------------------------ registration
+
+    def handler(self) -> grpc.GenericRpcHandler:
+        c = self.consumer
+        unary: dict[str, tuple[type[PbMessage], type[PbMessage], Any]] = {
+            "QueryRoute": (svc.QueryRouteRequest, svc.QueryRouteResponse, self._query_route),
+            "Heartbeat": (svc.HeartbeatRequest, svc.HeartbeatResponse, self._heartbeat),
+            "SendMessage": (svc.SendMessageRequest, svc.SendMessageResponse, self._send_message),
+            "QueryAssignment": (
+                svc.QueryAssignmentRequest,
+                svc.QueryAssignmentResponse,
+                c.query_assignment,
+            ),
+            "AckMessage": (svc.AckMessageRequest, svc.AckMessageResponse, c.ack_message),
+            "ForwardMessageToDeadLetterQueue": (
+                svc.ForwardMessageToDeadLetterQueueRequest,
+                svc.ForwardMessageToDeadLetterQueueResponse,
+                c.forward_message_to_dead_letter_queue,
+            ),
+            "UpdateOffset": (svc.UpdateOffsetRequest, svc.UpdateOffsetResponse, c.update_offset),
+            "GetOffset": (svc.GetOffsetRequest, svc.GetOffsetResponse, c.get_offset),
+            "QueryOffset": (svc.QueryOffsetRequest, svc.QueryOffsetResponse, c.query_offset),
+            "EndTransaction": (
+                svc.EndTransactionRequest,
+                svc.EndTransactionResponse,
+                self._end_transaction,
+            ),
+            "NotifyClientTermination": (
+                svc.NotifyClientTerminationRequest,
+                svc.NotifyClientTerminationResponse,
+                self._notify_client_termination,
+            ),
+            "ChangeInvisibleDuration": (
+                svc.ChangeInvisibleDurationRequest,
+                svc.ChangeInvisibleDurationResponse,
+                c.change_invisible_duration,
+            ),
+            "RecallMessage": (
+                svc.RecallMessageRequest,
+                svc.RecallMessageResponse,
+                self._recall_message,
+            ),
+            "SyncLiteSubscription": (
+                svc.SyncLiteSubscriptionRequest,
+                svc.SyncLiteSubscriptionResponse,
+                self._sync_lite_subscription,
+            ),
+        }
+        streaming: dict[str, tuple[type[PbMessage], type[PbMessage], Any]] = {
+            "ReceiveMessage": (
+                svc.ReceiveMessageRequest,
+                svc.ReceiveMessageResponse,
+                c.receive_message,
+            ),
+            "PullMessage": (svc.PullMessageRequest, svc.PullMessageResponse, c.pull_message),
+        }
+        handlers: dict[str, grpc.RpcMethodHandler[Any, Any]] = {}
+        for name, (req, resp, fn) in unary.items():
+            handlers[name] = grpc.unary_unary_rpc_method_handler(
+                self.unary(resp, fn),
+                request_deserializer=_deserializer(req),
+                response_serializer=resp.SerializeToString,
+            )
+        for name, (req, resp, fn) in streaming.items():
+            handlers[name] = grpc.unary_stream_rpc_method_handler(
+                self.streaming(resp, fn),
+                request_deserializer=_deserializer(req),
+                response_serializer=resp.SerializeToString,
+            )
+        handlers["Telemetry"] = grpc.stream_stream_rpc_method_handler(
+            self.telemetry,
+            request_deserializer=_deserializer(svc.TelemetryCommand),
+            response_serializer=svc.TelemetryCommand.SerializeToString,
+        )
+        return grpc.method_handlers_generic_handler(SERVICE_NAME, handlers)
+
+
+async def _parsed(
+    requests: AsyncIterator[Any],
+) -> AsyncIterator[svc.TelemetryCommand]:
+    """Telemetry commands, skipping any whose bytes did not parse."""
+    async for item in requests:
+        if isinstance(item, _Malformed):
+            log.info("telemetry: %s", item.error)
+            continue
+        yield item
