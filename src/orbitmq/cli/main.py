@@ -59,7 +59,7 @@ ConfigOpt = Annotated[
     typer.Option(
         "--config",
         "-c",
-        help="TOML file with [namesrv], [broker], [store] tables.",
+        help="TOML file with \\[namesrv], \\[broker], \\[store] tables.",
         envvar="ORBITMQ_CONFIG",
     ),
 ]

@@ -71,10 +71,16 @@ async def local_proxy(
         await server.stop()
 
 
-def proxy_config(namesrv_addrs: tuple[str, ...], host: str, port: int) -> ProxyConfig:
+def proxy_config(
+    namesrv_addrs: tuple[str, ...], host: str, port: int, max_message_size: int
+) -> ProxyConfig:
+    """A proxy in the broker's process takes the broker's body limit, so clients are told the
+    size the broker really accepts."""
     from orbitmq.proxy.config import ProxyConfig
 
-    return ProxyConfig(namesrv_addrs=namesrv_addrs, host=host, port=port)
+    return ProxyConfig(
+        namesrv_addrs=namesrv_addrs, host=host, port=port, max_message_size=max_message_size
+    )
 
 
 async def _until_signal(on_ready: Callable[[], None]) -> None:
@@ -127,7 +133,13 @@ async def run_all_in_one(
         if broker.metrics_port is not None:
             endpoints["metrics"] = f"http://{broker_cfg.host}:{broker.metrics_port}/metrics"
         port = up_proxy_port(settings, proxy_port)
-        config = None if port is None else proxy_config((namesrv.address,), broker_cfg.host, port)
+        config = (
+            None
+            if port is None
+            else proxy_config(
+                (namesrv.address,), broker_cfg.host, port, broker_cfg.store.max_message_size
+            )
+        )
         async with local_proxy(config, endpoints, required=proxy_port is not None):
             await _until_signal(lambda: announce(endpoints))
     finally:
@@ -162,7 +174,12 @@ async def run_broker(
         }
         config = None
         if proxy_port is not None and proxy_port >= 0:
-            config = proxy_config(settings.broker.namesrv_addrs, settings.broker.host, proxy_port)
+            config = proxy_config(
+                settings.broker.namesrv_addrs,
+                settings.broker.host,
+                proxy_port,
+                settings.broker.store.max_message_size,
+            )
         async with local_proxy(config, endpoints, required=True):
             await _until_signal(lambda: announce(endpoints))
     finally:
