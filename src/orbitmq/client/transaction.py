@@ -395,6 +395,46 @@ class AsyncTransactionProducer:
         topic = messages[0].topic
         if any(m.topic != topic for m in messages):
             raise ClientError("send_half_batch: all messages must have the same topic")
+        bodies, props, ids = _pack_columns(messages)
+        if len(ids) > 1 and any(p is not _NO_PROPS for p in props):
+            check_batch_groups(messages)
+        packed = encode_send_body(
+            bodies,
+            [p or _UNIQ_PREFIX + i.encode() + b"\x02" for p, i in zip(props, ids, strict=True)],
+        )
+        if queue is None:  # a FIFO message group picks its queue
+            producer = self.producer
+            loop = producer._check_running()
+            deadline = loop.time() + producer.config.send_timeout_s
+            queue = await producer._choose_fixed_queue(messages[0], None, None, None, deadline)
+        return await self.send_packed_half_batch(
+            topic,
+            packed,
+            ids,
+            queue=queue,
+            properties=properties,
+            transaction_id=transaction_id,
+            flag=messages[0].flag,
+        )
+
+    async def send_packed_half_batch(
+        self,
+        topic: str,
+        packed: bytes,
+        msg_ids: Sequence[str],
+        *,
+        queue: MessageQueue | None = None,
+        properties: Mapping[str, str] | None = None,
+        transaction_id: str | None = None,
+        flag: int = 0,
+    ) -> HalfBatchResult:
+        """:meth:`send_half_batch` for messages already packed in the send-body layout
+        (:func:`orbitmq.protocol.messages.encode_send_body`), each with its UNIQ_KEY among its
+        properties; ``msg_ids`` are those ids in order. For callers that build bodies in bulk
+        (the Spark sink packs columns with pyarrow: a Message per row would cost more than the
+        send). The broker checks the packed body before storing the half."""
+        if not msg_ids:
+            raise EmptyBodyError("a transactional batch holds at least one message")
         batch_props = dict(properties or {})
         if not _RESERVED_BATCH_LEVEL.isdisjoint(batch_props):
             names = sorted(_RESERVED_BATCH_LEVEL.intersection(batch_props))
@@ -404,22 +444,15 @@ class AsyncTransactionProducer:
             )
         producer = self.producer
         loop = producer._check_running()
-        bodies, props, ids = _pack_columns(messages)
-        if len(ids) > 1 and any(p is not _NO_PROPS for p in props):
-            check_batch_groups(messages)
-        packed = encode_send_body(
-            bodies,
-            [p or _UNIQ_PREFIX + i.encode() + b"\x02" for p, i in zip(props, ids, strict=True)],
-        )
         tx_id = transaction_id or default_generator.next_id()
         batch_props[PROPERTY_TRANSACTION_PREPARED] = "true"
         batch_props[PROPERTY_PRODUCER_GROUP] = self.group
         batch_props[PROPERTY_UNIQ_KEY] = tx_id
-        batch_props[PROPERTY_TRANSACTION_BATCH] = str(len(ids))
+        batch_props[PROPERTY_TRANSACTION_BATCH] = str(len(msg_ids))
         # Validates the packed size against max_message_size, and the batch's properties.
         half = producer._prepare(Message(topic, packed, properties=batch_props), compress=False)
         deadline = loop.time() + producer.config.send_timeout_s
-        fixed = await producer._choose_fixed_queue(messages[0], queue, None, None, deadline)
+        fixed = queue
         if fixed is None:
             # Pinned for the producer's retries too: a retry after a lost answer then reaches
             # the broker holding the first try, which answers with that half instead of
@@ -428,12 +461,7 @@ class AsyncTransactionProducer:
             info = await producer._route(topic, deadline - loop.time())
             fixed = producer.fault.select_queue(topic, info.write_queues)
         [result] = await producer._send_items(
-            topic,
-            [half],
-            SYSFLAG_TRANSACTION_PREPARED,
-            messages[0].flag,
-            queue=fixed,
-            deadline=deadline,
+            topic, [half], SYSFLAG_TRANSACTION_PREPARED, flag, queue=fixed, deadline=deadline
         )
         addr = await self._after_half(result)
         mq = result.message_queue
@@ -445,8 +473,8 @@ class AsyncTransactionProducer:
             offset=result.offset,
             queue_offset=result.queue_offset,
             transaction_id=tx_id,
-            count=len(ids),
-            msg_ids=tuple(ids),
+            count=len(msg_ids),
+            msg_ids=tuple(msg_ids),
             status=result.status,
         )
 
