@@ -19,14 +19,14 @@ up: $(STAMP) ## start OrbitMQ: NameServer + Broker + gRPC proxy (8081) in one pr
 	$(VENV)/bin/orbitmq up
 
 lint: $(STAMP) ## ruff (lint + format check), mypy, import contracts
-	$(VENV)/bin/ruff check src tests
-	$(VENV)/bin/ruff format --check src tests
+	$(VENV)/bin/ruff check src tests examples
+	$(VENV)/bin/ruff format --check src tests examples
 	$(VENV)/bin/mypy
 	$(VENV)/bin/lint-imports
 
 fmt: $(STAMP) ## format the code
-	$(VENV)/bin/ruff format src tests
-	$(VENV)/bin/ruff check --fix src tests
+	$(VENV)/bin/ruff format src tests examples
+	$(VENV)/bin/ruff check --fix src tests examples
 
 test: lint ## lint, then the whole test suite
 	$(PY) -m pytest

@@ -23,10 +23,12 @@ from orbitmq.cli import (
     bench_consume,
     bench_grpc,
     bench_produce,
+    bench_spark,
     bench_timer,
     consume,
     dlq,
     group,
+    pipeline,
     produce,
     proxy,
     tail,
@@ -49,6 +51,7 @@ app.add_typer(admin.cluster_app, name="cluster")
 app.add_typer(admin.message_app, name="message")
 app.add_typer(group.group_app, name="group")
 app.add_typer(dlq.dlq_app, name="dlq")
+app.add_typer(pipeline.pipeline_app, name="pipeline")
 app.add_typer(proxy.proxy_app, name="proxy")
 
 console = Console()
@@ -243,6 +246,7 @@ bench_app.command("consume")(bench_consume.bench_consume)
 bench_app.command("e2e")(bench_consume.bench_e2e)
 bench_app.command("timer")(bench_timer.bench_timer)
 bench_app.command("grpc")(bench_grpc.bench_grpc)
+bench_app.command("spark")(bench_spark.bench_spark)
 
 
 def main() -> None:

@@ -1,0 +1,280 @@
+"""Broker access for the source: queue metadata on the driver, raw pulls on the executors.
+
+Spark pickles readers, so they hold no connection. Each Python process (the streaming runner,
+a planner, a reused executor worker) opens one client per NameServer list on first use and
+keeps it in a module-level cache, the way Kafka's connector caches consumers. The cache is keyed
+by process id too: a forked worker never uses its parent's sockets or loop thread.
+
+Pulls return the raw pull bodies (stored records back to back) so :mod:`orbitmq.spark.arrow`
+can turn them into columns without decoding each record in Python. Without a filter a queue's
+offsets are contiguous, so several pulls of the same range are kept in flight at once
+(``PIPELINE`` of them): a range is bounded by round trips otherwise, not by bandwidth.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import atexit
+import contextlib
+import logging
+import os
+import threading
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from orbitmq.client._loop_thread import LoopThread
+from orbitmq.client.admin import AdminClient
+from orbitmq.client.offset_store import BrokerRequester, RemoteOffsetStore
+from orbitmq.client.route import MessageQueue, TopicRouteNotFoundError
+from orbitmq.common.codes import ResponseCode
+from orbitmq.common.errors import ClientError
+from orbitmq.protocol.codes import RequestCode
+
+log = logging.getLogger(__name__)
+
+__all__ = ["Connection", "DataLossError", "PullChunk", "QueueBounds", "close_all", "connection"]
+
+PIPELINE = 4
+MAX_PULL_MESSAGES = 1024
+"""The broker's limit for one pull."""
+PULL_MAX_BYTES = 8 * 1024 * 1024
+
+
+class DataLossError(ClientError):
+    """Offsets the query expected are gone (retention deleted them, or the queue was reset)."""
+
+
+@dataclass(frozen=True, slots=True)
+class PullChunk:
+    """Raw records of one pull: ``data`` holds the records from ``offset`` up to (not including)
+    ``next_offset`` (fewer of them when a filter dropped some)."""
+
+    offset: int
+    next_offset: int
+    data: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class QueueBounds:
+    mq: MessageQueue
+    min_offset: int
+    max_offset: int
+
+
+class Connection:
+    """An :class:`AdminClient` on a private loop thread, shared by a process's readers."""
+
+    def __init__(self, namesrv: str, timeout_s: float) -> None:
+        self.timeout_s = timeout_s
+        self.thread = LoopThread("orbitmq-spark")
+        self.admin = AdminClient(namesrv, timeout_s=timeout_s)
+        self.requester = BrokerRequester(
+            self.admin.routes, self.admin.remoting, timeout_s=timeout_s
+        )
+
+    def run(self, coro: Any) -> Any:
+        return self.thread.run(coro)
+
+    def close(self) -> None:
+        with contextlib.suppress(Exception):  # closing at exit: nothing to do about a failure
+            self.thread.run(self.admin.close(), timeout=5)
+        self.thread.stop()
+
+    # ------------------------------------------------------------------ driver side
+
+    def list_topics(self) -> list[str]:
+        return list(self.run(self.admin.list_topics()))
+
+    def bounds(self, topics: Sequence[str]) -> list[QueueBounds]:
+        """Every readable queue of ``topics`` with its min and max offsets, asked concurrently.
+        A topic no NameServer knows has no queues (a topic pattern may name it before it
+        exists)."""
+
+        async def one_topic(topic: str) -> list[QueueBounds]:
+            try:
+                mqs = await self.admin.queues(topic)
+            except TopicRouteNotFoundError:
+                return []
+            los = asyncio.gather(*(self.admin.min_offset(mq) for mq in mqs))
+            his = asyncio.gather(*(self.admin.max_offset(mq) for mq in mqs))
+            lo, hi = await asyncio.gather(los, his)
+            return [QueueBounds(mq, a, b) for mq, a, b in zip(mqs, lo, hi, strict=True)]
+
+        async def all_topics() -> list[QueueBounds]:
+            parts = await asyncio.gather(*(one_topic(t) for t in topics))
+            return [b for part in parts for b in part]
+
+        out: list[QueueBounds] = self.run(all_topics())
+        return out
+
+    def offsets_for_time(self, queues: Sequence[MessageQueue], ts_ms: Sequence[int]) -> list[int]:
+        """The first offset stored at or after each time (the queue's end when none is)."""
+
+        async def go() -> list[int]:
+            return list(
+                await asyncio.gather(
+                    *(self.admin.search_offset(mq, t) for mq, t in zip(queues, ts_ms, strict=True))
+                )
+            )
+
+        out: list[int] = self.run(go())
+        return out
+
+    def commit_group(self, group: str, offsets: dict[MessageQueue, int]) -> None:
+        """Copy the query's progress to ``group`` (for ``orbitmq group describe``; the
+        checkpoint stays the source of truth)."""
+        store = RemoteOffsetStore(group, self.requester)
+        for mq, off in offsets.items():
+            store.update(mq, off)
+        self.run(store.persist())
+
+    def sample_record_size(self, mq: MessageQueue, offset: int) -> int | None:
+        """Average stored size of a few records at ``offset`` (to split large ranges)."""
+
+        async def go() -> int | None:
+            resp = await self._pull(mq, offset, 16, None)
+            if resp.code != ResponseCode.SUCCESS or not resp.body:
+                return None
+            got = int(resp.fields.get("next_begin_offset", offset)) - offset
+            return max(1, len(resp.body) // max(1, got))
+
+        out: int | None = self.run(go())
+        return out
+
+    # ------------------------------------------------------------------ executor side
+
+    async def _pull(
+        self, mq: MessageQueue, offset: int, count: int, expr: tuple[str, str] | None
+    ) -> Any:
+        addr = await self.requester.addr(mq.broker_name, mq.topic)
+        fields: dict[str, Any] = {
+            "topic": mq.topic,
+            "queue_id": mq.queue_id,
+            "queue_offset": offset,
+            "max_msg_nums": count,
+            "max_bytes": PULL_MAX_BYTES,
+            "suspend_timeout_ms": 0,
+        }
+        if expr is not None:
+            fields["expression_type"], fields["expression"] = expr
+        return await self.requester.call(
+            addr,
+            RequestCode.PULL_MESSAGE,
+            fields,
+            ok=frozenset(
+                {
+                    ResponseCode.SUCCESS,
+                    ResponseCode.PULL_NOT_FOUND,
+                    ResponseCode.PULL_RETRY_IMMEDIATELY,
+                    ResponseCode.PULL_OFFSET_MOVED,
+                }
+            ),
+        )
+
+    def pull_range(
+        self,
+        mq: MessageQueue,
+        start: int,
+        end: int,
+        *,
+        expr: tuple[str, str] | None,
+        batch: int,
+        fail_on_data_loss: bool,
+    ) -> Iterator[PullChunk]:
+        """The raw records of ``[start, end)``, in order, as pull bodies.
+
+        Offsets that are gone raise DataLossError (naming topic, queue and offsets) or, with
+        ``fail_on_data_loss`` false, are skipped with a warning."""
+        batch = max(1, min(batch, MAX_PULL_MESSAGES))
+        offset = start
+        pending: list[tuple[int, int, Any]] = []  # (offset, count, future)
+        next_ask = start
+        pipelined = expr is None
+        try:
+            while offset < end:
+                depth = PIPELINE if pipelined else 1
+                while len(pending) < depth and next_ask < end:
+                    count = min(batch, end - next_ask)
+                    fut = self.thread.submit(self._pull(mq, next_ask, count, expr))
+                    pending.append((next_ask, count, fut))
+                    next_ask += count
+                ask_at, count, fut = pending.pop(0)
+                resp = fut.result(self.timeout_s * 2)
+                assert ask_at == offset
+                code = resp.code
+                nxt = int(resp.fields.get("next_begin_offset", offset))
+                if code == ResponseCode.SUCCESS:
+                    data = bytes(resp.body)
+                    if pipelined and nxt < ask_at + count:
+                        # The broker stopped short (its byte limit): ask for the rest now,
+                        # before the pulls already in flight further on.
+                        yield PullChunk(offset, nxt, data)
+                        offset = nxt
+                        self._drain(pending)
+                        pending = []
+                        next_ask = offset
+                        continue
+                    yield PullChunk(offset, min(nxt, end), data)
+                    offset = max(nxt, offset + 1) if not pipelined else ask_at + count
+                    if not pipelined:
+                        next_ask = offset
+                    continue
+                if code == ResponseCode.PULL_RETRY_IMMEDIATELY:  # nothing passed the filter
+                    offset = max(nxt, offset + 1)
+                    next_ask = offset
+                    continue
+                lo = int(resp.fields.get("min_offset", -1))
+                hi = int(resp.fields.get("max_offset", -1))
+                if code == ResponseCode.PULL_OFFSET_MOVED and offset < lo:
+                    lost_to = min(lo, end)
+                elif code == ResponseCode.PULL_NOT_FOUND and offset < end:
+                    lost_to = end  # the queue ends before the range does: those offsets are gone
+                else:
+                    lost_to = end
+                msg = (
+                    f"[ORBITMQ_DATA_LOSS] topic {mq.topic!r} queue {mq.broker_name}/{mq.queue_id}: "
+                    f"offsets [{offset}, {lost_to}) are no longer available (queue holds "
+                    f"[{lo}, {hi})); set failOnDataLoss=false to skip them"
+                )
+                if fail_on_data_loss:
+                    raise DataLossError(msg)
+                log.warning("%s; skipped", msg)
+                self._drain(pending)
+                pending = []
+                offset = next_ask = lost_to
+        finally:
+            self._drain(pending)
+
+    @staticmethod
+    def _drain(pending: list[tuple[int, int, Any]]) -> None:
+        for _, _, fut in pending:
+            fut.cancel()
+
+
+_LOCK = threading.Lock()
+_CACHE: dict[tuple[int, str], Connection] = {}
+
+
+def connection(namesrv: str, timeout_s: float = 10.0) -> Connection:
+    """This process's client for ``namesrv`` (opened on first use, closed at exit)."""
+    key = (os.getpid(), namesrv)
+    with _LOCK:
+        conn = _CACHE.get(key)
+        if conn is None:
+            conn = _CACHE[key] = Connection(namesrv, timeout_s)
+        return conn
+
+
+@atexit.register
+def _close_all() -> None:
+    with _LOCK:
+        mine = [c for (pid, _), c in _CACHE.items() if pid == os.getpid()]
+        _CACHE.clear()
+    for conn in mine:
+        conn.close()
+
+
+def close_all() -> None:
+    """Close this process's cached clients (tests, benchmarks)."""
+    _close_all()
