@@ -295,7 +295,7 @@ async def test_local_proxy_in_the_dev_profile_gives_way_on_a_busy_port(env: Prox
     from orbitmq.cli.server import local_proxy, proxy_config
 
     busy = int(env.endpoint.rpartition(":")[2])
-    config = proxy_config((env.ns,), "127.0.0.1", busy)
+    config = proxy_config((env.ns,), "127.0.0.1", busy, 4 * 1024 * 1024)
     endpoints: dict[str, str] = {}
     async with local_proxy(config, endpoints, required=False):
         assert endpoints["proxy"].startswith("off")
@@ -303,5 +303,7 @@ async def test_local_proxy_in_the_dev_profile_gives_way_on_a_busy_port(env: Prox
         async with local_proxy(config, {}, required=True):
             pass
     endpoints = {}
-    async with local_proxy(proxy_config((env.ns,), "127.0.0.1", 0), endpoints, required=True):
+    async with local_proxy(
+        proxy_config((env.ns,), "127.0.0.1", 0, 4 * 1024 * 1024), endpoints, required=True
+    ):
         assert endpoints["proxy"].startswith("127.0.0.1:")

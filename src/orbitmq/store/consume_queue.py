@@ -113,6 +113,18 @@ class ConsumeQueue:
     def truncate_from_phy(self, phy_offset: int) -> int:
         """Drop entries pointing at or past ``phy_offset``; zero them on disk. Returns count."""
         old = self.max_offset
+        segs = self.files.segments
+        if phy_offset <= 0 and segs and segs[0].start > 0:
+            # Nothing of the CommitLog survived, so nothing of this queue did either; its first
+            # file was lost too (a power cut before its name was durable) and a later one says
+            # the queue starts above 0. It never held a durable message: start over at 0, as
+            # the CommitLog does, instead of serving from a phantom first offset.
+            for path in self.files.drop_after(-1):
+                log.info("recovery: removed %s", path)
+            with self._dirty_lock:
+                self.dirty.clear()
+            self.min_offset = self.max_offset = 0
+            return old
         end = self._scan_end(limit_phy=phy_offset)
         self._cut_at(end)
         return max(0, old - end)
