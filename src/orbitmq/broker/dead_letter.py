@@ -20,14 +20,7 @@ from typing import TYPE_CHECKING
 from orbitmq.common.codes import ResponseCode
 from orbitmq.common.errors import MQError
 from orbitmq.common.message import (
-    PROPERTY_DELAY_LEVEL,
-    PROPERTY_REAL_QUEUE_ID,
-    PROPERTY_REAL_TOPIC,
-    PROPERTY_TIMER_DELAY_MS,
-    PROPERTY_TIMER_DELAY_SEC,
-    PROPERTY_TIMER_DELIVER_MS,
-    PROPERTY_TIMER_OUT_MS,
-    PROPERTY_TRANSACTION_PREPARED,
+    DELIVERY_PROPERTIES,
 )
 from orbitmq.common.record import StoredMessage
 from orbitmq.protocol.bodies import PERM_WRITE, TopicConfig
@@ -51,20 +44,7 @@ log = logging.getLogger(__name__)
 DLQ_PERM = PERM_WRITE
 """Permission of an auto-created DLQ topic: appendable by the broker, not pullable."""
 
-DROPPED_ON_COPY = frozenset(
-    {
-        PROPERTY_DELAY_LEVEL,
-        PROPERTY_TIMER_DELIVER_MS,
-        PROPERTY_TIMER_DELAY_MS,
-        PROPERTY_TIMER_DELAY_SEC,
-        PROPERTY_TIMER_OUT_MS,
-        PROPERTY_REAL_TOPIC,
-        PROPERTY_REAL_QUEUE_ID,
-        PROPERTY_TRANSACTION_PREPARED,
-        "PGROUP",
-        PROPERTY_POP_CK,
-    }
-)
+DROPPED_ON_COPY = DELIVERY_PROPERTIES | {PROPERTY_POP_CK}
 """Properties that described the original delivery (its delay, the timer's bookkeeping, its
 transaction, its Pop handle), not the copy's: the timer sets its own for the retry."""
 

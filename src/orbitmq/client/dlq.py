@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from orbitmq.common.errors import ClientError
-from orbitmq.common.message import PROPERTY_KEYS, PROPERTY_TAGS, Message
+from orbitmq.common.message import DELIVERY_PROPERTIES, PROPERTY_KEYS, PROPERTY_TAGS, Message
 from orbitmq.common.record import StoredMessage
 from orbitmq.protocol.consumer import PROPERTY_ORIGIN_MESSAGE_ID, PROPERTY_RETRY_TOPIC
 from orbitmq.protocol.group_config import (
@@ -22,27 +22,16 @@ from orbitmq.protocol.group_config import (
 
 __all__ = ["DlqMessage"]
 
-_NOT_RESENT = frozenset(
-    {
-        PROPERTY_TAGS,
-        PROPERTY_KEYS,
-        PROPERTY_RETRY_TOPIC,
-        PROPERTY_ORIGIN_MESSAGE_ID,
-        PROPERTY_DLQ_ORIGIN_TOPIC,
-        PROPERTY_DLQ_ORIGIN_MESSAGE_ID,
-        PROPERTY_DLQ_REASON,
-        "TIMER_OUT_MS",
-        "REAL_TOPIC",
-        "REAL_QID",
-        "POP_CK",
-        "DELAY",
-        "TIMER_DELIVER_MS",
-        "TIMER_DELAY_MS",
-        "TIMER_DELAY_SEC",
-        "TRAN_MSG",
-        "PGROUP",
-    }
-)
+_NOT_RESENT = DELIVERY_PROPERTIES | {
+    PROPERTY_TAGS,
+    PROPERTY_KEYS,
+    PROPERTY_RETRY_TOPIC,
+    PROPERTY_ORIGIN_MESSAGE_ID,
+    PROPERTY_DLQ_ORIGIN_TOPIC,
+    PROPERTY_DLQ_ORIGIN_MESSAGE_ID,
+    PROPERTY_DLQ_REASON,
+    "POP_CK",
+}
 """Bookkeeping of retries, the DLQ, the timer and transactions: not part of the message."""
 
 

@@ -31,6 +31,24 @@ PROPERTY_REAL_TOPIC = "REAL_TOPIC"
 PROPERTY_REAL_QUEUE_ID = "REAL_QID"
 PROPERTY_SHARDING_KEY = "__SHARDINGKEY"
 PROPERTY_TRANSACTION_PREPARED = "TRAN_MSG"
+PROPERTY_PRODUCER_GROUP = "PGROUP"
+
+DELIVERY_PROPERTIES = frozenset(
+    {
+        PROPERTY_DELAY_LEVEL,
+        PROPERTY_TIMER_DELIVER_MS,
+        PROPERTY_TIMER_DELAY_MS,
+        PROPERTY_TIMER_DELAY_SEC,
+        PROPERTY_TIMER_OUT_MS,
+        PROPERTY_REAL_TOPIC,
+        PROPERTY_REAL_QUEUE_ID,
+        PROPERTY_TRANSACTION_PREPARED,
+        PROPERTY_PRODUCER_GROUP,
+    }
+)
+"""What schedules or holds back one delivery (the delay, the timer's fields, a transaction's
+real topic and queue, its prepared flag and producer group). A copy of a message (a retry, a
+dead letter, a resend) never carries them on; a client never sees them as user properties."""
 
 # RocketMQ sends the unique key as UNIQ_KEY; keep the short alias the documents use.
 UNIQ_KEY = PROPERTY_UNIQ_KEY

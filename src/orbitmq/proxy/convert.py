@@ -19,15 +19,11 @@ from dataclasses import dataclass
 from orbitmq.client import _codec
 from orbitmq.client.fifo import MAX_MESSAGE_GROUP_LENGTH
 from orbitmq.common.message import (
+    DELIVERY_PROPERTIES,
     KEY_SEPARATOR,
-    PROPERTY_DELAY_LEVEL,
     PROPERTY_KEYS,
-    PROPERTY_REAL_QUEUE_ID,
-    PROPERTY_REAL_TOPIC,
     PROPERTY_SHARDING_KEY,
     PROPERTY_TAGS,
-    PROPERTY_TIMER_DELAY_MS,
-    PROPERTY_TIMER_DELAY_SEC,
     PROPERTY_TIMER_DELIVER_MS,
     PROPERTY_TIMER_OUT_MS,
     PROPERTY_TRANSACTION_PREPARED,
@@ -54,21 +50,12 @@ CRC32 = int(pb.DigestType.CRC32)
 
 # Properties OrbitMQ/RocketMQ keep for themselves: never shown as user properties, never
 # accepted from a client as one.
-SYSTEM_PROPERTIES = frozenset(
+SYSTEM_PROPERTIES = DELIVERY_PROPERTIES | frozenset(
     {
         PROPERTY_TAGS,
         PROPERTY_KEYS,
         PROPERTY_UNIQ_KEY,
         PROPERTY_SHARDING_KEY,
-        PROPERTY_DELAY_LEVEL,
-        PROPERTY_TIMER_DELIVER_MS,
-        PROPERTY_TIMER_DELAY_MS,
-        PROPERTY_TIMER_DELAY_SEC,
-        PROPERTY_TIMER_OUT_MS,
-        PROPERTY_REAL_TOPIC,
-        PROPERTY_REAL_QUEUE_ID,
-        PROPERTY_TRANSACTION_PREPARED,
-        "PGROUP",
         "TIMER_CANCEL_QOFF",
         "TIMER_ROLL_MS",
         "TRAN_BATCH",

@@ -29,16 +29,9 @@ from typing import TYPE_CHECKING, Any
 
 from orbitmq.common.errors import ClientError, ConfigError
 from orbitmq.common.message import (
-    PROPERTY_DELAY_LEVEL,
+    DELIVERY_PROPERTIES,
     PROPERTY_KEYS,
-    PROPERTY_REAL_QUEUE_ID,
-    PROPERTY_REAL_TOPIC,
     PROPERTY_TAGS,
-    PROPERTY_TIMER_DELAY_MS,
-    PROPERTY_TIMER_DELAY_SEC,
-    PROPERTY_TIMER_DELIVER_MS,
-    PROPERTY_TIMER_OUT_MS,
-    PROPERTY_TRANSACTION_PREPARED,
     PROPERTY_UNIQ_KEY,
 )
 from orbitmq.protocol.consumer import (
@@ -430,27 +423,23 @@ PROPERTY_REPROCESSED_FROM = "REPROCESSED_FROM"
 """On a message :func:`dlq_reprocess` sent back: the id of the dead-lettered message (the
 sink gives the resent message a new id; this keeps the trail)."""
 
-_BOOKKEEPING = (
-    PROPERTY_TAGS,
-    PROPERTY_KEYS,
-    PROPERTY_RETRY_TOPIC,
-    PROPERTY_ORIGIN_MESSAGE_ID,
-    PROPERTY_DLQ_ORIGIN_TOPIC,
-    PROPERTY_DLQ_ORIGIN_MESSAGE_ID,
-    PROPERTY_DLQ_REASON,
-    PROPERTY_POP_CK,
-    PROPERTY_DELAY_LEVEL,
-    PROPERTY_TIMER_DELIVER_MS,
-    PROPERTY_TIMER_DELAY_MS,
-    PROPERTY_TIMER_DELAY_SEC,
-    PROPERTY_TIMER_OUT_MS,
-    PROPERTY_REAL_TOPIC,
-    PROPERTY_REAL_QUEUE_ID,
-    PROPERTY_TRANSACTION_PREPARED,
-    PROPERTY_UNIQ_KEY,
-    PROPERTY_REPROCESSED_FROM,
-    "PGROUP",
-    "TRAN_BATCH",
+_BOOKKEEPING = tuple(
+    sorted(
+        DELIVERY_PROPERTIES
+        | {
+            PROPERTY_TAGS,
+            PROPERTY_KEYS,
+            PROPERTY_RETRY_TOPIC,
+            PROPERTY_ORIGIN_MESSAGE_ID,
+            PROPERTY_DLQ_ORIGIN_TOPIC,
+            PROPERTY_DLQ_ORIGIN_MESSAGE_ID,
+            PROPERTY_DLQ_REASON,
+            PROPERTY_POP_CK,
+            PROPERTY_UNIQ_KEY,
+            PROPERTY_REPROCESSED_FROM,
+            "TRAN_BATCH",
+        }
+    )
 )
 """Properties that described a delivery (retries, the DLQ, timers, transactions), travel in
 their own columns (tags, keys) or that the sink sets itself (the message id): not sent back."""
