@@ -10,6 +10,7 @@ import pytest
 from typer.testing import CliRunner
 
 from orbitmq.bench import grpc as bench
+from orbitmq.bench.grpc_floor import run_floor
 from orbitmq.cli.main import app
 
 pytestmark = [pytest.mark.integration, pytest.mark.compat]
@@ -33,6 +34,16 @@ def test_bench_grpc_runs_both_sides(tmp_path: Path) -> None:
         warmup = bench.WARMUP_PER_THREAD * 2
         assert r["received"] == 40 + warmup, r
     assert set(data["targets"]) >= {"p50_overhead_met", "grpc_sends_met"}
+    floor = data["bare_grpc_floor"]
+    assert floor["calls"] == 40 and floor["threads"] == 2 and floor["calls_per_s"] > 0
+    assert "bare Python gRPC echo" in result.output
+
+
+def test_floor_echo_server_is_called_and_stopped(tmp_path: Path) -> None:
+    got = run_floor(threads=3, count=30, size=128, scratch=tmp_path)
+    assert got.calls == 30 and got.threads == 3
+    assert 0 < got.p50_ms <= got.p99_ms
+    assert got.server_cpu_ms_per_call is not None and got.server_cpu_ms_per_call >= 0
 
 
 def test_options_are_checked() -> None:

@@ -51,6 +51,7 @@ import numpy as np
 
 from orbitmq.bench._child import ServerChild
 from orbitmq.bench.consume import target_cluster
+from orbitmq.bench.grpc_floor import FloorResult, run_floor
 from orbitmq.bench.store import _cpu_model, _loadavg
 from orbitmq.client import BlockingAdminClient, Message, Producer, SimpleConsumer
 from orbitmq.common.errors import ClientError, MQError
@@ -91,6 +92,9 @@ class GrpcBenchOptions:
     receive_threads: int = DEFAULT_RECEIVE_THREADS
     runs: int = DEFAULT_RUNS
     receive: bool = True
+    floor: bool = True
+    """Also measure a bare Python gRPC echo server with the same threads (the floor under any
+    Python proxy; :mod:`orbitmq.bench.grpc_floor`)."""
     command: str = ""
 
     def validate(self) -> None:
@@ -152,6 +156,7 @@ class GrpcBenchResult:
     started_at: str
     machine: dict[str, str]
     client_version: str
+    floor: FloorResult | None = None
 
     def median(self, side: str, metric: Callable[[SideResult], float]) -> float:
         return statistics.median(metric(run[side]) for run in self.runs)
@@ -181,6 +186,7 @@ class GrpcBenchResult:
             "runs": [{side: r.to_json() for side, r in run.items()} for run in self.runs],
             "medians": medians,
             "p50_overhead_ms": self.p50_overhead_ms,
+            "bare_grpc_floor": None if self.floor is None else self.floor.to_json(),
             "targets": {
                 "p50_overhead_ms_below": TARGET_P50_OVERHEAD_MS,
                 "grpc_sends_per_s_at_least": TARGET_GRPC_SENDS_PER_S,
@@ -546,7 +552,11 @@ def run_grpc_bench(options: GrpcBenchOptions, progress: Say | None = None) -> Gr
             say(f"run {i}/{options.runs}: native SDK via {namesrv}")
             native = run_native_side(namesrv, native_topic, f"BenchNativeG{stamp}x{i}", options)
             runs.append({"grpc": official, "native": native})
-    return GrpcBenchResult(options, runs, started_at, machine, client_version())
+        floor = None
+        if options.floor:
+            say(f"bare gRPC echo server, {options.threads} threads (the floor under the proxy)")
+            floor = run_floor(options.threads, min(options.count, 10_000), options.size, scratch)
+    return GrpcBenchResult(options, runs, started_at, machine, client_version(), floor)
 
 
 def format_report(result: GrpcBenchResult) -> str:
@@ -588,6 +598,18 @@ def format_report(result: GrpcBenchResult) -> str:
     if all(c is not None for c in proxy_cpu):
         cpu.append(f"proxy {statistics.median(c for c in proxy_cpu if c is not None):.3f}")
     lines.append("CPU ms per message (median): " + ", ".join(cpu))
+    f = result.floor
+    if f is not None:
+        server = f.server_cpu_ms_per_call
+        cores = os.cpu_count() or 1
+        bound = (
+            f", at most ~{cores * 1000 / server:,.0f} calls/s on {cores} cores" if server else ""
+        )
+        lines.append(
+            f"bare Python gRPC echo ({f.threads} threads, same stack, no proxy work): "
+            f"{f.calls_per_s:,.0f} calls/s, p50 {f.p50_ms:.3f} ms, server CPU "
+            f"{server if server is not None else float('nan'):.3f} ms per call{bound}"
+        )
     t = data["targets"]
     lines += [
         "",

@@ -48,6 +48,8 @@ class SparkBenchOptions:
     namesrv: str | None = None
     topic: str = ""
     skip_write: bool = False
+    ceiling: bool = True
+    """Also time Spark on a zero-cost source of the same rows (:mod:`.spark_ceiling`)."""
     write_batch_messages: int = 2000
     overhead_batches: int = 15
 
@@ -60,6 +62,7 @@ class SparkBenchResult:
     master: str
     load_msgs_per_s: float = 0.0
     batch_read_s: list[float] = field(default_factory=list)
+    ceiling_read_s: list[float] = field(default_factory=list)
     stream_read_s: list[float] = field(default_factory=list)
     stream_write_s: list[float] = field(default_factory=list)
     write_note: str = ""
@@ -71,6 +74,7 @@ class SparkBenchResult:
     def summary(self) -> dict[str, Any]:
         out = asdict(self)
         out["batch_read_rows_per_s"] = self.rate(self.batch_read_s)
+        out["ceiling_read_rows_per_s"] = self.rate(self.ceiling_read_s)
         out["stream_read_rows_per_s"] = self.rate(self.stream_read_s)
         out["stream_write_rows_per_s"] = self.rate(self.stream_write_s)
         out["micro_batch_overhead_ms"] = (
@@ -207,6 +211,8 @@ def run_spark_bench(o: SparkBenchOptions, say: Say) -> SparkBenchResult:
                 )
                 result.batch_read_s.append(t)
                 say(f"batch read {run + 1}/{o.runs}: {t:.2f} s ({o.count / t:,.0f} rows/s)")
+            if o.ceiling:
+                _ceiling_reads(spark, ns, topic, o, tmp, result, say)
             for run in range(o.runs):
 
                 def stream_read() -> None:
@@ -233,6 +239,38 @@ def run_spark_bench(o: SparkBenchOptions, say: Say) -> SparkBenchResult:
 
             shutil.rmtree(tmp, ignore_errors=True)
     return result
+
+
+def _ceiling_reads(
+    spark: Any,
+    ns: str,
+    topic: str,
+    o: SparkBenchOptions,
+    tmp: Path,
+    result: SparkBenchResult,
+    say: Say,
+) -> None:
+    """The batch read's rows from a source that does no work: Spark's own ceiling."""
+    from orbitmq.bench.spark_ceiling import FORMAT, ROWS_PER_BATCH, CeilingSource, write_sample
+
+    sample = tmp / "ceiling-sample.arrow"
+    write_sample(_source(spark, ns, topic, stream=False).limit(ROWS_PER_BATCH).toArrow(), sample)
+    spark.dataSource.register(CeilingSource)
+    for run in range(o.runs):
+        t = _timed(
+            lambda: (
+                spark.read.format(FORMAT)
+                .option("sample", str(sample))
+                .option("rows", str(o.count))
+                .option("partitions", str(o.queues))
+                .load()
+                .write.format("noop")
+                .mode("overwrite")
+                .save()
+            )
+        )
+        result.ceiling_read_s.append(t)
+        say(f"zero-cost source {run + 1}/{o.runs}: {t:.2f} s ({o.count / t:,.0f} rows/s)")
 
 
 def _micro_batch_overhead(
@@ -314,6 +352,14 @@ def format_report(r: SparkBenchResult, command: str = "") -> str:
         f"load (native producer): {r.load_msgs_per_s:,.0f} msgs/s",
         f"{'':<22} {'time':>10} {'rows/s':>14} {'target':>12}",
         row("batch read", r.batch_read_s, s["batch_read_rows_per_s"], 500_000),
+    ]
+    if r.ceiling_read_s:
+        med = statistics.median(r.ceiling_read_s)
+        lines.append(
+            f"{'  zero-cost source':<22} {med:>9.2f}s {s['ceiling_read_rows_per_s']:>14,.0f}"
+            f" {'(Spark alone)':>12}"
+        )
+    lines += [
         row("streaming read", r.stream_read_s, s["stream_read_rows_per_s"], 300_000),
         row("streaming write", r.stream_write_s, s["stream_write_rows_per_s"], 150_000),
     ]

@@ -56,6 +56,13 @@ def bench_grpc(
     receive: Annotated[
         bool, typer.Option("--receive/--no-receive", help="Also measure receiving.")
     ] = True,
+    floor: Annotated[
+        bool,
+        typer.Option(
+            "--floor/--no-floor",
+            help="Also measure a bare Python gRPC echo server (the floor under the proxy).",
+        ),
+    ] = True,
     json_path: Annotated[
         Path | None, typer.Option("--json", help="Also write the result as JSON here.")
     ] = None,
@@ -74,6 +81,7 @@ def bench_grpc(
         receive_threads=receive_threads,
         runs=runs,
         receive=receive,
+        floor=floor,
         command=shlex.join(["orbitmq", "bench", "grpc", *sys.argv[3:]])
         if sys.argv[1:3] == ["bench", "grpc"]
         else "",

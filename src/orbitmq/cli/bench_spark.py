@@ -36,6 +36,13 @@ def bench_spark(
     skip_write: Annotated[
         bool, typer.Option("--skip-write", help="Do not measure the streaming write.")
     ] = False,
+    ceiling: Annotated[
+        bool,
+        typer.Option(
+            "--ceiling/--no-ceiling",
+            help="Also time Spark on a zero-cost source of the same rows (Spark's own ceiling).",
+        ),
+    ] = True,
     write_batch: Annotated[
         int, typer.Option("--write-batch", min=1, help="Sink option maxBatchMessages.")
     ] = 2000,
@@ -53,7 +60,7 @@ def bench_spark(
 
     options = SparkBenchOptions(
         count=count, size=size, queues=queues, runs=runs, master=master, namesrv=namesrv,
-        skip_write=skip_write, write_batch_messages=write_batch,
+        skip_write=skip_write, ceiling=ceiling, write_batch_messages=write_batch,
     )  # fmt: skip
     command = shlex.join(["orbitmq", *sys.argv[1:]]) if sys.argv[1:3] == ["bench", "spark"] else ""
     with quiet_library_logs(), expected_errors():
