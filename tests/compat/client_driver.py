@@ -26,6 +26,8 @@ Steps (``op``):
 - ``wait_push``: ``consumer``, ``expect`` (deliveries), ``timeout_s``: returns the deliveries.
 - ``wait_checks``: ``producer``, ``expect``, ``timeout_s``: the checker's calls.
 - ``sleep``: ``s``. ``shutdown``: ``name``.
+- ``send_each``: ``producer``, ``topic``, ``count``, ``prefix``, ``interval_s``: sync sends one
+  by one that go on after failures; returns the acknowledged and the failed ones.
 - ``bench_send``: ``producer``, ``topic``, ``threads``, ``count``, ``size``: sync sends from
   threads sharing one producer, latencies in ms.
 
@@ -244,6 +246,23 @@ class Runner:
     def op_shutdown(self, step: dict[str, Any]) -> dict[str, Any]:
         self.clients.pop(step["name"]).shutdown()
         return {}
+
+    def op_send_each(self, step: dict[str, Any]) -> dict[str, Any]:
+        """Sync sends one by one (bodies ``<prefix>-<i>``), ``interval_s`` apart, going on
+        after a failed send: which were acknowledged, which failed, while servers come and go."""
+        producer = self.clients[step["producer"]]
+        acked: list[dict[str, Any]] = []
+        failed: list[dict[str, Any]] = []
+        for i in range(step["count"]):
+            body = f"{step['prefix']}-{i}"
+            try:
+                r = producer.send(self.message({"topic": step["topic"], "body": body}))
+            except Exception as exc:  # noqa: BLE001 - the point: record and go on
+                failed.append({"body": body, "at": time.time(), **_error(exc)})
+            else:
+                acked.append({"body": body, "message_id": r.message_id, "at": time.time()})
+            time.sleep(step.get("interval_s", 0.0))
+        return {"acked": acked, "failed": failed}
 
     def op_bench_send(self, step: dict[str, Any]) -> dict[str, Any]:
         producer = self.clients[step["producer"]]

@@ -9,6 +9,7 @@ When a run fails, that log, the driver's stderr and the proxy's log are shown.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import itertools
 import json
@@ -89,42 +90,37 @@ class Orbit:
     ) -> dict[str, Any]:
         """Run a scenario with the official client; returns the driver's output. Fails the test
         with the client's log when the driver failed (unless ``allow_failure``)."""
+        running = self.start_run(steps, endpoint=endpoint, ak=ak, sk=sk)
+        return running.finish(timeout, allow_failure=allow_failure)
+
+    def start_run(
+        self,
+        steps: list[dict[str, Any]],
+        *,
+        endpoint: str | None = None,
+        ak: str = "",
+        sk: str = "",
+    ) -> ClientRun:
+        """Start a scenario and return at once (a test can crash servers meanwhile); the
+        caller must :meth:`ClientRun.finish` it."""
         self.runs += 1
         home = self.base / f"client-home-{self.runs}"
         home.mkdir()
         scenario = {"endpoint": endpoint or self.endpoint, "ak": ak, "sk": sk, "steps": steps}
         env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST", "COV_"))}
         env.update(HOME=str(home), PYTHONUNBUFFERED="1", PYTHONDONTWRITEBYTECODE="1")
-        try:
-            done = subprocess.run(
+        path = home / "scenario.json"
+        path.write_text(json.dumps(scenario))
+        with path.open("rb") as stdin:
+            proc = subprocess.Popen(
                 [sys.executable, str(DRIVER)],
-                input=json.dumps(scenario).encode(),
-                capture_output=True,
+                stdin=stdin,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
                 cwd=home,
                 env=env,
-                timeout=timeout,
             )
-        except subprocess.TimeoutExpired as exc:
-            raise ClientRunFailed(
-                f"official client run took over {timeout} s\n" + self.diagnostics(home, exc.stderr)
-            ) from None
-        lines = done.stdout.decode(errors="replace").strip().splitlines()
-        try:
-            out: dict[str, Any] = json.loads(lines[-1])
-        except (IndexError, json.JSONDecodeError):
-            raise ClientRunFailed(
-                f"driver exited {done.returncode} without results\n"
-                + self.diagnostics(home, done.stderr)
-            ) from None
-        out["home"] = str(home)
-        out["client_log"] = home / CLIENT_LOG
-        if "failed" in out and not allow_failure:
-            step = steps[out["failed"]]
-            raise ClientRunFailed(
-                f"step {out['failed']} {step} failed: {out['error']}\n{out.get('traceback', '')}\n"
-                + self.diagnostics(home, done.stderr)
-            )
-        return out
+        return ClientRun(self, proc, home, steps)
 
     def diagnostics(self, home: Path, stderr: bytes | None) -> str:
         log = home / CLIENT_LOG
@@ -143,6 +139,46 @@ class Orbit:
         return proc
 
 
+@dataclass
+class ClientRun:
+    """A scenario running in its own process (see :meth:`Orbit.start_run`)."""
+
+    orbit: Orbit
+    proc: subprocess.Popen[bytes]
+    home: Path
+    steps: list[dict[str, Any]]
+
+    def finish(
+        self, timeout: float = RUN_TIMEOUT_S, *, allow_failure: bool = False
+    ) -> dict[str, Any]:
+        try:
+            stdout, stderr = self.proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            _, stderr = self.proc.communicate()
+            raise ClientRunFailed(
+                f"official client run took over {timeout} s\n"
+                + self.orbit.diagnostics(self.home, stderr)
+            ) from None
+        lines = stdout.decode(errors="replace").strip().splitlines()
+        try:
+            out: dict[str, Any] = json.loads(lines[-1])
+        except (IndexError, json.JSONDecodeError):
+            raise ClientRunFailed(
+                f"driver exited {self.proc.returncode} without results\n"
+                + self.orbit.diagnostics(self.home, stderr)
+            ) from None
+        out["home"] = str(self.home)
+        out["client_log"] = self.home / CLIENT_LOG
+        if "failed" in out and not allow_failure:
+            step = self.steps[out["failed"]]
+            raise ClientRunFailed(
+                f"step {out['failed']} {step} failed: {out['error']}\n{out.get('traceback', '')}\n"
+                + self.orbit.diagnostics(self.home, stderr)
+            )
+        return out
+
+
 def _proxy(
     cluster: Cluster, namesrv: str, extra: list[str], *, start: bool = True
 ) -> ServerProcess:
@@ -154,11 +190,9 @@ def _proxy(
     )
 
 
-@pytest.fixture(scope="module")
-def orbit(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Orbit]:
-    if importlib.util.find_spec("rocketmq") is None:  # found, not imported: see the docstring
-        pytest.skip("the official client (rocketmq-python-client, dev extra) is not installed")
-    base = tmp_path_factory.mktemp("compat")
+@contextlib.contextmanager
+def running_orbit(base: Path) -> Iterator[Orbit]:
+    """NameServer, broker and proxy as three processes in ``base``, stopped at the end."""
     cluster = Cluster(base)
     admin: BlockingAdminClient | None = None
     try:
@@ -182,6 +216,18 @@ def orbit(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Orbit]:
         if admin is not None:
             admin.close()
         cluster.stop_all()
+
+
+def need_official_client() -> None:
+    if importlib.util.find_spec("rocketmq") is None:  # found, not imported: see the docstring
+        pytest.skip("the official client (rocketmq-python-client, dev extra) is not installed")
+
+
+@pytest.fixture(scope="module")
+def orbit(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Orbit]:
+    need_official_client()
+    with running_orbit(tmp_path_factory.mktemp("compat")) as orbit:
+        yield orbit
 
 
 _names = itertools.count(1)
