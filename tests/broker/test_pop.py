@@ -203,6 +203,22 @@ async def test_pop_then_ack(broker: BrokerController, client: RemotingClient) ->
     assert (await client.invoke(broker.address, frame)).code == ResponseCode.NO_PERMISSION
 
 
+async def test_a_disabled_group_cannot_pop(
+    broker: BrokerController, client: RemotingClient
+) -> None:
+    """consume_enable off (RocketMQ's consumeEnable): NO_PERMISSION, nothing handed out;
+    on again, the messages are all there."""
+    make_topic(broker, "D")
+    await send(client, broker, "D", [b"a", b"b"])
+    broker.groups.upsert(SubscriptionGroupConfig(group_name=GROUP, consume_enable=False))
+    resp, msgs, _ = await pop(client, broker, "D")
+    assert resp.code == ResponseCode.NO_PERMISSION and "consume_enable" in (resp.remark or "")
+    assert not msgs
+    broker.groups.upsert(SubscriptionGroupConfig(group_name=GROUP, consume_enable=True))
+    resp, msgs, _ = await pop(client, broker, "D")
+    assert resp.code == ResponseCode.SUCCESS and [m.body for m in msgs] == [b"a", b"b"]
+
+
 async def test_last_offset_starts_at_the_end(
     broker: BrokerController, client: RemotingClient
 ) -> None:

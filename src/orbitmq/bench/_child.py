@@ -87,3 +87,14 @@ class ServerChild:
                 proc.wait(10)
         if proc.stdout is not None:
             proc.stdout.close()
+
+
+def process_cpu_s(pid: int | None) -> float | None:
+    """User + system CPU seconds of a running process (Linux /proc), None if unknown."""
+    if pid is None:
+        return None
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")

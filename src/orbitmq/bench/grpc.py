@@ -49,7 +49,7 @@ from typing import Any
 
 import numpy as np
 
-from orbitmq.bench._child import ServerChild
+from orbitmq.bench._child import ServerChild, process_cpu_s
 from orbitmq.bench.consume import target_cluster
 from orbitmq.bench.grpc_floor import FloorResult, run_floor
 from orbitmq.bench.store import _cpu_model, _loadavg
@@ -487,17 +487,6 @@ def target(options: GrpcBenchOptions, say: Say) -> Iterator[tuple[str, str, Path
     finally:
         if not failed:  # kept otherwise: the client's log and the proxy's log are in it
             shutil.rmtree(scratch, ignore_errors=True)
-
-
-def process_cpu_s(pid: int | None) -> float | None:
-    """User + system CPU seconds of a running process (Linux /proc), None if unknown."""
-    if pid is None:
-        return None
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
-    except OSError:
-        return None
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def _prepare_topics(namesrv: str, topics: list[str]) -> None:

@@ -19,7 +19,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from orbitmq.bench._child import ServerChild
+from orbitmq.bench._child import ServerChild, process_cpu_s
 
 __all__ = ["FloorResult", "run_floor"]
 
@@ -71,14 +71,6 @@ async def _serve() -> None:
     await server.wait_for_termination()
 
 
-def _cpu_s(pid: int) -> float | None:
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
-    except OSError:
-        return None
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 def run_floor(threads: int, count: int, size: int, scratch: Path) -> FloorResult:
     """Start the echo server, make ``count`` calls from ``threads`` threads, stop it."""
     import grpc
@@ -107,14 +99,14 @@ def run_floor(threads: int, count: int, size: int, scratch: Path) -> FloorResult
                     out.append((time.perf_counter() - t0) * 1000)
 
             workers = [threading.Thread(target=worker, args=(i,)) for i in range(threads)]
-            cpu0, client0, wall0 = _cpu_s(pid), time.process_time(), time.perf_counter()
+            cpu0, client0, wall0 = process_cpu_s(pid), time.process_time(), time.perf_counter()
             for w in workers:
                 w.start()
             for w in workers:
                 w.join()
             wall = time.perf_counter() - wall0
             client = time.process_time() - client0
-            cpu1 = _cpu_s(pid)
+            cpu1 = process_cpu_s(pid)
     finally:
         child.stop(10.0)
     flat = np.concatenate([np.asarray(s) for s in samples])

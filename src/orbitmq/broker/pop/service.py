@@ -293,6 +293,8 @@ class PopService:
                 f"cannot pop {topic[:60]!r}: pop the original topic, its retries come with it"
             )
         check_group(group, topic)
+        if not getattr(self._group_config(group), "consume_enable", True):
+            raise NoPermissionError(f"consumer group {group} is disabled (consume_enable off)")
         config = self._readable(topic)
         queue_id = get_int(frame, "queue_id", -1, lo=-1, hi=1 << 30)
         if queue_id >= config.read_queue_nums:
