@@ -597,7 +597,8 @@ def format_report(result: GrpcBenchResult) -> str:
         lines.append(
             f"bare Python gRPC echo ({f.threads} threads, same stack, no proxy work): "
             f"{f.calls_per_s:,.0f} calls/s, p50 {f.p50_ms:.3f} ms, server CPU "
-            f"{server if server is not None else float('nan'):.3f} ms per call{bound}"
+            f"{server if server is not None else float('nan'):.3f} ms per call{bound} "
+            f"(client CPU {f.client_cpu_ms_per_call:.3f} ms per call)"
         )
     t = data["targets"]
     lines += [
