@@ -12,6 +12,7 @@ from orbitmq.net.client import RemotingClient
 from orbitmq.protocol.bodies import TopicConfig, TopicStats, decode_body, encode_body
 from orbitmq.protocol.codes import RequestCode
 from orbitmq.protocol.frame import Frame
+from orbitmq.protocol.group_config import SubscriptionGroupConfig
 from orbitmq.protocol.messages import decode_records, encode_send_body
 from tests.broker.conftest import broker_config
 
@@ -28,6 +29,24 @@ def pull_frame(topic: str, queue_id: int, offset: int, **extra: object) -> Frame
     fields = {"topic": topic, "queue_id": queue_id, "queue_offset": offset, "max_msg_nums": 32}
     fields.update(extra)
     return Frame(RequestCode.PULL_MESSAGE, fields=fields)
+
+
+async def test_a_disabled_group_cannot_pull(
+    broker: BrokerController, client: RemotingClient
+) -> None:
+    """consume_enable off: a pull naming the group gets NO_PERMISSION; one naming no group (a
+    reader with its own offsets, like the Spark source) still reads."""
+    resp = await client.invoke(broker.address, send_frame("Off", [b"a"]))
+    assert resp.code == ResponseCode.SUCCESS, resp.remark
+    await asyncio.to_thread(broker.store.wait_for_dispatch)
+    broker.groups.upsert(SubscriptionGroupConfig(group_name="GOff", consume_enable=False))
+    resp = await client.invoke(broker.address, pull_frame("Off", 0, 0, group="GOff"))
+    assert resp.code == ResponseCode.NO_PERMISSION and "consume_enable" in (resp.remark or "")
+    resp = await client.invoke(broker.address, pull_frame("Off", 0, 0))
+    assert resp.code == ResponseCode.SUCCESS
+    broker.groups.upsert(SubscriptionGroupConfig(group_name="GOff", consume_enable=True))
+    resp = await client.invoke(broker.address, pull_frame("Off", 0, 0, group="GOff"))
+    assert resp.code == ResponseCode.SUCCESS
 
 
 async def test_send_then_pull(broker: BrokerController, client: RemotingClient) -> None:

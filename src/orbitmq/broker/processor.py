@@ -48,6 +48,11 @@ log = logging.getLogger(__name__)
 
 _UNIQ = b"UNIQ_CLIENT_MESSAGE_ID_KEYIDX\x01"
 MAX_PULL_MESSAGES = 1024
+"""Records per pull with a filter (a filtered read scans a multiple of this)."""
+MAX_PULL_MESSAGES_UNFILTERED = 16384
+"""Records per pull without a filter. A bulk reader (the Spark source) asks for many at once:
+a pull's fixed cost (a read hand-off, the frame, the ConsumeQueue look-up) then spreads over
+more records, and the reply stays bounded by ``max_bytes``."""
 MAX_PULL_BYTES = 16 * 1024 * 1024
 TAIL_READ = 64
 """A pull this close to the queue's end reads on the event loop instead of the read pool."""
@@ -315,14 +320,18 @@ class BrokerProcessor:
         self._topic(topic, for_write=False)
         queue_id = get_int(frame, "queue_id", lo=0, hi=1 << 30)
         offset = get_int(frame, "queue_offset", lo=0)
-        max_nums = get_int(frame, "max_msg_nums", 32, lo=1, hi=MAX_PULL_MESSAGES)
+        max_nums = get_int(frame, "max_msg_nums", 32, lo=1, hi=MAX_PULL_MESSAGES_UNFILTERED)
         max_bytes = get_int(frame, "max_bytes", 4 * 1024 * 1024, lo=1, hi=MAX_PULL_BYTES)
         tags, sql = self._pull_filter(frame)
+        if tags is not None or sql is not None:
+            max_nums = min(max_nums, MAX_PULL_MESSAGES)  # fewer than asked: the client reads on
         suspend_ms = get_int(frame, "suspend_timeout_ms", 0, lo=0)
         suspend_ms = min(suspend_ms, self.broker.config.long_polling_max_ms)
         group = get_str(frame, "group", "")
         if group:
             validate_group(group)
+            if not self.broker.groups.get(group).consume_enable:
+                raise NoPermissionError(f"consumer group {group} is disabled (consume_enable off)")
         commit = get_int(frame, "commit_offset", -1)
         if commit >= 0:
             if not group:

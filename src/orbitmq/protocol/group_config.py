@@ -89,7 +89,7 @@ class SubscriptionGroupConfig(msgspec.Struct, kw_only=True):
     suspendCurrentQueueTimeMillis). Kept for tools; push consumers take it as the client
     option ``orderly_retry_interval_s`` since they do not read group configs."""
     consume_enable: bool = True
-    """RocketMQ's consumeEnable (stored for tools; see docs/retry-dlq.md)."""
+    """RocketMQ's consumeEnable: off, Pop and the group's pulls answer NO_PERMISSION."""
     fifo: bool = False
     """RocketMQ 5's consumeMessageOrderly for Pop FIFO groups (used by FIFO consumption)."""
 

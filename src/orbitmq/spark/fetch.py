@@ -36,8 +36,8 @@ log = logging.getLogger(__name__)
 __all__ = ["Connection", "DataLossError", "PullChunk", "QueueBounds", "close_all", "connection"]
 
 PIPELINE = 4
-MAX_PULL_MESSAGES = 1024
-"""The broker's limit for one pull."""
+MAX_PULL_MESSAGES = 16384
+"""The broker's limit for one pull without a filter (a filtered pull returns at most 1024)."""
 PULL_MAX_BYTES = 8 * 1024 * 1024
 
 

@@ -183,7 +183,7 @@ class SourceOptions:
     max_bytes_per_partition: int = 64 * 1024 * 1024
     group_id: str | None = None
     commit_to_group: bool = False
-    pull_batch_size: int = 1024
+    pull_batch_size: int = 8192
     timeout_s: float = 10.0
 
     @property
@@ -330,6 +330,6 @@ def parse_source_options(options: Mapping[str, str], *, streaming: bool) -> Sour
         max_bytes_per_partition=get_int(opts, "maxBytesPerPartition", 64 << 20, lo=1024) or 0,
         group_id=group,
         commit_to_group=commit,
-        pull_batch_size=get_int(opts, "pullBatchSize", 1024, lo=1) or 1024,
+        pull_batch_size=get_int(opts, "pullBatchSize", 8192, lo=1) or 8192,
         timeout_s=timeout_ms / 1000.0,
     )

@@ -11,7 +11,6 @@ identical results.
 from __future__ import annotations
 
 import enum
-import itertools
 import logging
 import struct
 from collections.abc import Iterable
@@ -40,30 +39,55 @@ if TYPE_CHECKING:
     from orbitmq.store.message_store import MessageStore
 
 log = logging.getLogger(__name__)
-_COLUMNS = {w: np.arange(w, dtype=np.int64) for w in (2, 4, 8)}
 _MIN_RECORD = HEADER_SIZE + 4  # check_record's smallest valid total size
 SMALL_READ = 48  # up to this many ConsumeQueue entries, check them one by one
 _BODY_LENGTH_OFFSET = 84
 
 
+_HEADER_DTYPE = np.dtype(
+    {
+        "names": ["total", "magic", "crc", "queue_id", "queue_offset", "store_ts", "body_len"],
+        "formats": [">i4", ">u4", ">u4", ">i4", ">i8", ">i8", ">i4"],
+        "offsets": [0, 4, 8, 12, 20, STORE_TIMESTAMP_OFFSET, _BODY_LENGTH_OFFSET],
+        "itemsize": HEADER_SIZE,
+    }
+)
+"""The header fields a read checks, as one numpy record: one gather fetches them all."""
+
+
+def _at_every_byte(raw: np.ndarray, dtype: np.dtype | str) -> np.ndarray:
+    """``raw`` seen (zero-copy) as one ``dtype`` item starting at every byte: indexing it with
+    record positions gathers a field, or a whole header, in one numpy step."""
+    dt = np.dtype(dtype)
+    count = max(0, len(raw) - dt.itemsize + 1)
+    if count == 0:
+        return np.zeros(0, dtype=dt)
+    return np.ndarray((count,), dtype=dt, buffer=raw, strides=(1,))
+
+
 def _topic_matches(
-    raw: np.ndarray, pos: np.ndarray, sizes: np.ndarray, topic: np.ndarray
+    raw: np.ndarray, pos: np.ndarray, sizes: np.ndarray, topic: np.ndarray, body: np.ndarray
 ) -> np.ndarray:
-    """Which records at ``pos`` (``sizes`` bytes each, inside ``raw``) carry ``topic``.
+    """Which records at ``pos`` (``sizes`` bytes each, inside ``raw``, body lengths ``body``)
+    carry ``topic``.
 
     The ConsumeQueue entry has no topic, so a damaged entry could point at another topic's
     record with the same queue id, queue offset and size; this tells them apart.
     """
     n = len(topic)
-    body = raw[(pos + _BODY_LENGTH_OFFSET)[:, None] + _COLUMNS[4]].view(">i4").reshape(-1)
     t_at = pos + HEADER_SIZE + body.astype(np.int64)
     fits = (body >= 0) & (t_at + 2 + n <= pos + sizes)
+    every = bool(fits.all())
+    if not every and not fits.any():
+        return np.zeros(len(pos), dtype=bool)
+    at = t_at if every else t_at[fits]
+    same: np.ndarray = _at_every_byte(raw, ">u2")[at] == n
+    if n:
+        same &= _at_every_byte(raw, f"V{n}")[at + 2] == np.void(topic.tobytes())
+    if every:
+        return same
     out = np.zeros(len(pos), dtype=bool)
-    if fits.any():
-        at = t_at[fits]
-        tlen = raw[at[:, None] + _COLUMNS[2]].view(">u2").reshape(-1)
-        names = raw[(at + 2)[:, None] + np.arange(n, dtype=np.int64)]
-        out[fits] = (tlen == n) & (names == topic).all(axis=1)
+    out[fits] = same
     return out
 
 
@@ -296,38 +320,44 @@ def _read_entries(q: _Query, arr: np.ndarray, first: int, budget: int, result: G
     # Candidates in order: (segment view, positions, sizes) chunks, or single record views
     # (tag-filtered path); offsets and sizes flat, for the count and byte cut below.
     chunks: list[tuple[memoryview, np.ndarray, np.ndarray]] = []
-    view_offsets: list[int] = []
-    view_sizes: list[int] = []
-    for s_i in np.unique(seg_idx[keep]).tolist():
-        in_seg = keep & (seg_idx == s_i)
+    cand_offsets: list[np.ndarray] = []
+    cand_sizes: list[np.ndarray] = []
+    kept = seg_idx[keep]
+    if not len(kept):
+        segments: list[int] = []
+    elif int(kept.min()) == int(kept.max()):  # the usual case: one segment, no np.unique
+        segments = [int(kept[0])]
+    else:
+        segments = np.unique(kept).tolist()
+    all_kept = bool(keep.all())
+    for s_i in segments:
+        if all_kept and len(segments) == 1:
+            pos_in, sizes_in, offs_in, phy_in = at, size, offsets, phy
+        else:
+            in_seg = keep & (seg_idx == s_i)
+            pos_in, sizes_in = at[in_seg], size[in_seg]
+            offs_in, phy_in = offsets[in_seg], phy[in_seg]
         view = segs[s_i].view
         raw = np.frombuffer(view, dtype=np.uint8)
-        pos_in = at[in_seg]
-        sizes_in = size[in_seg]
-        offs_in = offsets[in_seg]
-
-        def gather(
-            off: int, width: int, dtype: str, p: np.ndarray = pos_in, b: np.ndarray = raw
-        ) -> np.ndarray:
-            return b[(p + off)[:, None] + _COLUMNS[width]].view(dtype).reshape(-1)
-
+        # Gathered as plain bytes, then seen as the record: far cheaper than a structured gather.
+        head = _at_every_byte(raw, f"V{HEADER_SIZE}")[pos_in].view(_HEADER_DTYPE)
         ok = (
-            (gather(0, 4, ">i4") == sizes_in)
-            & (gather(4, 4, ">u4") == MAGIC)
-            & (gather(12, 4, ">i4") == queue_id)
-            & (gather(20, 8, ">i8") == offs_in)
+            (head["total"] == sizes_in)
+            & (head["magic"] == MAGIC)
+            & (head["queue_id"] == queue_id)
+            & (head["queue_offset"] == offs_in)
         )
-        ok &= _topic_matches(raw, pos_in, sizes_in, topic)
+        ok &= _topic_matches(raw, pos_in, sizes_in, topic, head["body_len"])
         if not ok.all():
             skipped += offs_in[~ok].tolist()
         if ttl_cut:
-            ok &= gather(STORE_TIMESTAMP_OFFSET, 8, ">i8") >= ttl_cut
-        if int(phy[in_seg].min()) < verify_before:
+            ok &= head["store_ts"] >= ttl_cut
+        if int(phy_in.min()) < verify_before:
             # Written before this start: the CRC must match too. The framing was checked
             # above, so what is left is one CRC32C call per record.
-            stored = gather(8, 4, ">u4").tolist()
+            stored = head["crc"].tolist()
             pl, zl, ol = pos_in.tolist(), sizes_in.tolist(), offs_in.tolist()
-            old = ok & (phy[in_seg] < verify_before)
+            old = ok & (phy_in < verify_before)
             for k in np.flatnonzero(old).tolist():
                 a = pl[k]
                 if crc32c.crc32c(view[a + CRC_START : a + zl[k]]) != stored[k]:
@@ -337,8 +367,8 @@ def _read_entries(q: _Query, arr: np.ndarray, first: int, budget: int, result: G
             if not ok.all():
                 pos_in, sizes_in, offs_in = pos_in[ok], sizes_in[ok], offs_in[ok]
             chunks.append((view, pos_in, sizes_in))
-            view_offsets += offs_in.tolist()
-            view_sizes += sizes_in.tolist()
+            cand_offsets.append(offs_in)
+            cand_sizes.append(sizes_in)
             continue
         for a, sz, off, good in zip(
             pos_in.tolist(), sizes_in.tolist(), offs_in.tolist(), ok.tolist(), strict=True
@@ -349,25 +379,33 @@ def _read_entries(q: _Query, arr: np.ndarray, first: int, budget: int, result: G
             if decode_properties(props).get("TAGS") not in wanted_tags:
                 continue
             chunks.append((view, np.array([a], dtype=np.int64), np.array([sz], dtype=np.int64)))
-            view_offsets.append(off)
-            view_sizes.append(sz)
+            cand_offsets.append(np.array([off], dtype=np.int64))
+            cand_sizes.append(np.array([sz], dtype=np.int64))
+    view_offsets = _joined(cand_offsets)
+    view_sizes = _joined(cand_sizes)
     # Serve up to max_count records, and stop once max_bytes is reached (at least one).
     room = max_count - result.count
     take = min(room, len(view_sizes))
     budget_hit = False
-    if view_sizes:
+    if len(view_sizes):
         reached = np.flatnonzero(np.cumsum(view_sizes) >= budget)
         if len(reached) and int(reached[0]) + 1 <= take:
             take = int(reached[0]) + 1
             budget_hit = True
     stop = first + n
     if take < len(view_sizes) or (take == room and take) or budget_hit:
-        stop = view_offsets[take - 1] + 1 if take else first
+        stop = int(view_offsets[take - 1]) + 1 if take else first
     _add_runs(result, chunks, take)
-    result.queue_offsets += view_offsets[:take]
-    result.sizes += view_sizes[:take]
+    result.queue_offsets += view_offsets[:take].tolist()
+    result.sizes += view_sizes[:take].tolist()
     result.skipped += sorted(o for o in skipped if o < stop)
     return stop
+
+
+def _joined(parts: list[np.ndarray]) -> np.ndarray:
+    if len(parts) == 1:
+        return parts[0]
+    return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
 
 
 def _add_runs(
@@ -381,8 +419,14 @@ def _add_runs(
             break
         c = min(left, len(pos))
         left -= c
+        if not c:
+            continue
         p, z = pos[:c], sizes[:c]
-        breaks = (np.flatnonzero(p[1:] != p[:-1] + z[:-1]) + 1).tolist()
-        bounds = [0, *breaks, c]
-        pl, ends = p.tolist(), (p + z).tolist()
-        result.body_parts += [view[pl[lo] : ends[hi - 1]] for lo, hi in itertools.pairwise(bounds)]
+        breaks = np.flatnonzero(p[1:] != p[:-1] + z[:-1]) + 1
+        if not len(breaks):  # the usual case: one run
+            result.body_parts.append(view[int(p[0]) : int(p[-1] + z[-1])])
+            continue
+        los = np.concatenate(([0], breaks))
+        his = np.concatenate((breaks, [c])) - 1
+        begins, ends = p[los].tolist(), (p[his] + z[his]).tolist()
+        result.body_parts += [view[b:e] for b, e in zip(begins, ends, strict=True)]
