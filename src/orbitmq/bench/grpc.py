@@ -92,6 +92,9 @@ class GrpcBenchOptions:
     receive_threads: int = DEFAULT_RECEIVE_THREADS
     runs: int = DEFAULT_RUNS
     receive: bool = True
+    proxy_tls: str = "permissive"
+    """TLS mode of the proxy the benchmark starts (``off`` measures gRPC on the port itself,
+    without the TLS/plaintext splice)."""
     floor: bool = True
     """Also measure a bare Python gRPC echo server with the same threads (the floor under any
     Python proxy; :mod:`orbitmq.bench.grpc_floor`)."""
@@ -109,6 +112,8 @@ class GrpcBenchOptions:
             problems.append("size must be 1 byte .. 4 MiB")
         if self.runs < 1:
             problems.append("runs must be at least 1")
+        if self.proxy_tls not in ("off", "permissive"):
+            problems.append("--proxy-tls must be off or permissive (the client speaks plaintext)")
         if problems:
             raise ValueError("; ".join(problems))
 
@@ -471,7 +476,7 @@ def target(options: GrpcBenchOptions, say: Say) -> Iterator[tuple[str, str, Path
             proxy = ServerChild(
                 [
                     "orbitmq.proxy", "--namesrv", cluster.namesrv, "--host", "127.0.0.1",
-                    "--port", "0",
+                    "--port", "0", "--tls", options.proxy_tls,
                 ],
                 scratch / "proxy.log",
                 PROXY_READY,

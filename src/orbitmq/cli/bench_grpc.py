@@ -56,6 +56,12 @@ def bench_grpc(
     receive: Annotated[
         bool, typer.Option("--receive/--no-receive", help="Also measure receiving.")
     ] = True,
+    proxy_tls: Annotated[
+        str,
+        typer.Option(
+            "--proxy-tls", help="TLS mode of the proxy started here: permissive, required, off."
+        ),
+    ] = "permissive",
     floor: Annotated[
         bool,
         typer.Option(
@@ -81,6 +87,7 @@ def bench_grpc(
         receive_threads=receive_threads,
         runs=runs,
         receive=receive,
+        proxy_tls=proxy_tls,
         floor=floor,
         command=shlex.join(["orbitmq", "bench", "grpc", *sys.argv[3:]])
         if sys.argv[1:3] == ["bench", "grpc"]

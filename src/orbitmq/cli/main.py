@@ -101,6 +101,17 @@ def _announce(title: str, role: str) -> Any:
     return show
 
 
+def _proxy_tls(mode: str, cert: Path | None, key: Path | None) -> Any:
+    """The proxy's TLS options, checked here so a typo fails before anything starts."""
+    from orbitmq.cli.server import ProxyTls
+
+    if mode not in ("off", "permissive", "required"):
+        raise typer.BadParameter("--proxy-tls must be off, permissive or required")
+    if (cert is None) != (key is None):
+        raise typer.BadParameter("--proxy-tls-cert and --proxy-tls-key go together")
+    return ProxyTls(mode, str(cert) if cert else None, str(key) if key else None)
+
+
 def _run(coro: Any) -> None:
     from orbitmq.net.loop import run
 
@@ -130,6 +141,16 @@ def up(
         int | None,
         typer.Option(help="gRPC proxy port for RocketMQ 5 clients (default 8081; -1: none)."),
     ] = None,
+    proxy_tls: Annotated[
+        str,
+        typer.Option(
+            help="Proxy TLS: permissive (TLS and plaintext on one port), required or off."
+        ),
+    ] = "permissive",
+    proxy_tls_cert: Annotated[
+        Path | None, typer.Option(help="PEM certificate for the proxy (default: self-signed).")
+    ] = None,
+    proxy_tls_key: Annotated[Path | None, typer.Option(help="PEM key of --proxy-tls-cert.")] = None,
     log_level: LogLevel = "INFO",
 ) -> None:
     """Start NameServer + Broker + gRPC proxy in one process (dev profile: topics are created
@@ -146,7 +167,12 @@ def up(
         },
     )
     _run(
-        run_all_in_one(dev_settings(settings, data_dir), _announce("OrbitMQ up", "up"), proxy_port)
+        run_all_in_one(
+            dev_settings(settings, data_dir),
+            _announce("OrbitMQ up", "up"),
+            proxy_port,
+            _proxy_tls(proxy_tls, proxy_tls_cert, proxy_tls_key),
+        )
     )
 
 
@@ -186,6 +212,16 @@ def broker(
         int | None,
         typer.Option(help="Also run a gRPC proxy in this process on this port (0: a free one)."),
     ] = None,
+    proxy_tls: Annotated[
+        str,
+        typer.Option(
+            help="Proxy TLS: permissive (TLS and plaintext on one port), required or off."
+        ),
+    ] = "permissive",
+    proxy_tls_cert: Annotated[
+        Path | None, typer.Option(help="PEM certificate for the proxy (default: self-signed).")
+    ] = None,
+    proxy_tls_key: Annotated[Path | None, typer.Option(help="PEM key of --proxy-tls-cert.")] = None,
     log_level: LogLevel = "INFO",
 ) -> None:
     """Run a Broker (with --proxy-port, a gRPC proxy beside it)."""
@@ -207,7 +243,14 @@ def broker(
             "store": {"store_path": store_path, "flush_disk_type": flush},
         },
     )
-    _run(run_broker(settings, _announce("Broker", "broker"), proxy_port))
+    _run(
+        run_broker(
+            settings,
+            _announce("Broker", "broker"),
+            proxy_port,
+            _proxy_tls(proxy_tls, proxy_tls_cert, proxy_tls_key),
+        )
+    )
 
 
 @config_app.command("show")

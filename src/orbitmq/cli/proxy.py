@@ -32,6 +32,13 @@ def proxy(
     max_message_size: Annotated[
         int | None, typer.Option(help="Largest body accepted (default 4 MiB).")
     ] = None,
+    tls: Annotated[
+        str, typer.Option(help="permissive (TLS and plaintext on one port), required or off.")
+    ] = "permissive",
+    tls_cert: Annotated[
+        str | None, typer.Option(help="PEM certificate (default: a self-signed one).")
+    ] = None,
+    tls_key: Annotated[str | None, typer.Option(help="PEM key of --tls-cert.")] = None,
     log_level: Annotated[str, typer.Option("--log-level")] = "INFO",
 ) -> None:
     """Run a stateless gRPC proxy routing by NameServer routes."""
@@ -53,6 +60,9 @@ def proxy(
             acl=acl,
             access_keys=access_key or [],
             max_message_size=max_message_size,
+            tls=tls,
+            tls_cert=tls_cert,
+            tls_key=tls_key,
         )
     except (MQError, ValueError) as exc:
         typer.echo(f"configuration error: {exc}", err=True)

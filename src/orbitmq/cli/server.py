@@ -71,15 +71,35 @@ async def local_proxy(
         await server.stop()
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class ProxyTls:
+    """The proxy's TLS options on ``orbitmq up`` / ``orbitmq broker`` (see ProxyConfig)."""
+
+    mode: str = "permissive"
+    cert_file: str | None = None
+    key_file: str | None = None
+
+
 def proxy_config(
-    namesrv_addrs: tuple[str, ...], host: str, port: int, max_message_size: int
+    namesrv_addrs: tuple[str, ...],
+    host: str,
+    port: int,
+    max_message_size: int,
+    tls: ProxyTls | None = None,
 ) -> ProxyConfig:
     """A proxy in the broker's process takes the broker's body limit, so clients are told the
     size the broker really accepts."""
     from orbitmq.proxy.config import ProxyConfig
 
+    tls = tls or ProxyTls()
     return ProxyConfig(
-        namesrv_addrs=namesrv_addrs, host=host, port=port, max_message_size=max_message_size
+        namesrv_addrs=namesrv_addrs,
+        host=host,
+        port=port,
+        max_message_size=max_message_size,
+        tls_mode=tls.mode,
+        tls_cert_file=tls.cert_file,
+        tls_key_file=tls.key_file,
     )
 
 
@@ -109,6 +129,7 @@ async def run_all_in_one(
     settings: Settings,
     announce: Callable[[dict[str, str]], None],
     proxy_port: int | None = None,
+    proxy_tls: ProxyTls | None = None,
 ) -> None:
     """NameServer, Broker and gRPC proxy in one process and one event loop; Ctrl-C stops them
     cleanly. ``proxy_port``: see :func:`up_proxy_port` (negative: no proxy)."""
@@ -137,7 +158,11 @@ async def run_all_in_one(
             None
             if port is None
             else proxy_config(
-                (namesrv.address,), broker_cfg.host, port, broker_cfg.store.max_message_size
+                (namesrv.address,),
+                broker_cfg.host,
+                port,
+                broker_cfg.store.max_message_size,
+                proxy_tls,
             )
         )
         async with local_proxy(config, endpoints, required=proxy_port is not None):
@@ -160,6 +185,7 @@ async def run_broker(
     settings: Settings,
     announce: Callable[[dict[str, str]], None],
     proxy_port: int | None = None,
+    proxy_tls: ProxyTls | None = None,
 ) -> None:
     """A Broker; with ``proxy_port`` also a gRPC proxy in the same process (local mode), which
     routes by the broker's NameServers like any proxy."""
@@ -179,6 +205,7 @@ async def run_broker(
                 settings.broker.host,
                 proxy_port,
                 settings.broker.store.max_message_size,
+                proxy_tls,
             )
         async with local_proxy(config, endpoints, required=True):
             await _until_signal(lambda: announce(endpoints))

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import signal
 import sys
@@ -38,19 +39,24 @@ def build_config(
     acl: bool = False,
     access_keys: list[str] | None = None,
     max_message_size: int | None = None,
+    tls: str = "permissive",
+    tls_cert: str | None = None,
+    tls_key: str | None = None,
 ) -> ProxyConfig:
     addrs = tuple(a.strip() for a in namesrv.replace(",", ";").split(";") if a.strip())
-    extra: dict[str, int] = {}
-    if max_message_size is not None:
-        extra["max_message_size"] = max_message_size
-    return ProxyConfig(
+    config = ProxyConfig(
         namesrv_addrs=addrs,
         host=host,
         port=port,
         acl_enabled=acl,
         access_keys=parse_access_keys(access_keys or []),
-        **extra,
+        tls_mode=tls,
+        tls_cert_file=tls_cert,
+        tls_key_file=tls_key,
     )
+    if max_message_size is not None:
+        config = dataclasses.replace(config, max_message_size=max_message_size)
+    return config
 
 
 async def serve(config: ProxyConfig) -> None:
@@ -76,6 +82,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--acl", action="store_true", help="verify MQv2-HMAC-SHA1 signatures")
     parser.add_argument("--access-key", action="append", default=[], metavar="AK:SK")
     parser.add_argument("--max-message-size", type=int, default=None)
+    parser.add_argument(
+        "--tls", default="permissive", choices=["off", "permissive", "required"],
+        help="TLS and plaintext on one port (permissive), TLS only, or plaintext only",
+    )  # fmt: skip
+    parser.add_argument("--tls-cert", default=None, help="PEM certificate (default: self-signed)")
+    parser.add_argument("--tls-key", default=None, help="PEM key of --tls-cert")
     parser.add_argument("--log-level", default="INFO")
     args = parser.parse_args(argv)
     logging.basicConfig(
@@ -91,6 +103,9 @@ def main(argv: list[str] | None = None) -> int:
             acl=args.acl,
             access_keys=args.access_key,
             max_message_size=args.max_message_size,
+            tls=args.tls,
+            tls_cert=args.tls_cert,
+            tls_key=args.tls_key,
         )
     except (MQError, ValueError) as exc:
         print(f"configuration error: {exc}", file=sys.stderr)

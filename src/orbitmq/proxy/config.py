@@ -26,6 +26,14 @@ class ProxyConfig:
     """Address the gRPC server listens on ("0.0.0.0" for every interface)."""
     port: int = 8081
     """gRPC port (the Java proxy's default); 0 picks a free one."""
+    tls_mode: str = "permissive"
+    """``permissive`` (the Java proxy's default): TLS and plaintext clients on the same port;
+    ``required``: TLS only; ``off``: plaintext only, with no splice in front of gRPC. See
+    :mod:`orbitmq.proxy.tls`."""
+    tls_cert_file: str | None = None
+    """PEM certificate (chain) for TLS clients; with ``tls_key_file``. None: a self-signed
+    certificate made at start-up (enough for clients that trust any, like the Java client)."""
+    tls_key_file: str | None = None
     acl_enabled: bool = False
     """Verify the MQv2-HMAC-SHA1 Authorization header of every call (off: anonymous allowed)."""
     access_keys: Mapping[str, str] = field(default_factory=dict)
@@ -68,6 +76,9 @@ class ProxyConfig:
     def __post_init__(self) -> None:
         checks = {
             "port": 0 <= self.port <= 65535,
+            "tls_mode": self.tls_mode in ("off", "permissive", "required"),
+            "tls_cert_file/tls_key_file": (self.tls_cert_file is None)
+            == (self.tls_key_file is None),
             "max_message_size": self.max_message_size >= 1,
             "max_delay_s": self.max_delay_s > 0,
             "send_timeout_s": self.send_timeout_s > 0,

@@ -20,10 +20,23 @@ from orbitmq.proxy.consumer_service import ConsumerRpcs
 from orbitmq.proxy.context import ProxyContext
 from orbitmq.proxy.grpc_v2 import definition_pb2 as pb
 from orbitmq.proxy.servicer import MessagingServicer
+from orbitmq.proxy.tls import PortMux, load_identity, self_signed
 
 log = logging.getLogger(__name__)
 
 SESSION_SWEEP_S = 30.0
+
+
+def _bind(server: grpc.aio.Server, bind: str, creds: grpc.ServerCredentials | None) -> int:
+    try:
+        port = (
+            server.add_insecure_port(bind) if creds is None else server.add_secure_port(bind, creds)
+        )
+    except RuntimeError as exc:
+        raise ConfigError(f"proxy cannot listen on {bind}: {exc}") from exc
+    if port == 0:
+        raise ConfigError(f"proxy cannot listen on {bind} (in use?)")
+    return port
 
 
 def endpoints_of(host: str, port: int) -> pb.Endpoints:
@@ -47,6 +60,10 @@ class ProxyServer:
         self.servicer: MessagingServicer | None = None
         self._server: grpc.aio.Server | None = None
         self._sweeper: asyncio.Task[None] | None = None
+        self._mux: PortMux | None = None
+        self.tls_cert_pem: bytes | None = None
+        """The certificate TLS clients are shown (PEM), None with TLS off: a client that
+        verifies can be given it when the proxy made its own."""
 
     @property
     def address(self) -> str:
@@ -71,15 +88,26 @@ class ProxyServer:
                     ("grpc.so_reuseport", 0),
                 ]
             )
-            bind = f"[{cfg.host}]:{cfg.port}" if ":" in cfg.host else f"{cfg.host}:{cfg.port}"
-            try:
-                port = server.add_insecure_port(bind)
-            except RuntimeError as exc:
-                raise ConfigError(f"proxy cannot listen on {bind}: {exc}") from exc
-            if port == 0:
-                raise ConfigError(f"proxy cannot listen on {bind} (in use?)")
-            self.port = port
             host = "127.0.0.1" if cfg.host in ("0.0.0.0", "::", "") else cfg.host
+            if cfg.tls_mode == "off":
+                bind = f"[{cfg.host}]:{cfg.port}" if ":" in cfg.host else f"{cfg.host}:{cfg.port}"
+                port = _bind(server, bind, None)
+            else:
+                identity = (
+                    load_identity(cfg.tls_cert_file, cfg.tls_key_file)
+                    if cfg.tls_cert_file and cfg.tls_key_file
+                    else self_signed(["localhost", "127.0.0.1", host])
+                )
+                creds = grpc.ssl_server_credentials([(identity.key_pem, identity.cert_pem)])
+                self.tls_cert_pem = identity.cert_pem
+                tls_port = _bind(server, "127.0.0.1:0", creds)
+                plain_port = (
+                    _bind(server, "127.0.0.1:0", None) if cfg.tls_mode == "permissive" else None
+                )
+                mux = PortMux(cfg.tls_mode, tls_port, plain_port)
+                port = await mux.start(cfg.host, cfg.port)
+                self._mux = mux
+            self.port = port
             servicer = MessagingServicer(ctx, ConsumerRpcs(ctx), endpoints_of(host, port))
             server.add_generic_rpc_handlers((servicer.handler(),))
             await servicer.start()
@@ -89,6 +117,9 @@ class ProxyServer:
                 await servicer.close()
                 raise
         except BaseException:
+            if self._mux is not None:
+                await self._mux.stop()
+                self._mux = None
             await ctx.close()
             raise
         self.ctx, self.servicer, self._server = ctx, servicer, server
@@ -96,7 +127,10 @@ class ProxyServer:
             self._sweep(), name="orbitmq-proxy-sessions"
         )
         log.info(
-            "gRPC proxy listening on %s (NameServers %s)", self.address, ";".join(cfg.namesrv_addrs)
+            "gRPC proxy listening on %s, TLS %s (NameServers %s)",
+            self.address,
+            cfg.tls_mode,
+            ";".join(cfg.namesrv_addrs),
         )
         return self
 
@@ -120,6 +154,9 @@ class ProxyServer:
                     for stream in session.streams:
                         stream.close()
             await server.stop(grace_s)
+        if self._mux is not None:
+            await self._mux.stop()
+            self._mux = None
         if self.servicer is not None:
             await self.servicer.close()
             self.servicer = None

@@ -1,0 +1,249 @@
+"""TLS and plaintext gRPC on one port, as Apache RocketMQ's Java proxy serves them.
+
+The official clients disagree on the default: the Java client connects with TLS (and trusts any
+server certificate), the Python client in plaintext. RocketMQ's proxy accepts both on port 8081
+(``tls.server.mode`` permissive), so both work unchanged. grpcio binds a port either secure or
+insecure, never both, so the public port belongs to :class:`PortMux`: it reads the first byte of
+each connection, 0x16 (a TLS handshake record) or anything else (HTTP/2's preface starts with
+``P``), and splices the connection to one of two loopback ports of the same gRPC server, one
+with TLS and one without. The splice is two asyncio Protocols writing into each other's
+transports, with back-pressure both ways; nothing is parsed after the first byte.
+
+Certificates: a PEM certificate and key the operator gives, or, when none is given, a
+self-signed one made at start-up and kept in memory only (clients that trust any certificate,
+like the Java client, need nothing more; clients that verify need the operator's certificate).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime
+import ipaddress
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import cast
+
+from orbitmq.common.errors import ConfigError
+
+log = logging.getLogger(__name__)
+
+__all__ = ["TLS_MODES", "PortMux", "TlsIdentity", "load_identity", "self_signed"]
+
+TLS_MODES = ("off", "permissive", "required")
+"""off: plaintext only, gRPC binds the public port itself (no splice). permissive: both on one
+port. required: TLS only; plaintext connections are closed with a logged reason."""
+TLS_RECORD_HANDSHAKE = 0x16
+FIRST_BYTE_TIMEOUT_S = 30.0
+"""A connection that sends nothing this long after connecting is closed."""
+
+
+@dataclass(frozen=True, slots=True)
+class TlsIdentity:
+    cert_pem: bytes
+    key_pem: bytes
+
+
+def load_identity(cert_file: str, key_file: str) -> TlsIdentity:
+    try:
+        return TlsIdentity(Path(cert_file).read_bytes(), Path(key_file).read_bytes())
+    except OSError as exc:
+        raise ConfigError(f"cannot read the proxy's TLS certificate or key: {exc}") from exc
+
+
+def self_signed(hosts: Sequence[str]) -> TlsIdentity:
+    """A one-year self-signed certificate (EC P-256) naming ``hosts`` (names or addresses)."""
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    names: list[x509.GeneralName] = []
+    for host in dict.fromkeys(hosts):
+        try:
+            names.append(x509.IPAddress(ipaddress.ip_address(host)))
+        except ValueError:
+            names.append(x509.DNSName(host))
+    subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "OrbitMQ proxy")])
+    now = datetime.datetime.now(datetime.UTC)
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(subject)
+        .issuer_name(subject)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(days=365))
+        .add_extension(x509.SubjectAlternativeName(names), critical=False)
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .sign(key, hashes.SHA256())
+    )
+    return TlsIdentity(
+        cert.public_bytes(serialization.Encoding.PEM),
+        key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        ),
+    )
+
+
+class _Side(asyncio.Protocol):
+    """One end of a splice: what it receives goes to the other end's transport."""
+
+    def __init__(self) -> None:
+        self.transport: asyncio.Transport | None = None
+        self.peer: _Side | None = None
+        self.pending = bytearray()
+        self.closed = False
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        # uvloop's transports have asyncio.Transport's methods without subclassing it.
+        self.transport = cast(asyncio.Transport, transport)
+
+    def forward(self, data: bytes | bytearray) -> None:
+        peer = self.peer
+        if peer is not None and peer.transport is not None and not peer.closed:
+            peer.transport.write(data)
+        else:
+            self.pending += data
+
+    def data_received(self, data: bytes) -> None:
+        self.forward(data)
+
+    def pause_writing(self) -> None:  # our transport is full: stop reading the other end
+        if self.peer is not None and self.peer.transport is not None:
+            self.peer.transport.pause_reading()
+
+    def resume_writing(self) -> None:
+        if self.peer is not None and self.peer.transport is not None:
+            self.peer.transport.resume_reading()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        peer = self.peer
+        if peer is not None and peer.transport is not None and not peer.closed:
+            peer.transport.close()
+
+
+class _Front(_Side):
+    """A client's connection to the public port: waits for the first byte, then picks a side."""
+
+    def __init__(self, mux: PortMux) -> None:
+        super().__init__()
+        self.mux = mux
+        self.chosen = False
+        self._timer: asyncio.TimerHandle | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        super().connection_made(transport)
+        self.mux.fronts.add(self)
+        loop = asyncio.get_running_loop()
+        self._timer = loop.call_later(FIRST_BYTE_TIMEOUT_S, self._silent)
+
+    def _silent(self) -> None:
+        if not self.chosen and self.transport is not None:
+            log.debug(
+                "proxy: closing %s, nothing sent in %.0f s", self._who(), FIRST_BYTE_TIMEOUT_S
+            )
+            self.transport.close()
+
+    def _who(self) -> str:
+        peer = self.transport.get_extra_info("peername") if self.transport else None
+        return str(peer)
+
+    def data_received(self, data: bytes) -> None:
+        if self.chosen:
+            self.forward(data)
+            return
+        self.chosen = True
+        if self._timer is not None:
+            self._timer.cancel()
+        tls = data[0] == TLS_RECORD_HANDSHAKE
+        target = self.mux.tls_port if tls else self.mux.plain_port
+        if target is None:
+            log.info(
+                "proxy: closing %s: %s connections are not accepted (TLS mode %s)",
+                self._who(),
+                "TLS" if tls else "plaintext",
+                self.mux.mode,
+            )
+            assert self.transport is not None
+            self.transport.close()
+            return
+        self.pending += data
+        assert self.transport is not None
+        self.transport.pause_reading()
+        task = asyncio.get_running_loop().create_task(self._connect(target))
+        self.mux.tasks.add(task)
+        task.add_done_callback(self.mux.tasks.discard)
+
+    async def _connect(self, port: int) -> None:
+        loop = asyncio.get_running_loop()
+        back = _Side()
+        try:
+            await loop.create_connection(lambda: back, "127.0.0.1", port)
+        except OSError as exc:
+            log.warning("proxy: cannot reach its gRPC port %d for %s: %s", port, self._who(), exc)
+            if self.transport is not None:
+                self.transport.close()
+            return
+        if self.closed:  # the client left while we connected
+            assert back.transport is not None
+            back.transport.close()
+            return
+        self.peer, back.peer = back, self
+        assert back.transport is not None and self.transport is not None
+        if self.pending:
+            back.transport.write(bytes(self.pending))
+            self.pending.clear()
+        if back.pending:
+            self.transport.write(bytes(back.pending))
+            back.pending.clear()
+        self.transport.resume_reading()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+        self.mux.fronts.discard(self)
+        super().connection_lost(exc)
+
+
+class PortMux:
+    """The public port: TLS connections to ``tls_port``, the others to ``plain_port`` (either
+    None: such connections are closed)."""
+
+    def __init__(self, mode: str, tls_port: int | None, plain_port: int | None) -> None:
+        self.mode = mode
+        self.tls_port = tls_port
+        self.plain_port = plain_port
+        self.fronts: set[_Front] = set()
+        self.tasks: set[asyncio.Task[None]] = set()
+        self._server: asyncio.AbstractServer | None = None
+
+    async def start(self, host: str, port: int) -> int:
+        """Listen on ``host:port`` (0: a free port); returns the port."""
+        loop = asyncio.get_running_loop()
+        factory: Callable[[], asyncio.Protocol] = lambda: _Front(self)  # noqa: E731
+        try:
+            self._server = await loop.create_server(factory, host or None, port, reuse_address=True)
+        except OSError as exc:
+            raise ConfigError(f"proxy cannot listen on {host}:{port}: {exc}") from exc
+        sock = self._server.sockets[0]
+        bound: int = sock.getsockname()[1]
+        return bound
+
+    async def stop(self) -> None:
+        server, self._server = self._server, None
+        if server is not None:
+            server.close()
+        for front in list(self.fronts):
+            if front.transport is not None:
+                front.transport.close()
+        if server is not None:
+            await server.wait_closed()
+        for task in list(self.tasks):
+            task.cancel()
+        await asyncio.gather(*self.tasks, return_exceptions=True)
