@@ -67,6 +67,14 @@ ConfigOpt = Annotated[
     ),
 ]
 LogLevel = Annotated[str, typer.Option("--log-level", help="DEBUG, INFO, WARNING, ERROR.")]
+ProxyTlsMode = Annotated[
+    str,
+    typer.Option(help="Proxy TLS: permissive (TLS and plaintext on one port), required or off."),
+]
+ProxyTlsCert = Annotated[
+    Path | None, typer.Option(help="PEM certificate for the proxy (default: self-signed).")
+]
+ProxyTlsKey = Annotated[Path | None, typer.Option(help="PEM key of --proxy-tls-cert.")]
 
 
 def _logging(level: str) -> None:
@@ -141,16 +149,9 @@ def up(
         int | None,
         typer.Option(help="gRPC proxy port for RocketMQ 5 clients (default 8081; -1: none)."),
     ] = None,
-    proxy_tls: Annotated[
-        str,
-        typer.Option(
-            help="Proxy TLS: permissive (TLS and plaintext on one port), required or off."
-        ),
-    ] = "permissive",
-    proxy_tls_cert: Annotated[
-        Path | None, typer.Option(help="PEM certificate for the proxy (default: self-signed).")
-    ] = None,
-    proxy_tls_key: Annotated[Path | None, typer.Option(help="PEM key of --proxy-tls-cert.")] = None,
+    proxy_tls: ProxyTlsMode = "permissive",
+    proxy_tls_cert: ProxyTlsCert = None,
+    proxy_tls_key: ProxyTlsKey = None,
     log_level: LogLevel = "INFO",
 ) -> None:
     """Start NameServer + Broker + gRPC proxy in one process (dev profile: topics are created
@@ -212,16 +213,9 @@ def broker(
         int | None,
         typer.Option(help="Also run a gRPC proxy in this process on this port (0: a free one)."),
     ] = None,
-    proxy_tls: Annotated[
-        str,
-        typer.Option(
-            help="Proxy TLS: permissive (TLS and plaintext on one port), required or off."
-        ),
-    ] = "permissive",
-    proxy_tls_cert: Annotated[
-        Path | None, typer.Option(help="PEM certificate for the proxy (default: self-signed).")
-    ] = None,
-    proxy_tls_key: Annotated[Path | None, typer.Option(help="PEM key of --proxy-tls-cert.")] = None,
+    proxy_tls: ProxyTlsMode = "permissive",
+    proxy_tls_cert: ProxyTlsCert = None,
+    proxy_tls_key: ProxyTlsKey = None,
     log_level: LogLevel = "INFO",
 ) -> None:
     """Run a Broker (with --proxy-port, a gRPC proxy beside it)."""
