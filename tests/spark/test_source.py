@@ -123,6 +123,20 @@ def test_large_ranges_split_into_partitions(
     assert got == [(0, o) for o in range(60)] + [(1, o) for o in range(40)]
 
 
+def test_small_ranges_share_one_partition(
+    spark: Any, orbit_cluster: OrbitCluster, loaded: str
+) -> None:
+    """A few rows over several queues are one task (a tiny micro-batch would otherwise pay
+    Spark's per-task cost once per queue), still every row once, in queue order."""
+    df = read(spark, orbit_cluster.namesrv, loaded)
+    assert df.rdd.getNumPartitions() == 1
+    got = [(r.queue_id, r.queue_offset) for r in df.select("queue_id", "queue_offset").collect()]
+    assert sorted(got) == [(0, o) for o in range(60)] + [(1, o) for o in range(40)]
+    for q in (0, 1):
+        offsets = [o for qid, o in got if qid == q]
+        assert offsets == sorted(offsets)
+
+
 def test_broker_side_filters(spark: Any, orbit_cluster: OrbitCluster, loaded: str) -> None:
     tagged = read(spark, orbit_cluster.namesrv, loaded, tagExpression="A").collect()
     assert len(tagged) == 50 and {r.tags for r in tagged} == {"A"}

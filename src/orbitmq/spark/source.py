@@ -56,7 +56,7 @@ from orbitmq.spark.options import (
 
 log = logging.getLogger(__name__)
 
-__all__ = ["OrbitMQBatchReader", "OrbitMQStreamReader", "QueueRange"]
+__all__ = ["OrbitMQBatchReader", "OrbitMQStreamReader", "QueueRange", "QueueRanges"]
 
 Offsets = dict[str, dict[str, int]]
 
@@ -64,6 +64,9 @@ ROWS_PER_BATCH = 8192
 """Rows per RecordBatch handed to Spark: large enough that the per-batch fixed cost of the
 conversion and of Spark's Arrow intake is small, small enough to keep a task's memory low."""
 BYTES_PER_BATCH = 8 * 1024 * 1024
+SMALL_BATCH_ROWS = 4096
+"""Ranges adding up to at most this many records are read by one task: a tiny micro-batch
+spread over one task per queue pays Spark's per-task cost several times for a few rows."""
 BOUNDS_CACHE_S = 0.1
 """An idle query with a 0 s trigger asks for the latest offsets ~80 times a second; the broker
 is asked at most once per this many seconds."""
@@ -82,6 +85,13 @@ class QueueRange(InputPartition):
     @property
     def mq(self) -> MessageQueue:
         return MessageQueue(self.topic, self.broker, self.queue_id)
+
+
+@dataclass(frozen=True)
+class QueueRanges(InputPartition):
+    """Several small ranges read one after the other by one task (see SMALL_BATCH_ROWS)."""
+
+    ranges: tuple[QueueRange, ...]
 
 
 # ---------------------------------------------------------------------- shared helpers
@@ -147,14 +157,17 @@ def _resolve(
 
 def _split(ranges: list[QueueRange], opts: SourceOptions, conn: Connection) -> list[InputPartition]:
     """Ranges larger than ``maxBytesPerPartition`` (by a sampled record size) cut into equal
-    parts, so one big queue does not become one long task."""
+    parts, so one big queue does not become one long task; when nothing needed cutting and the
+    ranges are small together (rows and bytes), they become one partition."""
     out: list[InputPartition] = []
+    total_bytes = 0
     for r in ranges:
         count = r.end - r.start
         parts = 1
         if count > 16:
             size = conn.sample_record_size(r.mq, r.start)
             if size is not None:
+                total_bytes += count * size
                 parts = min(count, max(1, math.ceil(count * size / opts.max_bytes_per_partition)))
         if parts == 1:
             out.append(r)
@@ -165,6 +178,12 @@ def _split(ranges: list[QueueRange], opts: SourceOptions, conn: Connection) -> l
             for a, b in itertools.pairwise(edges)
             if b > a
         )
+    if (
+        1 < len(out) == len(ranges)
+        and sum(r.end - r.start for r in ranges) <= SMALL_BATCH_ROWS
+        and total_bytes <= opts.max_bytes_per_partition
+    ):
+        return [QueueRanges(tuple(ranges))]
     return out
 
 
@@ -212,6 +231,16 @@ def read_range(opts: SourceOptions, part: QueueRange) -> Iterator[pa.RecordBatch
         yield flush()
 
 
+def read_partition(opts: SourceOptions, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+    """A task's rows: one range, or several small ones in turn. Spark turns "no partitions"
+    into one empty partition of its own type, which yields nothing."""
+    if isinstance(partition, QueueRange):
+        yield from read_range(opts, partition)
+    elif isinstance(partition, QueueRanges):
+        for part in partition.ranges:
+            yield from read_range(opts, part)
+
+
 # ---------------------------------------------------------------------- batch
 
 
@@ -241,8 +270,7 @@ class OrbitMQBatchReader(DataSourceReader):
         return _split(ranges, opts, conn)
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
-        if isinstance(partition, QueueRange):  # Spark turns "no partitions" into one empty
-            yield from read_range(self.opts, partition)
+        yield from read_partition(self.opts, partition)
 
 
 # ---------------------------------------------------------------------- streaming
@@ -408,5 +436,4 @@ class OrbitMQStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     # -- executors ------------------------------------------------------------
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
-        if isinstance(partition, QueueRange):  # Spark turns "no partitions" into one empty
-            yield from read_range(self.opts, partition)
+        yield from read_partition(self.opts, partition)
