@@ -17,6 +17,7 @@ warm-up, which is why several are taken).
 from __future__ import annotations
 
 import asyncio
+import functools
 import statistics
 import tempfile
 import time
@@ -147,6 +148,27 @@ def _timed(fn: Callable[[], None]) -> float:
     return time.perf_counter() - started
 
 
+def _measure(
+    label: str, fn: Callable[[int], None], o: SparkBenchOptions, into: list[float], say: Say
+) -> None:
+    """``o.runs`` timed runs of ``fn(run)``, each appended to ``into`` and reported."""
+    for run in range(o.runs):
+        t = _timed(functools.partial(fn, run))
+        into.append(t)
+        say(f"{label} {run + 1}/{o.runs}: {t:.2f} s ({o.count / t:,.0f} rows/s)")
+
+
+def _noop_write(df: Any) -> None:
+    df.write.format("noop").mode("overwrite").save()
+
+
+def _await_query(q: Any, what: str) -> None:
+    """Wait for an availableNow query; its failure becomes a ClientError."""
+    q.awaitTermination()
+    if q.exception() is not None:
+        raise ClientError(f"{what} failed: {q.exception()}")
+
+
 _LOG4J = """\
 rootLogger.level = error
 rootLogger.appenderRef.stderr.ref = console
@@ -200,36 +222,27 @@ def run_spark_bench(o: SparkBenchOptions, say: Say) -> SparkBenchResult:
         tmp = Path(tempfile.mkdtemp(prefix="orbitmq-bench-spark-"))
         spark = _session(o.master, tmp)
         try:
-            for run in range(o.runs):
-                t = _timed(
-                    lambda: (
-                        _source(spark, ns, topic, stream=False)
-                        .write.format("noop")
-                        .mode("overwrite")
-                        .save()
-                    )
-                )
-                result.batch_read_s.append(t)
-                say(f"batch read {run + 1}/{o.runs}: {t:.2f} s ({o.count / t:,.0f} rows/s)")
+            _measure(
+                "batch read",
+                lambda _run: _noop_write(_source(spark, ns, topic, stream=False)),
+                o,
+                result.batch_read_s,
+                say,
+            )
             if o.ceiling:
                 _ceiling_reads(spark, ns, topic, o, tmp, result, say)
-            for run in range(o.runs):
 
-                def stream_read() -> None:
-                    q = (
-                        _source(spark, ns, topic, stream=True)
-                        .writeStream.format("noop")
-                        .option("checkpointLocation", str(tmp / f"read-{uuid.uuid4().hex}"))
-                        .trigger(availableNow=True)
-                        .start()
-                    )
-                    q.awaitTermination()
-                    if q.exception() is not None:
-                        raise ClientError(f"streaming read failed: {q.exception()}")
+            def stream_read(_run: int) -> None:
+                q = (
+                    _source(spark, ns, topic, stream=True)
+                    .writeStream.format("noop")
+                    .option("checkpointLocation", str(tmp / f"read-{uuid.uuid4().hex}"))
+                    .trigger(availableNow=True)
+                    .start()
+                )
+                _await_query(q, "streaming read")
 
-                t = _timed(stream_read)
-                result.stream_read_s.append(t)
-                say(f"streaming read {run + 1}/{o.runs}: {t:.2f} s ({o.count / t:,.0f} rows/s)")
+            _measure("streaming read", stream_read, o, result.stream_read_s, say)
             result.micro_batch_ms = _micro_batch_overhead(spark, ns, topic, o, tmp)
             say(f"micro-batch overhead: median {statistics.median(result.micro_batch_ms):.0f} ms")
             if not o.skip_write:
@@ -256,21 +269,15 @@ def _ceiling_reads(
     sample = tmp / "ceiling-sample.arrow"
     write_sample(_source(spark, ns, topic, stream=False).limit(ROWS_PER_BATCH).toArrow(), sample)
     spark.dataSource.register(CeilingSource)
-    for run in range(o.runs):
-        t = _timed(
-            lambda: (
-                spark.read.format(FORMAT)
-                .option("sample", str(sample))
-                .option("rows", str(o.count))
-                .option("partitions", str(o.queues))
-                .load()
-                .write.format("noop")
-                .mode("overwrite")
-                .save()
-            )
-        )
-        result.ceiling_read_s.append(t)
-        say(f"zero-cost source {run + 1}/{o.runs}: {t:.2f} s ({o.count / t:,.0f} rows/s)")
+    reader = (
+        spark.read.format(FORMAT)
+        .option("sample", str(sample))
+        .option("rows", str(o.count))
+        .option("partitions", str(o.queues))
+    )
+    _measure(
+        "zero-cost source", lambda _run: _noop_write(reader.load()), o, result.ceiling_read_s, say
+    )
 
 
 def _micro_batch_overhead(
@@ -312,29 +319,25 @@ def _stream_writes(
         result.write_note = "sink not available"
         return
     result.write_note = f"exactlyOnce, maxBatchMessages={o.write_batch_messages}"
-    for run in range(o.runs):
-        dst = f"{topic}-out{run}"
-        asyncio.run(_prepare_topic(ns, dst, o.queues))
 
-        def stream_write(dst: str = dst, run: int = run) -> None:
-            q = (
-                _source(spark, ns, topic, stream=True)
-                .select("key", "value", "tags")
-                .writeStream.format("orbitmq")
-                .option("namesrv", ns)
-                .option("topic", dst)
-                .option("maxBatchMessages", str(o.write_batch_messages))
-                .option("checkpointLocation", str(tmp / f"write-{run}"))
-                .trigger(availableNow=True)
-                .start()
-            )
-            q.awaitTermination()
-            if q.exception() is not None:
-                raise ClientError(f"streaming write failed: {q.exception()}")
+    for run in range(o.runs):  # created before timing: the writes alone are measured
+        asyncio.run(_prepare_topic(ns, f"{topic}-out{run}", o.queues))
 
-        t = _timed(stream_write)
-        result.stream_write_s.append(t)
-        say(f"streaming write {run + 1}/{o.runs}: {t:.2f} s ({o.count / t:,.0f} rows/s)")
+    def stream_write(run: int) -> None:
+        q = (
+            _source(spark, ns, topic, stream=True)
+            .select("key", "value", "tags")
+            .writeStream.format("orbitmq")
+            .option("namesrv", ns)
+            .option("topic", f"{topic}-out{run}")
+            .option("maxBatchMessages", str(o.write_batch_messages))
+            .option("checkpointLocation", str(tmp / f"write-{run}"))
+            .trigger(availableNow=True)
+            .start()
+        )
+        _await_query(q, "streaming write")
+
+    _measure("streaming write", stream_write, o, result.stream_write_s, say)
 
 
 def format_report(r: SparkBenchResult, command: str = "") -> str:
