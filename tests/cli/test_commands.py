@@ -296,8 +296,8 @@ def test_python_m_bench_produce_oneway_for_a_duration_at_a_rate(
     assert "mode oneway" in out and "0.5 s" in out and "rate 200 msgs/s" in out
     assert "-m orbitmq.bench produce --namesrv" in out
     data = json.loads(report.read_text())
-    # Paced: never more than the rate allows (one ahead at most), and some got through.
-    assert 0 < data["messages"] <= 0.5 * 200 + 1
+    # Paced: never more than the rate allows in the window, and some got through.
+    assert 0 < data["messages"] <= 0.5 * 200
     assert data["seconds"] >= 0.5
     assert data["stored"] == data["messages"] + data["warmup"]  # oneway: all arrived here
 

@@ -262,17 +262,25 @@ async def produce(
             assert deadline is not None
             return time.perf_counter() < deadline
 
-        async def pace() -> None:
-            if interval:
-                due = started + sent * interval
-                now = time.perf_counter()
-                if due > now:
-                    await asyncio.sleep(due - now)
+        async def pace() -> bool:
+            """Wait for the next send's slot; when it lies past the deadline, wait for that and say False.
+
+            The loop guards against timers that fire a little early (uvloop rounds to
+            milliseconds): a send must never go before its slot, or a paced run could
+            exceed its rate by one.
+            """
+            if not interval:
+                return True
+            due = started + sent * interval
+            in_window = deadline is None or due < deadline
+            until = due if in_window or deadline is None else deadline
+            while (now := time.perf_counter()) < until:
+                await asyncio.sleep(until - now)
+            return in_window
 
         mode, batch = options.mode, options.batch
         if mode == "sync" and batch:
-            while more():
-                await pace()
+            while more() and await pace():
                 n = batch if count is None else min(batch, count - sent)
                 t0 = time.perf_counter_ns()
                 try:
@@ -283,8 +291,7 @@ async def produce(
                     rec.failure(exc, n)
                 sent += n
         elif mode == "sync":
-            while more():
-                await pace()
+            while more() and await pace():
                 t0 = time.perf_counter_ns()
                 try:
                     await producer.send(msg)
@@ -293,8 +300,7 @@ async def produce(
                     rec.failure(exc)
                 sent += 1
         elif mode == "oneway":
-            while more():
-                await pace()
+            while more() and await pace():
                 t0 = time.perf_counter_ns()
                 try:
                     await producer.send_oneway(msg)
@@ -315,8 +321,7 @@ async def produce(
                 finally:
                     slots.release()
 
-            while more():
-                await pace()
+            while more() and await pace():
                 await slots.acquire()
                 n = batch if count is None else min(batch, count - sent)
                 task = asyncio.create_task(one(n, time.perf_counter_ns()))
@@ -348,8 +353,8 @@ async def produce(
                     room.clear()
                     await room.wait()
                     continue
-                if interval:
-                    await pace()
+                if not await pace():
+                    break
                 t0 = time.perf_counter_ns()
                 fut = producer.send_async(msg)
                 fut.add_done_callback(functools.partial(done, t0))
