@@ -24,8 +24,8 @@ from orbitmq.net.connection import Connection, Reply
 from orbitmq.protocol.bodies import decode_body
 from orbitmq.protocol.codes import RequestCode
 from orbitmq.protocol.consumer import (
+    ConsumerConnection,
     ConsumerData,
-    ConsumerIdList,
     HeartbeatData,
     SubscriptionData,
 )
@@ -44,11 +44,19 @@ class HBBroker(FakeBroker):
         self.unregisters: list[dict[str, Any]] = []
         self.answer: tuple[int, str] = (ResponseCode.SUCCESS, "")
         self.hang_unregister = False
+        self.hold_heartbeats: asyncio.Event | None = None
+        """When set to an event, heartbeats are answered only once it is set."""
+        self.events: list[str] = []
 
     async def handle(self, frame: Frame, conn: Connection) -> Reply:
         if frame.code == RequestCode.HEART_BEAT:
             self.heartbeats.append(decode_body(bytes(frame.body), HeartbeatData))
+            self.events.append("beat")
+            if self.hold_heartbeats is not None:
+                await self.hold_heartbeats.wait()
             return frame.reply(self.answer[0], self.answer[1])
+        if frame.code == RequestCode.UNREGISTER_CLIENT:
+            self.events.append("unregister")
         if frame.code == RequestCode.UNREGISTER_CLIENT:
             self.unregisters.append(dict(frame.fields))
             if self.hang_unregister:
@@ -251,6 +259,30 @@ async def test_close_unregisters_every_group_from_every_broker(env: Env) -> None
         hb.start()
 
 
+async def test_close_waits_for_a_beat_under_way(env: Env) -> None:
+    """UNREGISTER_CLIENT goes out only after the answer to a beat already sent: a beat cut off
+    after its request went out could otherwise register the client again behind it."""
+    hb = env.service()
+    hb.add(lambda: consumer("G", "U"))  # U: broker-a only
+    env.a.hold_heartbeats = gate = asyncio.Event()
+    beat = asyncio.create_task(hb.beat_now())
+    async with asyncio.timeout(5):
+        while not env.a.events:
+            await asyncio.sleep(0.01)
+    late = asyncio.create_task(hb.beat_now())  # waits for the lock, then finds it closed
+    await asyncio.sleep(0.05)
+    closing = asyncio.create_task(hb.close())
+    await asyncio.sleep(0.2)
+    assert env.a.events == ["beat"] and not closing.done()
+    gate.set()
+    await asyncio.wait_for(closing, 5)
+    await beat
+    await late
+    assert env.a.events == ["beat", "unregister"]
+    with pytest.raises(ClientError):
+        await hb.beat_now()
+
+
 async def test_unregister_one_group(env: Env) -> None:
     hb = env.service()
     hb.add(lambda: consumer("G1", "U"))
@@ -310,10 +342,13 @@ async def test_real_broker_accepts_the_beat(tmp_path: Path) -> None:
         hb.add(lambda: consumer("G_REAL", "HB_T"))
         await hb.beat_now()
         assert hb.brokers == {broker.address}
-        members = Frame(RequestCode.GET_CONSUMER_LIST_BY_GROUP, fields={"group": "G_REAL"})
+        # A POP member: listed among the group's connections, not among the rebalancing ids.
+        members = Frame(RequestCode.GET_CONSUMER_CONNECTION_LIST, fields={"group": "G_REAL"})
         resp = await remoting.invoke(broker.address, members, 2.0)
         assert resp.code == ResponseCode.SUCCESS
-        assert decode_body(bytes(resp.body), ConsumerIdList).client_ids == ["cid-real"]
+        conn = decode_body(bytes(resp.body), ConsumerConnection)
+        assert [m.client_id for m in conn.members] == ["cid-real"]
+        assert conn.consume_type == "POP"
 
         bad = HeartbeatService(routes, remoting, "cid-bad", timeout_s=2.0)
         bad.add(lambda: consumer("G_BAD", "HB_T", expression="a >", kind="SQL92"))

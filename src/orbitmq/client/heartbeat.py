@@ -76,7 +76,11 @@ class HeartbeatService:
         *,
         interval_s: float = 10.0,
         timeout_s: float = 3.0,
+        language: str = "PYTHON",
+        version: str = __version__,
     ) -> None:
+        """``language`` and ``version`` are what the brokers show of the client: the proxy beats
+        for RocketMQ 5 clients of any language with their own."""
         if interval_s <= 0:
             raise ClientError(f"heartbeat interval must be positive, not {interval_s}")
         self.routes = routes
@@ -84,6 +88,8 @@ class HeartbeatService:
         self.client_id = client_id
         self.interval_s = interval_s
         self.timeout_s = timeout_s
+        self.language = language
+        self.version = version
         self._providers: list[ConsumerDataProvider] = []
         self._task: asyncio.Task[None] | None = None
         self._lock = asyncio.Lock()
@@ -108,6 +114,10 @@ class HeartbeatService:
             self._providers.remove(provider)
 
     @property
+    def closed(self) -> bool:
+        return self._closed
+
+    @property
     def brokers(self) -> frozenset[str]:
         """Addresses of the brokers beaten so far (what :meth:`close` unregisters from)."""
         return frozenset(self._beaten)
@@ -130,11 +140,13 @@ class HeartbeatService:
         if self._closed:
             return
         self._closed = True
-        task, self._task = self._task, None
-        if task is not None:
-            task.cancel()
-            await asyncio.gather(task, return_exceptions=True)
-        async with self._lock:  # a beat under way finishes first, or it would re-register us
+        # A beat under way finishes first (its answer received): cancelled after its request
+        # went out, it could reach a broker after UNREGISTER_CLIENT and register us again.
+        async with self._lock:
+            task, self._task = self._task, None
+            if task is not None:
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
             groups = sorted(self._groups | {c.group for c in self._consumers(quiet=True)})
             await self._unregister(sorted(self._beaten), groups)
             self._providers.clear()
@@ -148,6 +160,8 @@ class HeartbeatService:
     async def _loop(self) -> None:
         while True:
             await asyncio.sleep(self.interval_s)
+            if self._closed:
+                return
             try:
                 await self.beat_now()
             except MQError as exc:
@@ -167,6 +181,8 @@ class HeartbeatService:
         if self._closed:
             raise ClientError("heartbeat service is closed")
         async with self._lock:
+            if self.closed:  # closed while this beat waited: it would register us again
+                return
             consumers = self._consumers(quiet=False)
             if not consumers:
                 return
@@ -177,7 +193,12 @@ class HeartbeatService:
                 )
                 return
             body = encode_body(
-                HeartbeatData(client_id=self.client_id, version=__version__, consumers=consumers)
+                HeartbeatData(
+                    client_id=self.client_id,
+                    language=self.language,
+                    version=self.version,
+                    consumers=consumers,
+                )
             )
             groups = {c.group for c in consumers}
             results = await asyncio.gather(*(self._beat_one(a, body, groups) for a in addrs))
