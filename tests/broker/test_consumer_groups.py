@@ -203,6 +203,30 @@ async def test_join_lists_members_and_notifies(
     await a.next_push(RequestCode.NOTIFY_CONSUMER_IDS_CHANGED)
 
 
+async def test_pop_members_are_listed_but_get_no_queues(
+    broker: BrokerController, client: RemotingClient, members: list[Member]
+) -> None:
+    """A Pop member (SimpleConsumer, or a RocketMQ 5 client through the proxy) is a member for
+    `group describe`, but not one the rebalancing members divide queues with: they would hand it
+    queues nobody pulls."""
+    push, pop = member(members, broker, "client-push"), member(members, broker, "client-pop")
+    assert (await push.beat(consume_type="PUSH")).code == ResponseCode.SUCCESS
+    assert (await pop.beat(consume_type="POP")).code == ResponseCode.SUCCESS
+    assert await ids_of(client, broker) == ["client-push"]
+    resp = await client.invoke(
+        broker.address, req(RequestCode.GET_CONSUMER_CONNECTION_LIST, group=G)
+    )
+    conn = decode_body(resp.body, ConsumerConnection)
+    assert [m.client_id for m in conn.members] == ["client-pop", "client-push"]
+    await push.close()
+    members.remove(push)
+    for _ in range(50):  # the push member's connection closing takes it out
+        if await ids_of(client, broker) == []:
+            break
+        await asyncio.sleep(0.02)
+    assert await ids_of(client, broker) == []
+
+
 async def test_bad_subscription_registers_nothing(
     broker: BrokerController, client: RemotingClient, members: list[Member]
 ) -> None:

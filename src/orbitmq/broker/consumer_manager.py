@@ -76,6 +76,8 @@ class Member:
     """topic -> the compiled subscription."""
     language: str = "PYTHON"
     version: str = ""
+    consume_type: str = "PUSH"
+    """As this member's own heartbeat says (a group may mix kinds; the group keeps the last)."""
 
 
 @dataclass(slots=True)
@@ -92,6 +94,12 @@ class ConsumerGroup:
 
     def client_ids(self) -> list[str]:
         return sorted(self.members)
+
+    def rebalancing_client_ids(self) -> list[str]:
+        """The members that divide the group's queues among themselves: every kind but POP.
+        Pop consumers (native SimpleConsumers, RocketMQ 5 clients through the proxy) take
+        messages from any queue; counting them would hand them queues nobody pulls."""
+        return sorted(c for c, m in self.members.items() if m.consume_type != "POP")
 
     def subscriptions(self) -> dict[str, SubscriptionData]:
         """topic -> subscription over every member; the newest ``sub_version`` wins a topic."""
@@ -262,6 +270,7 @@ class ConsumerManager:
             member.filters = c.filters
         member.language = hb.language[:64]
         member.version = hb.version[:64]
+        member.consume_type = data.consume_type
         self._by_conn.setdefault(conn, set()).add((data.group, hb.client_id))
         return joined or group.topics() != topics_before
 

@@ -186,7 +186,7 @@ class ConsumerProcessor:
         online = self.consumers.get(group)
         if online is None:
             raise ConsumerNotOnlineError(f"consumer group {group} has no online member here")
-        body = ConsumerIdList(client_ids=online.client_ids())
+        body = ConsumerIdList(client_ids=online.rebalancing_client_ids())
         return frame.reply(ResponseCode.SUCCESS, body=encode_body(body))
 
     async def connection_list(self, frame: Frame) -> Reply:
