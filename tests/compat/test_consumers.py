@@ -8,6 +8,8 @@ import time
 
 import pytest
 
+from orbitmq.common.errors import SubscriptionGroupNotExistError
+from orbitmq.protocol.consumer import MemberInfo
 from tests.compat.conftest import Orbit, unique
 from tests.compat.test_producer import prime
 
@@ -117,3 +119,38 @@ def test_push_consumer_failures_are_retried_then_dead_lettered(orbit: Orbit) -> 
             break
         time.sleep(0.2)
     assert dead == [always_id]
+
+
+def _members(orbit: Orbit, group: str) -> list[MemberInfo]:
+    try:
+        return orbit.admin.describe_group(group).members
+    except SubscriptionGroupNotExistError:
+        return []
+
+
+def test_official_consumers_are_listed_as_members_of_their_group(orbit: Orbit) -> None:
+    """What `orbitmq group describe` shows of a group consumed through the proxy: the official
+    client's SimpleConsumer, by its own client id and language, until it shuts down."""
+    topic = orbit.topic(unique("CompatMember"))
+    group = unique("CompatMG")
+    running = orbit.start_run(
+        [
+            {"op": "simple_consumer", "name": "s", "group": group, "topics": {topic: "TagA"}},
+            {"op": "sleep", "s": 6},
+            {"op": "shutdown", "name": "s"},
+            {"op": "sleep", "s": 3},
+        ]
+    )
+    try:
+        deadline = time.monotonic() + 20
+        while not (members := _members(orbit, group)) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        (member,) = members
+        assert member.language == "PYTHON" and member.client_id
+        (sub,) = member.subscriptions
+        assert (sub.topic, sub.expression_type, sub.expression) == (topic, "TAG", "TagA")
+        while _members(orbit, group) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert _members(orbit, group) == []  # left at shutdown, not at the brokers' expiry
+    finally:
+        running.finish(timeout=60)

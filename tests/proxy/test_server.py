@@ -11,6 +11,8 @@ from typing import Any
 import grpc
 import pytest
 
+from orbitmq.client.admin import AdminClient
+from orbitmq.common.errors import SubscriptionGroupNotExistError
 from orbitmq.protocol.group_config import DEFAULT_RETRY_DELAYS_MS
 from orbitmq.proxy.config import ProxyConfig
 from orbitmq.proxy.grpc_v2 import definition_pb2 as pb
@@ -21,7 +23,10 @@ from tests.harness import Cluster, ServerProcess
 from tests.proxy.conftest import ProxyEnv, endpoints_pb, metadata, proxy_env_fixture, res
 
 TOPICS = {"PsNormal": "NORMAL", "PsFifo": "FIFO", "PsMixed": "MIXED", "PsTx": "TRANSACTION"}
-env = proxy_env_fixture(TOPICS, brokers=("broker-a", "broker-b"), queues=2)
+# Members are re-beaten every 0.3 s here (10 s by default), so a lost registration returns fast.
+env = proxy_env_fixture(
+    TOPICS, brokers=("broker-a", "broker-b"), queues=2, proxy_options={"member_heartbeat_s": 0.3}
+)
 Code = pb.Code
 MT = pb.MessageType
 
@@ -217,6 +222,110 @@ async def test_notify_client_termination_forgets_the_client(
     )
     assert resp.status.code == Code.OK
     assert env.proxy.ctx.sessions.get("bye") is None  # type: ignore[union-attr]
+
+
+def _consumer_settings(group: str, *entries: tuple[str, int, str]) -> pb.Settings:
+    return pb.Settings(
+        client_type=pb.ClientType.SIMPLE_CONSUMER,
+        user_agent=pb.UA(language=pb.JAVA, version="5.0.7", platform="test", hostname="h"),
+        subscription=pb.Subscription(
+            group=res(group),
+            subscriptions=[
+                pb.SubscriptionEntry(
+                    topic=res(topic), expression=pb.FilterExpression(type=kind, expression=expr)
+                )
+                for topic, kind, expr in entries
+            ],
+        ),
+    )
+
+
+async def _member_ids(admin: AdminClient, group: str) -> set[str]:
+    """The group's members as the brokers list them (a group nobody knows has none)."""
+    try:
+        return {m.client_id for m in (await admin.describe_group(group)).members}
+    except SubscriptionGroupNotExistError:
+        return set()
+
+
+async def _members_become(
+    admin: AdminClient, group: str, want: set[str], timeout_s: float = 10.0
+) -> None:
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while (have := await _member_ids(admin, group)) != want:
+        assert asyncio.get_running_loop().time() < deadline, (want, have)
+        await asyncio.sleep(0.05)
+
+
+async def test_grpc_consumers_are_members_of_their_group_on_the_brokers(
+    env: ProxyEnv, stub: service_pb2_grpc.MessagingServiceStub
+) -> None:
+    """The proxy beats for its consumers: `orbitmq group describe` lists them, with their
+    language, version and subscriptions, and drops them when their Telemetry stream ends."""
+    t = _Telemetry(stub, "member-java-1")
+    async with AdminClient([env.ns]) as admin:
+        try:
+            reply = await t.exchange(
+                _consumer_settings("PsMembers", ("PsNormal", pb.TAG, "TagA || TagB"))
+            )
+            assert reply.status.code == Code.OK
+            # Registered before the settings are answered: no wait for the first periodic beat.
+            desc = await admin.describe_group("PsMembers")
+            (member,) = desc.members
+            assert member.client_id == "member-java-1"
+            assert (member.language, member.version) == ("JAVA", "5.0.7")
+            assert desc.consume_type == "POP"
+            (sub,) = member.subscriptions
+            assert (sub.topic, sub.expression_type, sub.expression) == (
+                "PsNormal", "TAG", "TagA || TagB"
+            )  # fmt: skip
+            # New settings on the same stream replace the subscriptions at once (SQL too).
+            await t.exchange(
+                _consumer_settings(
+                    "PsMembers", ("PsNormal", pb.TAG, "*"), ("PsMixed", pb.SQL, "a > 1")
+                )
+            )
+            desc = await admin.describe_group("PsMembers")
+            subs = {
+                s.topic: (s.expression_type, s.expression) for s in desc.members[0].subscriptions
+            }
+            assert subs == {"PsNormal": ("TAG", "*"), "PsMixed": ("SQL92", "a > 1")}
+            # A broker that lost the member (expiry, restart) gets it back from the next beat.
+            for broker in env.brokers:
+                await asyncio.wrap_future(
+                    asyncio.run_coroutine_threadsafe(
+                        _forget(broker, "member-java-1"), env.thread.loop
+                    )
+                )
+            await _members_become(admin, "PsMembers", {"member-java-1"}, timeout_s=5)
+        finally:
+            await t.close()
+        await _members_become(admin, "PsMembers", set())
+
+
+async def _forget(broker: Any, client_id: str) -> None:
+    broker.consumers.unregister(client_id)
+
+
+async def test_a_terminated_consumer_leaves_its_group_at_once(
+    env: ProxyEnv, stub: service_pb2_grpc.MessagingServiceStub
+) -> None:
+    t = _Telemetry(stub, "member-bye")
+    async with AdminClient([env.ns]) as admin:
+        try:
+            await t.exchange(_consumer_settings("PsMembersBye", ("PsFifo", pb.TAG, "*")))
+            await _members_become(admin, "PsMembersBye", {"member-bye"})
+            resp = await stub.NotifyClientTermination(
+                svc.NotifyClientTerminationRequest(group=res("PsMembersBye")),
+                metadata=metadata("member-bye"),
+                timeout=5,
+            )
+            assert resp.status.code == Code.OK
+            # Unregistered before the answer: no wait for the brokers' 120 s expiry.
+            assert await _member_ids(admin, "PsMembersBye") == set()
+            assert len(env.proxy.servicer.membership) == 0  # type: ignore[union-attr]
+        finally:
+            await t.close()
 
 
 def test_endpoints_of() -> None:

@@ -70,6 +70,9 @@ class ProxyConfig:
     transaction_heartbeat_s: float = 10.0
     """How often the proxy tells brokers it stands for the transactional producers it served, so
     their check-backs reach it."""
+    member_heartbeat_s: float = 10.0
+    """How often the proxy beats to the brokers for each gRPC consumer, so the brokers list it as
+    a member of its group (native consumers beat every 10 s; brokers expire after 120 s)."""
     telemetry_idle_s: float = 0.0
     """Reserved: 0 keeps Telemetry streams open as long as the client wants (they live a year)."""
 
@@ -93,6 +96,7 @@ class ProxyConfig:
             "receive_batch_max": self.receive_batch_max >= 1,
             "retry_max_attempts": self.retry_max_attempts >= 1,
             "transaction_heartbeat_s": self.transaction_heartbeat_s > 0,
+            "member_heartbeat_s": self.member_heartbeat_s > 0,
             "namesrv_addrs": bool(self.namesrv_addrs),
         }
         bad = [name for name, ok in checks.items() if not ok]

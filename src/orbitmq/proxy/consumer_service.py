@@ -68,7 +68,7 @@ from orbitmq.protocol.frame import Frame
 from orbitmq.protocol.messages import decode_records
 from orbitmq.proxy import receipt, status
 from orbitmq.proxy.assignment import assignments
-from orbitmq.proxy.convert import to_pb_message
+from orbitmq.proxy.convert import FILTER_TYPES, to_pb_message
 from orbitmq.proxy.grpc_v2 import definition_pb2 as pb
 from orbitmq.proxy.grpc_v2 import service_pb2 as svc
 
@@ -103,7 +103,6 @@ _HANDLE_CODES = frozenset(
     {ResponseCode.RECEIPT_HANDLE_INVALID, ResponseCode.RECEIPT_HANDLE_EXPIRED}
 )
 _ROUTE_CODES = frozenset({ResponseCode.TOPIC_NOT_EXIST, ResponseCode.NO_PERMISSION})
-_FILTER_TYPES = {pb.FILTER_TYPE_UNSPECIFIED: "TAG", pb.TAG: "TAG", pb.SQL: "SQL92"}
 
 
 def _now_ms() -> int:
@@ -481,7 +480,7 @@ class ConsumerRpcs:
         batch = request.batch_size if request.batch_size > 0 else 32
         batch = min(batch, self.receive_batch_max)
         expr = request.filter_expression
-        kind = _FILTER_TYPES.get(expr.type)
+        kind = FILTER_TYPES.get(expr.type)
         if kind is None:
             raise _Answer(pb.ILLEGAL_FILTER_EXPRESSION, f"unknown filter type {expr.type}")
         info = await ctx.routes.get(topic)
@@ -863,7 +862,7 @@ class ConsumerRpcs:
             topic, addr = await self._queue_addr(request.message_queue)
             if request.offset < 0:
                 raise _Answer(pb.ILLEGAL_OFFSET, f"offset {request.offset} < 0")
-            kind = _FILTER_TYPES.get(request.filter_expression.type)
+            kind = FILTER_TYPES.get(request.filter_expression.type)
             if kind is None:
                 raise _Answer(pb.ILLEGAL_FILTER_EXPRESSION, "unknown filter type")
             poll_s = min(request.long_polling_timeout.ToMilliseconds() / 1000,

@@ -170,6 +170,10 @@ class SendSpec:
     """The pb.MessageType the client declared (NORMAL when it declared none)."""
 
 
+FILTER_TYPES = {pb.FILTER_TYPE_UNSPECIFIED: "TAG", pb.TAG: "TAG", pb.SQL: "SQL92"}
+"""A gRPC FilterExpression's type as the brokers name it (an unknown type is not here)."""
+
+
 def resource_name(res: pb.Resource) -> str:
     """OrbitMQ's name of a namespaced resource: RocketMQ's ``namespace%name`` wrapping."""
     ns = res.resource_namespace

@@ -25,6 +25,7 @@ from orbitmq.proxy.client_service import ClientRpcs
 from orbitmq.proxy.context import ProxyContext
 from orbitmq.proxy.grpc_v2 import definition_pb2 as pb
 from orbitmq.proxy.grpc_v2 import service_pb2 as svc
+from orbitmq.proxy.membership import ConsumerMembership
 from orbitmq.proxy.producer_service import ProducerRpcs
 from orbitmq.proxy.route_service import RouteRpcs
 from orbitmq.proxy.status import ProxyError
@@ -104,8 +105,9 @@ class MessagingServicer:
         self.relay = TransactionRelay(ctx)
         self.producer = ProducerRpcs(ctx, self.relay)
         self.route = RouteRpcs(ctx, own_endpoints)
+        self.membership = ConsumerMembership(ctx, interval_s=ctx.config.member_heartbeat_s)
         self.clients = ClientRpcs(
-            ctx, self.relay, on_settings=consumer.on_settings, on_gone=consumer.on_client_gone
+            ctx, self.relay, on_settings=self._on_settings, on_gone=self._on_client_gone
         )
 
     async def start(self) -> None:
@@ -114,9 +116,23 @@ class MessagingServicer:
 
     async def close(self) -> None:
         try:
+            await self.membership.close()
             await self.consumer.close()
         finally:
             await self.relay.close()
+
+    async def _on_settings(self, client_id: str, settings: pb.Settings) -> None:
+        """A consumer's settings: its receive policy, and its membership on the brokers."""
+        try:
+            await self.consumer.on_settings(client_id, settings)
+        finally:
+            await self.membership.on_settings(client_id, settings)
+
+    async def _on_client_gone(self, client_id: str, group: str | None) -> None:
+        try:
+            await self.consumer.on_client_gone(client_id, group)
+        finally:
+            await self.membership.on_gone(client_id, group)
 
     # ------------------------------------------------------------------ the common frame
 
