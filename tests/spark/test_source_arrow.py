@@ -70,6 +70,15 @@ def test_damaged_input_is_a_record_error(data: st.DataObject) -> None:
         records_to_batch([bytes(raw)], "topic", "broker-a")
 
 
+def test_a_body_flagged_compressed_that_does_not_inflate_is_a_record_error() -> None:
+    """Found by the test above (byte 39, the low byte of SYS_FLAG, set to 1): structurally a
+    record, but its body is not zlib data."""
+    raw = bytearray(_encode([b"x" * 30, b"ORB1 in a body", b""], [{"TAGS": "t"}, {}, {"k": "v"}]))
+    raw[39] = 1
+    with pytest.raises(RecordError, match="does not decompress"):
+        records_to_batch([bytes(raw)], "topic", "broker-a")
+
+
 @given(st.binary(max_size=300))
 @settings(max_examples=100, deadline=None)
 def test_random_bytes_never_crash(raw: bytes) -> None:

@@ -28,6 +28,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from orbitmq.common.errors import ProtocolError
 from orbitmq.common.message import (
     PROPERTY_KEYS,
     PROPERTY_TAGS,
@@ -310,7 +311,10 @@ def _inflate(value: pa.Array, flags: np.ndarray) -> pa.Array:
     for i in np.flatnonzero(flags & SYSFLAG_COMPRESSED).tolist():
         body = bodies[i]
         if body is not None:
-            bodies[i] = decompress(body, int(flags[i]))
+            try:
+                bodies[i] = decompress(body, int(flags[i]))
+            except ProtocolError as exc:  # a damaged record: the caller's kind of error
+                raise RecordError(f"record {i} of the batch: {exc}") from None
     return pa.array(bodies, pa.binary())
 
 
