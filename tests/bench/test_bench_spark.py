@@ -15,6 +15,7 @@ def test_report_names_every_measure() -> None:
     r.batch_read_s = [1.0, 2.0, 4.0]
     r.stream_read_s = [2.0]
     r.ceiling_read_s = [0.5]
+    r.ceiling_stream_s = [0.25]
     r.micro_batch_ms = [100.0, 200.0, 300.0]
     text = format_report(r, "orbitmq bench spark --count 1000")
     assert "batch read" in text and "1,000" in text  # median 1 s -> 1,000 rows/s
@@ -23,6 +24,7 @@ def test_report_names_every_measure() -> None:
     assert s["batch_read_rows_per_s"] == 500.0
     assert s["stream_write_rows_per_s"] == 0.0
     assert "zero-cost source" in text and s["ceiling_read_rows_per_s"] == 2000.0
+    assert "zero-cost stream" in text and s["ceiling_stream_rows_per_s"] == 4000.0
 
 
 @pytest.mark.spark
@@ -43,3 +45,4 @@ def test_tiny_run() -> None:
     assert r.micro_batch_ms
     assert any("batch read 1/1" in line for line in lines)
     assert len(r.ceiling_read_s) == 1 and any("zero-cost source 1/1" in x for x in lines)
+    assert len(r.ceiling_stream_s) == 1 and any("zero-cost stream 1/1" in x for x in lines)

@@ -64,6 +64,7 @@ class SparkBenchResult:
     load_msgs_per_s: float = 0.0
     batch_read_s: list[float] = field(default_factory=list)
     ceiling_read_s: list[float] = field(default_factory=list)
+    ceiling_stream_s: list[float] = field(default_factory=list)
     stream_read_s: list[float] = field(default_factory=list)
     stream_write_s: list[float] = field(default_factory=list)
     write_note: str = ""
@@ -76,6 +77,7 @@ class SparkBenchResult:
         out = asdict(self)
         out["batch_read_rows_per_s"] = self.rate(self.batch_read_s)
         out["ceiling_read_rows_per_s"] = self.rate(self.ceiling_read_s)
+        out["ceiling_stream_rows_per_s"] = self.rate(self.ceiling_stream_s)
         out["stream_read_rows_per_s"] = self.rate(self.stream_read_s)
         out["stream_write_rows_per_s"] = self.rate(self.stream_write_s)
         out["micro_batch_overhead_ms"] = (
@@ -162,6 +164,17 @@ def _noop_write(df: Any) -> None:
     df.write.format("noop").mode("overwrite").save()
 
 
+def _noop_stream(df: Any, tmp: Path, what: str) -> None:
+    """``df`` read by an ``availableNow`` query into the noop sink, from a fresh checkpoint."""
+    q = (
+        df.writeStream.format("noop")
+        .option("checkpointLocation", str(tmp / f"read-{uuid.uuid4().hex}"))
+        .trigger(availableNow=True)
+        .start()
+    )
+    _await_query(q, what)
+
+
 def _await_query(q: Any, what: str) -> None:
     """Wait for an availableNow query; its failure becomes a ClientError."""
     q.awaitTermination()
@@ -233,16 +246,17 @@ def run_spark_bench(o: SparkBenchOptions, say: Say) -> SparkBenchResult:
                 _ceiling_reads(spark, ns, topic, o, tmp, result, say)
 
             def stream_read(_run: int) -> None:
-                q = (
-                    _source(spark, ns, topic, stream=True)
-                    .writeStream.format("noop")
-                    .option("checkpointLocation", str(tmp / f"read-{uuid.uuid4().hex}"))
-                    .trigger(availableNow=True)
-                    .start()
-                )
-                _await_query(q, "streaming read")
+                _noop_stream(_source(spark, ns, topic, stream=True), tmp, "streaming read")
 
             _measure("streaming read", stream_read, o, result.stream_read_s, say)
+            if o.ceiling:
+                _measure(
+                    "zero-cost stream",
+                    lambda _run: _noop_stream(_ceiling_df(spark, o, tmp, stream=True), tmp, "z"),
+                    o,
+                    result.ceiling_stream_s,
+                    say,
+                )
             result.micro_batch_ms = _micro_batch_overhead(spark, ns, topic, o, tmp)
             say(f"micro-batch overhead: median {statistics.median(result.micro_batch_ms):.0f} ms")
             if not o.skip_write:
@@ -264,19 +278,32 @@ def _ceiling_reads(
     say: Say,
 ) -> None:
     """The batch read's rows from a source that does no work: Spark's own ceiling."""
-    from orbitmq.bench.spark_ceiling import FORMAT, ROWS_PER_BATCH, CeilingSource, write_sample
+    from orbitmq.bench.spark_ceiling import ROWS_PER_BATCH, CeilingSource, write_sample
 
-    sample = tmp / "ceiling-sample.arrow"
-    write_sample(_source(spark, ns, topic, stream=False).limit(ROWS_PER_BATCH).toArrow(), sample)
+    write_sample(
+        _source(spark, ns, topic, stream=False).limit(ROWS_PER_BATCH).toArrow(),
+        tmp / "ceiling-sample.arrow",
+    )
     spark.dataSource.register(CeilingSource)
-    reader = (
-        spark.read.format(FORMAT)
-        .option("sample", str(sample))
+    _measure(
+        "zero-cost source",
+        lambda _run: _noop_write(_ceiling_df(spark, o, tmp, stream=False)),
+        o,
+        result.ceiling_read_s,
+        say,
+    )
+
+
+def _ceiling_df(spark: Any, o: SparkBenchOptions, tmp: Path, *, stream: bool) -> Any:
+    """The zero-cost source's ``o.count`` rows (its sample written by :func:`_ceiling_reads`)."""
+    from orbitmq.bench.spark_ceiling import FORMAT
+
+    reader = (spark.readStream if stream else spark.read).format(FORMAT)
+    return (
+        reader.option("sample", str(tmp / "ceiling-sample.arrow"))
         .option("rows", str(o.count))
         .option("partitions", str(o.queues))
-    )
-    _measure(
-        "zero-cost source", lambda _run: _noop_write(reader.load()), o, result.ceiling_read_s, say
+        .load()
     )
 
 
@@ -362,8 +389,14 @@ def format_report(r: SparkBenchResult, command: str = "") -> str:
             f"{'  zero-cost source':<22} {med:>9.2f}s {s['ceiling_read_rows_per_s']:>14,.0f}"
             f" {'(Spark alone)':>12}"
         )
+    lines.append(row("streaming read", r.stream_read_s, s["stream_read_rows_per_s"], 300_000))
+    if r.ceiling_stream_s:
+        med = statistics.median(r.ceiling_stream_s)
+        lines.append(
+            f"{'  zero-cost stream':<22} {med:>9.2f}s {s['ceiling_stream_rows_per_s']:>14,.0f}"
+            f" {'(Spark alone)':>12}"
+        )
     lines += [
-        row("streaming read", r.stream_read_s, s["stream_read_rows_per_s"], 300_000),
         row("streaming write", r.stream_write_s, s["stream_write_rows_per_s"], 150_000),
     ]
     if r.write_note:

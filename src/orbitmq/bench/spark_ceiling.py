@@ -8,6 +8,11 @@ JVM, rows for the ``noop`` sink, tasks and stages) is what it does with the real
 so the rate measured here bounds the connector's on the same master and machine: the source's
 own cost comes on top, on the same cores.
 
+It also reads as a stream (``readStream``): offsets are a row count, ``latestOffset`` says all
+``rows`` are there, and an ``availableNow`` query reads them in one micro-batch. Its time is the
+floor of a streaming read on that master: Spark's query start (the streaming runner process,
+planning, the offset and commit logs) plus moving the rows, with no source work at all.
+
 The benchmark layer names the connector only by its format (it does not import it), so the
 sample comes from a real read and the schema from the sample.
 """
@@ -18,7 +23,13 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
+from pyspark.sql.datasource import (
+    DataSource,
+    DataSourceReader,
+    DataSourceStreamReader,
+    InputPartition,
+)
+from pyspark.sql.streaming.datasource import ReadLimit, SupportsTriggerAvailableNow
 
 __all__ = ["FORMAT", "CeilingSource", "write_sample"]
 
@@ -48,23 +59,56 @@ class _Share(InputPartition):
         self.rows = rows
 
 
+def _shares(rows: int, parts: int) -> list[InputPartition]:
+    share, extra = divmod(rows, parts)
+    return [_Share(share + (1 if i < extra else 0)) for i in range(parts)]
+
+
+def _slices(sample: str, partition: InputPartition) -> Iterator[Any]:
+    assert isinstance(partition, _Share)
+    batch = _read_sample(sample)
+    step = min(ROWS_PER_BATCH, batch.num_rows)
+    left = partition.rows
+    while left > 0:
+        n = min(step, left)
+        yield batch.slice(0, n)
+        left -= n
+
+
 class _Reader(DataSourceReader):
     def __init__(self, sample: str, rows: int, partitions: int) -> None:
         self.sample, self.rows, self.parts = sample, rows, partitions
 
     def partitions(self) -> list[InputPartition]:
-        share, extra = divmod(self.rows, self.parts)
-        return [_Share(share + (1 if i < extra else 0)) for i in range(self.parts)]
+        return _shares(self.rows, self.parts)
 
     def read(self, partition: InputPartition) -> Iterator[Any]:
-        assert isinstance(partition, _Share)
-        batch = _read_sample(self.sample)
-        step = min(ROWS_PER_BATCH, batch.num_rows)
-        left = partition.rows
-        while left > 0:
-            n = min(step, left)
-            yield batch.slice(0, n)
-            left -= n
+        return _slices(self.sample, partition)
+
+
+class _StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
+    """Offsets ``{"rows": n}``: all ``rows`` are there from the start."""
+
+    def __init__(self, sample: str, rows: int, partitions: int) -> None:
+        self.sample, self.rows, self.parts = sample, rows, partitions
+
+    def initialOffset(self) -> dict[str, int]:
+        return {"rows": 0}
+
+    def prepareForTriggerAvailableNow(self) -> None:
+        pass
+
+    def latestOffset(self, start: dict[str, int], limit: ReadLimit) -> dict[str, int]:
+        return {"rows": self.rows}
+
+    def partitions(self, start: dict[str, int], end: dict[str, int]) -> list[InputPartition]:
+        return _shares(end["rows"] - start["rows"], self.parts)
+
+    def read(self, partition: InputPartition) -> Iterator[Any]:
+        return _slices(self.sample, partition)
+
+    def commit(self, end: dict[str, int]) -> None:
+        pass
 
 
 class CeilingSource(DataSource):
@@ -79,7 +123,12 @@ class CeilingSource(DataSource):
 
         return from_arrow_schema(_read_sample(self.options["sample"]).schema)
 
+    def _args(self) -> tuple[str, int, int]:
+        o = self.options
+        return o["sample"], int(o["rows"]), int(o["partitions"])
+
     def reader(self, schema: Any) -> DataSourceReader:
-        return _Reader(
-            self.options["sample"], int(self.options["rows"]), int(self.options["partitions"])
-        )
+        return _Reader(*self._args())
+
+    def streamReader(self, schema: Any) -> DataSourceStreamReader:
+        return _StreamReader(*self._args())
