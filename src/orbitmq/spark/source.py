@@ -40,7 +40,6 @@ from pyspark.sql.streaming.datasource import (
 )
 
 from orbitmq.client.route import MessageQueue
-from orbitmq.common.filter import compile_filter
 from orbitmq.spark.arrow import records_to_batch
 from orbitmq.spark.fetch import Connection, DataLossError, QueueBounds, connection
 from orbitmq.spark.options import (
@@ -198,6 +197,8 @@ def read_range(opts: SourceOptions, part: QueueRange) -> Iterator[pa.RecordBatch
         expr = ("SQL92", opts.sql_filter)
     elif opts.filtered and opts.tag_expression is not None:
         expr = ("TAG", opts.tag_expression)
+        from orbitmq.common.filter import compile_filter  # lark: only for filtered reads
+
         tags = compile_filter("TAG", opts.tag_expression).tags
         if tags is not None:  # the broker filters by tag hash: drop any collision here
             tag_set = pa.array(sorted(tags), pa.string())
