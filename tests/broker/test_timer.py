@@ -167,10 +167,15 @@ async def test_idle_precision_under_100ms(broker: BrokerController, client: Remo
         assert (await send(client, broker, p)).code == ResponseCode.SUCCESS
     got = await receive(client, broker, n, 6.0)
     assert len(got) == n
-    late = sorted(at - int(m.properties["TIMER_OUT_MS"]) for at, m in got)
-    print(f"lateness ms: min {late[0]} p50 {late[n // 2]} max {late[-1]}")
-    assert late[0] >= -2  # never early (1 ms clock granularity each side)
+    # The timer's precision: when the broker stored the delivered copy, against its due time.
+    late = sorted(m.store_timestamp_ms - int(m.properties["TIMER_OUT_MS"]) for _, m in got)
+    # What a consumer sees adds the long poll's wake-up and the pull's round trip.
+    seen = sorted(at - int(m.properties["TIMER_OUT_MS"]) for at, m in got)
+    print(f"stored late ms: min {late[0]} p50 {late[n // 2]} max {late[-1]}; "
+          f"received late ms: p50 {seen[n // 2]} max {seen[-1]}")  # fmt: skip
+    assert late[0] >= -1  # never early (1 ms clock granularity)
     assert late[-1] < 100
+    assert seen[-1] < 500  # long polling wakes at once: seconds late would be a lost wake-up
 
 
 async def test_time_in_the_past_delivers_now(
