@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import socket
+from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
@@ -66,3 +67,17 @@ def test_usage_errors_exit_2() -> None:
     assert runner.invoke(app, ["bench", "produce", "--mode", "turbo"]).exit_code == 2
     r = runner.invoke(app, ["bench", "produce", "--count", "5", "--duration", "1"])
     assert r.exit_code == 2 and "not both" in r.output
+
+
+def test_mutual_tls_flags_need_required_mode(tmp_path: Path) -> None:
+    """Refused before anything starts: a plaintext client would bypass the certificate check."""
+    runner = CliRunner()
+    ca = tmp_path / "ca.pem"
+    ca.write_text("-----BEGIN CERTIFICATE-----\n")
+    for args in (
+        ["up", "--data-dir", str(tmp_path / "d"), "--proxy-tls-client-ca", str(ca)],
+        ["proxy", "--port", "0", "--tls-client-ca", str(ca)],
+    ):
+        r = runner.invoke(app, args)
+        assert r.exit_code == 2, r.output
+        assert "required" in r.output

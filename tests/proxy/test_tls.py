@@ -4,16 +4,21 @@ both, required refuses plaintext, off has no splice at all; junk on the port nev
 from __future__ import annotations
 
 import asyncio
+import datetime
 import socket
+from pathlib import Path
 
 import grpc
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from orbitmq.common.errors import ConfigError
+from orbitmq.proxy.config import ProxyConfig
 from orbitmq.proxy.grpc_v2 import service_pb2 as svc
 from orbitmq.proxy.grpc_v2 import service_pb2_grpc
-from orbitmq.proxy.tls import self_signed
+from orbitmq.proxy.server import ProxyServer
+from orbitmq.proxy.tls import TlsIdentity, read_pem, self_signed
 from tests.proxy.conftest import ProxyEnv, endpoints_pb, metadata, proxy_env_fixture, res
 
 TOPICS = {"TlsT": "NORMAL"}
@@ -141,3 +146,86 @@ def test_self_signed_names_its_hosts() -> None:
     assert set(san.get_values_for_type(x509.DNSName)) == {"localhost", "mq.example"}
     assert [str(ip) for ip in san.get_values_for_type(x509.IPAddress)] == ["127.0.0.1"]
     assert b"PRIVATE KEY" in ident.key_pem
+
+
+def _issue(ca: TlsIdentity, common_name: str) -> TlsIdentity:
+    """A client certificate for ``common_name`` signed by ``ca`` (a self_signed identity)."""
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+    ca_cert = x509.load_pem_x509_certificate(ca.cert_pem)
+    ca_key = serialization.load_pem_private_key(ca.key_pem, None)
+    assert isinstance(ca_key, ec.EllipticCurvePrivateKey)
+    key = ec.generate_private_key(ec.SECP256R1())
+    now = datetime.datetime.now(datetime.UTC)
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)]))
+        .issuer_name(ca_cert.subject)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(days=1))
+        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.CLIENT_AUTH]), critical=False)
+        .sign(ca_key, hashes.SHA256())
+    )
+    return TlsIdentity(
+        cert.public_bytes(serialization.Encoding.PEM),
+        key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        ),
+    )
+
+
+async def test_mutual_tls_admits_only_clients_with_a_certificate_of_the_ca(
+    required_env: ProxyEnv, tmp_path: Path
+) -> None:
+    ca, other_ca = self_signed(["Clients CA"]), self_signed(["Another CA"])
+    (tmp_path / "ca.pem").write_bytes(ca.cert_pem)
+    config = ProxyConfig(
+        namesrv_addrs=(required_env.ns,),
+        port=0,
+        tls_mode="required",
+        tls_client_ca_file=str(tmp_path / "ca.pem"),
+    )
+    loop = required_env.thread.loop
+    proxy = await asyncio.wrap_future(
+        asyncio.run_coroutine_threadsafe(ProxyServer(config).start(), loop)
+    )
+    try:
+        assert proxy.tls_cert_pem is not None
+
+        def channel(client: TlsIdentity | None) -> grpc.aio.Channel:
+            creds = grpc.ssl_channel_credentials(
+                root_certificates=proxy.tls_cert_pem,
+                private_key=client.key_pem if client else None,
+                certificate_chain=client.cert_pem if client else None,
+            )
+            return grpc.aio.secure_channel(proxy.address, creds)
+
+        async with channel(_issue(ca, "app-1")) as ok:
+            assert (await _route(ok, required_env)).status.code == 20000
+        for refused in (None, _issue(other_ca, "intruder")):
+            async with channel(refused) as bad:
+                with pytest.raises(grpc.aio.AioRpcError) as err:
+                    await _route(bad, required_env)
+                assert err.value.code() == grpc.StatusCode.UNAVAILABLE
+        async with grpc.aio.insecure_channel(proxy.address) as plain:
+            with pytest.raises(grpc.aio.AioRpcError):
+                await _route(plain, required_env)
+    finally:
+        await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(proxy.stop(0), loop))
+
+
+def test_mutual_tls_needs_required_mode_and_a_readable_ca(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="tls_mode=required"):
+        ProxyConfig(tls_mode="permissive", tls_client_ca_file="ca.pem")
+    with pytest.raises(ConfigError, match="cannot read"):
+        read_pem(str(tmp_path / "missing.pem"))
+    (tmp_path / "junk.pem").write_text("not a certificate")
+    with pytest.raises(ConfigError, match="not a PEM file"):
+        read_pem(str(tmp_path / "junk.pem"))

@@ -75,6 +75,13 @@ ProxyTlsCert = Annotated[
     Path | None, typer.Option(help="PEM certificate for the proxy (default: self-signed).")
 ]
 ProxyTlsKey = Annotated[Path | None, typer.Option(help="PEM key of --proxy-tls-cert.")]
+ProxyTlsClientCa = Annotated[
+    Path | None,
+    typer.Option(
+        help="Mutual TLS: proxy clients must present a certificate signed by this PEM CA "
+        "(needs --proxy-tls required)."
+    ),
+]
 
 
 def _logging(level: str) -> None:
@@ -109,7 +116,7 @@ def _announce(title: str, role: str) -> Any:
     return show
 
 
-def _proxy_tls(mode: str, cert: Path | None, key: Path | None) -> Any:
+def _proxy_tls(mode: str, cert: Path | None, key: Path | None, client_ca: Path | None) -> Any:
     """The proxy's TLS options, checked here so a typo fails before anything starts."""
     from orbitmq.cli.server import ProxyTls
 
@@ -117,7 +124,14 @@ def _proxy_tls(mode: str, cert: Path | None, key: Path | None) -> Any:
         raise typer.BadParameter("--proxy-tls must be off, permissive or required")
     if (cert is None) != (key is None):
         raise typer.BadParameter("--proxy-tls-cert and --proxy-tls-key go together")
-    return ProxyTls(mode, str(cert) if cert else None, str(key) if key else None)
+    if client_ca is not None and mode != "required":
+        raise typer.BadParameter("--proxy-tls-client-ca needs --proxy-tls required")
+    return ProxyTls(
+        mode,
+        str(cert) if cert else None,
+        str(key) if key else None,
+        str(client_ca) if client_ca else None,
+    )
 
 
 def _run(coro: Any) -> None:
@@ -152,6 +166,7 @@ def up(
     proxy_tls: ProxyTlsMode = "permissive",
     proxy_tls_cert: ProxyTlsCert = None,
     proxy_tls_key: ProxyTlsKey = None,
+    proxy_tls_client_ca: ProxyTlsClientCa = None,
     log_level: LogLevel = "INFO",
 ) -> None:
     """Start NameServer + Broker + gRPC proxy in one process (dev profile: topics are created
@@ -172,7 +187,7 @@ def up(
             dev_settings(settings, data_dir),
             _announce("OrbitMQ up", "up"),
             proxy_port,
-            _proxy_tls(proxy_tls, proxy_tls_cert, proxy_tls_key),
+            _proxy_tls(proxy_tls, proxy_tls_cert, proxy_tls_key, proxy_tls_client_ca),
         )
     )
 
@@ -216,6 +231,7 @@ def broker(
     proxy_tls: ProxyTlsMode = "permissive",
     proxy_tls_cert: ProxyTlsCert = None,
     proxy_tls_key: ProxyTlsKey = None,
+    proxy_tls_client_ca: ProxyTlsClientCa = None,
     log_level: LogLevel = "INFO",
 ) -> None:
     """Run a Broker (with --proxy-port, a gRPC proxy beside it)."""
@@ -242,7 +258,7 @@ def broker(
             settings,
             _announce("Broker", "broker"),
             proxy_port,
-            _proxy_tls(proxy_tls, proxy_tls_cert, proxy_tls_key),
+            _proxy_tls(proxy_tls, proxy_tls_cert, proxy_tls_key, proxy_tls_client_ca),
         )
     )
 

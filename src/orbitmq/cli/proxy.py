@@ -39,6 +39,13 @@ def proxy(
         str | None, typer.Option(help="PEM certificate (default: a self-signed one).")
     ] = None,
     tls_key: Annotated[str | None, typer.Option(help="PEM key of --tls-cert.")] = None,
+    tls_client_ca: Annotated[
+        str | None,
+        typer.Option(
+            help="Mutual TLS: clients must present a certificate signed by this PEM CA "
+            "(needs --tls required)."
+        ),
+    ] = None,
     log_level: Annotated[str, typer.Option("--log-level")] = "INFO",
 ) -> None:
     """Run a stateless gRPC proxy routing by NameServer routes."""
@@ -63,6 +70,7 @@ def proxy(
             tls=tls,
             tls_cert=tls_cert,
             tls_key=tls_key,
+            tls_client_ca=tls_client_ca,
         )
     except (MQError, ValueError) as exc:
         typer.echo(f"configuration error: {exc}", err=True)

@@ -78,6 +78,7 @@ class ProxyTls:
     mode: str = "permissive"
     cert_file: str | None = None
     key_file: str | None = None
+    client_ca_file: str | None = None
 
 
 def proxy_config(
@@ -100,6 +101,7 @@ def proxy_config(
         tls_mode=tls.mode,
         tls_cert_file=tls.cert_file,
         tls_key_file=tls.key_file,
+        tls_client_ca_file=tls.client_ca_file,
     )
 
 

@@ -42,6 +42,7 @@ def build_config(
     tls: str = "permissive",
     tls_cert: str | None = None,
     tls_key: str | None = None,
+    tls_client_ca: str | None = None,
 ) -> ProxyConfig:
     addrs = tuple(a.strip() for a in namesrv.replace(",", ";").split(";") if a.strip())
     config = ProxyConfig(
@@ -53,6 +54,7 @@ def build_config(
         tls_mode=tls,
         tls_cert_file=tls_cert,
         tls_key_file=tls_key,
+        tls_client_ca_file=tls_client_ca,
     )
     if max_message_size is not None:
         config = dataclasses.replace(config, max_message_size=max_message_size)
@@ -88,6 +90,11 @@ def main(argv: list[str] | None = None) -> int:
     )  # fmt: skip
     parser.add_argument("--tls-cert", default=None, help="PEM certificate (default: self-signed)")
     parser.add_argument("--tls-key", default=None, help="PEM key of --tls-cert")
+    parser.add_argument(
+        "--tls-client-ca", default=None,
+        help="mutual TLS: clients must present a certificate signed by this PEM CA "
+        "(needs --tls required)",
+    )  # fmt: skip
     parser.add_argument("--log-level", default="INFO")
     args = parser.parse_args(argv)
     logging.basicConfig(
@@ -106,6 +113,7 @@ def main(argv: list[str] | None = None) -> int:
             tls=args.tls,
             tls_cert=args.tls_cert,
             tls_key=args.tls_key,
+            tls_client_ca=args.tls_client_ca,
         )
     except (MQError, ValueError) as exc:
         print(f"configuration error: {exc}", file=sys.stderr)

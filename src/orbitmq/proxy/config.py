@@ -34,6 +34,10 @@ class ProxyConfig:
     """PEM certificate (chain) for TLS clients; with ``tls_key_file``. None: a self-signed
     certificate made at start-up (enough for clients that trust any, like the Java client)."""
     tls_key_file: str | None = None
+    tls_client_ca_file: str | None = None
+    """Mutual TLS: PEM CA certificate(s); every client must present a certificate they signed.
+    Needs ``tls_mode="required"`` (a plaintext client would bypass it). None: no client
+    certificate is asked for."""
     acl_enabled: bool = False
     """Verify the MQv2-HMAC-SHA1 Authorization header of every call (off: anonymous allowed)."""
     access_keys: Mapping[str, str] = field(default_factory=dict)
@@ -102,6 +106,11 @@ class ProxyConfig:
         bad = [name for name, ok in checks.items() if not ok]
         if bad:
             raise ConfigError(f"proxy setting out of range: {', '.join(bad)}")
+        if self.tls_client_ca_file is not None and self.tls_mode != "required":
+            raise ConfigError(
+                "tls_client_ca_file (mutual TLS) needs tls_mode=required: "
+                "plaintext clients would bypass the client certificate check"
+            )
         if self.acl_enabled and not self.access_keys:
             raise ConfigError("acl_enabled needs at least one access key")
 

@@ -20,7 +20,7 @@ from orbitmq.proxy.consumer_service import ConsumerRpcs
 from orbitmq.proxy.context import ProxyContext
 from orbitmq.proxy.grpc_v2 import definition_pb2 as pb
 from orbitmq.proxy.servicer import MessagingServicer
-from orbitmq.proxy.tls import PortMux, load_identity, self_signed
+from orbitmq.proxy.tls import PortMux, load_identity, read_pem, self_signed
 
 log = logging.getLogger(__name__)
 
@@ -98,7 +98,12 @@ class ProxyServer:
                     if cfg.tls_cert_file and cfg.tls_key_file
                     else self_signed(["localhost", "127.0.0.1", host])
                 )
-                creds = grpc.ssl_server_credentials([(identity.key_pem, identity.cert_pem)])
+                client_ca = read_pem(cfg.tls_client_ca_file) if cfg.tls_client_ca_file else None
+                creds = grpc.ssl_server_credentials(
+                    [(identity.key_pem, identity.cert_pem)],
+                    root_certificates=client_ca,
+                    require_client_auth=client_ca is not None,
+                )
                 self.tls_cert_pem = identity.cert_pem
                 tls_port = _bind(server, "127.0.0.1:0", creds)
                 plain_port = (

@@ -29,7 +29,7 @@ from orbitmq.common.errors import ConfigError
 
 log = logging.getLogger(__name__)
 
-__all__ = ["TLS_MODES", "PortMux", "TlsIdentity", "load_identity", "self_signed"]
+__all__ = ["TLS_MODES", "PortMux", "TlsIdentity", "load_identity", "read_pem", "self_signed"]
 
 TLS_MODES = ("off", "permissive", "required")
 """off: plaintext only, gRPC binds the public port itself (no splice). permissive: both on one
@@ -50,6 +50,17 @@ def load_identity(cert_file: str, key_file: str) -> TlsIdentity:
         return TlsIdentity(Path(cert_file).read_bytes(), Path(key_file).read_bytes())
     except OSError as exc:
         raise ConfigError(f"cannot read the proxy's TLS certificate or key: {exc}") from exc
+
+
+def read_pem(path: str) -> bytes:
+    """A PEM file the proxy needs (ConfigError naming it when it cannot be read)."""
+    try:
+        data = Path(path).read_bytes()
+    except OSError as exc:
+        raise ConfigError(f"cannot read {path}: {exc}") from exc
+    if b"-----BEGIN" not in data:
+        raise ConfigError(f"{path} is not a PEM file")
+    return data
 
 
 def self_signed(hosts: Sequence[str]) -> TlsIdentity:
