@@ -171,14 +171,7 @@ def _issue(ca: TlsIdentity, common_name: str) -> TlsIdentity:
         .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.CLIENT_AUTH]), critical=False)
         .sign(ca_key, hashes.SHA256())
     )
-    return TlsIdentity(
-        cert.public_bytes(serialization.Encoding.PEM),
-        key.private_bytes(
-            serialization.Encoding.PEM,
-            serialization.PrivateFormat.PKCS8,
-            serialization.NoEncryption(),
-        ),
-    )
+    return TlsIdentity.of(cert, key)
 
 
 async def test_mutual_tls_admits_only_clients_with_a_certificate_of_the_ca(

@@ -23,7 +23,7 @@ import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import cast
+from typing import Any, cast
 
 from orbitmq.common.errors import ConfigError
 
@@ -43,6 +43,20 @@ FIRST_BYTE_TIMEOUT_S = 30.0
 class TlsIdentity:
     cert_pem: bytes
     key_pem: bytes
+
+    @classmethod
+    def of(cls, cert: Any, key: Any) -> TlsIdentity:
+        """PEM (PKCS#8, unencrypted key) of a ``cryptography`` certificate and private key."""
+        from cryptography.hazmat.primitives import serialization
+
+        return cls(
+            cert.public_bytes(serialization.Encoding.PEM),
+            key.private_bytes(
+                serialization.Encoding.PEM,
+                serialization.PrivateFormat.PKCS8,
+                serialization.NoEncryption(),
+            ),
+        )
 
 
 def load_identity(cert_file: str, key_file: str) -> TlsIdentity:
@@ -66,7 +80,7 @@ def read_pem(path: str) -> bytes:
 def self_signed(hosts: Sequence[str]) -> TlsIdentity:
     """A one-year self-signed certificate (EC P-256) naming ``hosts`` (names or addresses)."""
     from cryptography import x509
-    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives import hashes
     from cryptography.hazmat.primitives.asymmetric import ec
     from cryptography.x509.oid import NameOID
 
@@ -91,14 +105,7 @@ def self_signed(hosts: Sequence[str]) -> TlsIdentity:
         .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
         .sign(key, hashes.SHA256())
     )
-    return TlsIdentity(
-        cert.public_bytes(serialization.Encoding.PEM),
-        key.private_bytes(
-            serialization.Encoding.PEM,
-            serialization.PrivateFormat.PKCS8,
-            serialization.NoEncryption(),
-        ),
-    )
+    return TlsIdentity.of(cert, key)
 
 
 class _Side(asyncio.Protocol):
