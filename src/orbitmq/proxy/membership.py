@@ -85,6 +85,9 @@ class ConsumerMembership:
     def __len__(self) -> int:
         return len(self._services)
 
+    def __contains__(self, client_id: object) -> bool:
+        return client_id in self._services
+
     async def on_settings(self, client_id: str, settings: pb.Settings) -> None:
         """The client (re)announced itself: beat for its group now, and from then on."""
         data = consumer_data(settings, int(time.time() * 1000))
