@@ -119,3 +119,10 @@ def test_short_values_at_the_very_end_of_a_chunk() -> None:
         data = _encode([b"body", b"x"], [b"KEYS\x01k1\x02", last])
         _check(data)
         _check(data, [data])
+
+
+def test_control_bytes_and_empty_pieces_in_properties() -> None:
+    """The fast split drops only the \\x01/\\x02 separators: a \\x00 or \\x03 inside a value, an
+    empty name or an empty value keep their place."""
+    props = [b"a\x01x\x00y\x02\x01\x02TAGS\x01t\x03\x02", b"KEYS\x01\x02b\x01\x00\x02", b""]
+    _check(_encode([b"1", b"2", b"3"], props))
