@@ -273,7 +273,7 @@ async def produce(
                 return True
             due = started + sent * interval
             in_window = deadline is None or due < deadline
-            until = due if in_window or deadline is None else deadline
+            until = due if deadline is None else min(due, deadline)
             while (now := time.perf_counter()) < until:
                 await asyncio.sleep(until - now)
             return in_window

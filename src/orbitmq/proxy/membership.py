@@ -63,11 +63,13 @@ def consumer_data(settings: pb.Settings, sub_version: int) -> ConsumerData | Non
     )
 
 
-def _language(settings: pb.Settings) -> str:
-    if not settings.HasField("user_agent"):
+def _language(ua: pb.UA) -> str:
+    """The client's language as RocketMQ names it (JAVA, GOLANG...); UNKNOWN when it sent none
+    (an unset user agent) or a number this proxy's protocol files do not know."""
+    if ua.language == pb.LANGUAGE_UNSPECIFIED:
         return "UNKNOWN"
     try:
-        return pb.Language.Name(settings.user_agent.language)
+        return pb.Language.Name(ua.language)
     except ValueError:
         return "UNKNOWN"
 
@@ -99,15 +101,14 @@ class ConsumerMembership:
         self._data[client_id] = data
         service = self._services.get(client_id)
         if service is None:
-            ua = settings.user_agent
             service = HeartbeatService(
                 self.ctx.routes,
                 self.ctx.producer.remoting,
                 client_id,
                 interval_s=self.interval_s,
                 timeout_s=self.timeout_s,
-                language=_language(settings),
-                version=ua.version if settings.HasField("user_agent") else "",
+                language=_language(settings.user_agent),
+                version=settings.user_agent.version,
             )
             service.add(lambda: self._data[client_id])
             self._services[client_id] = service

@@ -60,10 +60,7 @@ class TlsIdentity:
 
 
 def load_identity(cert_file: str, key_file: str) -> TlsIdentity:
-    try:
-        return TlsIdentity(Path(cert_file).read_bytes(), Path(key_file).read_bytes())
-    except OSError as exc:
-        raise ConfigError(f"cannot read the proxy's TLS certificate or key: {exc}") from exc
+    return TlsIdentity(read_pem(cert_file), read_pem(key_file))
 
 
 def read_pem(path: str) -> bytes:
