@@ -66,6 +66,8 @@ log = logging.getLogger(__name__)
 MAX_OFFSETS_PER_COMMIT = 65_536
 MAX_LOCK_QUEUES = 4_096
 MAX_QUEUE_ID = 1 << 30
+DISPATCH_WAIT_S = 3.0
+"""How long a send-back waits for a just-stored message to reach its ConsumeQueue."""
 RESET_POSITIONS = ("earliest", "latest", "timestamp")
 _KEEP_SYS_FLAGS = SYSFLAG_COMPRESSED | SYSFLAG_COMPRESSION_ZSTD | SYSFLAG_MULTI_TAGS
 _I32_MAX = 2**31 - 1
@@ -330,6 +332,9 @@ class ConsumerProcessor:
         msg = self.store.get_message(physical_offset)
         if msg is None:
             return None
+        # A send acknowledged a moment ago may not be dispatched yet: wait for its entry
+        # (on this reader thread, bounded) rather than call a stored message missing.
+        self.store.dispatcher.wait_for(physical_offset + 1, DISPATCH_WAIT_S)
         cq = self.store.queues.get(msg.topic, msg.queue_id)
         entry = cq.entry(msg.queue_offset) if cq is not None else None
         if entry is None or entry[0] != physical_offset:
