@@ -17,14 +17,15 @@ from orbitmq.common.errors import ClientError
 from orbitmq.common.message import decode_properties
 from orbitmq.protocol.messages import decode_send_body
 from orbitmq.spark.commit import Marker
-from orbitmq.spark.options import OptionError
-from orbitmq.spark.sink import _IDS, _Prepared, check_columns, parse_sink_options
+from orbitmq.spark.encode import IDS, Prepared
+from orbitmq.spark.options import OptionError, parse_sink_options
+from orbitmq.spark.sink import check_columns
 
 pa = pytest.importorskip("pyarrow")
 types = pytest.importorskip("pyspark.sql.types")
 
 
-def unpack(prep: _Prepared, rows: range | list[int]) -> list[tuple[bytes, dict[str, str]]]:
+def unpack(prep: Prepared, rows: range | list[int]) -> list[tuple[bytes, dict[str, str]]]:
     import numpy as np
 
     packed, ids = prep.packed(rows if isinstance(rows, range) else np.asarray(rows))
@@ -50,7 +51,7 @@ def test_packed_rows_carry_every_column() -> None:
             "delivery_time": pa.array([when, None, when], pa.timestamp("us", tz="UTC")),
         }
     )
-    prep = _Prepared(rb, "T")
+    prep = Prepared(rb, "T")
     got = unpack(prep, range(3))
     assert [b for b, _ in got] == [b"a", b"bb", b"ccc"]
     p0, p1, p2 = (p for _, p in got)
@@ -74,7 +75,7 @@ def test_properties_the_sink_sets_itself_are_dropped_so_read_then_write_works() 
         [[("UNIQ_CLIENT_MESSAGE_ID_KEYIDX", "OLD"), ("x", "1"), ("PGROUP", "g")], [], None],
         pa.map_(pa.string(), pa.string()),
     )
-    prep = _Prepared(
+    prep = Prepared(
         pa.record_batch({"value": pa.array([b"a", b"b", b"c"]), "properties": props}), "T"
     )
     got = unpack(prep, range(3))
@@ -84,8 +85,8 @@ def test_properties_the_sink_sets_itself_are_dropped_so_read_then_write_works() 
 
 
 def test_ids_are_unique_across_large_batches() -> None:
-    a = _IDS.take(200_000).to_pylist()
-    b = _IDS.take(70_000).to_pylist()
+    a = IDS.take(200_000).to_pylist()
+    b = IDS.take(70_000).to_pylist()
     assert len(set(a) | set(b)) == 270_000
     assert all(len(x) == 32 for x in a[:10])
 
@@ -102,7 +103,7 @@ def test_ids_are_unique_across_large_batches() -> None:
 def test_bad_values_fail_naming_the_column(column: str, values: object, needle: str) -> None:
     cols = {"value": pa.array([b"x", b"y"])} | {column: values}
     with pytest.raises(ClientError, match=needle):
-        _Prepared(pa.record_batch(cols), "T")
+        Prepared(pa.record_batch(cols), "T")
 
 
 @settings(max_examples=60, deadline=None)
@@ -113,7 +114,7 @@ def test_random_tags_either_round_trip_or_fail_clearly(tags: list[str], seed: in
     values = [os.urandom(rnd.randint(1, 40)) for _ in tags]
     rb = pa.record_batch({"value": pa.array(values, pa.binary()), "tags": pa.array(tags)})
     try:
-        prep = _Prepared(rb, "T")
+        prep = Prepared(rb, "T")
     except ClientError as exc:
         assert any("\x01" in t or "\x02" in t for t in tags), exc
         return

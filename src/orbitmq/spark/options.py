@@ -3,8 +3,9 @@ task runs, with a message that names the option.
 
 Spark hands options over case-insensitively (keys lower-cased); the parsed result is a small
 frozen dataclass that pickles into the planner, the streaming runner and every executor.
-The generic helpers (:func:`normalize`, :func:`get_bool`, :func:`get_int`, :func:`get_duration_ms`,
-:func:`reject_unknown`) are shared with the sink.
+Both sides live here, the read options (:class:`SourceOptions`) and the write options
+(:class:`SinkOptions`), on one set of parsing helpers (:func:`normalize`, :func:`get_bool`,
+:func:`get_int`, :func:`get_duration_ms`, :func:`reject_unknown`).
 
 Offsets JSON (``startingOffsets`` / ``endingOffsets`` and the checkpoint's offset log) is Kafka's
 shape with RocketMQ's queue identity: ``{"<topic>": {"<broker>/<queue_id>": <offset>}}``. A queue
@@ -20,18 +21,26 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from orbitmq.common.errors import ConfigError
+from orbitmq.common.validation import DEFAULT_MAX_MESSAGE_SIZE
+from orbitmq.spark.commit import DEFAULT_MARKER_TOPIC
 
 __all__ = [
+    "AT_LEAST_ONCE",
+    "DEFAULT_PRODUCER_GROUP",
     "EARLIEST",
+    "EXACTLY_ONCE",
     "LATEST",
+    "SINK_OPTIONS",
     "OffsetSpec",
     "OptionError",
+    "SinkOptions",
     "SourceOptions",
     "get_bool",
     "get_duration_ms",
     "get_int",
     "normalize",
     "parse_offsets_json",
+    "parse_sink_options",
     "parse_source_options",
     "queue_key",
     "reject_unknown",
@@ -332,4 +341,86 @@ def parse_source_options(options: Mapping[str, str], *, streaming: bool) -> Sour
         commit_to_group=commit,
         pull_batch_size=get_int(opts, "pullBatchSize", 8192, lo=1) or 8192,
         timeout_s=timeout_ms / 1000.0,
+    )
+
+
+# ------------------------------------------------------------------------------------ sink
+
+SINK_OPTIONS = (
+    "namesrv",
+    "topic",
+    "producerGroup",
+    "deliveryGuarantee",
+    "markerTopic",
+    "maxBatchMessages",
+    "maxBatchBytes",
+    "sendTimeout",
+    "commitTimeout",
+    "path",  # save(path) arrives as an option: refused below when set
+    "checkpointLocation",  # Spark's own options, passed through to every sink: ignored
+    "queryName",
+)
+DEFAULT_PRODUCER_GROUP = "orbitmq-spark-sink"
+EXACTLY_ONCE = "exactlyOnce"
+AT_LEAST_ONCE = "atLeastOnce"
+
+
+@dataclass(frozen=True, slots=True)
+class SinkOptions:
+    """The write options, parsed (see docs/spark.md for each)."""
+
+    namesrv: str
+    topic: str | None
+    group: str
+    exactly_once: bool
+    marker_topic: str
+    max_batch_messages: int
+    max_batch_bytes: int
+    send_timeout_s: float
+    commit_timeout_s: float
+
+
+def parse_sink_options(options: Mapping[str, str], *, streaming: bool) -> SinkOptions:
+    """Parse and check the write options; OptionError naming the option otherwise."""
+    opts = normalize(options)
+    reject_unknown(opts, SINK_OPTIONS, "sink")
+    if opts.get("path"):
+        raise OptionError("option path: the orbitmq sink writes to topics (use option topic)")
+    namesrv = opts.get("namesrv", "").strip()
+    if not namesrv:
+        raise OptionError("option namesrv is required (NameServer host:port, ';' between several)")
+    topic = opts.get("topic")
+    if topic is not None and not topic.strip():
+        raise OptionError("option topic is empty")
+    guarantee = opts.get("deliveryguarantee", EXACTLY_ONCE if streaming else AT_LEAST_ONCE)
+    by_lower = {EXACTLY_ONCE.lower(): True, AT_LEAST_ONCE.lower(): False}
+    if guarantee.strip().lower() not in by_lower:
+        raise OptionError(
+            f"option deliveryGuarantee={guarantee!r}: expected {EXACTLY_ONCE} or {AT_LEAST_ONCE}"
+        )
+    max_msgs = get_int(opts, "maxBatchMessages", 1000, lo=1)
+    max_bytes = get_int(opts, "maxBatchBytes", 1024 * 1024, lo=1024)
+    assert max_msgs is not None and max_bytes is not None
+    if max_bytes > DEFAULT_MAX_MESSAGE_SIZE - 64 * 1024:
+        raise OptionError(
+            f"option maxBatchBytes={max_bytes}: at most {DEFAULT_MAX_MESSAGE_SIZE - 64 * 1024} "
+            "(a half batch is one message on the broker)"
+        )
+    send_ms = get_duration_ms(opts, "sendTimeout", 10_000)
+    commit_ms = get_duration_ms(opts, "commitTimeout", 60_000)
+    if send_ms <= 0 or commit_ms <= 0:
+        raise OptionError("options sendTimeout and commitTimeout must be > 0")
+    group = opts.get("producergroup", DEFAULT_PRODUCER_GROUP).strip()
+    if not group:
+        raise OptionError("option producerGroup is empty")
+    return SinkOptions(
+        namesrv=namesrv,
+        topic=topic.strip() if topic else None,
+        group=group,
+        exactly_once=by_lower[guarantee.strip().lower()],
+        marker_topic=opts.get("markertopic", DEFAULT_MARKER_TOPIC).strip(),
+        max_batch_messages=max_msgs,
+        max_batch_bytes=max_bytes,
+        send_timeout_s=send_ms / 1000.0,
+        commit_timeout_s=commit_ms / 1000.0,
     )
