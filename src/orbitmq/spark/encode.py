@@ -43,7 +43,7 @@ from orbitmq.common.message import (
     decode_properties,
 )
 from orbitmq.common.validation import DEFAULT_MAX_MESSAGE_SIZE, DEFAULT_MAX_PROPERTIES_SIZE
-from orbitmq.spark import commit as protocol
+from orbitmq.spark import marker
 from orbitmq.spark.options import SinkOptions
 
 __all__ = ["IDS", "RESERVED_PROPERTIES", "Converter", "Ids", "Prepared", "Run"]
@@ -56,10 +56,10 @@ RESERVED_PROPERTIES = frozenset(
         "REAL_TOPIC",
         "REAL_QID",
         "TRAN_BATCH",
-        protocol.PROPERTY_QUERY,
-        protocol.PROPERTY_BATCH,
-        protocol.PROPERTY_ATTEMPT,
-        protocol.PROPERTY_MARKER_TOPIC,
+        marker.PROPERTY_QUERY,
+        marker.PROPERTY_BATCH,
+        marker.PROPERTY_ATTEMPT,
+        marker.PROPERTY_MARKER_TOPIC,
     }
 )
 

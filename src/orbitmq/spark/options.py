@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 
 from orbitmq.common.errors import ConfigError
 from orbitmq.common.validation import DEFAULT_MAX_MESSAGE_SIZE
-from orbitmq.spark.commit import DEFAULT_MARKER_TOPIC
+from orbitmq.spark.marker import DEFAULT_MARKER_TOPIC
 
 __all__ = [
     "AT_LEAST_ONCE",
