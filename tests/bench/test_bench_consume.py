@@ -12,6 +12,8 @@ import pytest
 from typer.testing import CliRunner
 
 from orbitmq.bench import consume as bench
+from orbitmq.bench import e2e
+from orbitmq.bench.cluster import target_cluster
 from orbitmq.cli.main import app
 
 pytestmark = pytest.mark.integration
@@ -24,7 +26,7 @@ def _sane(value: float) -> bool:
 @pytest.fixture(scope="module")
 def namesrv() -> Iterator[str]:
     """One NameServer + Broker process for the module, started as the benchmarks do."""
-    with bench.target_cluster(None, None, lambda _line: None) as target:
+    with target_cluster(None, None, lambda _line: None) as target:
         assert target.own
         yield target.namesrv
 
@@ -71,11 +73,11 @@ def test_consume_bench_reads_everything_in_each_mode(namesrv: str, mode: str) ->
 
 
 def test_e2e_bench_measures_latency(namesrv: str) -> None:
-    options = bench.E2EBenchOptions(
+    options = e2e.E2EBenchOptions(
         namesrv=namesrv, topic="BenchSmokeE2E", queues=2, rate=500, size=128, duration_s=1.0,
         warmup_s=0.3, runs=1, command="pytest smoke",
     )  # fmt: skip
-    result = bench.run_e2e_bench(options)
+    result = e2e.run_e2e_bench(options)
     (run,) = result.runs
     assert run.sent > 0 and run.errors == 0
     assert run.received == run.sent and run.missing == 0 and run.duplicates == 0
@@ -83,7 +85,7 @@ def test_e2e_bench_measures_latency(namesrv: str) -> None:
     lat = run.latency_ms
     assert set(lat) == {"p50", "p90", "p99", "p99.9", "max", "mean"}
     assert 0 < lat["p50"] <= lat["p90"] <= lat["p99"] <= lat["p99.9"] <= lat["max"]
-    report = bench.format_e2e_report(result)
+    report = e2e.format_e2e_report(result)
     assert "command: pytest smoke" in report and "p99.9" in report and "median" in report
     json.dumps(result.to_json(), default=str)
 
@@ -127,4 +129,4 @@ def test_bad_options_are_usage_errors() -> None:
     with pytest.raises(ValueError, match="mode"):
         bench.ConsumeBenchOptions(mode="nope").validate()
     with pytest.raises(ValueError, match="rate"):
-        bench.E2EBenchOptions(rate=0).validate()
+        e2e.E2EBenchOptions(rate=0).validate()

@@ -50,9 +50,9 @@ from typing import Any
 import numpy as np
 
 from orbitmq.bench._child import ServerChild, process_cpu_s
-from orbitmq.bench.consume import target_cluster
+from orbitmq.bench.cluster import target_cluster
 from orbitmq.bench.grpc_floor import FloorResult, run_floor
-from orbitmq.bench.store import _cpu_model, _loadavg
+from orbitmq.bench.machine import cpu_model, loadavg
 from orbitmq.client import BlockingAdminClient, Message, Producer, SimpleConsumer
 from orbitmq.common.errors import ClientError, MQError
 
@@ -523,11 +523,11 @@ def run_grpc_bench(options: GrpcBenchOptions, progress: Say | None = None) -> Gr
     say: Say = progress or (lambda _line: None)
     started_at = datetime.datetime.now().astimezone().isoformat(timespec="seconds")
     machine = {
-        "cpu": _cpu_model(),
+        "cpu": cpu_model(),
         "cpus": str(os.cpu_count()),
         "python": platform.python_version(),
         "platform": platform.platform(terse=True),
-        "load average at start": _loadavg(),
+        "load average at start": loadavg(),
     }
     runs: list[dict[str, SideResult]] = []
     with target(options, say) as (namesrv, endpoint, scratch, proxy_pid):

@@ -27,7 +27,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from orbitmq.bench.consume import target_cluster
+from orbitmq.bench.cluster import target_cluster
 from orbitmq.client import AdminClient, AsyncProducer
 from orbitmq.common.errors import ClientError, MQError
 from orbitmq.common.message import Message

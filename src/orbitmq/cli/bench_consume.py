@@ -1,5 +1,5 @@
 """``orbitmq bench consume`` and ``orbitmq bench e2e``: the consumer benchmarks
-(:mod:`orbitmq.bench.consume`)."""
+(:mod:`orbitmq.bench.consume`, :mod:`orbitmq.bench.e2e`)."""
 
 from __future__ import annotations
 
@@ -15,19 +15,19 @@ import typer
 from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from orbitmq.bench.cluster import DEFAULT_QUEUES, LISTENERS, Meter
 from orbitmq.bench.consume import (
     DEFAULT_COUNT,
-    DEFAULT_E2E_TOPIC,
-    DEFAULT_QUEUES,
     DEFAULT_TOPIC,
-    LISTENERS,
     MODES,
     ConsumeBenchOptions,
-    E2EBenchOptions,
-    Meter,
     format_consume_report,
-    format_e2e_report,
     run_consume_bench,
+)
+from orbitmq.bench.e2e import (
+    DEFAULT_E2E_TOPIC,
+    E2EBenchOptions,
+    format_e2e_report,
     run_e2e_bench,
 )
 from orbitmq.cli.common import err, expected_errors, out, quiet_library_logs
