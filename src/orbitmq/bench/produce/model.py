@@ -1,0 +1,134 @@
+"""The producer benchmark's defaults, options and results (:class:`ProduceBenchOptions`,
+:class:`WorkerResult`, :class:`ProduceBenchResult`) and the latency histogram they share.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from hdrh.histogram import HdrHistogram
+
+MODES = ("async", "sync", "oneway")
+DEFAULT_TOPIC = "BenchProduce"
+DEFAULT_COUNT = 100_000
+DEFAULT_QUEUES = 8
+HIST_MAX_US = 60_000_000
+PERCENTILES = (50.0, 90.0, 99.0, 99.9)
+MAX_ERRORS = 1000
+"""A producer stops sending after this many failed sends (the report says so)."""
+STARTUP_TIMEOUT_S = 60.0
+STORED_WAIT_S = 3.0
+
+Progress = Callable[[str], None]
+
+
+# ---------------------------------------------------------------------------- options/results
+
+
+@dataclass(slots=True)
+class ProduceBenchOptions:
+    namesrv: str = "127.0.0.1:9876"
+    topic: str = DEFAULT_TOPIC
+    producers: int = 1
+    size: int = 1024
+    count: int | None = None
+    """Messages over all producers (default DEFAULT_COUNT unless duration_s is set)."""
+    duration_s: float | None = None
+    batch: int = 0
+    """Explicit send_batch size; 0 relies on the producer's automatic batching."""
+    mode: str = "async"
+    queues: int | None = None
+    cluster: str | None = None
+    rate: float = 0.0
+    """Target msgs/s over all producers (0: as fast as possible)."""
+    window: int = 16_384
+    """async: unanswered messages per producer at most."""
+    command: str = ""
+
+    def validate(self) -> None:
+        problems = []
+        if self.mode not in MODES:
+            problems.append(f"mode {self.mode!r} is not one of {', '.join(MODES)}")
+        if self.producers < 1:
+            problems.append("producers must be at least 1")
+        if self.size < 1:
+            problems.append("size must be at least 1 byte")
+        if self.count is not None and self.duration_s is not None:
+            problems.append("give count or duration, not both")
+        if self.count is not None and self.count < self.producers:
+            problems.append("count must be at least the number of producers")
+        if self.duration_s is not None and self.duration_s <= 0:
+            problems.append("duration must be positive")
+        if self.batch < 0:
+            problems.append("batch must be 0 (automatic) or more")
+        if self.batch and self.mode == "oneway":
+            problems.append("oneway sends one message at a time: no --batch")
+        if self.queues is not None and self.queues < 1:
+            problems.append("queues must be at least 1")
+        if self.rate < 0 or self.window < 1:
+            problems.append("rate must be >= 0 and window >= 1")
+        if problems:
+            raise ValueError("; ".join(problems))
+
+    def share(self, index: int) -> int | None:
+        """Messages producer ``index`` sends (None: until the duration is over)."""
+        if self.duration_s is not None:
+            return None
+        total = self.count if self.count is not None else DEFAULT_COUNT
+        base, extra = divmod(total, self.producers)
+        return base + (1 if index < extra else 0)
+
+
+@dataclass(slots=True)
+class WorkerResult:
+    index: int
+    messages: int
+    errors: int
+    seconds: float
+    warmup: int
+    first_error: str | None = None
+    histogram: str = ""
+    """HdrHistogram.encode() of the latencies in microseconds (ASCII)."""
+
+
+@dataclass(slots=True)
+class ProduceBenchResult:
+    options: ProduceBenchOptions
+    messages: int
+    errors: int
+    seconds: float
+    latency_ms: dict[str, float]
+    flush_types: dict[str, str]
+    """broker name -> ASYNC_FLUSH / SYNC_FLUSH."""
+    stored: int | None
+    """How much the topic's queues grew during the run, warm-up included (None: unknown)."""
+    warmup: int
+    workers: list[WorkerResult]
+    started_at: str
+    machine: dict[str, str] = field(default_factory=dict)
+    first_error: str | None = None
+
+    @property
+    def body_bytes(self) -> int:
+        return self.messages * self.options.size
+
+    @property
+    def msgs_per_s(self) -> float:
+        return self.messages / self.seconds if self.seconds > 0 else 0.0
+
+    @property
+    def mib_per_s(self) -> float:
+        return self.body_bytes / 1024 / 1024 / self.seconds if self.seconds > 0 else 0.0
+
+    def to_json(self) -> dict[str, Any]:
+        data = asdict(self)
+        for w in data["workers"]:
+            w.pop("histogram", None)
+        data.update(msgs_per_s=self.msgs_per_s, mib_per_s=self.mib_per_s)
+        return data
+
+
+def new_histogram() -> HdrHistogram:
+    return HdrHistogram(1, HIST_MAX_US, 3)
