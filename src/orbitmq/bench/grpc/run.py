@@ -30,11 +30,7 @@ from orbitmq.bench.grpc.model import (
     Say,
     SideResult,
 )
-from orbitmq.bench.grpc.sides import (
-    client_version,
-    run_native_side,
-    run_official_side,
-)
+from orbitmq.bench.grpc.sides import client_version, run_native_side, run_official_side
 from orbitmq.bench.grpc_floor import run_floor
 from orbitmq.bench.machine import cpu_model, loadavg
 from orbitmq.client import BlockingAdminClient

@@ -15,16 +15,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from orbitmq.bench.machine import (
-    percentile,
-)
-from orbitmq.bench.store.model import (
-    BODY_SIZE,
-    TOPIC,
-    Progress,
-    RunSample,
-    run_line,
-)
+from orbitmq.bench.machine import percentile
+from orbitmq.bench.store.model import BODY_SIZE, TOPIC, Progress, RunSample, run_line
 from orbitmq.common.message import MessageBatch
 from orbitmq.store.config import FlushDiskType, StoreConfig
 from orbitmq.store.message_store import GetStatus, MessageStore

@@ -12,17 +12,8 @@ import sys
 import time
 from pathlib import Path
 
-from orbitmq.bench.store.cases import (
-    make_batches,
-    make_body,
-    store_config,
-)
-from orbitmq.bench.store.model import (
-    BODY_SIZE,
-    Progress,
-    RunSample,
-    run_line,
-)
+from orbitmq.bench.store.cases import make_batches, make_body, store_config
+from orbitmq.bench.store.model import BODY_SIZE, Progress, RunSample, run_line
 from orbitmq.store.config import FlushDiskType, GiB, MiB
 from orbitmq.store.message_store import MessageStore
 

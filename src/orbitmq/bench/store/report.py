@@ -7,10 +7,7 @@ from __future__ import annotations
 import math
 import statistics
 
-from orbitmq.bench.store.model import (
-    CaseResult,
-    StoreBenchResults,
-)
+from orbitmq.bench.store.model import CaseResult, StoreBenchResults
 
 
 def _num(v: float, seconds: bool) -> str:

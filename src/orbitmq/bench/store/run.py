@@ -16,11 +16,7 @@ from collections.abc import Callable
 from contextlib import suppress
 from pathlib import Path
 
-from orbitmq.bench.machine import (
-    loadavg,
-    machine_info,
-    measure_fsync_latency,
-)
+from orbitmq.bench.machine import loadavg, machine_info, measure_fsync_latency
 from orbitmq.bench.store.cases import (
     bench_append,
     bench_read,
@@ -43,10 +39,7 @@ from orbitmq.bench.store.model import (
     run_line,
 )
 from orbitmq.bench.store.recovery import bench_recovery
-from orbitmq.bench.store.report import (
-    format_markdown,
-    format_report,
-)
+from orbitmq.bench.store.report import format_markdown, format_report
 from orbitmq.store.config import MiB
 
 

@@ -8,12 +8,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 from orbitmq.common.errors import ConfigError
-from orbitmq.spark.pipelines.running import (
-    AVAILABLE_NOW,
-    RunMode,
-    read_stream,
-    with_trigger,
-)
+from orbitmq.spark.pipelines.running import AVAILABLE_NOW, RunMode, read_stream, with_trigger
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession

@@ -28,10 +28,7 @@ from orbitmq.protocol.group_config import (
     PROPERTY_DLQ_ORIGIN_TOPIC,
     PROPERTY_DLQ_REASON,
 )
-from orbitmq.spark.pipelines.running import (
-    FORMAT,
-    read_batch,
-)
+from orbitmq.spark.pipelines.running import FORMAT, read_batch
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame, SparkSession
