@@ -30,7 +30,9 @@ from orbitmq.bench._child import ServerChild
 from orbitmq.bench.machine import cpu_model, loadavg
 from orbitmq.client import AdminClient, AsyncProducer, Message, MessageQueue
 from orbitmq.client.consumer_types import ConsumedMessage, ConsumeFromWhere, ConsumeResult
+from orbitmq.common.clock import now_ms
 from orbitmq.common.errors import ClientError, MQError
+from orbitmq.common.tasks import TaskSet
 
 LISTENERS = ("async", "thread")
 
@@ -173,7 +175,7 @@ async def load_topic(
         slots = asyncio.Semaphore(LOAD_IN_FLIGHT)
         failure: list[BaseException] = []
         done = 0
-        tasks: set[asyncio.Task[None]] = set()
+        tasks = TaskSet("bench preload")
 
         async def one(msgs: list[Message], mq: MessageQueue) -> None:
             nonlocal done
@@ -193,16 +195,16 @@ async def load_topic(
             await slots.acquire()
             n = min(batch, count - sent)
             msgs = [Message(topic, body)] * n
-            task = asyncio.create_task(one(msgs, queues[i % len(queues)]))
-            tasks.add(task)
-            task.add_done_callback(tasks.discard)
+            tasks.spawn(one(msgs, queues[i % len(queues)]))
             sent += n
             i += 1
             now = time.perf_counter()
             if now - last_meter > 0.2:
                 meter("load", done, count)
                 last_meter = now
-        await asyncio.gather(*tasks)
+        await tasks.wait()
+        if tasks.failures:  # not an MQError: a bug, already logged by the set
+            raise ClientError(f"{tasks.failures} send task(s) failed unexpectedly (see the log)")
         if failure:
             raise ClientError(f"preload failed after {done:,} messages: {failure[0]}")
         meter("load", done, count)
@@ -241,7 +243,7 @@ def machine() -> dict[str, str]:
 
 
 def new_group(prefix: str, run: int) -> str:
-    return f"{prefix}-{os.getpid()}-{int(time.time() * 1000) % 10**9}-{run}"
+    return f"{prefix}-{os.getpid()}-{now_ms() % 10**9}-{run}"
 
 
 def new_push_consumer(

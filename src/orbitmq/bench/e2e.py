@@ -54,6 +54,7 @@ from orbitmq.bench.cluster import (
 from orbitmq.client import AdminClient, AsyncProducer, Message
 from orbitmq.client.consumer_types import ConsumedMessage, ConsumeFromWhere
 from orbitmq.common.errors import ClientError, MQError
+from orbitmq.common.tasks import TaskSet
 from orbitmq.net.loop import run as run_loop
 
 DEFAULT_E2E_TOPIC = "BenchE2E"
@@ -267,7 +268,7 @@ async def _e2e_produce(
     sent = warm = errors = 0
     first_error: str | None = None
     slots = asyncio.Semaphore(E2E_IN_FLIGHT)
-    tasks: set[asyncio.Task[None]] = set()
+    tasks = TaskSet("bench e2e producer")
     async with AsyncProducer(namesrv, compress_over_bytes=-1) as producer:
         await producer.routes.get(topic)
 
@@ -301,14 +302,14 @@ async def _e2e_produce(
                 body = pack(time.time_ns(), run_id, E2E_MAGIC, 1 if measured else 0) + pad
                 msgs = [Message(topic, body)] * n
                 await slots.acquire()
-                task = asyncio.create_task(one(msgs, measured))
-                tasks.add(task)
-                task.add_done_callback(tasks.discard)
+                tasks.spawn(one(msgs, measured))
                 issued += n
             next_due = start + (issued + 1) / rate
             await asyncio.sleep(max(tick_s, next_due - loop.time()))
         seconds = loop.time() - measure_at
-        await asyncio.gather(*tasks)
+        await tasks.wait()
+        if tasks.failures:  # not an MQError: a bug, already logged by the set
+            raise ClientError(f"{tasks.failures} send task(s) failed unexpectedly (see the log)")
     return _ProducerReport(sent, warm, seconds, errors, first_error)
 
 

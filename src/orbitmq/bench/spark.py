@@ -31,6 +31,7 @@ from orbitmq.bench.cluster import target_cluster
 from orbitmq.client import AdminClient, AsyncProducer
 from orbitmq.common.errors import ClientError, MQError
 from orbitmq.common.message import Message
+from orbitmq.common.tasks import TaskSet
 
 __all__ = ["SparkBenchOptions", "SparkBenchResult", "format_report", "run_spark_bench"]
 
@@ -108,7 +109,7 @@ async def _load(namesrv: str, topic: str, count: int, size: int) -> float:
         queues = list((await producer.routes.get(topic)).write_queues)
         slots = asyncio.Semaphore(LOAD_IN_FLIGHT)
         failures: list[BaseException] = []
-        tasks: set[asyncio.Task[None]] = set()
+        tasks = TaskSet("bench spark preload")
 
         async def one(n: int, i: int) -> None:
             try:
@@ -123,12 +124,12 @@ async def _load(namesrv: str, topic: str, count: int, size: int) -> float:
         while sent < count and not failures:
             await slots.acquire()
             n = min(LOAD_BATCH, count - sent)
-            task = asyncio.create_task(one(n, i))
-            tasks.add(task)
-            task.add_done_callback(tasks.discard)
+            tasks.spawn(one(n, i))
             sent += n
             i += 1
-        await asyncio.gather(*tasks)
+        await tasks.wait()
+        if tasks.failures:  # not an MQError: a bug, already logged by the set
+            raise ClientError(f"{tasks.failures} send task(s) failed unexpectedly (see the log)")
         if failures:
             raise failures[0]
         return time.perf_counter() - started

@@ -29,6 +29,7 @@ from orbitmq.bench.produce.model import (
 )
 from orbitmq.client import AsyncProducer, Message, MessageQueue, SendResult
 from orbitmq.common.errors import ClientError, MQError
+from orbitmq.common.tasks import TaskSet
 from orbitmq.net.loop import run as run_loop
 
 
@@ -161,7 +162,7 @@ async def produce(
                 sent += 1
         elif batch:
             slots = asyncio.Semaphore(max(1, options.window // batch))
-            tasks: set[asyncio.Task[None]] = set()
+            tasks = TaskSet("bench producer")
 
             async def one(n: int, t0: int) -> None:
                 try:
@@ -175,11 +176,13 @@ async def produce(
             while more() and await pace():
                 await slots.acquire()
                 n = batch if count is None else min(batch, count - sent)
-                task = asyncio.create_task(one(n, time.perf_counter_ns()))
-                tasks.add(task)
-                task.add_done_callback(tasks.discard)
+                tasks.spawn(one(n, time.perf_counter_ns()))
                 sent += n
-            await asyncio.gather(*tasks)
+            await tasks.wait()
+            if tasks.failures:  # not an MQError: a bug, already logged by the set
+                raise ClientError(
+                    f"{tasks.failures} send task(s) failed unexpectedly (see the log)"
+                )
         else:
             outstanding = 0
             room = asyncio.Event()
