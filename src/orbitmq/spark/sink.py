@@ -29,6 +29,10 @@ idempotent across re-runs of the job.
 Spark makes a new stream writer for the tasks of every micro-batch and another for its commit,
 so writers hold only their parsed options; identity comes from ``TaskContext`` (query id,
 batch id, attempt) and connections from a per-process cache (workers are reused).
+
+The options are parsed in :mod:`orbitmq.spark.options` (:class:`SinkOptions`); record batches
+become send bodies in :mod:`orbitmq.spark.encode`; this module checks the columns, owns the
+clients and runs the writers' ``write`` / ``commit`` / ``abort``.
 """
 
 from __future__ import annotations
