@@ -250,8 +250,11 @@ def options_from_args(ns: argparse.Namespace, command: str) -> ProduceBenchOptio
 
 
 def main(argv: list[str], command: str | None = None) -> int:
+    from orbitmq.bench import produce  # the package: its docstring is the benchmark's description
+
+    doc = produce.__doc__
     parser = argparse.ArgumentParser(
-        prog="orbitmq bench produce", description=__doc__.split("\n")[0] if __doc__ else None
+        prog="orbitmq bench produce", description=doc.split("\n")[0] if doc else None
     )
     add_arguments(parser)
     ns = parser.parse_args(argv)

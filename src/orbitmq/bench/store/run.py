@@ -177,7 +177,12 @@ def options_from_args(ns: argparse.Namespace, command: str = "") -> StoreBenchOp
 
 
 def main(argv: list[str], command: str | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="orbitmq bench store", description=__doc__.split("\n")[0])
+    from orbitmq.bench import store  # the package: its docstring is the benchmark's description
+
+    doc = store.__doc__
+    parser = argparse.ArgumentParser(
+        prog="orbitmq bench store", description=doc.split("\n")[0] if doc else None
+    )
     add_arguments(parser)
     ns = parser.parse_args(argv)
     cmd = command or shlex.join([sys.executable, "-m", "orbitmq.bench", "store", *argv])
