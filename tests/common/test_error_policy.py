@@ -7,6 +7,7 @@ the Spark connector do on that answer, so it is pinned code by code.
 from __future__ import annotations
 
 import pickle
+from pathlib import Path
 
 import pytest
 
@@ -231,3 +232,26 @@ def test_can_retry_follows_the_class_policy(code: ResponseCode) -> None:
     # can_retry is the old spelling; a bare RemoteError answers by its code's class.
     assert RemoteError(code).can_retry == POLICY[code][1]
     assert error_for(code).can_retry == POLICY[code][1]
+
+
+def policy_table() -> str:
+    """The table of docs/errors.md, rendered from the registry."""
+    yes = {True: "yes", False: ""}
+    rows = [
+        "| Code | Name | Class | retriable | refresh_route | stored |",
+        "|---:|---|---|:-:|:-:|:-:|",
+    ]
+    for code, cls in sorted(registered_codes().items()):
+        name = ResponseCode(code).name
+        rows.append(
+            f"| {code} | {name} | `{cls.__name__}` | {yes[cls.retriable]} "
+            f"| {yes[cls.refresh_route]} | {yes[cls.stored]} |"
+        )
+    return "\n".join(rows) + "\n"
+
+
+def test_docs_errors_md_lists_the_registry() -> None:
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "errors.md").read_text()
+    assert policy_table() in doc, "docs/errors.md's table differs from the registry:\n" + (
+        policy_table()
+    )
