@@ -62,6 +62,7 @@ from orbitmq.common.errors import (
     error_class,
     error_for,
     registered_codes,
+    remote_class,
 )
 from orbitmq.net.connection import ConnectionClosedError
 
@@ -134,7 +135,7 @@ def test_error_for_round_trips_every_code(code: ResponseCode) -> None:
     assert str(exc) == f"{code.name}: the remark"
     assert (exc.retriable, exc.refresh_route, exc.stored) == (retriable, refresh_route, stored)
     assert error_class(exc.code) is cls
-    assert type(error_for(code)) is type(exc)  # one two-base class per code
+    assert type(error_for(code)) is type(exc) is remote_class(code)  # one per code
     again = pickle.loads(pickle.dumps(exc))
     assert type(again) is type(exc) and again.code == code and again.remark == "the remark"
 
@@ -146,6 +147,7 @@ def test_an_unknown_code_is_a_plain_remote_error_carrying_it() -> None:
     assert str(exc) == "CODE_424242: from the future"
     assert not (exc.retriable or exc.refresh_route or exc.stored)
     assert error_class(424242) is RemoteError
+    assert remote_class(424242) is RemoteError
 
 
 def test_success_is_not_an_error() -> None:

@@ -99,6 +99,7 @@ __all__ = [
     "error_class",
     "error_for",
     "registered_codes",
+    "remote_class",
 ]
 
 _CLASS_BY_CODE: dict[int, type[MQError]] = {}
@@ -478,13 +479,16 @@ def error_class(code: int) -> type[MQError]:
 def error_for(code: int, remark: str = "") -> RemoteError:
     """A server's answer ``code`` (with its ``remark``) as the exception to raise: an instance of
     both RemoteError and the code's class; a plain RemoteError for an unknown code."""
+    return remote_class(code)(code, remark)
+
+
+def remote_class(code: int) -> type[RemoteError]:
+    """The class of what ``error_for(code, ...)`` returns (a subclass of RemoteError and of
+    ``error_class(code)``), for a module that names it: ``X = remote_class(code)`` then
+    ``except X`` catches exactly the server's answers with that code."""
     cls = error_class(code)
     if cls is RemoteError:
-        return RemoteError(code, remark)
-    return _remote_class(cls)(code, remark)
-
-
-def _remote_class(cls: type[MQError]) -> type[RemoteError]:
+        return RemoteError
     twin = _REMOTE_BY_CLASS.get(cls)
     if twin is None:
         namespace = {
