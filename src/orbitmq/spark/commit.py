@@ -37,8 +37,13 @@ from typing import Any
 
 from orbitmq.client.transaction import EndResult, LocalTransactionState
 from orbitmq.common.clock import now_ms
-from orbitmq.common.codes import ResponseCode
-from orbitmq.common.errors import MQError, RemoteError
+from orbitmq.common.errors import (
+    MQError,
+    RemoteError,
+    TransactionNotFoundError,
+    TransactionStateConflictError,
+    error_class,
+)
 from orbitmq.spark.marker import (
     DEFAULT_MARKER_TOPIC,
     PROPERTY_ATTEMPT,
@@ -132,11 +137,7 @@ async def _decide(
                     fatal.append(f"{half.transaction_id}: {res.broker_state}")
                 continue
             err = res.error
-            code = err.code if isinstance(err, RemoteError) else None
-            if code in (
-                ResponseCode.TRANSACTION_STATE_CONFLICT,
-                ResponseCode.TRANSACTION_NOT_FOUND,
-            ):
+            if _is_final(err, TransactionStateConflictError, TransactionNotFoundError):
                 if state is LocalTransactionState.COMMIT:
                     fatal.append(f"{half.transaction_id}@{half.broker_name}:{half.offset}: {err}")
                 # A ROLLBACK of something committed or gone: nothing to undo.
@@ -152,6 +153,12 @@ async def _decide(
         if retry:
             await asyncio.sleep(RETRY_PAUSE_S)
         todo = retry
+
+
+def _is_final(err: MQError | None, *answers: type[MQError]) -> bool:
+    """Whether the broker answered one of ``answers`` (a final answer: retrying cannot change it).
+    Read through the code's class, so a bare RemoteError for the code counts as well."""
+    return isinstance(err, RemoteError) and issubclass(error_class(err.code), answers)
 
 
 PROBE_AGE_MS = 5_000
@@ -172,8 +179,7 @@ async def _probe(producer: Any, halves: Sequence[HalfRef], deadline: float, *, w
         for half, res in zip(todo, results, strict=True):
             if res.ok and res.broker_state in ("PENDING", "COMMITTING", "COMMITTED"):
                 continue
-            code = res.error.code if isinstance(res.error, RemoteError) else None
-            if res.ok or code == ResponseCode.TRANSACTION_NOT_FOUND:
+            if res.ok or _is_final(res.error, TransactionNotFoundError):
                 state = res.broker_state or str(res.error)
                 await _decide(producer, halves, LocalTransactionState.ROLLBACK, deadline, what=what)
                 raise SinkCommitError(

@@ -26,7 +26,7 @@ from orbitmq.client.admin import AdminClient
 from orbitmq.client.producer import AsyncProducer, SendStatus
 from orbitmq.client.transaction import HalfBatchResult, LocalTransactionState
 from orbitmq.common.codes import ResponseCode
-from orbitmq.common.errors import ClientError, MQError, RemoteError
+from orbitmq.common.errors import ClientError, MQError, error_for
 from orbitmq.common.message import Message
 from orbitmq.common.record import StoredMessage
 from orbitmq.protocol.codes import RequestCode
@@ -245,7 +245,7 @@ class MarkerStore:
             frame = Frame(RequestCode.QUERY_MESSAGE, fields=dict(fields))
             resp = await self.admin.remoting.invoke(addr, frame, self.admin.timeout_s)
             if resp.code not in ok:
-                raise RemoteError(resp.code, resp.remark)
+                raise error_for(resp.code, resp.remark)
             if resp.code != ResponseCode.SUCCESS or not resp.body:
                 return []
             return decode_records(memoryview(resp.body))
