@@ -44,6 +44,8 @@ DLQ_READ_BYTES = 4 * 1024 * 1024
 
 
 class GroupConfigProcessor:
+    """Consumer-group configs and the admin read of DLQs (the codes above)."""
+
     def __init__(self, ctx: BrokerContext) -> None:
         self.groups = ctx.groups
         self.topics = ctx.topics

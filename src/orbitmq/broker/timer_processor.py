@@ -22,6 +22,8 @@ MAX_MSG_ID = 128
 
 
 class TimerProcessor:
+    """Reads RECALL_MESSAGE; ``timer`` drops the pending copies."""
+
     def __init__(self, timer: TimerService) -> None:
         self.timer = timer
 

@@ -1,5 +1,7 @@
 """TimerService: delayed messages (DELAY levels) and timer messages (TIMER_* properties), one
-mechanism, plus recall (docs/timers.md).
+mechanism, plus recall (docs/timers.md). This module is the background side (load, fire,
+checkpoint, recall); :class:`~orbitmq.broker.timer_delivery.DelayedDelivery` stores the copies
+and :class:`~orbitmq.broker.timer_processor.TimerProcessor` answers RECALL_MESSAGE.
 
 A send with a delay becomes a copy in the system topic :data:`TIMER_TOPIC` carrying REAL_TOPIC,
 REAL_QID and TIMER_OUT_MS (its due time); the dispatcher writes the due time into the copy's
@@ -190,6 +192,8 @@ class _Fired:
 
 
 class TimerService:
+    """Loads pending timers into the index, fires them when due, writes the checkpoint."""
+
     def __init__(self, ctx: BrokerContext) -> None:
         self.config = ctx.config
         self.store = ctx.store

@@ -116,6 +116,8 @@ def check_group(group: str, topic: str) -> None:
 
 
 class PopProcessor:
+    """Reads Pop requests and answers them; the state and its log are the ``service``'s."""
+
     def __init__(self, ctx: BrokerContext, service: PopService) -> None:
         self.service = service
         self.config = ctx.config

@@ -34,6 +34,8 @@ def _bool_field(frame: Frame, name: str) -> bool:
 
 
 class TransactionProcessor:
+    """Reads END_TRANSACTION; ``service`` applies the decision."""
+
     def __init__(self, ctx: BrokerContext, service: TransactionService) -> None:
         self.service = service
         self.store = ctx.store
