@@ -59,6 +59,7 @@ COPY_BATCH_BYTES = 4 * 1024 * 1024
 CHECKPOINT_INTERVAL_S = 1.0
 FAILURE_BACKOFF_S = 2.0
 REPLAY_CHUNK = 1024
+REPLAY_BYTES = 16 * 1024 * 1024
 CHECKPOINT_FILE = "pop_revive.json"
 
 _BatchKey = tuple[str, int, int, int, int, tuple[str, int], int]
@@ -115,6 +116,7 @@ class Reviver:
         self.store = ctx.store
         self.bridge = ctx.bridge
         self.offsets = ctx.offsets
+        self.system_log = ctx.log
         self.clock = ctx.clock
         self.state = pop.state
         self.path: Path = ctx.config.store.store_path / "config" / CHECKPOINT_FILE
@@ -150,13 +152,11 @@ class Reviver:
         saved = self._read_checkpoint()
         start = saved or 0
         offset = max(start, store.min_offset(REVIVE_TOPIC, 0))
-        end = store.max_offset(REVIVE_TOPIC, 0)
+        end = self.system_log.max_offset(REVIVE_TOPIC, 0)
         began = time.monotonic()
         entries = bad = 0
         while offset < end:
-            res = await bridge.read(
-                store.get_messages, REVIVE_TOPIC, 0, offset, REPLAY_CHUNK, 16 * 1024 * 1024, None
-            )
+            res = await self.system_log.read(REVIVE_TOPIC, 0, offset, REPLAY_CHUNK, REPLAY_BYTES)
             if res.status is GetStatus.FOUND:
                 for view, log_offset in zip(res.messages, res.queue_offsets, strict=True):
                     entries += 1

@@ -91,6 +91,7 @@ MAX_CHECK_BYTES_PER_PASS = 64 * 1024 * 1024
 """Bytes of half records sent per check pass at most (a check-back carries its half record, and
 a half batch's can be megabytes), one record at least: the rest wait for the next pass."""
 REPLAY_CHUNK = 1024
+REPLAY_BYTES = 16 * 1024 * 1024
 
 
 class TransactionService:
@@ -418,11 +419,9 @@ class TransactionService:
 
     async def _replay(self, topic: str, start: int) -> AsyncIterator[memoryview]:
         offset = start
-        end = self.store.max_offset(topic, 0)
+        end = self.system_log.max_offset(topic, 0)
         while offset < end:
-            res = await self.bridge.read(
-                self.store.get_messages, topic, 0, offset, REPLAY_CHUNK, 16 * 1024 * 1024, None
-            )
+            res = await self.system_log.read(topic, 0, offset, REPLAY_CHUNK, REPLAY_BYTES)
             if res.status is GetStatus.FOUND:
                 for view in res.messages:
                     yield view
