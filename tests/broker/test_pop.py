@@ -68,7 +68,7 @@ async def call(
     else:
         return await client.invoke(broker.address, frame, timeout)
     async with asyncio.timeout(timeout):
-        reply = await broker.processor.handle(frame, None)  # type: ignore[arg-type]
+        reply = await broker.dispatcher.handle(frame, None)  # type: ignore[arg-type]
     assert reply is not None
     resp, parts = reply if isinstance(reply, tuple) else (reply, None)
     frames = FrameDecoder().feed(b"".join(bytes(p) for p in encode(resp, parts)))

@@ -12,7 +12,7 @@ import pytest
 
 from orbitmq.broker.controller import BrokerController
 from orbitmq.broker.pop.fifo import FifoWindow, message_group, with_attempt
-from orbitmq.broker.pop.service import now_ms
+from orbitmq.common.clock import now_ms
 from orbitmq.common.codes import ResponseCode
 from orbitmq.common.message import PROPERTY_SHARDING_KEY
 from orbitmq.common.record import StoredMessage, decode
@@ -210,7 +210,7 @@ async def test_change_invisible_time_keeps_the_group_blocked(
 async def test_dead_letter_after_the_last_attempt(
     broker: BrokerController, client: RemotingClient, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(broker.pop, "_retry_max_times", lambda group: 1)
+    monkeypatch.setattr(broker.pop, "retry_max_times", lambda group: 1)
     make_fifo_topic(broker)
     await send_groups(client, broker, [("A", "a1"), ("A", "a2"), ("B", "b1")])
     _, msgs, handles = await pop(client, broker, TOPIC, invisible_time_ms=100)
@@ -413,7 +413,7 @@ async def test_random_acks_and_expiries_keep_group_order(
 async def test_dead_lettering_that_fails_keeps_the_message(
     broker: BrokerController, client: RemotingClient, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(broker.pop, "_retry_max_times", lambda group: 0)
+    monkeypatch.setattr(broker.pop, "retry_max_times", lambda group: 0)
     make_fifo_topic(broker)
     await send_groups(client, broker, [("A", "a1"), ("A", "a2")])
     await pop(client, broker, TOPIC, invisible_time_ms=100)
@@ -440,7 +440,7 @@ async def test_ack_during_a_scan_does_not_hand_the_message_out_again(
     await send_groups(client, broker, [("A", "a1"), ("B", "b1")])
     _, msgs, handles = await pop(client, broker, TOPIC, max_msg_nums=1)
     assert bodies(msgs) == ["a1"]
-    bridge = broker.pop.bridge
+    bridge = broker.bridge
     real_read = bridge.read
     gate = asyncio.Event()
 

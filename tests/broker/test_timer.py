@@ -98,7 +98,7 @@ async def recall(client: RemotingClient, b: BrokerController, msg_id: str) -> Fr
 
 def test_delay_levels_map_exactly(broker: BrokerController) -> None:
     assert parse_delay_levels(broker.config.message_delay_level) == LEVELS_MS
-    t = broker.timer
+    t = broker.delayed
     now = 1_700_000_000_000
     for level, delay in enumerate(LEVELS_MS, start=1):
         assert t.due_time({"DELAY": str(level)}, now) == now + delay
@@ -257,10 +257,10 @@ async def test_put_delayed_api(broker: BrokerController, client: RemotingClient)
     make_topic(broker)
     batch = MessageBatch(TOPIC, 0, [b"r1", b"r2"], [b"", encode_properties({"x": "1"})],
                          reconsume_times=3)  # fmt: skip
-    res = await broker.timer.put_delayed(batch, now_ms() + 300)
+    res = await broker.delayed.put_delayed(batch, now_ms() + 300)
     assert res.topic == TIMER_TOPIC
     now_batch = MessageBatch(TOPIC, 0, [b"now"], [b""])
-    res = await broker.timer.put_delayed(now_batch, now_ms() - 1)
+    res = await broker.delayed.put_delayed(now_batch, now_ms() - 1)
     assert res.topic == TOPIC
     got = await receive(client, broker, 3, 3.0)
     assert [m.body for _, m in got] == [b"now", b"r1", b"r2"]

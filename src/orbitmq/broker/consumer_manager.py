@@ -27,6 +27,7 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
+from orbitmq.common.clock import now_ms
 from orbitmq.common.errors import FilterExpressionError, MessageIllegalError, MQError
 from orbitmq.common.filter import MessageFilter, compile_filter
 from orbitmq.common.validation import validate_group, validate_topic
@@ -230,11 +231,11 @@ class ConsumerManager:
         if not conn.is_open:
             return []  # closed while this heartbeat waited: registering would leave a ghost
         now = self.clock()
-        now_ms = int(time.time() * 1000)
+        wall_ms = now_ms()
         for pgroup in heartbeat.producer_groups:
             self.producers.setdefault(pgroup, {})[heartbeat.client_id] = _Producer(conn, now)
         changed = [
-            c.data.group for c in compiled if self._register_one(conn, heartbeat, c, now, now_ms)
+            c.data.group for c in compiled if self._register_one(conn, heartbeat, c, now, wall_ms)
         ]
         for group in changed:
             self.notify_changed(group)

@@ -1,6 +1,6 @@
 """Request handlers of the consumer side (except Pop): membership, offsets, locks, send-back,
-stats and offset resets. :class:`~orbitmq.broker.processor.BrokerProcessor` routes the codes here;
-errors are raised from the one hierarchy and become response codes there.
+stats and offset resets. :mod:`orbitmq.broker.routes` maps the codes here; errors are raised from the one hierarchy and
+become response codes in its dispatcher.
 
 See docs/consumer-groups.md for the behaviour, docs/protocol.md for the fields.
 """
@@ -8,13 +8,13 @@ See docs/consumer-groups.md for the behaviour, docs/protocol.md for the fields.
 from __future__ import annotations
 
 import logging
-import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 from orbitmq.broker.consumer_manager import ConsumerGroup, validate_client_id
+from orbitmq.broker.context import BrokerContext
 from orbitmq.broker.dead_letter import copy_properties, ensure_dlq_topic, exhausted
-from orbitmq.broker.group_config_processor import GroupConfigProcessor
+from orbitmq.broker.timer_delivery import DelayedDelivery
 from orbitmq.common.codes import ResponseCode
 from orbitmq.common.errors import (
     ConsumerNotOnlineError,
@@ -61,7 +61,6 @@ from orbitmq.protocol.fields import get_int, get_str
 from orbitmq.protocol.frame import Frame
 
 if TYPE_CHECKING:
-    from orbitmq.broker.controller import BrokerController
     from orbitmq.net.connection import Connection, Reply
 
 log = logging.getLogger(__name__)
@@ -92,36 +91,27 @@ def _queue_id(value: int, where: str) -> int:
 
 
 class ConsumerProcessor:
-    def __init__(self, broker: BrokerController) -> None:
-        self.broker = broker
-        self.store = broker.store
-        self.topics = broker.topics
-        self.bridge = broker.bridge
-        self.metrics = broker.metrics
-        self.consumers = broker.consumers
-        self.locks = broker.locks
-        self.offsets = broker.offsets
-        self.inflight_source: InflightSource | None = None
-        """Set by Pop to fill QueueConsumeStats.inflight."""
+    """Consumer membership, offsets, queue locks, send-back and stats. A send-back's retry
+    copy goes through ``delayed``; ``inflight`` (Pop's) fills the stats' in-flight counts."""
+
+    def __init__(
+        self,
+        ctx: BrokerContext,
+        delayed: DelayedDelivery,
+        inflight: InflightSource | None = None,
+    ) -> None:
+        self.ctx = ctx
+        self.config = ctx.config
+        self.store = ctx.store
+        self.topics = ctx.topics
+        self.bridge = ctx.bridge
+        self.metrics = ctx.metrics
+        self.consumers = ctx.consumers
+        self.locks = ctx.locks
+        self.offsets = ctx.offsets
+        self.delayed = delayed
+        self.inflight_source = inflight
         self._rr = 0
-        self.handlers: dict[int, Callable[[Frame], Awaitable[Reply]]] = {
-            RequestCode.UNREGISTER_CLIENT: self.unregister,
-            RequestCode.GET_CONSUMER_LIST_BY_GROUP: self.consumer_list,
-            RequestCode.QUERY_CONSUMER_OFFSET: self.query_offset,
-            RequestCode.UPDATE_CONSUMER_OFFSET: self.update_offset,
-            RequestCode.LOCK_BATCH_MQ: self.lock_batch,
-            RequestCode.UNLOCK_BATCH_MQ: self.unlock_batch,
-            RequestCode.CONSUMER_SEND_MSG_BACK: self.send_back,
-            RequestCode.GET_CONSUMER_CONNECTION_LIST: self.connection_list,
-            RequestCode.GET_CONSUME_STATS: self.consume_stats,
-            RequestCode.GET_CONSUMER_GROUP_LIST: self.group_list,
-            RequestCode.INVOKE_BROKER_TO_RESET_OFFSET: self.reset_offset,
-        }
-        self.group_configs = GroupConfigProcessor(broker)
-        self.handlers.update(self.group_configs.handlers)
-        self.conn_handlers: dict[int, Callable[[Frame, Connection], Awaitable[Reply]]] = {
-            RequestCode.HEART_BEAT: self.heartbeat,
-        }
 
     # ------------------------------------------------------------------ helpers
 
@@ -157,7 +147,7 @@ class ConsumerProcessor:
         self.consumers.register(conn, hb)
         return frame.reply(ResponseCode.SUCCESS)
 
-    async def unregister(self, frame: Frame) -> Reply:
+    async def unregister(self, frame: Frame, conn: Connection) -> Reply:
         client_id = get_str(frame, "client_id")
         validate_client_id(client_id)
         group = get_str(frame, "group", "") or None
@@ -166,7 +156,7 @@ class ConsumerProcessor:
         left = self.consumers.unregister(client_id, group)
         return frame.reply(ResponseCode.SUCCESS, fields={"left": left})
 
-    async def consumer_list(self, frame: Frame) -> Reply:
+    async def consumer_list(self, frame: Frame, conn: Connection) -> Reply:
         group = self._group(frame)
         online = self.consumers.get(group)
         if online is None:
@@ -174,7 +164,7 @@ class ConsumerProcessor:
         body = ConsumerIdList(client_ids=online.rebalancing_client_ids())
         return frame.reply(ResponseCode.SUCCESS, body=encode_body(body))
 
-    async def connection_list(self, frame: Frame) -> Reply:
+    async def connection_list(self, frame: Frame, conn: Connection) -> Reply:
         group = self._group(frame)
         g = self.consumers.get(group)
         if g is None:
@@ -188,7 +178,7 @@ class ConsumerProcessor:
         )
         return frame.reply(ResponseCode.SUCCESS, body=encode_body(body))
 
-    async def group_list(self, frame: Frame) -> Reply:
+    async def group_list(self, frame: Frame, conn: Connection) -> Reply:
         names = set(self.consumers.groups) | set(self.offsets.groups())
         out: list[GroupSummary] = []
         for name in sorted(names):
@@ -209,7 +199,7 @@ class ConsumerProcessor:
 
     # ------------------------------------------------------------------ offsets
 
-    async def query_offset(self, frame: Frame) -> Reply:
+    async def query_offset(self, frame: Frame, conn: Connection) -> Reply:
         group = self._group(frame)
         topic = get_str(frame, "topic")
         validate_topic(topic)
@@ -240,7 +230,7 @@ class ConsumerProcessor:
                 f"offset {offset} for {topic}/{queue_id} is outside [0, {high}]"
             )
 
-    async def update_offset(self, frame: Frame) -> Reply:
+    async def update_offset(self, frame: Frame, conn: Connection) -> Reply:
         if frame.body:
             body = decode_body(_body(frame), OffsetsBody)
             group = body.group
@@ -264,14 +254,6 @@ class ConsumerProcessor:
         self.metrics.offset_commits.inc(len(entries))
         return frame.reply(ResponseCode.SUCCESS)
 
-    def commit_in_memory(self, group: str, topic: str, queue_id: int, offset: int) -> bool:
-        """A pull's piggy-backed commit: set in memory (written within the persist interval);
-        an offset outside the queue is ignored, quietly, as RocketMQ does. True if applied."""
-        if 0 <= offset <= self.store.max_offset(topic, queue_id):
-            self.offsets.set(group, topic, queue_id, offset)
-            return True
-        return False
-
     # ------------------------------------------------------------------ locks
 
     def _lock_body(self, frame: Frame) -> tuple[LockBatchBody, list[tuple[str, int]]]:
@@ -288,7 +270,7 @@ class ConsumerProcessor:
             keys.append((q.topic, _queue_id(q.queue_id, q.topic)))
         return body, keys
 
-    async def lock_batch(self, frame: Frame) -> Reply:
+    async def lock_batch(self, frame: Frame, conn: Connection) -> Reply:
         body, keys = self._lock_body(frame)
         held = set(self.locks.lock(body.group, body.client_id, keys))
         seen: set[tuple[str, int]] = set()
@@ -301,7 +283,7 @@ class ConsumerProcessor:
         answer = LockBatchBody(group=body.group, client_id=body.client_id, queues=queues)
         return frame.reply(ResponseCode.SUCCESS, body=encode_body(answer))
 
-    async def unlock_batch(self, frame: Frame) -> Reply:
+    async def unlock_batch(self, frame: Frame, conn: Connection) -> Reply:
         body, keys = self._lock_body(frame)
         released = self.locks.unlock(body.group, body.client_id, keys)
         return frame.reply(ResponseCode.SUCCESS, fields={"released": released})
@@ -333,12 +315,12 @@ class ConsumerProcessor:
                     topic_name=name, read_queue_nums=1, write_queue_nums=1, perm=PERM_READ_WRITE
                 )
             )
-            self.broker.topics_changed()
-        if not config.perm & PERM_WRITE or not self.broker.writable:
+            self.ctx.topics_changed()
+        if not config.perm & PERM_WRITE or not self.ctx.writable():
             raise NoPermissionError(f"retry topic {name} is not writable here")
         return config
 
-    async def send_back(self, frame: Frame) -> Reply:
+    async def send_back(self, frame: Frame, conn: Connection) -> Reply:
         """A consumer failed a message: copy it to the group's retry topic, due after the
         group's backoff (through the timer), or, once its retries are used up or when the
         request asks (``to_dlq``: an orderly consumer giving up), to the group's DLQ."""
@@ -360,7 +342,7 @@ class ConsumerProcessor:
             raise MessageIllegalError(
                 f"offset {physical_offset} holds a message of {first_topic}, not {origin_topic}"
             )
-        group_config = self.broker.groups.get(group)
+        group_config = self.ctx.groups.get(group)
         if max_times < 0:
             max_times = group_config.retry_max_times
         times = max(msg.reconsume_times, seen_times)
@@ -373,8 +355,8 @@ class ConsumerProcessor:
         self._rr += 1
         reconsume = min(times + 1, _I32_MAX)
         batch = self._copy(config.topic_name, queue_id, msg, props, reconsume)
-        deliver_at = int(time.time() * 1000) + group_config.retry_delay_ms(times)
-        result = await self.broker.timer.put_delayed(batch, deliver_at)
+        deliver_at = self.ctx.clock.now_ms() + group_config.retry_delay_ms(times)
+        result = await self.delayed.put_delayed(batch, deliver_at)
         self.metrics.messages_sent_back.inc()
         return frame.reply(
             ResponseCode.SUCCESS,
@@ -415,7 +397,7 @@ class ConsumerProcessor:
     ) -> Reply:
         """Append the copy to ``%DLQ%<group>`` at once (it keeps the reconsume count of the
         delivery that failed last)."""
-        config = await ensure_dlq_topic(self.broker, group)
+        config = await ensure_dlq_topic(self.ctx, group)
         props = copy_properties(msg, first_topic, dlq_reason=reason)
         batch = self._copy(config.topic_name, 0, msg, props, min(times, _I32_MAX))
         result = await self.bridge.put(batch)
@@ -469,7 +451,7 @@ class ConsumerProcessor:
             out.append(
                 QueueConsumeStats(
                     topic=topic,
-                    broker_name=self.broker.config.broker_name,
+                    broker_name=self.config.broker_name,
                     queue_id=q,
                     broker_offset=high,
                     consumer_offset=consumer,
@@ -479,7 +461,7 @@ class ConsumerProcessor:
             )
         return out
 
-    async def consume_stats(self, frame: Frame) -> Reply:
+    async def consume_stats(self, frame: Frame, conn: Connection) -> Reply:
         group = self._group(frame)
         only = get_str(frame, "topic", "")
         online = self._known_group(group)
@@ -518,7 +500,7 @@ class ConsumerProcessor:
             out.append(QueueOffset(topic=topic, queue_id=q, offset=offset))
         return out
 
-    async def reset_offset(self, frame: Frame) -> Reply:
+    async def reset_offset(self, frame: Frame, conn: Connection) -> Reply:
         group = self._group(frame)
         topic = get_str(frame, "topic")
         position = get_str(frame, "position")
@@ -543,7 +525,7 @@ class ConsumerProcessor:
                     fields={
                         "topic": topic,
                         "group": group,
-                        "broker_name": self.broker.config.broker_name,
+                        "broker_name": self.config.broker_name,
                     },
                     body=body,
                 ),

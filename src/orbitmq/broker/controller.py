@@ -16,19 +16,30 @@ import time
 
 from orbitmq.broker.config import BrokerConfig
 from orbitmq.broker.consumer_manager import ConsumerManager
+from orbitmq.broker.consumer_processor import ConsumerProcessor
+from orbitmq.broker.context import BrokerContext, StoreSystemLog
 from orbitmq.broker.group_config_manager import SubscriptionGroupManager
+from orbitmq.broker.group_config_processor import GroupConfigProcessor
 from orbitmq.broker.lock_manager import LockManager
 from orbitmq.broker.long_polling import LongPolling
 from orbitmq.broker.metrics import BrokerMetrics
 from orbitmq.broker.offset_manager import ConsumerOffsetManager
+from orbitmq.broker.pop.processor import PopProcessor
 from orbitmq.broker.pop.service import PopService
 from orbitmq.broker.processor import BrokerProcessor
+from orbitmq.broker.routes import Dispatcher, build_routes
 from orbitmq.broker.store_bridge import StoreBridge
+from orbitmq.broker.timer_delivery import DelayedDelivery
+from orbitmq.broker.timer_processor import TimerProcessor
 from orbitmq.broker.timer_service import TimerService
 from orbitmq.broker.topic_manager import TopicConfigManager
+from orbitmq.broker.transaction.half import HalfMessages
+from orbitmq.broker.transaction.processor import TransactionProcessor
 from orbitmq.broker.transaction.service import TransactionService
+from orbitmq.common.clock import SYSTEM_CLOCK, Clock
 from orbitmq.common.codes import ResponseCode
 from orbitmq.common.errors import MQError
+from orbitmq.common.tasks import TaskSet
 from orbitmq.net.client import RemotingClient
 from orbitmq.net.connection import Connection
 from orbitmq.net.server import RemotingServer
@@ -55,7 +66,12 @@ def settle_heap() -> None:
 
 
 class BrokerController:
-    def __init__(self, config: BrokerConfig) -> None:
+    """Builds the broker: the managers and the `BrokerContext`, then the services (each given
+    the context and the one or two services it calls), the processors, the route table
+    (:func:`~orbitmq.broker.routes.build_routes`) and the server; starts and stops them in
+    order."""
+
+    def __init__(self, config: BrokerConfig, *, clock: Clock = SYSTEM_CLOCK) -> None:
         self.config = config
         self.store = MessageStore(config.store)
         self.topics = TopicConfigManager(
@@ -79,26 +95,56 @@ class BrokerController:
         self.consumers.on_event = lambda e: self.metrics.membership_changes.labels(e).inc()
         self.locks = LockManager(config.rebalance_lock_ttl_s)
         self.consumers.on_leave(self.locks.release_client)
-        self.timer = TimerService(self)
-        """Delayed and timer messages: ``await timer.put_delayed(batch, deliver_at_ms)``."""
-        self.processor = BrokerProcessor(self)
-        self.processor.handlers.update(self.timer.handlers())
-        self.pop = PopService(self)
-        self.processor.handlers.update(self.pop.handlers())
-        self.processor.consumer.inflight_source = self.pop.inflight  # stats show Pop's in-flight
-        self.transactions = TransactionService(self)
-        self.processor.handlers.update(self.transactions.handlers())
+        self.writable = True
+        self.ctx = BrokerContext(
+            config=config,
+            store=self.store,
+            bridge=self.bridge,
+            log=StoreSystemLog(self.store, self.bridge),
+            topics=self.topics,
+            offsets=self.offsets,
+            groups=self.groups,
+            consumers=self.consumers,
+            locks=self.locks,
+            metrics=self.metrics,
+            clock=clock,
+            topics_changed=self.topics_changed,
+            apply_retention=self.apply_retention,
+            writable=lambda: self.writable,
+        )
+        ctx = self.ctx
+        # Services: state and background work (each takes only what it uses).
+        self.timer = TimerService(ctx)
+        """Delayed and timer messages: loads and fires them (docs/timers.md)."""
+        self.delayed = DelayedDelivery(ctx, self.timer.levels, self.timer.roll_window_ms)
+        """Stores delayed messages: ``await delayed.put_delayed(batch, deliver_at_ms)``."""
+        self.pop = PopService(ctx, self.delayed)
+        self.transactions = TransactionService(ctx)
+        self.halves = HalfMessages(ctx, self.transactions.state)
+        self.long_polling = LongPolling()
+        # Processors: one per area, each answering the codes routes.py gives it.
+        self.processor = BrokerProcessor(
+            ctx, self.delayed, self.halves, self.long_polling, self.timer.stats
+        )
+        routes = build_routes(
+            messages=self.processor,
+            consumers=ConsumerProcessor(ctx, self.delayed, inflight=self.pop.inflight),
+            group_configs=GroupConfigProcessor(ctx),
+            pop=PopProcessor(ctx, self.pop),
+            timers=TimerProcessor(self.timer),
+            transactions=TransactionProcessor(ctx, self.transactions),
+        )
+        self.dispatcher = Dispatcher(routes, self.metrics)
         self.server = RemotingServer(
-            self.processor.handle,
+            self.dispatcher.handle,
             host=config.host,
             port=config.port,
             name="broker",
             on_disconnect=self._on_disconnect,
         )
         self.namesrv_client = RemotingClient(name="broker-to-namesrv")
-        self.writable = True
         self.recovery: RecoveryReport | None = None
-        self.long_polling: LongPolling
+        self._tasks = TaskSet("broker", logger=log)
         self._register_task: asyncio.Task[None] | None = None
         self._housekeeping_task: asyncio.Task[None] | None = None
         self._register_now = asyncio.Event()
@@ -110,8 +156,7 @@ class BrokerController:
     # ---------------------------------------------------------------- lifecycle
 
     async def start(self) -> None:
-        loop = asyncio.get_running_loop()
-        self.long_polling = LongPolling(loop)
+        self.long_polling.bind(asyncio.get_running_loop())
         self.topics.load()
         self.offsets.load()
         self.groups.load()
@@ -130,8 +175,12 @@ class BrokerController:
         self.store.set_store_host((host, self.server.port))
         # Register once before saying "ready", so routes exist by the time callers look.
         self._registered = await self.register_all()
-        self._register_task = loop.create_task(self._register_loop(first_wait=True))
-        self._housekeeping_task = loop.create_task(self._housekeeping_loop())
+        self._register_task = self._tasks.spawn(
+            self._register_loop(first_wait=True), name="broker-register"
+        )
+        self._housekeeping_task = self._tasks.spawn(
+            self._housekeeping_loop(), name="broker-housekeeping"
+        )
         log.info(
             "broker %s/%s ready on %s (store %s, %s)",
             self.config.cluster, self.config.broker_name, self.address,

@@ -36,7 +36,7 @@ from orbitmq.protocol.group_config import (
 )
 
 if TYPE_CHECKING:
-    from orbitmq.broker.controller import BrokerController
+    from orbitmq.broker.context import BrokerContext
 
 log = logging.getLogger(__name__)
 
@@ -81,16 +81,15 @@ def exhausted(reconsume_times: int, max_times: int) -> bool:
     return reconsume_times >= max_times
 
 
-async def ensure_dlq_topic(broker: BrokerController, group: str) -> TopicConfig:
+async def ensure_dlq_topic(ctx: BrokerContext, group: str) -> TopicConfig:
     """The group's DLQ topic, created (1 queue, write-only) if missing."""
     name = dlq_topic(group)
-    config = broker.topics.get(name)
+    config = ctx.topics.get(name)
     if config is None:
         config = TopicConfig(topic_name=name, read_queue_nums=1, write_queue_nums=1, perm=DLQ_PERM)
-        config = await asyncio.to_thread(broker.topics.upsert, config)
-        broker.apply_retention(config)
-        broker.topics_changed()
+        config = await asyncio.to_thread(ctx.topics.upsert, config)
+        ctx.topic_created(config)
         log.info("created dead-letter topic %s", name)
-    if not config.perm & PERM_WRITE or not broker.writable:
+    if not config.perm & PERM_WRITE or not ctx.writable():
         raise DeadLetterNotWritableError(f"dead-letter topic {name} is not writable here")
     return config

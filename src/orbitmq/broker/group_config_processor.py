@@ -19,14 +19,13 @@ See docs/retry-dlq.md.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
+from orbitmq.broker.context import BrokerContext
 from orbitmq.common.codes import ResponseCode
 from orbitmq.common.errors import MessageIllegalError
 from orbitmq.common.validation import validate_group
 from orbitmq.protocol.bodies import decode_body, encode_body
-from orbitmq.protocol.codes import RequestCode
 from orbitmq.protocol.consumer import dlq_topic
 from orbitmq.protocol.fields import get_int, get_str
 from orbitmq.protocol.frame import Frame
@@ -38,59 +37,57 @@ from orbitmq.protocol.group_config import (
 from orbitmq.store.message_store import GetStatus
 
 if TYPE_CHECKING:
-    from orbitmq.broker.controller import BrokerController
-    from orbitmq.net.connection import Reply
+    from orbitmq.net.connection import Connection, Reply
 
 MAX_DLQ_READ = 256
 DLQ_READ_BYTES = 4 * 1024 * 1024
 
 
 class GroupConfigProcessor:
-    def __init__(self, broker: BrokerController) -> None:
-        self.broker = broker
-        self.handlers: dict[int, Callable[[Frame], Awaitable[Reply]]] = {
-            RequestCode.UPDATE_AND_CREATE_SUBSCRIPTIONGROUP: self.update,
-            RequestCode.GET_ALL_SUBSCRIPTIONGROUP_CONFIG: self.get_all,
-            RequestCode.DELETE_SUBSCRIPTIONGROUP: self.delete,
-            RequestCode.GET_DLQ_MESSAGES: self.dlq_messages,
-        }
+    """Consumer-group configs and the admin read of DLQs (the codes above)."""
 
-    async def update(self, frame: Frame) -> Reply:
+    def __init__(self, ctx: BrokerContext) -> None:
+        self.groups = ctx.groups
+        self.topics = ctx.topics
+        self.store = ctx.store
+        self.bridge = ctx.bridge
+
+    async def update(self, frame: Frame, conn: Connection) -> Reply:
         if not frame.body:
             raise MessageIllegalError("UPDATE_AND_CREATE_SUBSCRIPTIONGROUP needs a body")
         body = frame.body if isinstance(frame.body, bytes) else bytes(frame.body)
         config = decode_body(body, SubscriptionGroupConfig)
         validate_group_config(config)  # before the thread hop: a bad config costs nothing
-        await asyncio.to_thread(self.broker.groups.upsert, config)
+        await asyncio.to_thread(self.groups.upsert, config)
         return frame.reply(ResponseCode.SUCCESS)
 
-    async def get_all(self, frame: Frame) -> Reply:
+    async def get_all(self, frame: Frame, conn: Connection) -> Reply:
         group = get_str(frame, "group", "")
         if group:
             validate_group(group)
-            configs = [self.broker.groups.get(group)]
-            fields: dict[str, object] = {"configured": self.broker.groups.find(group) is not None}
+            configs = [self.groups.get(group)]
+            fields: dict[str, object] = {"configured": self.groups.find(group) is not None}
         else:
-            configs = self.broker.groups.all()
+            configs = self.groups.all()
             fields = {}
         body = encode_body(SubscriptionGroupConfigList(configs=configs))
         return frame.reply(ResponseCode.SUCCESS, fields=fields, body=body)
 
-    async def delete(self, frame: Frame) -> Reply:
+    async def delete(self, frame: Frame, conn: Connection) -> Reply:
         group = get_str(frame, "group")
         validate_group(group)
-        deleted = await asyncio.to_thread(self.broker.groups.delete, group)
+        deleted = await asyncio.to_thread(self.groups.delete, group)
         return frame.reply(ResponseCode.SUCCESS, fields={"deleted": deleted})
 
-    async def dlq_messages(self, frame: Frame) -> Reply:
+    async def dlq_messages(self, frame: Frame, conn: Connection) -> Reply:
         group = get_str(frame, "group")
         validate_group(group)
         queue_id = get_int(frame, "queue_id", 0, lo=0, hi=1 << 30)
         offset = get_int(frame, "queue_offset", -1, lo=-1)
         max_nums = get_int(frame, "max_msg_nums", 32, lo=1, hi=MAX_DLQ_READ)
         topic = dlq_topic(group)
-        store = self.broker.store
-        if self.broker.topics.get(topic) is None:
+        store = self.store
+        if self.topics.get(topic) is None:
             return frame.reply(
                 ResponseCode.PULL_NOT_FOUND,
                 f"group {group} has no dead-letter queue on this broker",
@@ -98,7 +95,7 @@ class GroupConfigProcessor:
             )
         if offset < 0:
             offset = store.min_offset(topic, queue_id)
-        res = await self.broker.bridge.read(
+        res = await self.bridge.read(
             store.get_messages, topic, queue_id, offset, max_nums, DLQ_READ_BYTES, None
         )
         fields = {

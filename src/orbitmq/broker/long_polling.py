@@ -11,15 +11,20 @@ from collections.abc import Callable
 
 
 class LongPolling:
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        self.loop = loop
+    def __init__(self) -> None:
+        self.loop: asyncio.AbstractEventLoop | None = None
+        """The loop the pulls wait on, set by `bind` at start (arrivals before it wake nobody)."""
         self.waiters: dict[tuple[str, int], list[tuple[int, asyncio.Future[None]]]] = {}
         self.held = 0
 
+    def bind(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+
     def on_arrival(self, topic: str, queue_id: int, max_offset: int) -> None:
         """Called on the dispatcher thread."""
-        if (topic, queue_id) in self.waiters:
-            self.loop.call_soon_threadsafe(self._wake, topic, queue_id, max_offset)
+        loop = self.loop
+        if loop is not None and (topic, queue_id) in self.waiters:
+            loop.call_soon_threadsafe(self._wake, topic, queue_id, max_offset)
 
     def _wake(self, topic: str, queue_id: int, max_offset: int) -> None:
         waiting = self.waiters.get((topic, queue_id))
@@ -51,7 +56,7 @@ class LongPolling:
         caller's last look and the registration woke nobody, so without this second look the
         pull would sleep until the next message or its whole suspend time.
         """
-        fut: asyncio.Future[None] = self.loop.create_future()
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         entry = (offset, fut)
         self.waiters.setdefault((topic, queue_id), []).append(entry)
         self.held += 1

@@ -25,12 +25,13 @@ import asyncio
 import contextlib
 import json
 import logging
-import time
 from collections.abc import Iterable
 from pathlib import Path
 
+from orbitmq.common.clock import now_ms
 from orbitmq.common.errors import ConfigError, StoreIOError
 from orbitmq.common.files import write_atomically
+from orbitmq.common.tasks import TaskSet
 
 log = logging.getLogger(__name__)
 
@@ -43,6 +44,7 @@ class ConsumerOffsetManager:
         self._commit_time: dict[tuple[str, str, int], int] = {}
         self._version = 0
         self._written = 0
+        self._tasks = TaskSet("consumer-offsets", logger=log)
         self._writing: asyncio.Task[None] | None = None
 
     # ------------------------------------------------------------------ load and save
@@ -83,7 +85,7 @@ class ConsumerOffsetManager:
         wanted = self._version
         while self._written < wanted:
             if self._writing is None or self._writing.done():
-                self._writing = asyncio.get_running_loop().create_task(self._write_once())
+                self._writing = self._tasks.spawn(self._write_once(), name="offsets-write")
             await asyncio.shield(self._writing)
 
     async def _write_once(self) -> None:
@@ -91,9 +93,8 @@ class ConsumerOffsetManager:
         version = self._version
         try:
             await asyncio.get_running_loop().run_in_executor(None, self._write_file, data)
-        except OSError as exc:
-            log.exception("cannot write consumer offsets to %s", self.path)
-            raise StoreIOError(f"cannot write consumer offsets: {exc}") from exc
+        except OSError as exc:  # logged by the task set, with this traceback
+            raise StoreIOError(f"cannot write consumer offsets to {self.path}: {exc}") from exc
         self._written = max(self._written, version)
 
     async def persist_if_changed(self) -> None:
@@ -127,7 +128,7 @@ class ConsumerOffsetManager:
         if queues.get(queue_id) != offset:
             queues[queue_id] = offset
             self._version += 1
-        self._commit_time[(group, topic, queue_id)] = int(time.time() * 1000)
+        self._commit_time[(group, topic, queue_id)] = now_ms()
 
     async def commit(self, group: str, entries: Iterable[tuple[str, int, int]]) -> None:
         """Set ``(topic, queue_id, offset)`` entries of a group and wait until they are durable."""

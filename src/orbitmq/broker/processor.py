@@ -1,28 +1,30 @@
-"""Request handlers of the broker, one method per request code (see docs/protocol.md).
+"""BrokerProcessor: the producer-side and admin request handlers, one method per request code
+(docs/protocol.md); :mod:`orbitmq.broker.routes` maps the codes to them.
 
 Exceptions from the error hierarchy become their response code at one place
-(:meth:`BrokerProcessor.handle`), so handlers raise rather than build error frames.
+(:meth:`orbitmq.broker.routes.Dispatcher.handle`), so handlers raise rather than build error
+frames.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-import msgspec
 import numpy as np
 
-from orbitmq.broker.consumer_processor import ConsumerProcessor
+from orbitmq.broker.context import BrokerContext
+from orbitmq.broker.long_polling import LongPolling
+from orbitmq.broker.timer_delivery import DelayedDelivery
+from orbitmq.broker.transaction.half import HalfMessages
 from orbitmq.common.codes import ResponseCode
 from orbitmq.common.errors import (
     FlushTimeoutError,
     MessageIllegalError,
-    MQError,
     NoPermissionError,
-    ProtocolError,
     TopicNotExistError,
 )
 from orbitmq.common.filter import MessageFilter, compile_filter
@@ -48,7 +50,6 @@ from orbitmq.store.commit_log import AppendResult
 from orbitmq.store.message_store import GetResult, GetStatus
 
 if TYPE_CHECKING:
-    from orbitmq.broker.controller import BrokerController
     from orbitmq.net.connection import Connection, Reply
 
 log = logging.getLogger(__name__)
@@ -124,69 +125,43 @@ def _peer_host(conn: Connection | None) -> tuple[str, int]:
 
 
 class BrokerProcessor:
-    def __init__(self, broker: BrokerController) -> None:
-        self.broker = broker
-        self.store = broker.store
-        self.topics = broker.topics
-        self.bridge = broker.bridge
-        self.metrics = broker.metrics
-        self._round_robin = 0
-        self.handlers: dict[int, Callable[[Frame], Awaitable[Reply]]] = {
-            RequestCode.SEND_MESSAGE: self.send,
-            RequestCode.SEND_BATCH_MESSAGE: self.send,
-            RequestCode.PULL_MESSAGE: self.pull,
-            RequestCode.GET_MAX_OFFSET: self.max_offset,
-            RequestCode.GET_MIN_OFFSET: self.min_offset,
-            RequestCode.SEARCH_OFFSET_BY_TIMESTAMP: self.offset_by_time,
-            RequestCode.QUERY_MESSAGE: self.query_message,
-            RequestCode.VIEW_MESSAGE_BY_ID: self.view_message,
-            RequestCode.UPDATE_AND_CREATE_TOPIC: self.update_topic,
-            RequestCode.DELETE_TOPIC_IN_BROKER: self.delete_topic,
-            RequestCode.GET_ALL_TOPIC_CONFIG: self.all_topics,
-            RequestCode.GET_TOPIC_STATS: self.topic_stats,
-            RequestCode.GET_BROKER_RUNTIME_INFO: self.runtime_info,
-        }
-        self.consumer = ConsumerProcessor(broker)
-        self.handlers.update(self.consumer.handlers)
-        self.conn_handlers: dict[int, Callable[[Frame, Connection], Awaitable[Reply]]] = dict(
-            self.consumer.conn_handlers
-        )
-        """Handlers that need the connection the request came on (heartbeats bind to it)."""
+    """Sends, pulls, offset look-ups, message queries and topic admin. Delayed sends go to
+    ``delayed``, prepared (transactional) ones to ``halves``; a pull that finds nothing is held
+    in ``long_polling``."""
 
-    async def handle(self, frame: Frame, conn: Connection) -> Reply:
-        handler = self.handlers.get(frame.code)
-        conn_handler = self.conn_handlers.get(frame.code)
-        self.metrics.requests.labels(str(frame.code)).inc()
-        if handler is None and conn_handler is None:
-            return frame.reply(
-                ResponseCode.REQUEST_CODE_NOT_SUPPORTED, f"request code {frame.code} not supported"
-            )
-        try:
-            if conn_handler is not None:
-                return await conn_handler(frame, conn)
-            assert handler is not None
-            if handler == self.send:
-                return await self.send(frame, conn)
-            return await handler(frame)
-        except (MQError, msgspec.DecodeError, msgspec.ValidationError, UnicodeDecodeError) as exc:
-            code = exc.code if isinstance(exc, MQError) else ResponseCode.MESSAGE_ILLEGAL
-            if isinstance(exc, ProtocolError):
-                code = ResponseCode.MESSAGE_ILLEGAL
-            self.metrics.errors.labels(str(int(code))).inc()
-            return frame.reply(code, str(exc) or type(exc).__name__)
+    def __init__(
+        self,
+        ctx: BrokerContext,
+        delayed: DelayedDelivery,
+        halves: HalfMessages,
+        long_polling: LongPolling,
+        timer_stats: Callable[[], dict[str, int]],
+    ) -> None:
+        self.ctx = ctx
+        self.config = ctx.config
+        self.store = ctx.store
+        self.topics = ctx.topics
+        self.bridge = ctx.bridge
+        self.metrics = ctx.metrics
+        self.offsets = ctx.offsets
+        self.delayed = delayed
+        self.halves = halves
+        self.long_polling = long_polling
+        self.timer_stats = timer_stats
+        self._round_robin = 0
 
     # ------------------------------------------------------------------ helpers
 
     def _topic(self, topic: str, *, for_write: bool) -> TopicConfig:
         config = self.topics.get(topic)
         if config is None:
-            if for_write and self.broker.config.auto_create_topic:
+            if for_write and self.config.auto_create_topic:
                 config = self.topics.auto_create(topic)
-                self.broker.topics_changed()
+                self.ctx.topics_changed()
             else:
                 raise TopicNotExistError(f"topic {topic} does not exist on this broker")
         need = PERM_WRITE if for_write else PERM_READ
-        if not config.perm & need or (for_write and not self.broker.writable):
+        if not config.perm & need or (for_write and not self.ctx.writable()):
             raise NoPermissionError(
                 f"topic {topic} is not {'writable' if for_write else 'readable'} here"
             )
@@ -194,7 +169,7 @@ class BrokerProcessor:
 
     # ------------------------------------------------------------------ send
 
-    async def send(self, frame: Frame, conn: Connection | None = None) -> Reply:
+    async def send(self, frame: Frame, conn: Connection) -> Reply:
         started = time.perf_counter()
         topic = get_str(frame, "topic")
         config = self._topic(topic, for_write=True)
@@ -225,18 +200,18 @@ class BrokerProcessor:
             born_host=peer,
             reconsume_times=get_int(frame, "reconsume_times", 0, lo=0, hi=2**31 - 1),
         )
-        half = self.broker.transactions.half_of(batch, send, config)
+        half = self.halves.half_of(batch, send, config)
         # DELAY / TIMER_* properties: delayed messages wait in the timer topic (docs/timers.md).
-        timed = half is None and self.broker.timer.wants(send.properties_block)
+        timed = half is None and self.delayed.wants(send.properties_block)
         code = ResponseCode.SUCCESS
         remark = ""
         try:
             if timed:
-                result = await self.broker.timer.put_send(batch)
+                result = await self.delayed.put_send(batch)
             elif half is None:
                 result = await self.bridge.put(batch)
             else:  # a prepared transactional message: stored invisible, as a half message
-                result = await self.broker.transactions.put_half(half)
+                result = await self.halves.put_half(half)
         except FlushTimeoutError as exc:
             if not isinstance(exc.result, AppendResult):
                 raise
@@ -309,7 +284,7 @@ class BrokerProcessor:
             out.next_begin = res.next_begin_offset  # read on past records it could not serve
         return out
 
-    async def pull(self, frame: Frame) -> Reply:
+    async def pull(self, frame: Frame, conn: Connection) -> Reply:
         topic = get_str(frame, "topic")
         self._topic(topic, for_write=False)
         queue_id = get_int(frame, "queue_id", lo=0, hi=1 << 30)
@@ -320,17 +295,20 @@ class BrokerProcessor:
         if tags is not None or sql is not None:
             max_nums = min(max_nums, MAX_PULL_MESSAGES)  # fewer than asked: the client reads on
         suspend_ms = get_int(frame, "suspend_timeout_ms", 0, lo=0)
-        suspend_ms = min(suspend_ms, self.broker.config.long_polling_max_ms)
+        suspend_ms = min(suspend_ms, self.config.long_polling_max_ms)
         group = get_str(frame, "group", "")
         if group:
             validate_group(group)
-            if not self.broker.groups.get(group).consume_enable:
+            if not self.ctx.groups.get(group).consume_enable:
                 raise NoPermissionError(f"consumer group {group} is disabled (consume_enable off)")
         commit = get_int(frame, "commit_offset", -1)
         if commit >= 0:
             if not group:
                 raise FieldError("field 'commit_offset' needs field 'group'")
-            self.consumer.commit_in_memory(group, topic, queue_id, commit)
+            # A piggy-backed commit: set in memory (written within the persist interval); an
+            # offset outside the queue is ignored, quietly, as RocketMQ does.
+            if commit <= self.store.max_offset(topic, queue_id):
+                self.offsets.set(group, topic, queue_id, commit)
         deadline = time.monotonic() + suspend_ms / 1000
         while True:
             parts: list[memoryview] | None = None
@@ -376,7 +354,7 @@ class BrokerProcessor:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 return frame.reply(ResponseCode.PULL_NOT_FOUND, "no new message", fields)
-            arrived = await self.broker.long_polling.wait(
+            arrived = await self.long_polling.wait(
                 topic,
                 queue_id,
                 offset,
@@ -388,28 +366,28 @@ class BrokerProcessor:
 
     # ------------------------------------------------------------------ offsets and queries
 
-    async def max_offset(self, frame: Frame) -> Reply:
+    async def max_offset(self, frame: Frame, conn: Connection) -> Reply:
         topic = get_str(frame, "topic")
         queue_id = get_int(frame, "queue_id", lo=0)
         return frame.reply(
             ResponseCode.SUCCESS, fields={"offset": self.store.max_offset(topic, queue_id)}
         )
 
-    async def min_offset(self, frame: Frame) -> Reply:
+    async def min_offset(self, frame: Frame, conn: Connection) -> Reply:
         topic = get_str(frame, "topic")
         queue_id = get_int(frame, "queue_id", lo=0)
         return frame.reply(
             ResponseCode.SUCCESS, fields={"offset": self.store.min_offset(topic, queue_id)}
         )
 
-    async def offset_by_time(self, frame: Frame) -> Reply:
+    async def offset_by_time(self, frame: Frame, conn: Connection) -> Reply:
         topic = get_str(frame, "topic")
         queue_id = get_int(frame, "queue_id", lo=0)
         ts = get_int(frame, "timestamp", lo=0)
         offset = await self.bridge.read(self.store.offset_for_timestamp, topic, queue_id, ts)
         return frame.reply(ResponseCode.SUCCESS, fields={"offset": offset})
 
-    async def query_message(self, frame: Frame) -> Reply:
+    async def query_message(self, frame: Frame, conn: Connection) -> Reply:
         topic = get_str(frame, "topic")
         key = get_str(frame, "key")
         max_num = get_int(frame, "max_num", 32, lo=1, hi=1024)
@@ -422,7 +400,7 @@ class BrokerProcessor:
             return frame.reply(ResponseCode.QUERY_NOT_FOUND, f"no message with key {key}")
         return frame.reply(ResponseCode.SUCCESS), parts
 
-    async def view_message(self, frame: Frame) -> Reply:
+    async def view_message(self, frame: Frame, conn: Connection) -> Reply:
         if "offset" in frame.fields:
             record = self.store.read_record(get_int(frame, "offset", lo=0))
         else:
@@ -437,30 +415,30 @@ class BrokerProcessor:
 
     # ------------------------------------------------------------------ topics
 
-    async def update_topic(self, frame: Frame) -> Reply:
+    async def update_topic(self, frame: Frame, conn: Connection) -> Reply:
         body = frame.body if isinstance(frame.body, bytes) else bytes(frame.body)
         config = decode_body(body, TopicConfig)
         self.topics.upsert(config)
-        self.broker.apply_retention(config)
-        self.broker.topics_changed()
+        self.ctx.apply_retention(config)
+        self.ctx.topics_changed()
         return frame.reply(ResponseCode.SUCCESS)
 
-    async def delete_topic(self, frame: Frame) -> Reply:
+    async def delete_topic(self, frame: Frame, conn: Connection) -> Reply:
         topic = get_str(frame, "topic")
         if not self.topics.delete(topic):
             raise TopicNotExistError(f"topic {topic} does not exist on this broker")
         await self.bridge.call(self.store.delete_topic, topic)
         # Offsets and locks of a deleted topic mean nothing (a topic made again restarts at 0).
-        self.broker.offsets.delete_topic(topic)
-        self.broker.locks.delete_topic(topic)
-        self.broker.topics_changed()
+        self.offsets.delete_topic(topic)
+        self.ctx.locks.delete_topic(topic)
+        self.ctx.topics_changed()
         return frame.reply(ResponseCode.SUCCESS)
 
-    async def all_topics(self, frame: Frame) -> Reply:
+    async def all_topics(self, frame: Frame, conn: Connection) -> Reply:
         body = encode_body(TopicConfigList(topic_configs=list(self.topics.topics.values())))
         return frame.reply(ResponseCode.SUCCESS, body=body)
 
-    async def topic_stats(self, frame: Frame) -> Reply:
+    async def topic_stats(self, frame: Frame, conn: Connection) -> Reply:
         topic = get_str(frame, "topic")
         config = self._topic(topic, for_write=False)
         queues = [
@@ -472,20 +450,20 @@ class BrokerProcessor:
             )
             for q in range(max(config.read_queue_nums, config.write_queue_nums))
         ]
-        stats = TopicStats(topic=topic, broker_name=self.broker.config.broker_name, queues=queues)
+        stats = TopicStats(topic=topic, broker_name=self.config.broker_name, queues=queues)
         return frame.reply(ResponseCode.SUCCESS, body=encode_body(stats))
 
-    async def runtime_info(self, frame: Frame) -> Reply:
+    async def runtime_info(self, frame: Frame, conn: Connection) -> Reply:
         info: dict[str, object] = dict(self.store.stats())
         info.update(
-            broker_name=self.broker.config.broker_name,
-            cluster=self.broker.config.cluster,
+            broker_name=self.config.broker_name,
+            cluster=self.config.cluster,
             topics=len(self.topics.topics),
             pending_sends=self.bridge.pending,
             busy_rejections=self.bridge.busy_rejections,
-            held_pulls=self.broker.long_polling.held,
+            held_pulls=self.long_polling.held,
             disk_used_percent=round(self.store.retention.disk_ratio, 2),
             flush_disk_type=self.store.config.flush_disk_type.value,
         )
-        info.update(self.broker.timer.stats())
+        info.update(self.timer_stats())
         return frame.reply(ResponseCode.SUCCESS, fields=info)

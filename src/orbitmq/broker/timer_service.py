@@ -1,5 +1,7 @@
 """TimerService: delayed messages (DELAY levels) and timer messages (TIMER_* properties), one
-mechanism, plus recall (docs/timers.md).
+mechanism, plus recall (docs/timers.md). This module is the background side (load, fire,
+checkpoint, recall); :class:`~orbitmq.broker.timer_delivery.DelayedDelivery` stores the copies
+and :class:`~orbitmq.broker.timer_processor.TimerProcessor` answers RECALL_MESSAGE.
 
 A send with a delay becomes a copy in the system topic :data:`TIMER_TOPIC` carrying REAL_TOPIC,
 REAL_QID and TIMER_OUT_MS (its due time); the dispatcher writes the due time into the copy's
@@ -41,17 +43,15 @@ import json
 import logging
 import re
 import time
-from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
 
-from orbitmq.common.codes import ResponseCode
+from orbitmq.common.clock import SYSTEM_CLOCK
 from orbitmq.common.errors import (
     MessageIllegalError,
     MQError,
-    TimerDelayTooLongError,
     TimerMessageNotFoundError,
     TimerMessageNotPendingError,
 )
@@ -64,15 +64,11 @@ from orbitmq.common.message import (
     PROPERTY_TIMER_DELAY_SEC,
     PROPERTY_TIMER_DELIVER_MS,
     MessageBatch,
-    decode_properties,
     encode_properties,
 )
 from orbitmq.common.record import decode
+from orbitmq.common.tasks import TaskSet
 from orbitmq.protocol.bodies import TopicConfig
-from orbitmq.protocol.codes import RequestCode
-from orbitmq.protocol.fields import get_str
-from orbitmq.protocol.frame import Frame
-from orbitmq.store.commit_log import AppendResult, now_ms
 from orbitmq.store.timer_index import (
     PROPERTY_TIMER_CANCEL,
     PROPERTY_TIMER_OUT_MS,
@@ -88,8 +84,7 @@ from orbitmq.store.timer_index import (
 
 if TYPE_CHECKING:
     from orbitmq.broker.config import BrokerConfig
-    from orbitmq.broker.controller import BrokerController
-    from orbitmq.net.connection import Reply
+    from orbitmq.broker.context import BrokerContext
     from orbitmq.store.message_store import MessageStore
 
 log = logging.getLogger(__name__)
@@ -99,15 +94,6 @@ FAILURE_BACKOFF_S = 1.0
 MAX_RECALL_CANDIDATES = 16
 MIN_ROLL_WINDOW_MS = 100
 COPY_BATCH_BYTES = 4 * 1024 * 1024
-_REQUEST_NEEDLES = (b"DELAY\x01", b"TIMER_DELIVER_MS\x01", b"TIMER_DELAY_")
-_SCHEDULING = (
-    PROPERTY_REAL_TOPIC,
-    PROPERTY_REAL_QUEUE_ID,
-    PROPERTY_TIMER_OUT_MS,
-    PROPERTY_TIMER_ROLL_MS,
-    PROPERTY_TIMER_CANCEL,
-)
-"""Properties only the broker sets on a timer copy (a sender's values are replaced)."""
 _REMOVED_ON_DELIVERY = (
     PROPERTY_REAL_TOPIC,
     PROPERTY_REAL_QUEUE_ID,
@@ -151,7 +137,7 @@ class TimerCheckpoint:
                 "scan_offset": self.scan_offset,
                 "fired_due": self.fired_due,
                 "fired_qoff": self.fired_qoff,
-                "written_at_ms": now_ms(),
+                "written_at_ms": SYSTEM_CLOCK.now_ms(),
             }
         ).encode()
 
@@ -194,12 +180,14 @@ class _Fired:
 
 
 class TimerService:
-    def __init__(self, broker: BrokerController) -> None:
-        self.broker = broker
-        self.config = broker.config
-        self.store = broker.store
-        self.bridge = broker.bridge
-        self.clock: Callable[[], int] = now_ms
+    """Loads pending timers into the index, fires them when due, writes the checkpoint."""
+
+    def __init__(self, ctx: BrokerContext) -> None:
+        self.config = ctx.config
+        self.store = ctx.store
+        self.bridge = ctx.bridge
+        self.topics = ctx.topics
+        self.clock = ctx.clock
         self.levels = parse_delay_levels(self.config.message_delay_level)
         self.roll_window_ms = roll_window(self.config)
         """No pending timer's copy is older than this (plus a fire pass): see docs/timers.md."""
@@ -223,6 +211,7 @@ class TimerService:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._wake = asyncio.Event()
         self._stopping = False
+        self._tasks = TaskSet("timer", logger=log)
         self._task: asyncio.Task[None] | None = None
         self._write_lock = asyncio.Lock()
         self._fire_lock = asyncio.Lock()
@@ -230,21 +219,18 @@ class TimerService:
         recall never sees a timer between its old and its new copy."""
         self.started = False
 
-    def handlers(self) -> dict[int, Callable[[Frame], Awaitable[Reply]]]:
-        return {RequestCode.RECALL_MESSAGE: self.recall}
-
     # ------------------------------------------------------------------ lifecycle
 
     async def start(self) -> None:
         """After the store is open: rebuild the pending timers, then fire."""
         self._loop = asyncio.get_running_loop()
-        if self.broker.topics.get(TIMER_TOPIC) is None:
+        if self.topics.get(TIMER_TOPIC) is None:
             # Registered with no permission: clients can neither send to it nor pull from it
             # (delayed messages stay invisible until due); only the broker appends.
             config = TopicConfig(
                 topic_name=TIMER_TOPIC, read_queue_nums=1, write_queue_nums=1, perm=0
             )
-            await asyncio.to_thread(self.broker.topics.upsert, config)
+            await asyncio.to_thread(self.topics.upsert, config)
         self.store.add_arrival_listener(self._on_arrival)
         await self.bridge.call(self.store.wait_for_dispatch)
         began = time.monotonic()
@@ -258,7 +244,7 @@ class TimerService:
         self.loaded = self.checkpoint.low_offset
         self._stale_below = await self.bridge.read(
             self.store.offset_for_timestamp, TIMER_TOPIC, TIMER_QUEUE_ID,
-            self.clock() - self.roll_window_ms,
+            self.clock.now_ms() - self.roll_window_ms,
         )  # fmt: skip
         self._load_new()
         self._stale_below = 0
@@ -268,7 +254,7 @@ class TimerService:
             time.monotonic() - began, self.index.next_due(),
         )  # fmt: skip
         self._stopping = False
-        self._task = self._loop.create_task(self._run(), name="timer-fire")
+        self._task = self._tasks.spawn(self._run(), name="timer-fire")
         self.started = True
 
     async def stop(self) -> None:
@@ -323,135 +309,13 @@ class TimerService:
         if self._stale_below and len(timers):
             # Copies stored more than a roll window ago and not yet due: roll them now, before
             # retention can take them (their entries below count as fired once taken).
-            now = self.clock()
+            now = self.clock.now_ms()
             stale = (timers["qoff"] < self._stale_below) & (timers["due"] > now)
             timers["due"][stale] = now
         if len(timers):
             self.index.add(timers)
             self._wake.set()
         self._dirty = True
-
-    # ------------------------------------------------------------------ sends
-
-    def wants(self, properties_block: bytes) -> bool:
-        """Whether a send's properties may ask for a delay (a substring check; false positives
-        are sorted out per message by :meth:`put_send`)."""
-        return any(n in properties_block for n in _REQUEST_NEEDLES)
-
-    def due_time(self, props: dict[str, str], now: int) -> int | None:
-        """The due time a message's properties ask for (None: no delay asked). Raises
-        MessageIllegalError for a malformed value or a delay beyond timer_max_delay_ms."""
-        name = next(
-            (
-                n
-                for n in (
-                    PROPERTY_TIMER_DELIVER_MS,
-                    PROPERTY_TIMER_DELAY_MS,
-                    PROPERTY_TIMER_DELAY_SEC,
-                    PROPERTY_DELAY_LEVEL,
-                )
-                if n in props
-            ),
-            None,
-        )
-        if name is None:
-            return None
-        raw = props[name]
-        try:
-            value = int(raw)
-        except ValueError:
-            raise MessageIllegalError(f"property {name}={raw[:40]!r} is not an integer") from None
-        if name == PROPERTY_TIMER_DELIVER_MS:
-            due = value
-        elif name == PROPERTY_TIMER_DELAY_MS:
-            due = now + value
-        elif name == PROPERTY_TIMER_DELAY_SEC:
-            due = now + value * 1000
-        elif value <= 0:
-            return None  # level 0: no delay
-        else:
-            due = now + self.levels[min(value, len(self.levels)) - 1]
-        self.check_delay(due, now, f"{name}={raw[:40]}")
-        return due
-
-    def check_delay(self, due: int, now: int, what: str) -> None:
-        limit = self.config.timer_max_delay_ms
-        if due - now > limit:
-            raise TimerDelayTooLongError(
-                f"{what} asks for a delay of {(due - now) / 1000:.0f}s; the longest this broker "
-                f"accepts is {limit / 1000:.0f}s (timer_max_delay_ms)"
-            )
-
-    async def put_send(self, batch: MessageBatch) -> AppendResult:
-        """A send whose properties may ask for delays: delayed messages go to the timer topic,
-        the others (no delay, level 0, a time not in the future) to their topic at once.
-        The result lists every message's CommitLog offset in the batch's order."""
-        now = self.clock()
-        maps = [decode_properties(p) for p in batch.properties]
-        dues = [self.due_time(m, now) for m in maps]
-        delayed = [i for i, d in enumerate(dues) if d is not None and d > now]
-        if not delayed:
-            return await self.bridge.put(batch)
-        later = set(delayed)
-        direct = [i for i in range(len(dues)) if i not in later]
-        timer_batch = self._timer_batch(
-            batch,
-            [batch.bodies[i] for i in delayed],
-            [maps[i] for i in delayed],
-            [dues[i] or 0 for i in delayed],
-        )
-        parts: list[tuple[list[int], MessageBatch]] = [(delayed, timer_batch)]
-        if direct:
-            sub = _subset(batch, direct)
-            parts.insert(0, (direct, sub))
-        results = await asyncio.gather(*(self.bridge.put(b) for _, b in parts))
-        phys = [0] * len(dues)
-        sizes = [0] * len(dues)
-        for (idx, _b), res in zip(parts, results, strict=True):
-            for k, i in enumerate(idx):
-                phys[i] = res.physical_offsets[k]
-                sizes[i] = res.sizes[k]
-        first = results[0]
-        return AppendResult(
-            batch.topic, batch.queue_id, first.first_queue_offset, phys, sizes,
-            max(r.end_offset for r in results), first.store_timestamp_ms,
-        )  # fmt: skip
-
-    async def put_delayed(self, batch: MessageBatch, deliver_at_ms: int) -> AppendResult:
-        """Store ``batch`` (its real topic and queue inside) to be delivered at
-        ``deliver_at_ms``; a time not in the future appends it to its topic at once. Durable
-        as a send is; raises TimerDelayTooLongError beyond timer_max_delay_ms."""
-        now = self.clock()
-        if deliver_at_ms <= now:
-            return await self.bridge.put(batch)
-        self.check_delay(deliver_at_ms, now, f"delivery at {deliver_at_ms}")
-        maps = [decode_properties(p) for p in batch.properties]
-        timer_batch = self._timer_batch(batch, batch.bodies, maps, [deliver_at_ms] * len(maps))
-        return await self.bridge.put(timer_batch)
-
-    def _timer_batch(
-        self,
-        batch: MessageBatch,
-        bodies: list[bytes],
-        maps: list[dict[str, str]],
-        dues: list[int],
-    ) -> MessageBatch:
-        props: list[bytes] = []
-        roll_at = self.clock() + self.roll_window_ms
-        for m, due in zip(maps, dues, strict=True):
-            m = {k: v for k, v in m.items() if k not in _SCHEDULING}
-            m[PROPERTY_REAL_TOPIC] = batch.topic
-            m[PROPERTY_REAL_QUEUE_ID] = str(batch.queue_id)
-            m[PROPERTY_TIMER_OUT_MS] = str(due)
-            if due > roll_at:  # stored again at roll_at, long before retention may delete it
-                m[PROPERTY_TIMER_ROLL_MS] = str(roll_at)
-            props.append(encode_properties(m))
-        return MessageBatch(
-            TIMER_TOPIC, TIMER_QUEUE_ID, list(bodies), props, flag=batch.flag,
-            sys_flag=batch.sys_flag, born_timestamp_ms=batch.born_timestamp_ms,
-            born_host=batch.born_host, reconsume_times=batch.reconsume_times,
-            prepared_transaction_offset=batch.prepared_transaction_offset,
-        )  # fmt: skip
 
     # ------------------------------------------------------------------ firing
 
@@ -461,7 +325,7 @@ class TimerService:
             self._wake.clear()
             try:
                 nxt = self.index.next_due()
-                now = self.clock()
+                now = self.clock.now_ms()
                 if nxt is not None and nxt <= now:
                     await self.fire_due(now)
                     await self.write_checkpoint()
@@ -484,7 +348,7 @@ class TimerService:
             return await self._fire_pass(now)
 
     async def _fire_pass(self, now: int | None) -> int:
-        now = self.clock() if now is None else now
+        now = self.clock.now_ms() if now is None else now
         scan = self.loaded
         due = self.index.pop_due(now, self.config.timer_fire_batch)
         if not len(due):
@@ -551,27 +415,24 @@ class TimerService:
 
     # ------------------------------------------------------------------ recall
 
-    async def recall(self, frame: Frame) -> Reply:
-        """RECALL_MESSAGE (topic, msg_id): cancel a delayed message before it is due."""
-        topic = get_str(frame, "topic")
-        msg_id = get_str(frame, "msg_id")
-        if not msg_id or len(msg_id) > 128:
-            raise MessageIllegalError("field 'msg_id' must be 1 to 128 characters")
+    async def recall(self, topic: str, msg_id: str) -> int:
+        """Cancel the delayed message ``msg_id`` of ``topic`` before it is due; returns how many
+        pending copies were dropped (TimerMessageNotFound/NotPending if none)."""
         if self.store.index is None:
             raise TimerMessageNotFoundError(
                 "recall needs the message index (message_index_enable), which is off"
             )
         async with self._fire_lock:
-            reply = await self._recall(frame, topic, msg_id)
+            removed = await self._recall(topic, msg_id)
         try:
             # The fire watermark must cover the copies rolled away before the one recalled,
             # or a crash now would bring an older copy back (and deliver the message).
             await self.write_checkpoint(force=True)
         except (MQError, OSError):
             log.exception("cannot write the timer checkpoint after a recall")
-        return reply
+        return removed
 
-    async def _recall(self, frame: Frame, topic: str, msg_id: str) -> Reply:
+    async def _recall(self, topic: str, msg_id: str) -> int:
         found = await self.bridge.read(
             self.store.query_by_key, TIMER_TOPIC, msg_id, MAX_RECALL_CANDIDATES
         )
@@ -595,7 +456,7 @@ class TimerService:
             TIMER_TOPIC, TIMER_QUEUE_ID, [b"recall"] * len(pending),
             [encode_properties({PROPERTY_TIMER_CANCEL: str(q), "RECALL_ID": msg_id})
              for _, q in pending],
-            born_timestamp_ms=self.clock(),
+            born_timestamp_ms=self.clock.now_ms(),
         )  # fmt: skip
         qoffs = {q for _, q in pending}
         self._recalling |= qoffs
@@ -610,7 +471,7 @@ class TimerService:
             )
         self.recalled += removed
         self._dirty = True
-        return frame.reply(ResponseCode.SUCCESS, fields={"recalled": removed})
+        return removed
 
     # ------------------------------------------------------------------ stats
 
@@ -624,16 +485,6 @@ class TimerService:
             "timer_recalled": self.recalled,
             "timer_loaded_offset": self.loaded,
         }
-
-
-def _subset(batch: MessageBatch, idx: list[int]) -> MessageBatch:
-    return MessageBatch(
-        batch.topic, batch.queue_id, [batch.bodies[i] for i in idx],
-        [batch.properties[i] for i in idx], flag=batch.flag, sys_flag=batch.sys_flag,
-        born_timestamp_ms=batch.born_timestamp_ms, born_host=batch.born_host,
-        reconsume_times=batch.reconsume_times,
-        prepared_transaction_offset=batch.prepared_transaction_offset,
-    )  # fmt: skip
 
 
 _Key = tuple[object, ...]

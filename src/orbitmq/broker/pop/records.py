@@ -32,7 +32,7 @@ MAX_CK_ENTRIES = 1024
 """A CK holds at most one pop's run of one queue (max_msg_nums is at most 1024)."""
 
 
-class RecordCodecError(ValueError):
+class ReviveEntryError(ValueError):
     """A revive-log body that is not a valid, authentic entry."""
 
 
@@ -93,19 +93,19 @@ def encode_entry(ops: list[Op], secret: bytes) -> bytes:
 
 
 def decode_entry(body: bytes | memoryview, secret: bytes) -> list[Op]:
-    """The operations of one revive-log body; RecordCodecError if it is not one we wrote."""
+    """The operations of one revive-log body; ReviveEntryError if it is not one we wrote."""
     view = memoryview(body)
     if len(view) <= MAC_SIZE:
-        raise RecordCodecError("entry is too short")
+        raise ReviveEntryError("entry is too short")
     data, mac = view[:-MAC_SIZE], view[-MAC_SIZE:]
     if not hmac.compare_digest(_mac(secret, data), bytes(mac)):
-        raise RecordCodecError("entry fails its MAC (not written by this broker)")
+        raise ReviveEntryError("entry fails its MAC (not written by this broker)")
     try:
         entry = _decoder.decode(data)
     except (msgspec.DecodeError, msgspec.ValidationError) as exc:
-        raise RecordCodecError(f"entry does not decode: {exc}") from None
+        raise ReviveEntryError(f"entry does not decode: {exc}") from None
     if entry.version != LOG_VERSION:
-        raise RecordCodecError(f"entry version {entry.version} is unknown")
+        raise ReviveEntryError(f"entry version {entry.version} is unknown")
     for op in entry.ops:
         if isinstance(op, CkRecord) and (
             not 0 < len(op.offsets) <= MAX_CK_ENTRIES
@@ -113,7 +113,7 @@ def decode_entry(body: bytes | memoryview, secret: bytes) -> list[Op]:
             or op.queue_id < 0
             or (op.fifo_attempts is not None and len(op.fifo_attempts) != len(op.offsets))
         ):
-            raise RecordCodecError(f"CK {op.ck_id:x} is malformed")
+            raise ReviveEntryError(f"CK {op.ck_id:x} is malformed")
         if isinstance(op, AckRecord) and any(i < 0 or i >= MAX_CK_ENTRIES for i in op.indexes):
-            raise RecordCodecError(f"ACK of CK {op.ck_id:x} has an index out of range")
+            raise ReviveEntryError(f"ACK of CK {op.ck_id:x} has an index out of range")
     return entry.ops

@@ -24,28 +24,31 @@ import json
 import logging
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from orbitmq.broker.dead_letter import copy_properties, ensure_dlq_topic, exhausted
 from orbitmq.broker.pop.records import (
     REVIVE_TOPIC,
     CkRecord,
     DoneRecord,
-    RecordCodecError,
+    Op,
+    ReviveEntryError,
     decode_entry,
 )
-from orbitmq.broker.pop.state import Checkpoint
+from orbitmq.broker.pop.state import PopCheckpoint, PopState
 from orbitmq.common.errors import MQError
 from orbitmq.common.files import write_atomically
 from orbitmq.common.message import MessageBatch, encode_properties
 from orbitmq.common.record import StoredMessage, decode
+from orbitmq.common.tasks import TaskSet
 from orbitmq.protocol.bodies import TopicConfig
 from orbitmq.protocol.consumer import PROPERTY_RETRY_TOPIC, dlq_topic, pop_retry_topic
 from orbitmq.protocol.group_config import SubscriptionGroupConfig
 from orbitmq.store.message_store import GetStatus, MessageStore
 
 if TYPE_CHECKING:
-    from orbitmq.broker.pop.service import PopService
+    from orbitmq.broker.context import BrokerContext
+    from orbitmq.broker.timer_delivery import DelayedDelivery
 
 log = logging.getLogger(__name__)
 
@@ -56,6 +59,7 @@ COPY_BATCH_BYTES = 4 * 1024 * 1024
 CHECKPOINT_INTERVAL_S = 1.0
 FAILURE_BACKOFF_S = 2.0
 REPLAY_CHUNK = 1024
+REPLAY_BYTES = 16 * 1024 * 1024
 CHECKPOINT_FILE = "pop_revive.json"
 
 _BatchKey = tuple[str, int, int, int, int, tuple[str, int], int]
@@ -93,13 +97,32 @@ class _Copies:
         return [(key[6], b) for key, group in self.batches.items() for b in group]
 
 
+class PopLog(Protocol):
+    """What the Reviver needs of the Pop service: its state and its revive log."""
+
+    state: PopState
+    secret: bytes
+
+    async def append_ops(self, ops: list[Op]) -> int: ...
+
+    def checkpoint_floor(self) -> int: ...
+
+
 class Reviver:
-    def __init__(self, service: PopService) -> None:
-        self.service = service
-        self.state = service.state
-        self.path: Path = service.config.store.store_path / "config" / CHECKPOINT_FILE
+    def __init__(self, ctx: BrokerContext, pop: PopLog, delayed: DelayedDelivery) -> None:
+        self.ctx = ctx
+        self.pop = pop
+        self.delayed = delayed
+        self.store = ctx.store
+        self.bridge = ctx.bridge
+        self.offsets = ctx.offsets
+        self.system_log = ctx.log
+        self.clock = ctx.clock
+        self.state = pop.state
+        self.path: Path = ctx.config.store.store_path / "config" / CHECKPOINT_FILE
         self.revived = 0
         """Messages copied to retry topics since start."""
+        self._tasks = TaskSet("pop-revive", logger=log)
         self._task: asyncio.Task[None] | None = None
         self._stopping = asyncio.Event()
         self._write_lock = asyncio.Lock()
@@ -124,25 +147,22 @@ class Reviver:
 
     async def recover(self) -> None:
         """Rebuild the state from the revive log (the store is open, offsets are loaded)."""
-        svc = self.service
-        store, bridge = svc.store, svc.bridge
+        store, bridge = self.store, self.bridge
         await bridge.call(store.wait_for_dispatch)
         saved = self._read_checkpoint()
         start = saved or 0
         offset = max(start, store.min_offset(REVIVE_TOPIC, 0))
-        end = store.max_offset(REVIVE_TOPIC, 0)
+        end = self.system_log.max_offset(REVIVE_TOPIC, 0)
         began = time.monotonic()
         entries = bad = 0
         while offset < end:
-            res = await bridge.read(
-                store.get_messages, REVIVE_TOPIC, 0, offset, REPLAY_CHUNK, 16 * 1024 * 1024, None
-            )
+            res = await self.system_log.read(REVIVE_TOPIC, 0, offset, REPLAY_CHUNK, REPLAY_BYTES)
             if res.status is GetStatus.FOUND:
                 for view, log_offset in zip(res.messages, res.queue_offsets, strict=True):
                     entries += 1
                     try:
-                        ops = decode_entry(decode(view).body, svc.secret)
-                    except RecordCodecError as exc:
+                        ops = decode_entry(decode(view).body, self.pop.secret)
+                    except ReviveEntryError as exc:
                         bad += 1
                         log.warning("revive log entry %d ignored: %s", log_offset, exc)
                         continue
@@ -164,7 +184,7 @@ class Reviver:
     def _cover(self, ck: CkRecord) -> None:
         """The group's offset must be past a CK's run: pop offsets reach the disk only
         periodically, and a message handed out must not be handed out again as new."""
-        offsets = self.service.offsets
+        offsets = self.offsets
         end = max(ck.offsets) + 1
         current = offsets.query(ck.group, ck.topic, ck.queue_id)
         if current is None or current < end:
@@ -177,19 +197,19 @@ class Reviver:
         if not force and now - self._last_checkpoint < CHECKPOINT_INTERVAL_S:
             return
         async with self._write_lock:
-            floor = self.service.checkpoint_floor()
+            floor = self.pop.checkpoint_floor()
             if floor <= self._written_floor:
                 return
             self._last_checkpoint = now
-            await self.service.offsets.persist()
-            data = json.dumps({"revive_offset": floor, "written_at_ms": int(time.time() * 1000)})
+            await self.offsets.persist()
+            data = json.dumps({"revive_offset": floor, "written_at_ms": self.clock.now_ms()})
             await asyncio.to_thread(write_atomically, self.path, data.encode())
             self._written_floor = floor
 
     # ------------------------------------------------------------------ the loop
 
     def start(self) -> None:
-        self._task = asyncio.get_running_loop().create_task(self._run(), name="pop-revive")
+        self._task = self._tasks.spawn(self._run(), name="pop-revive")
 
     async def stop(self) -> None:
         """Let the pass in progress finish (it is not cut between its copies and its DONE, nor
@@ -198,16 +218,16 @@ class Reviver:
         if self._task is not None:
             await self._task
             self._task = None
-        store = self.service.store
+        store = self.store
         try:
             if store.is_open:
-                await self.service.bridge.call(store.wait_for_dispatch, 5.0)
+                await self.bridge.call(store.wait_for_dispatch, 5.0)
             await self.write_checkpoint(force=True)
         except (MQError, OSError):
             log.exception("cannot write the revive checkpoint at stop")
 
     async def _run(self) -> None:
-        interval = self.service.config.pop_revive_interval_ms / 1000
+        interval = self.ctx.config.pop_revive_interval_ms / 1000
         while not self._stopping.is_set():
             pause = interval
             try:
@@ -223,7 +243,7 @@ class Reviver:
 
     async def revive_due(self, now_ms: int | None = None) -> int:
         """One pass; returns how many checkpoints it closed."""
-        now = int(time.time() * 1000) if now_ms is None else now_ms
+        now = self.clock.now_ms() if now_ms is None else now_ms
         due = self.state.due(now, REVIVE_PASS_CKS)
         if not due:
             return 0
@@ -237,10 +257,9 @@ class Reviver:
             self.state.close(ck, "revived")
         return len(done)
 
-    async def _revive(self, due: list[Checkpoint]) -> list[Checkpoint]:
-        svc = self.service
+    async def _revive(self, due: list[PopCheckpoint]) -> list[PopCheckpoint]:
         copies = _Copies()
-        taken: list[Checkpoint] = []
+        taken: list[PopCheckpoint] = []
         messages = nbytes = 0
         for i, ck in enumerate(due):
             if messages >= REVIVE_PASS_MESSAGES or nbytes >= REVIVE_PASS_BYTES:
@@ -249,9 +268,9 @@ class Reviver:
                 break
             taken.append(ck)
             rec = ck.record
-            policy = svc.broker.groups.get(rec.group)
+            policy = self.ctx.groups.get(rec.group)
             indexes = ck.unacked()
-            found = await svc.bridge.read(_load, svc.store, [rec.phys[j] for j in indexes])
+            found = await self.bridge.read(_load, self.store, [rec.phys[j] for j in indexes])
             for j, msg in zip(indexes, found, strict=True):
                 if (
                     msg is None
@@ -268,19 +287,18 @@ class Reviver:
         if copies.batches:
             dlqs = {dlq_topic(g) for g in copies.dlq_groups}
             for group in copies.dlq_groups:
-                await ensure_dlq_topic(svc.broker, group)
+                await ensure_dlq_topic(self.ctx, group)
             for topic in {key[0] for key in copies.batches} - dlqs:
                 await self._ensure_topic(topic)
-            timer = svc.broker.timer
             puts = [
-                svc.bridge.put(b) if due < 0 else timer.put_delayed(b, due)
+                self.bridge.put(b) if due < 0 else self.delayed.put_delayed(b, due)
                 for due, b in copies.all()
             ]
             results = await asyncio.gather(*puts, return_exceptions=True)
             for result in results:
                 if isinstance(result, BaseException):
                     raise result
-        await svc.append_ops([DoneRecord(ck.ck_id) for ck in taken])
+        await self.pop.append_ops([DoneRecord(ck.ck_id) for ck in taken])
         self.revived += messages
         return taken
 
@@ -302,7 +320,7 @@ class Reviver:
             reconsume = msg.reconsume_times + 1
             due = rec.deadline_ms + policy.pop_retry_delay_ms(msg.reconsume_times)
         encoded = encode_properties(props)
-        if len(encoded) > self.service.store.config.max_properties_size:
+        if len(encoded) > self.store.config.max_properties_size:
             encoded = encode_properties(msg.properties)  # no room: keep the message, lose the tags
         key = (
             target, msg.flag, msg.sys_flag, reconsume, msg.born_timestamp_ms, msg.born_host, due,
@@ -310,13 +328,12 @@ class Reviver:
         copies.add(key, msg, encoded)
 
     async def _ensure_topic(self, topic: str) -> None:
-        svc = self.service
-        if svc.topics.get(topic) is not None:
+        topics = self.ctx.topics
+        if topics.get(topic) is not None:
             return
         config = TopicConfig(topic_name=topic, read_queue_nums=1, write_queue_nums=1)
-        await asyncio.to_thread(svc.topics.upsert, config)
-        svc.broker.apply_retention(config)
-        svc.broker.topics_changed()
+        await asyncio.to_thread(topics.upsert, config)
+        self.ctx.topic_created(config)
         log.info("created pop retry topic %s", topic)
 
 

@@ -23,7 +23,7 @@ CLOSED_MEMORY = 65_536
 
 
 @dataclass(slots=True, eq=False)
-class Checkpoint:
+class PopCheckpoint:
     record: CkRecord
     log_offset: int
     """Queue offset in the revive log of the entry that holds the CK."""
@@ -48,7 +48,7 @@ class Checkpoint:
 
 @dataclass(slots=True)
 class PopState:
-    cks: dict[int, Checkpoint] = field(default_factory=dict)
+    cks: dict[int, PopCheckpoint] = field(default_factory=dict)
     closed: OrderedDict[int, str] = field(default_factory=OrderedDict)
     """Recently closed CK ids -> why ("acked", "revived")."""
     _deadlines: list[tuple[int, int]] = field(default_factory=list)
@@ -79,10 +79,10 @@ class PopState:
             heapq.heappop(heap)
         return None
 
-    def due(self, now_ms: int, limit: int) -> list[Checkpoint]:
+    def due(self, now_ms: int, limit: int) -> list[PopCheckpoint]:
         """Open CKs whose deadline has passed and that no append is touching, at most
         ``limit``; they stay in the state until :meth:`close` (a failed revive is retried)."""
-        out: list[Checkpoint] = []
+        out: list[PopCheckpoint] = []
         later: list[tuple[int, int]] = []
         heap = self._deadlines
         while heap and heap[0][0] <= now_ms and len(out) < limit:
@@ -98,7 +98,7 @@ class PopState:
             heapq.heappush(heap, item)
         return out
 
-    def requeue(self, ck: Checkpoint) -> None:
+    def requeue(self, ck: PopCheckpoint) -> None:
         """Put a CK whose revive failed back in line."""
         if ck.ck_id in self.cks and not ck.fifo:
             heapq.heappush(self._deadlines, (ck.record.deadline_ms, ck.ck_id))
@@ -111,11 +111,11 @@ class PopState:
             win = self.fifo[key] = FifoWindow()
         return win
 
-    def fifo_due(self, now_ms: int, limit: int) -> list[Checkpoint]:
+    def fifo_due(self, now_ms: int, limit: int) -> list[PopCheckpoint]:
         """Open FIFO CKs past their deadline (or their retry time, see :meth:`fifo_requeue`)
         that no append is touching, at most ``limit``; the caller releases or dead-letters
         their entries and closes them."""
-        out: list[Checkpoint] = []
+        out: list[PopCheckpoint] = []
         later: list[tuple[int, int]] = []
         heap = self._fifo_deadlines
         while heap and heap[0][0] <= now_ms and len(out) < limit:
@@ -131,12 +131,12 @@ class PopState:
             heapq.heappush(heap, item)
         return out
 
-    def fifo_requeue(self, ck: Checkpoint, at_ms: int) -> None:
+    def fifo_requeue(self, ck: PopCheckpoint, at_ms: int) -> None:
         """Look at a FIFO CK again at ``at_ms`` (its dead-lettering failed)."""
         if ck.ck_id in self.cks:
             heapq.heappush(self._fifo_deadlines, (at_ms, ck.ck_id))
 
-    def fifo_ack(self, ck: Checkpoint, index: int) -> FifoWindow | None:
+    def fifo_ack(self, ck: PopCheckpoint, index: int) -> FifoWindow | None:
         """The ACK of a FIFO entry is stored: finish its offset in the window (None: not a
         FIFO CK, or the entry no longer holds the offset)."""
         rec = ck.record
@@ -154,9 +154,9 @@ class PopState:
 
     # ------------------------------------------------------------------ changes
 
-    def add(self, record: CkRecord, log_offset: int) -> Checkpoint:
+    def add(self, record: CkRecord, log_offset: int) -> PopCheckpoint:
         n = len(record.offsets)
-        ck = Checkpoint(record, log_offset, bytearray(n), n)
+        ck = PopCheckpoint(record, log_offset, bytearray(n), n)
         self.cks[record.ck_id] = ck
         if record.fifo_attempts is None:
             heapq.heappush(self._deadlines, (record.deadline_ms, record.ck_id))
@@ -173,7 +173,7 @@ class PopState:
         self._group_open[record.group] += n
         return ck
 
-    def mark(self, ck: Checkpoint, index: int) -> bool:
+    def mark(self, ck: PopCheckpoint, index: int) -> bool:
         """Mark one entry acked; False if it already was."""
         if ck.acked[index]:
             return False
@@ -182,18 +182,18 @@ class PopState:
         self._count(ck.record, -1)
         return True
 
-    def unmark(self, ck: Checkpoint, index: int) -> None:
+    def unmark(self, ck: PopCheckpoint, index: int) -> None:
         """Undo :meth:`mark` (its append failed)."""
         if ck.acked[index] and ck.ck_id in self.cks:
             ck.acked[index] = 0
             ck.open += 1
             self._count(ck.record, 1)
 
-    def close_if_done(self, ck: Checkpoint) -> None:
+    def close_if_done(self, ck: PopCheckpoint) -> None:
         if ck.open <= 0 and ck.pending <= 0 and ck.ck_id in self.cks:
             self.close(ck, "acked")
 
-    def close(self, ck: Checkpoint, why: str) -> None:
+    def close(self, ck: PopCheckpoint, why: str) -> None:
         if self.cks.pop(ck.ck_id, None) is None:
             return
         if ck.open:

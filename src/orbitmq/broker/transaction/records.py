@@ -43,7 +43,7 @@ PROPERTY_TRANSACTION_BATCH = "TRAN_BATCH"
 LOG_VERSION = 1
 
 
-class RecordCodecError(ValueError):
+class OpRecordError(ValueError):
     """An op-topic body that is not a valid op record."""
 
 
@@ -92,7 +92,7 @@ def decode_ops(body: bytes | memoryview) -> list[Op]:
     try:
         entry = _decoder.decode(body)
     except (msgspec.DecodeError, msgspec.ValidationError) as exc:
-        raise RecordCodecError(f"op record does not decode: {exc}") from None
+        raise OpRecordError(f"op record does not decode: {exc}") from None
     if entry.version != LOG_VERSION:
-        raise RecordCodecError(f"op record version {entry.version} is unknown")
+        raise OpRecordError(f"op record version {entry.version} is unknown")
     return entry.ops

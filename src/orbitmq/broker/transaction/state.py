@@ -13,10 +13,30 @@ rebuilds exactly this state.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import enum
 import heapq
+import logging
 from collections import OrderedDict
 from dataclasses import dataclass
+
+from orbitmq.broker.transaction.records import (
+    PROPERTY_CHECK_IMMUNITY_S,
+    PROPERTY_PRODUCER_GROUP,
+    PROPERTY_REAL_QUEUE_ID,
+    PROPERTY_REAL_TOPIC,
+    PROPERTY_TRANSACTION_BATCH,
+    PROPERTY_TRANSACTION_ID,
+    Checked,
+    CommitBegin,
+    Committed,
+    Discarded,
+    Op,
+    RolledBack,
+)
+from orbitmq.common.record import StoredMessage
+
+log = logging.getLogger(__name__)
 
 RECENT_DECISIONS = 65_536
 """Decisions of pruned half messages remembered, to answer late duplicates exactly."""
@@ -73,9 +93,15 @@ class TxState:
         self.next_q = start_q
         self.recent: OrderedDict[int, TxStatus] = OrderedDict()
         self._op_heap: list[tuple[int, int]] = []
+        self.halves_in_flight = 0
+        """Half appends under way: a gap in the window may be one of them (prune stops)."""
 
     def reset(self, start_q: int) -> None:
-        self.__init__(start_q)  # type: ignore[misc]
+        """Empty the window, to start at ``start_q`` (a restart's replay); halves being
+        appended stay counted."""
+        in_flight = self.halves_in_flight
+        self.__init__(start_q)  # type: ignore[misc]  # the one place that lists the fields
+        self.halves_in_flight = in_flight
 
     def add(self, half: Half) -> None:
         if half.qoffset < self.floor_q:
@@ -126,5 +152,62 @@ class TxState:
             heapq.heappop(heap)
         return heap[0][0] if heap else None
 
+    def apply(self, op: Op, op_q: int) -> None:
+        """Replay one op record's operation (at op-topic offset ``op_q``) onto the window."""
+        state = self
+        if isinstance(op, Checked):
+            for phys in op.halves:
+                half = state.by_phys.get(phys)
+                if half is not None:
+                    half.checks += 1
+                    state.note_op(half, op_q)
+            return
+        half = state.by_phys.get(op.half)
+        if half is None:
+            return  # about a half message before the window: decided long ago
+        state.note_op(half, op_q)
+        if isinstance(op, CommitBegin):
+            if half.status is TxStatus.PENDING:
+                half.status = TxStatus.COMMITTING
+                half.commit_floor = op.floor
+        elif isinstance(op, Committed):
+            half.status = TxStatus.COMMITTED
+        elif isinstance(op, RolledBack):
+            half.status = TxStatus.ROLLED_BACK
+        elif isinstance(op, Discarded):
+            half.status = TxStatus.DISCARDED
+
     def pending(self) -> int:
         return sum(not h.status.decided for h in self.by_q.values())
+
+
+def half_from_record(msg: StoredMessage) -> Half | None:
+    props = msg.properties
+    try:
+        queue_id = int(props.get(PROPERTY_REAL_QUEUE_ID, ""))
+    except ValueError:
+        queue_id = -1
+    topic = props.get(PROPERTY_REAL_TOPIC, "")
+    if not topic or queue_id < 0:
+        log.warning("half message at %d has no real topic/queue; ignored", msg.physical_offset)
+        return None
+    immunity_ms = 0
+    with contextlib.suppress(ValueError):
+        immunity_ms = max(0, int(props.get(PROPERTY_CHECK_IMMUNITY_S, "0")) * 1000)
+    msg_id = msg.msg_id or ""
+    batch_size = 0
+    with contextlib.suppress(ValueError):
+        batch_size = max(0, int(props.get(PROPERTY_TRANSACTION_BATCH, "0")))
+    return Half(
+        phys=msg.physical_offset,
+        qoffset=msg.queue_offset,
+        size=msg.total_size,
+        store_ms=msg.store_timestamp_ms,
+        group=props.get(PROPERTY_PRODUCER_GROUP, ""),
+        msg_id=msg_id,
+        transaction_id=props.get(PROPERTY_TRANSACTION_ID) or msg_id,
+        topic=topic,
+        queue_id=queue_id,
+        immunity_ms=immunity_ms,
+        batch_size=batch_size,
+    )

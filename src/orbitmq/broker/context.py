@@ -1,0 +1,113 @@
+"""BrokerContext: what the broker's processors and services share, built once by the controller.
+
+A service takes the context (and, by constructor argument, the one or two other services it
+calls), never the :class:`~orbitmq.broker.controller.BrokerController`: so a reader sees what a
+service can touch from its constructor, and the import graph points one way (controller ->
+routes -> processors and services -> context -> managers). This module imports no processor
+or service; the ``layers`` contract in pyproject.toml keeps it so.
+
+`SystemLog` is how the Pop, timer and transaction services append to and read their system
+topics (Kafka's ``PartitionWriter`` + ``CoordinatorLoader``): appends are durable as a send is,
+reads run off the event loop. `StoreSystemLog` is the one over the broker's store.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Protocol
+
+from orbitmq.broker.config import BrokerConfig
+from orbitmq.broker.consumer_manager import ConsumerManager
+from orbitmq.broker.group_config_manager import SubscriptionGroupManager
+from orbitmq.broker.lock_manager import LockManager
+from orbitmq.broker.metrics import BrokerMetrics
+from orbitmq.broker.offset_manager import ConsumerOffsetManager
+from orbitmq.broker.store_bridge import StoreBridge
+from orbitmq.broker.topic_manager import TopicConfigManager
+from orbitmq.common.clock import Clock
+from orbitmq.common.message import MessageBatch
+from orbitmq.protocol.bodies import TopicConfig
+from orbitmq.store.commit_log import AppendResult
+from orbitmq.store.message_store import GetResult, MessageStore
+
+ArrivalListener = Callable[[str, int, int], None]
+"""``listener(topic, queue_id, max_offset)``, called on the store's dispatcher thread."""
+
+
+class SystemLog(Protocol):
+    """Appends to and reads of the broker's system topics (revive log, timer, half/op)."""
+
+    async def append(self, batch: MessageBatch) -> AppendResult:
+        """Store ``batch``; returns once it is as durable as a send (FlushTimeoutError if not)."""
+        ...
+
+    async def read(
+        self, topic: str, queue_id: int, offset: int, max_count: int, max_bytes: int
+    ) -> GetResult:
+        """Up to ``max_count`` records (``max_bytes`` at most) from ``offset`` on, off the loop."""
+        ...
+
+    def max_offset(self, topic: str, queue_id: int) -> int:
+        """The queue offset the next append to (topic, queue) gets."""
+        ...
+
+    def on_arrival(self, listener: ArrivalListener) -> None:
+        """Call ``listener`` on the dispatcher thread whenever a queue gets new entries."""
+        ...
+
+
+class StoreSystemLog:
+    """`SystemLog` over the broker's store: appends through the store bridge's writer."""
+
+    def __init__(self, store: MessageStore, bridge: StoreBridge) -> None:
+        self._store = store
+        self._bridge = bridge
+
+    async def append(self, batch: MessageBatch) -> AppendResult:
+        return await self._bridge.put(batch)
+
+    async def read(
+        self, topic: str, queue_id: int, offset: int, max_count: int, max_bytes: int
+    ) -> GetResult:
+        store = self._store
+        return await self._bridge.read(
+            store.get_messages, topic, queue_id, offset, max_count, max_bytes, None
+        )
+
+    def max_offset(self, topic: str, queue_id: int) -> int:
+        return self._store.max_offset(topic, queue_id)
+
+    def on_arrival(self, listener: ArrivalListener) -> None:
+        self._store.add_arrival_listener(listener)
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class BrokerContext:
+    """The broker's shared parts. Frozen: a service cannot swap one for the others."""
+
+    config: BrokerConfig
+    store: MessageStore
+    """The message store, for reads on the event loop (tail reads, offsets, stats)."""
+    bridge: StoreBridge
+    """Appends (one writer thread, durable per the flush mode) and reads off the loop."""
+    log: SystemLog
+    topics: TopicConfigManager
+    offsets: ConsumerOffsetManager
+    groups: SubscriptionGroupManager
+    """Consumer-group configs (retry policy, DLQ limit): ``groups.get(g)``."""
+    consumers: ConsumerManager
+    locks: LockManager
+    metrics: BrokerMetrics
+    clock: Clock
+    topics_changed: Callable[[], None]
+    """Register with the NameServers again soon (a topic was made, changed or deleted)."""
+    apply_retention: Callable[[TopicConfig], None]
+    """Give the store a topic's retention (after the topic is made or changed)."""
+    writable: Callable[[], bool]
+    """Whether the broker accepts writes now (False: every write is NO_PERMISSION)."""
+
+    def topic_created(self, config: TopicConfig) -> None:
+        """A topic the broker made itself (DLQ, retry, system): retention, then registration."""
+        self.apply_retention(config)
+        self.topics_changed()

@@ -1,0 +1,37 @@
+"""TimerProcessor: the request a client sends about a delayed message (RECALL_MESSAGE).
+
+The answer's work (find the copy, store a cancel marker, drop the timer) is the
+:class:`~orbitmq.broker.timer_service.TimerService`'s, which owns the pending timers; this only
+reads the request and answers it (docs/timers.md).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from orbitmq.broker.timer_service import TimerService
+from orbitmq.common.codes import ResponseCode
+from orbitmq.common.errors import MessageIllegalError
+from orbitmq.protocol.fields import get_str
+from orbitmq.protocol.frame import Frame
+
+if TYPE_CHECKING:
+    from orbitmq.net.connection import Connection, Reply
+
+MAX_MSG_ID = 128
+
+
+class TimerProcessor:
+    """Reads RECALL_MESSAGE; ``timer`` drops the pending copies."""
+
+    def __init__(self, timer: TimerService) -> None:
+        self.timer = timer
+
+    async def recall(self, frame: Frame, conn: Connection) -> Reply:
+        """RECALL_MESSAGE (topic, msg_id): cancel a delayed message before it is due."""
+        topic = get_str(frame, "topic")
+        msg_id = get_str(frame, "msg_id")
+        if not msg_id or len(msg_id) > MAX_MSG_ID:
+            raise MessageIllegalError(f"field 'msg_id' must be 1 to {MAX_MSG_ID} characters")
+        removed = await self.timer.recall(topic, msg_id)
+        return frame.reply(ResponseCode.SUCCESS, fields={"recalled": removed})

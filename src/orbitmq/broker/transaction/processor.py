@@ -1,0 +1,96 @@
+"""TransactionProcessor: answers END_TRANSACTION, a producer's COMMIT, ROLLBACK or UNKNOWN for
+one half message (docs/transactions.md). Applying the decision exactly once is the
+:class:`~orbitmq.broker.transaction.service.TransactionService`'s work; this reads the request,
+finds the half message and answers.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING
+
+from orbitmq.broker.context import BrokerContext
+from orbitmq.broker.transaction.records import HALF_TOPIC, PROPERTY_PRODUCER_GROUP
+from orbitmq.broker.transaction.service import TransactionService, check_conflict
+from orbitmq.common.codes import ResponseCode
+from orbitmq.common.errors import MessageIllegalError, TransactionNotFoundError
+from orbitmq.common.validation import validate_group
+from orbitmq.protocol.fields import FieldError, get_int, get_str
+from orbitmq.protocol.frame import Frame
+
+if TYPE_CHECKING:
+    from orbitmq.net.connection import Connection, Reply
+
+log = logging.getLogger(__name__)
+
+DECISIONS = ("COMMIT", "ROLLBACK", "UNKNOWN")
+
+
+def _bool_field(frame: Frame, name: str) -> bool:
+    value = frame.fields.get(name, False)
+    if not isinstance(value, bool):
+        raise FieldError(f"field {name!r} must be a boolean")
+    return value
+
+
+class TransactionProcessor:
+    """Reads END_TRANSACTION; ``service`` applies the decision."""
+
+    def __init__(self, ctx: BrokerContext, service: TransactionService) -> None:
+        self.service = service
+        self.store = ctx.store
+        self.bridge = ctx.bridge
+
+    async def end_transaction(self, frame: Frame, conn: Connection) -> Reply:
+        group = get_str(frame, "producer_group")
+        validate_group(group)
+        decision = get_str(frame, "tran_state")
+        if decision not in DECISIONS:
+            raise MessageIllegalError(
+                f"tran_state {decision[:40]!r} is not one of {', '.join(DECISIONS)}"
+            )
+        offset = get_int(frame, "commit_log_offset", lo=0)
+        msg_id = get_str(frame, "msg_id")
+        from_check = _bool_field(frame, "from_check")
+        half = self.service.state.by_phys.get(offset)
+        if half is None:
+            return await self._end_outside_window(frame, offset, msg_id, group, decision)
+        if half.msg_id != msg_id or half.group != group:
+            raise TransactionNotFoundError(
+                f"the half message at offset {offset} is not message {msg_id[:64]} "
+                f"of producer group {group}"
+            )
+        if decision == "UNKNOWN":
+            log.debug(
+                "transaction %s of %s: state unknown (from_check=%s)", msg_id, group, from_check
+            )
+            return frame.reply(ResponseCode.SUCCESS, fields={"state": half.status.value})
+        if decision == "COMMIT":
+            await self.service.commit(half)
+        else:
+            await self.service.rollback(half)
+        return frame.reply(ResponseCode.SUCCESS, fields={"state": half.status.value})
+
+    async def _end_outside_window(
+        self, frame: Frame, offset: int, msg_id: str, group: str, decision: str
+    ) -> Reply:
+        """A decision for a half message the window no longer (or never) held: one decided and
+        pruned answers as decided; anything else is TRANSACTION_NOT_FOUND."""
+        msg = await self.bridge.read(self.store.get_message, offset)
+        if (
+            msg is None
+            or msg.topic != HALF_TOPIC
+            or msg.msg_id != msg_id
+            or msg.properties.get(PROPERTY_PRODUCER_GROUP) != group
+        ):
+            raise TransactionNotFoundError(
+                f"no half message {msg_id[:64]} of producer group {group} at offset {offset}"
+            )
+        if msg.queue_offset >= self.service.state.floor_q:
+            raise TransactionNotFoundError(f"half message {msg_id[:64]} is not tracked")
+        status = self.service.state.recent.get(offset)
+        if status is not None and decision != "UNKNOWN":
+            check_conflict(status, decision, msg_id)
+        remark = f"transaction {msg_id} was resolved earlier"
+        fields = {"state": status.value if status is not None else "RESOLVED"}
+        return frame.reply(ResponseCode.SUCCESS, remark, fields=fields)
