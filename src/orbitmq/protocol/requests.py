@@ -140,7 +140,7 @@ class SendMessageRequest(Header):
         "SYSTEM_BUSY (2), FLUSH_DISK_TIMEOUT (10)"
     )
     topic: str
-    queue_id: Annotated[int, Meta(ge=-1, le=MAX_QUEUE_ID, description="-1: broker picks")] = -1
+    queue_id: Annotated[int, Meta(ge=-1, le=MAX_QUEUE_ID, description="broker picks")] = -1
     flag: Annotated[int, Meta(ge=-(2**31), le=I32_MAX)] = 0
     sys_flag: Annotated[int, Meta(ge=0, le=I32_MAX)] = 0
     born_ts: Millis = 0
@@ -170,10 +170,12 @@ class PullMessageRequest(Header):
     max_bytes: Annotated[int, Meta(ge=1, le=MAX_PULL_BYTES)] = DEFAULT_PULL_BYTES
     tags: Annotated[list[str], Meta(description="older tag filter")] | None = None
     expression_type: Annotated[str, Meta(description="TAG or SQL92; wins over tags")] | None = None
-    expression: Annotated[str, Meta(description="absent: *")] | None = None
+    expression: Annotated[str, Meta(description="* when only expression_type is given")] | None = (
+        None
+    )
     suspend_timeout_ms: Millis = 0
     group: str = ""
-    commit_offset: Annotated[int, Meta(description="piggy-backed commit, -1: none")] = -1
+    commit_offset: Annotated[int, Meta(description="none; else a commit kept in memory")] = -1
 
     @property
     def has_expression(self) -> bool:
@@ -328,7 +330,7 @@ class UnregisterClientRequest(Header):
     section: ClassVar[str] = CONSUMER
     response: ClassVar[str] = "SUCCESS, fields `left`"
     client_id: str
-    group: Annotated[str, Meta(description='"": every group of the client')] = ""
+    group: Annotated[str, Meta(description="every group of the client")] = ""
 
 
 class GetConsumerListRequest(Header):
@@ -404,8 +406,10 @@ class SendMessageBackRequest(Header):
     group: str
     offset: Annotated[int, Meta(ge=0, description="CommitLog offset of the message")]
     origin_topic: str = ""
-    max_reconsume_times: Annotated[Times, Meta(description="-1: the group's")] = -1
-    reconsume_times: Annotated[Times, Meta(description="orderly consumers count")] = -1
+    max_reconsume_times: Annotated[Times, Meta(description="the group's")] = -1
+    reconsume_times: Annotated[
+        Times, Meta(description="not counted (orderly consumers count)")
+    ] = -1
     to_dlq: bool = False
 
 
@@ -422,7 +426,7 @@ class GetAllSubscriptionGroupRequest(Header):
     response: ClassVar[str] = (
         "body SubscriptionGroupConfigList; with `group`: its effective config + `configured`"
     )
-    group: Annotated[str, Meta(description='"": every group')] = ""
+    group: Annotated[str, Meta(description="every group")] = ""
 
 
 class DeleteSubscriptionGroupRequest(Header):
@@ -447,7 +451,7 @@ class GetConsumeStatsRequest(Header):
         "Pop in-flight); SUBSCRIPTION_GROUP_NOT_EXIST (26)"
     )
     group: str
-    topic: Annotated[str, Meta(description='"": every topic')] = ""
+    topic: Annotated[str, Meta(description="every topic")] = ""
 
 
 class GetConsumerGroupListRequest(Header):
@@ -462,7 +466,7 @@ class GetDlqMessagesRequest(Header):
     response: ClassVar[str] = "like a pull, ignoring the DLQ's missing read permission"
     group: str
     queue_id: QueueId = 0
-    queue_offset: Annotated[int, Meta(ge=-1, description="-1: min")] = -1
+    queue_offset: Annotated[int, Meta(ge=-1, description="the DLQ's first")] = -1
     max_msg_nums: Annotated[int, Meta(ge=1, le=MAX_DLQ_READ)] = 32
 
 
