@@ -281,3 +281,38 @@ def test_same_answers_as_the_get_readers(fields: dict[str, Any]) -> None:
         except FieldError as exc:
             got = str(exc)
         assert got == want
+
+
+def _slow(cls: type[Header], fields: dict[str, Any]) -> Any:
+    """The field-by-field rules alone (what from_fields falls back to)."""
+    try:
+        return cls(**{s.name: s.read(fields) for s in fields_of(cls)})
+    except FieldError as exc:
+        return str(exc)
+
+
+@given(st.sampled_from(ALL), garbage_maps)
+def test_the_msgspec_fast_path_agrees_with_the_rules(
+    cls: type[Header], fields: dict[str, Any]
+) -> None:
+    try:
+        got: Any = cls.from_fields(fields)
+    except FieldError as exc:
+        got = str(exc)
+    assert got == _slow(cls, fields)
+
+
+def test_uint64_tuples_and_unbounded_ints() -> None:
+    base = {"topic": "T", "queue_id": 0}
+    with pytest.raises(FieldError) as err:
+        PullMessageRequest.from_fields({**base, "queue_offset": 2**63})  # a msgpack uint64
+    assert str(err.value) == f"field 'queue_offset' = {2**63} is outside [0, {2**63 - 1}]"
+    with pytest.raises(FieldError, match="must be a list of strings"):
+        PullMessageRequest.from_fields({**base, "queue_offset": 0, "tags": ("a",)})
+
+    class Unbounded(Header):
+        code = RequestCode.PULL_MESSAGE
+        n: int
+
+    with pytest.raises(TypeError, match="states bounds"):
+        fields_of(Unbounded)

@@ -11,6 +11,7 @@ The wire rules are those of the ``get_*`` readers, kept exactly:
 
 - a field that is absent or nil takes its default; without a default it is required;
 - an ``int`` is a msgpack integer (not a bool) within its limits (inclusive bounds in the remark);
+  every int field states its bounds, within int64 (``limits.I64`` for "any");
 - a ``str`` is a string, of ``min_length``..``max_length`` characters when the type says so;
 - ``bool`` is a bool, ``list[str]`` a list of strings, ``Any`` passes through unchecked (the
   handler checks it, e.g. a receipt handle, which has its own error codes);
@@ -110,8 +111,11 @@ def _spec(field: mi.Field) -> FieldSpec:
     default = None if field.default is msgspec.NODEFAULT else field.default
     base = FieldSpec(field.name, "any", field.required, default, check=check, doc=doc)
     if isinstance(t, mi.IntType):
-        lo = t.ge if t.ge is not None else (t.gt + 1 if t.gt is not None else I64_MIN)
-        hi = t.le if t.le is not None else (t.lt - 1 if t.lt is not None else I64_MAX)
+        lo = t.ge if t.ge is not None else (t.gt + 1 if t.gt is not None else None)
+        hi = t.le if t.le is not None else (t.lt - 1 if t.lt is not None else None)
+        if lo is None or hi is None or lo < I64_MIN or hi > I64_MAX:
+            # msgspec would take a uint64 above 2^63-1 where the get_* readers refuse it.
+            raise TypeError(f"header field {field.name}: an int states bounds within int64")
         return FieldSpec(base.name, "int", base.required, default, lo, hi, check=check, doc=doc)
     if isinstance(t, mi.StrType):
         return FieldSpec(
@@ -127,17 +131,37 @@ def _spec(field: mi.Field) -> FieldSpec:
     raise TypeError(f"header field {field.name}: unsupported type {t!r}")
 
 
-_SPECS: dict[type, tuple[FieldSpec, ...]] = {}
+@dataclass(frozen=True, slots=True)
+class _Plan:
+    specs: tuple[FieldSpec, ...]
+    lists: tuple[str, ...]
+    """Fields msgspec would also fill from a tuple; the wire (and get_str_list) wants a list."""
+    checks: tuple[FieldSpec, ...]
+    validates: bool
+    """The class has rules across fields (overrides Header.validate)."""
+
+
+_PLANS: dict[type, _Plan] = {}
+
+
+def _plan(cls: type[Header]) -> _Plan:
+    plan = _PLANS.get(cls)
+    if plan is None:
+        info = mi.type_info(cls)
+        assert isinstance(info, mi.StructType)
+        specs = tuple(_spec(f) for f in info.fields)
+        plan = _PLANS[cls] = _Plan(
+            specs,
+            tuple(s.name for s in specs if s.kind == "list[str]"),
+            tuple(s for s in specs if s.check is not None),
+            cls.validate is not Header.validate,
+        )
+    return plan
 
 
 def fields_of(cls: type[Header]) -> tuple[FieldSpec, ...]:
     """The field specs of a header class, in declaration order (built once per class)."""
-    specs = _SPECS.get(cls)
-    if specs is None:
-        info = mi.type_info(cls)
-        assert isinstance(info, mi.StructType)
-        specs = _SPECS[cls] = tuple(_spec(f) for f in info.fields)
-    return specs
+    return _plan(cls).specs
 
 
 class Header(msgspec.Struct, kw_only=True):
@@ -169,13 +193,33 @@ class Header(msgspec.Struct, kw_only=True):
     @classmethod
     def from_fields(cls, fields: dict[str, Any]) -> Self:
         """Check ``fields`` as decode() does; FieldError names the first bad field."""
-        return cls(**{spec.name: spec.read(fields) for spec in fields_of(cls)})
+        plan = _plan(cls)
+        # The fast path: msgspec checks types and bounds in C, and agrees with the rules above
+        # on every header it accepts (ints are bounded within int64, bools are not ints, absent
+        # fields take their defaults). Anything it refuses, a nil included, takes the slow
+        # path, which accepts what the rules accept and words the error as get_* did.
+        if not plan.lists or all(
+            type(fields.get(name, [])) is list or fields[name] is None for name in plan.lists
+        ):
+            try:
+                header = msgspec.convert(fields, cls)
+            except msgspec.ValidationError:
+                pass
+            else:
+                for spec in plan.checks:
+                    value = getattr(header, spec.name)
+                    if value is not None:
+                        assert spec.check is not None
+                        spec.check(spec.name, value)
+                return header
+        return cls(**{spec.name: spec.read(fields) for spec in plan.specs})
 
     @classmethod
     def decode(cls, frame: Frame) -> Self:
         """The header of ``frame``, checked; FieldError (MESSAGE_ILLEGAL) names what is wrong."""
         header = cls.from_fields(frame.fields)
-        header.validate(frame)
+        if _plan(cls).validates:
+            header.validate(frame)
         return header
 
     def validate(self, frame: Frame) -> None:

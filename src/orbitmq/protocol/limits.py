@@ -16,6 +16,7 @@ from msgspec import Meta
 from orbitmq.common.errors import InvalidTopicError
 from orbitmq.common.validation import validate_topic
 from orbitmq.protocol.fields import FieldError
+from orbitmq.protocol.header import I64_MAX, I64_MIN
 
 # ---------------------------------------------------------------------- limits (one home each)
 
@@ -90,7 +91,9 @@ Topic = Annotated[str, Meta(extra={"check": _check_topic}, description="a valid 
 BrokerId = Annotated[int, Meta(ge=0, le=MAX_BROKER_ID, description="0 = master")]
 QueueId = Annotated[int, Meta(ge=0, le=MAX_QUEUE_ID)]
 AnyQueueId = Annotated[int, Meta(ge=-1, le=MAX_QUEUE_ID, description="any queue")]
-Offset = Annotated[int, Meta(ge=0)]
-Millis = Annotated[int, Meta(ge=0)]
+I64 = Annotated[int, Meta(ge=I64_MIN, le=I64_MAX)]
+"""Any msgpack signed integer: every int field states its bounds (header.py)."""
+Offset = Annotated[int, Meta(ge=0, le=I64_MAX)]
+Millis = Annotated[int, Meta(ge=0, le=I64_MAX)]
 InvisibleMs = Annotated[int, Meta(ge=MIN_INVISIBLE_MS, le=MAX_INVISIBLE_MS)]
 Times = Annotated[int, Meta(ge=-1, le=I32_MAX)]

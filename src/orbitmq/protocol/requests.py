@@ -23,11 +23,12 @@ from msgspec import Meta
 from orbitmq.protocol.codes import RequestCode
 from orbitmq.protocol.fields import FieldError
 from orbitmq.protocol.frame import Frame
-from orbitmq.protocol.header import FieldSpec, Header, fields_of
+from orbitmq.protocol.header import I64_MAX, FieldSpec, Header, fields_of
 from orbitmq.protocol.limits import (
     DEFAULT_PULL_BYTES,
     FAR_FUTURE_MS,
     I32_MAX,
+    I64,
     MAX_BATCH_ACK,
     MAX_DLQ_READ,
     MAX_LOCK_QUEUES,
@@ -175,7 +176,7 @@ class PullMessageRequest(Header):
     )
     suspend_timeout_ms: Millis = 0
     group: str = ""
-    commit_offset: Annotated[int, Meta(description="none; else a commit kept in memory")] = -1
+    commit_offset: Annotated[I64, Meta(description="none; else a commit kept in memory")] = -1
 
     @property
     def has_expression(self) -> bool:
@@ -188,7 +189,7 @@ class GetMaxOffsetRequest(Header):
     section: ClassVar[str] = BROKER
     response: ClassVar[str] = "fields `offset`"
     topic: str
-    queue_id: Annotated[int, Meta(ge=0)]
+    queue_id: Offset
 
 
 class GetMinOffsetRequest(GetMaxOffsetRequest):
@@ -217,7 +218,7 @@ class ViewMessageRequest(Header):
     code: ClassVar[RequestCode] = RequestCode.VIEW_MESSAGE_BY_ID
     section: ClassVar[str] = BROKER
     response: ClassVar[str] = "one record, or QUERY_NOT_FOUND"
-    offset: Annotated[int, Meta(ge=0, description="wins over topic + msg_id")] | None = None
+    offset: Annotated[Offset, Meta(description="wins over topic + msg_id")] | None = None
     topic: str | None = None
     msg_id: str | None = None
 
@@ -317,9 +318,9 @@ class CheckTransactionStateRequest(Header):
     msg_id: str | None = None
     transaction_id: str | None = None
     topic: str | None = None
-    queue_id: Annotated[int, Meta(ge=0)] | None = None
-    check_times: Annotated[int, Meta(ge=0)] | None = None
-    batch_count: Annotated[int, Meta(ge=0, description="messages in a half batch")] | None = None
+    queue_id: Offset | None = None
+    check_times: Offset | None = None
+    batch_count: Annotated[Offset, Meta(description="messages in a half batch")] | None = None
 
 
 # ---------------------------------------------------------------------- consumers
@@ -375,7 +376,7 @@ class UpdateConsumerOffsetRequest(Header):
     group: str | None = None
     topic: str | None = None
     queue_id: Annotated[int, Meta(ge=0, lt=MAX_QUEUE_ID)] | None = None
-    offset: int | None = None
+    offset: I64 | None = None
 
     def validate(self, frame: Frame) -> None:
         if not frame.body:
@@ -404,7 +405,7 @@ class SendMessageBackRequest(Header):
         "(`deliver_at_ms`), or in `%DLQ%<group>` (`dlq: true`); docs/retry-dlq.md"
     )
     group: str
-    offset: Annotated[int, Meta(ge=0, description="CommitLog offset of the message")]
+    offset: Annotated[Offset, Meta(description="CommitLog offset of the message")]
     origin_topic: str = ""
     max_reconsume_times: Annotated[Times, Meta(description="the group's")] = -1
     reconsume_times: Annotated[
@@ -466,7 +467,7 @@ class GetDlqMessagesRequest(Header):
     response: ClassVar[str] = "like a pull, ignoring the DLQ's missing read permission"
     group: str
     queue_id: QueueId = 0
-    queue_offset: Annotated[int, Meta(ge=-1, description="the DLQ's first")] = -1
+    queue_offset: Annotated[int, Meta(ge=-1, le=I64_MAX, description="the DLQ's first")] = -1
     max_msg_nums: Annotated[int, Meta(ge=1, le=MAX_DLQ_READ)] = 32
 
 
