@@ -96,7 +96,7 @@ def _free_port() -> int:
 def test_orbitmq_up_starts_serves_metrics_and_stops_on_ctrl_c(tmp_path: Path) -> None:
     ns_port, broker_port, metrics_port = _free_port(), _free_port(), _free_port()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "orbitmq.cli", "up", "--namesrv-port", str(ns_port),
+        [sys.executable, "-m", "orbitmq", "up", "--namesrv-port", str(ns_port),
          "--broker-port", str(broker_port), "--metrics-port", str(metrics_port),
          "--proxy-port", "0"],
         cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
