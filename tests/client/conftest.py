@@ -20,7 +20,7 @@ def dead_addr() -> str:
 
 
 @dataclass
-class Cluster:
+class FakeCluster:
     namesrv: FakeNamesrv
     brokers: list[FakeBroker]
 
@@ -37,7 +37,7 @@ class Cluster:
 
 
 @pytest.fixture
-async def cluster() -> AsyncIterator[Cluster]:
+async def cluster() -> AsyncIterator[FakeCluster]:
     """One fake NameServer, brokers broker-a and broker-b, topic T with 4 queues on each."""
     brokers = [await FakeBroker("broker-a").start(), await FakeBroker("broker-b").start()]
     namesrv = await FakeNamesrv().start()
@@ -45,7 +45,7 @@ async def cluster() -> AsyncIterator[Cluster]:
         for b in brokers:
             b.add_topic("T", 4)
         namesrv.register(brokers)
-        yield Cluster(namesrv, brokers)
+        yield FakeCluster(namesrv, brokers)
     finally:
         for b in brokers:
             await b.stop()
@@ -56,7 +56,7 @@ MakeProducer = Callable[..., Awaitable[AsyncProducer]]
 
 
 @pytest.fixture
-async def make_producer(cluster: Cluster) -> AsyncIterator[MakeProducer]:
+async def make_producer(cluster: FakeCluster) -> AsyncIterator[MakeProducer]:
     """Started AsyncProducers on the cluster (or given addresses); closed at the end."""
     made: list[AsyncProducer] = []
 
@@ -73,6 +73,6 @@ async def make_producer(cluster: Cluster) -> AsyncIterator[MakeProducer]:
 
 
 @pytest.fixture
-async def admin(cluster: Cluster) -> AsyncIterator[AdminClient]:
+async def admin(cluster: FakeCluster) -> AsyncIterator[AdminClient]:
     async with AdminClient([cluster.namesrv.addr], timeout_s=2.0) as client:
         yield client

@@ -10,11 +10,11 @@ from orbitmq.common.codes import ResponseCode
 from orbitmq.common.errors import ClientError, InvalidTopicError
 from orbitmq.protocol.bodies import ClusterInfo, TopicConfig
 from orbitmq.protocol.codes import RequestCode
-from tests.client.conftest import Cluster, MakeProducer, dead_addr
+from tests.client.conftest import FakeCluster, MakeProducer, dead_addr
 
 
 async def test_create_topic_on_every_master_then_delete(
-    cluster: Cluster, admin: AdminClient
+    cluster: FakeCluster, admin: AdminClient
 ) -> None:
     addrs = await admin.create_topic("New", read_queue_nums=3, write_queue_nums=3)
     assert addrs == sorted(b.addr for b in cluster.brokers)
@@ -38,7 +38,7 @@ async def test_create_topic_on_every_master_then_delete(
 
 
 async def test_delete_is_idempotent_and_reports_partial_failures(
-    cluster: Cluster, admin: AdminClient
+    cluster: FakeCluster, admin: AdminClient
 ) -> None:
     cluster.a.add_topic("Half", 1)  # only on broker-a, but the cluster has two masters
     cluster.reregister()
@@ -57,7 +57,7 @@ async def test_delete_is_idempotent_and_reports_partial_failures(
 
 
 async def test_cluster_and_describe(
-    cluster: Cluster, admin: AdminClient, make_producer: MakeProducer
+    cluster: FakeCluster, admin: AdminClient, make_producer: MakeProducer
 ) -> None:
     info = await admin.cluster_info()
     assert isinstance(info, ClusterInfo)
@@ -78,7 +78,7 @@ async def test_cluster_and_describe(
 
 
 async def test_offsets_pull_and_lookups(
-    cluster: Cluster, admin: AdminClient, make_producer: MakeProducer
+    cluster: FakeCluster, admin: AdminClient, make_producer: MakeProducer
 ) -> None:
     p = await make_producer()
     mq = MessageQueue("T", "broker-a", 2)
@@ -117,7 +117,7 @@ async def test_offsets_pull_and_lookups(
     assert await admin.query_by_key("T", "nothing") == []
 
 
-async def test_pull_errors_raise(cluster: Cluster, admin: AdminClient) -> None:
+async def test_pull_errors_raise(cluster: FakeCluster, admin: AdminClient) -> None:
     cluster.a.add_topic("OnlyA", 1)
     cluster.reregister()
     mq = MessageQueue("OnlyA", "broker-a", 0)
@@ -129,7 +129,7 @@ async def test_pull_errors_raise(cluster: Cluster, admin: AdminClient) -> None:
         await admin.pull(MessageQueue("T", "broker-z", 0), 0)
 
 
-async def test_namesrv_failover_and_broadcast(cluster: Cluster) -> None:
+async def test_namesrv_failover_and_broadcast(cluster: FakeCluster) -> None:
     async with AdminClient([dead_addr(), cluster.namesrv.addr], timeout_s=1.0) as admin:
         for _ in range(3):
             assert "T" in await admin.list_topics()

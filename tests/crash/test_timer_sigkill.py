@@ -26,7 +26,7 @@ from orbitmq.client import AdminClient, AsyncProducer, Message, SendResult, Send
 from orbitmq.client.route import MessageQueue, TopicRouteNotFoundError
 from orbitmq.common.errors import MQError
 from tests import harness
-from tests.harness import Cluster
+from tests.harness import ProcessCluster
 
 cluster = harness.cluster
 
@@ -112,7 +112,7 @@ async def read_topic(admin: AdminClient, broker_name: str) -> list[tuple[str, in
 
 
 async def test_timers_survive_broker_sigkill(
-    cluster: Cluster, tmp_path: Path, crash_seed: int
+    cluster: ProcessCluster, tmp_path: Path, crash_seed: int
 ) -> None:
     rng = random.Random(crash_seed)
     ns = cluster.namesrv()

@@ -2,7 +2,7 @@
 consume``, ``e2e``, ``grpc`` and ``spark``.
 
 :func:`target_cluster` is ``namesrv`` as given or, when it is None, a NameServer + Broker
-started here (``python -m orbitmq.cli up`` on 127.0.0.1 free ports, data in a temporary folder
+started here (``python -m orbitmq up`` on 127.0.0.1 free ports, data in a temporary folder
 removed afterwards, or in ``data_dir`` which is kept) and stopped at the end. The helpers create
 and preload a topic, wait for dispatch, describe the machine and build the push consumer both
 consumer benchmarks use.
@@ -72,7 +72,7 @@ class Target:
 @contextlib.contextmanager
 def target_cluster(namesrv: str | None, data_dir: Path | None, say: Say) -> Iterator[Target]:
     """The cluster to measure: ``namesrv`` as given, or a NameServer + Broker started here
-    (``python -m orbitmq.cli up`` on 127.0.0.1 free ports) and stopped (SIGTERM by pid) after."""
+    (``python -m orbitmq up`` on 127.0.0.1 free ports) and stopped (SIGTERM by pid) after."""
     if namesrv:
         yield Target(namesrv, own=False)
         return
@@ -81,7 +81,7 @@ def target_cluster(namesrv: str | None, data_dir: Path | None, say: Say) -> Iter
     folder.mkdir(parents=True, exist_ok=True)
     child = ServerChild(
         [
-            "orbitmq.cli", "up", "--namesrv-port", "0", "--broker-port", "0",
+            "orbitmq", "up", "--namesrv-port", "0", "--broker-port", "0",
             "--data-dir", str(folder), "--host", "127.0.0.1", "--log-level", "WARNING",
         ],
         folder / "up.log",

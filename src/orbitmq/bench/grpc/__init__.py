@@ -22,7 +22,7 @@ folder, kept when something fails, and the error names the log). The native side
 process. Sides run one after the other, never at once.
 
 Without ``--namesrv``/``--proxy`` the benchmark starts a NameServer + Broker (``orbitmq up``) and a
-proxy (``python -m orbitmq.proxy``) on 127.0.0.1 free ports, data in a temporary folder, and stops
+proxy (``python -m orbitmq proxy``) on 127.0.0.1 free ports, data in a temporary folder, and stops
 them by pid at the end. Targets (issue #7): the proxy adds < 1 ms to the p50 of a sync send, and
 the official client sustains >= 5,000 sync sends/s from 16 threads.
 

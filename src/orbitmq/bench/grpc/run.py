@@ -52,13 +52,13 @@ def target(options: GrpcBenchOptions, say: Say) -> Iterator[tuple[str, str, Path
         with target_cluster(None, None, say) as cluster:
             proxy = ServerChild(
                 [
-                    "orbitmq.proxy", "--namesrv", cluster.namesrv, "--host", "127.0.0.1",
+                    "orbitmq", "proxy", "--namesrv", cluster.namesrv, "--host", "127.0.0.1",
                     "--port", "0", "--tls", options.proxy_tls,
                 ],
                 scratch / "proxy.log",
                 PROXY_READY,
             )  # fmt: skip
-            endpoint = proxy.start().split()[0]
+            endpoint = proxy.start().split()[0].removeprefix("proxy=")  # proxy=<host:port> ...
             say(f"started proxy {endpoint}")
             try:
                 assert proxy.proc is not None
