@@ -269,19 +269,7 @@ class MessageStore:
                 f"disk use {self.retention.disk_ratio:.0f}% is above "
                 f"{self.config.disk_space_warning_level_ratio}%: writes refused until space frees"
             )
-        result = self.commit_log.append(
-            batch.topic,
-            batch.queue_id,
-            batch.bodies,
-            batch.properties,
-            flag=batch.flag,
-            sys_flag=batch.sys_flag,
-            born_timestamp_ms=batch.born_timestamp_ms,
-            born_host=pack_host(batch.born_host),
-            store_host=self._store_host,
-            reconsume_times=batch.reconsume_times,
-            prepared_transaction_offset=batch.prepared_transaction_offset,
-        )
+        result = self.commit_log.append(batch, self._store_host)
         self.dispatcher.wake()
         return result
 
