@@ -1233,3 +1233,19 @@ def test_consume_queue_file_missing_between_others(
         assert seen.skipped[(topic, qid)] <= lost
         rebuilt = {r.qoff for r in recs if r.phy >= tpl.scan_from}
         assert seen.skipped[(topic, qid)] == lost - rebuilt
+
+
+@pytest.mark.parametrize("start", [3990, 4094, 4095])
+def test_garbage_just_past_a_page_boundary_is_measured(start: int) -> None:
+    """A record cut by a page boundary, zero on this side and garbage on the other, is garbage
+    (reported as a cut), not a tail that was never written. (Found by the zero-filled-range
+    test: a damaged record starting 2 bytes before a page boundary went unreported.)"""
+    from orbitmq.store.recovery import _dirty_extent
+
+    garbage = bytearray(4 * 4096)
+    garbage[4096:4200] = b"x" * 104
+    assert _dirty_extent(memoryview(bytes(garbage)), start) == 2 * 4096 - start
+    assert _dirty_extent(memoryview(bytes(4 * 4096)), start) == 0
+    nonzero_here = bytearray(4 * 4096)
+    nonzero_here[start] = 1
+    assert _dirty_extent(memoryview(bytes(nonzero_here)), start) == 4096 - start

@@ -79,16 +79,19 @@ class RecoveryReport:
 
 
 def _dirty_extent(view: memoryview, start: int) -> int:
-    """Bytes from ``start`` up to the first all-zero 4 KiB page: how much garbage was cut."""
-    pos = start
+    """Bytes from ``start`` up to the first all-zero 4 KiB page: how much garbage was cut.
+
+    A zero rest of ``start``'s own page ends the garbage only if the next page is zero too: a
+    record that begins just before a page boundary may be zero on this side of it (a page
+    that never reached the disk) and garbage on the other.
+    """
     size = len(view)
-    first_page_end = min(size, (start // 4096 + 1) * 4096)
-    if any(view[pos:first_page_end]):
-        pos = first_page_end
-        while pos < size and view[pos : pos + 4096] != _ZERO_PAGE[: min(4096, size - pos)]:
-            pos += 4096
-        return min(pos, size) - start
-    return 0
+    pos = min(size, (start // 4096 + 1) * 4096)
+    if not any(view[start:pos]) and (pos >= size or not any(view[pos : pos + 4096])):
+        return 0
+    while pos < size and view[pos : pos + 4096] != _ZERO_PAGE[: min(4096, size - pos)]:
+        pos += 4096
+    return min(pos, size) - start
 
 
 def _clean_start_ok(
