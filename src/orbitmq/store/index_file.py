@@ -58,13 +58,18 @@ follows only ``prev_index`` values that are strictly smaller than the current en
 positive, and only entries below ``idx_count``, so a walk ends after at most ``idx_count``
 steps whatever the bytes say.
 
-Durability: files are created with ``posix_fallocate`` to their full size so that a store
-through the mmap can never hit an unallocated block on a full disk (SIGBUS). ``flush`` is an
-``fsync`` of the file (it releases the GIL); on Linux it also writes back pages dirtied
-through the shared mapping. A file found with the wrong size when loaded is extended to the
-full size (fallocate, else ftruncate) before it is mapped, so the map never reaches past EOF;
-it is logged and marked ``suspect``, as is a file whose header disagrees with itself or with
-its newest entry. ``IndexService`` never appends to a suspect file: it starts a new one.
+Durability: the disk calls that can fail for reasons outside the program go through the
+store's ``FileOps`` (``segment.py``), as the CommitLog's and ConsumeQueues' do, so the same
+faults can be injected and surface as the same errors (``io_error``: DiskFullError on
+ENOSPC, else StoreIOError). Files are created with ``FileOps.allocate`` (``posix_fallocate``)
+to their full size so that a store through the mmap can never hit an unallocated block on a
+full disk (SIGBUS); a new file's name is made durable with a directory fsync. ``flush`` is an
+``fdatasync`` of the file (it releases the GIL; the size never changes after allocation, so
+no metadata needs writing); on Linux it also writes back pages dirtied through the shared
+mapping. A file found with the wrong size when loaded is extended to the full size (allocate,
+else ftruncate) before it is mapped, so the map never reaches past EOF; it is logged and
+marked ``suspect``, as is a file whose header disagrees with itself or with its newest entry.
+``IndexService`` never appends to a suspect file: it starts a new one.
 
 Threading: one thread (the dispatcher) makes all writes (``put_hashes``, ``build``,
 ``truncate_from``) and the caller serialises them; ``IndexService`` also holds a lock around
@@ -77,7 +82,6 @@ with the deletion of a file returns what it found before the file was closed.
 
 from __future__ import annotations
 
-import errno
 import itertools
 import logging
 import mmap
@@ -85,7 +89,6 @@ import os
 import re
 import struct
 import threading
-import time
 from collections.abc import Callable, Iterable, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
@@ -94,7 +97,10 @@ from typing import Any, Final
 import crc32c
 import numpy as np
 
+from orbitmq.common.clock import now_ms
 from orbitmq.common.errors import ConfigError, StoreClosedError, StoreError, StoreIOError
+from orbitmq.common.files import fsync_dir
+from orbitmq.store.segment import FileOps, io_error
 
 __all__ = [
     "ENTRY_SIZE",
@@ -127,7 +133,6 @@ assert _HEADER.size == HEADER_SIZE and _ENTRY.size == ENTRY_SIZE == _ENTRY_DTYPE
 
 _crc32c: Final[Callable[[bytes, int], int]] = crc32c.crc32c
 _ZEROS: Final = bytes(64 * 1024)
-_UNSUPPORTED: Final = frozenset({errno.EOPNOTSUPP, errno.ENOTSUP, errno.EINVAL})
 
 
 def index_key_hash(key: str) -> int:
@@ -145,33 +150,6 @@ def _check_geometry(hash_slot_num: int, max_index_num: int) -> None:
         raise ConfigError(f"hash_slot_num must be in 1..{_I32_MAX}, not {hash_slot_num}")
     if not 1 <= max_index_num < _I32_MAX:
         raise ConfigError(f"max_index_num must be in 1..{_I32_MAX - 1}, not {max_index_num}")
-
-
-def _reserve(fd: int, size: int) -> None:
-    """Allocate blocks for the first ``size`` bytes (ftruncate where fallocate is unsupported)."""
-    fallocate = getattr(os, "posix_fallocate", None)
-    if fallocate is not None:
-        try:
-            fallocate(fd, 0, size)
-            return
-        except OSError as exc:
-            if exc.errno not in _UNSUPPORTED:
-                raise
-    os.ftruncate(fd, size)
-
-
-def _fsync_dir(directory: Path) -> None:
-    try:
-        fd = os.open(directory, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError as exc:  # some file systems refuse fsync on a directory
-        if exc.errno not in _UNSUPPORTED:
-            raise
-    finally:
-        os.close(fd)
 
 
 class IndexFile:
@@ -196,6 +174,7 @@ class IndexFile:
         "_end_ts",
         "_entries_at",
         "_fd",
+        "_fs",
         "_lock",
         "_max",
         "_mm",
@@ -214,9 +193,11 @@ class IndexFile:
         *,
         create: bool,
         begin_timestamp_ms: int = 0,
+        fs: FileOps | None = None,
     ) -> None:
         _check_geometry(hash_slot_num, max_index_num)
         self.path = Path(path)
+        self._fs = fs or FileOps()
         self._slots = hash_slot_num
         self._max = max_index_num
         self._entries_at = HEADER_SIZE + SLOT_SIZE * hash_slot_num
@@ -249,14 +230,14 @@ class IndexFile:
         try:
             fd = os.open(self.path, flags, 0o644)
         except OSError as exc:
-            raise StoreIOError(f"cannot create index file {self.path}: {exc}") from exc
+            raise io_error(f"creating index file {self.path}", exc) from exc
         try:
-            _reserve(fd, self._size)
+            self._fs.allocate(fd, self._size)
         except OSError as exc:
             os.close(fd)
             self.path.unlink(missing_ok=True)
-            raise StoreIOError(
-                f"cannot allocate {self._size} bytes for index file {self.path}: {exc}"
+            raise io_error(
+                f"allocating {self._size} bytes for index file {self.path}", exc
             ) from exc
         return fd
 
@@ -277,7 +258,7 @@ class IndexFile:
                     self._size,
                 )
                 try:
-                    _reserve(fd, self._size)
+                    self._fs.allocate(fd, self._size)
                 except OSError:
                     os.ftruncate(fd, self._size)
             elif actual > self._size:
@@ -664,10 +645,10 @@ class IndexFile:
                 return
             self._dirty = False
             try:
-                os.fsync(self._fd)
+                self._fs.fdatasync(self._fd)
             except OSError as exc:
                 self._dirty = True
-                raise StoreIOError(f"fsync of index file {self.path} failed: {exc}") from exc
+                raise io_error(f"fsync of index file {self.path}", exc) from exc
 
     def close(self) -> None:
         """Unmap and close (no fsync: call ``flush`` first for durability). Idempotent."""
@@ -715,10 +696,12 @@ class IndexService:
         hash_slot_num: int,
         max_index_num: int,
         *,
-        clock: Callable[[], int] = lambda: time.time_ns() // 1_000_000,
+        clock: Callable[[], int] = now_ms,
+        fs: FileOps | None = None,
     ) -> None:
         _check_geometry(hash_slot_num, max_index_num)
         self.directory = Path(directory)
+        self._fs = fs or FileOps()
         self._slots = hash_slot_num
         self._max = max_index_num
         self._clock = clock
@@ -767,8 +750,13 @@ class IndexService:
             self._max,
             create=True,
             begin_timestamp_ms=begin_timestamp_ms,
+            fs=self._fs,
         )
-        _fsync_dir(self.directory)
+        try:
+            fsync_dir(self.directory)  # the new name must survive a power cut, like the data
+        except OSError as exc:
+            self._delete(new)
+            raise io_error(f"creating index file {new.path}", exc) from exc
         self._set_files((*self._files, new))
         log.debug("index: new file %s", new.path)
         return new
@@ -794,7 +782,7 @@ class IndexService:
             files: list[IndexFile] = []
             try:
                 for path in paths:
-                    opened = IndexFile(path, self._slots, self._max, create=False)
+                    opened = IndexFile(path, self._slots, self._max, create=False, fs=self._fs)
                     files.append(opened)
             except BaseException:
                 for f in files:

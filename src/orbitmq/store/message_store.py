@@ -98,6 +98,7 @@ class MessageStore:
                 config.max_hash_slot_num,
                 config.max_index_num,
                 clock=clock,
+                fs=self.fs,
             )
             if config.message_index_enable
             else None
