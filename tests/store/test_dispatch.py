@@ -13,7 +13,7 @@ from orbitmq.store import dispatch as dispatch_mod
 from orbitmq.store.commit_log import CommitLog
 from orbitmq.store.consume_queue import ConsumeQueueTable
 from orbitmq.store.dispatch import Dispatcher
-from orbitmq.store.index_file import IndexService
+from orbitmq.store.index_service import IndexService
 from orbitmq.store.segment import FileOps
 
 

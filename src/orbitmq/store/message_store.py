@@ -49,7 +49,7 @@ from orbitmq.store.config import FlushDiskType, StoreConfig
 from orbitmq.store.consume_queue import ConsumeQueueTable
 from orbitmq.store.dispatch import ArrivalListener, Dispatcher
 from orbitmq.store.flush import FlushListener, FlushService, PeriodicService
-from orbitmq.store.index_file import IndexService
+from orbitmq.store.index_service import IndexService
 from orbitmq.store.reader import (
     GetResult,
     GetStatus,

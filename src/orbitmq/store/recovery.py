@@ -34,7 +34,7 @@ from orbitmq.store.checkpoint import Checkpoint
 from orbitmq.store.commit_log import CommitLog
 from orbitmq.store.consume_queue import ConsumeQueueTable
 from orbitmq.store.dispatch import Dispatcher
-from orbitmq.store.index_file import IndexService
+from orbitmq.store.index_service import IndexService
 
 log = logging.getLogger(__name__)
 _ZERO_PAGE = bytes(4096)

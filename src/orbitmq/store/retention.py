@@ -35,7 +35,7 @@ from orbitmq.store.commit_log import CommitLog
 from orbitmq.store.config import StoreConfig
 from orbitmq.store.consume_queue import ENTRY_DTYPE, ENTRY_SIZE, ConsumeQueue, ConsumeQueueTable
 from orbitmq.store.dispatch import Dispatcher
-from orbitmq.store.index_file import IndexService
+from orbitmq.store.index_service import IndexService
 from orbitmq.store.reader import offset_for_timestamp
 
 log = logging.getLogger(__name__)
