@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import itertools
 import threading
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
+from orbitmq.common.clock import now_ms as now_ms  # re-exported: broker/timer_service.py imports it
 from orbitmq.common.errors import StoreClosedError, StoreIOError
 from orbitmq.common.message import MessageBatch
 from orbitmq.common.record import (
@@ -46,10 +46,6 @@ class AppendResult:
     @property
     def count(self) -> int:
         return len(self.sizes)
-
-
-def now_ms() -> int:
-    return time.time_ns() // 1_000_000
 
 
 class CommitLog:

@@ -27,6 +27,7 @@ from collections.abc import Callable, Iterable
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 
+from orbitmq.common.clock import now_ms
 from orbitmq.common.errors import (
     DiskFullError,
     FlushTimeoutError,
@@ -44,7 +45,7 @@ from orbitmq.common.record import (
 from orbitmq.common.validation import validate_bodies_and_properties, validate_topic
 from orbitmq.store import layout
 from orbitmq.store.checkpoint import Checkpoint
-from orbitmq.store.commit_log import AppendResult, CommitLog, now_ms
+from orbitmq.store.commit_log import AppendResult, CommitLog
 from orbitmq.store.config import FlushDiskType, StoreConfig
 from orbitmq.store.consume_queue import ConsumeQueueTable
 from orbitmq.store.dispatch import ArrivalListener, Dispatcher
