@@ -37,7 +37,7 @@ from typing import Any, Final
 
 import numpy as np
 
-from orbitmq.common.errors import StoreClosedError, StoreIOError
+from orbitmq.common.errors import StoreClosedError
 from orbitmq.store.index_format import (
     ENTRY,
     ENTRY_DTYPE,
@@ -152,7 +152,7 @@ class IndexFile:
         try:
             fd = os.open(self.path, os.O_RDWR | getattr(os, "O_CLOEXEC", 0))
         except OSError as exc:
-            raise StoreIOError(f"cannot open index file {self.path}: {exc}") from exc
+            raise io_error(f"opening index file {self.path}", exc) from exc
         try:
             actual = os.fstat(fd).st_size
             if actual < self._size:
@@ -180,7 +180,7 @@ class IndexFile:
                 )
         except OSError as exc:
             os.close(fd)
-            raise StoreIOError(f"cannot size index file {self.path}: {exc}") from exc
+            raise io_error(f"sizing index file {self.path}", exc) from exc
         except BaseException:
             os.close(fd)
             raise
