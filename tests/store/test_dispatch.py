@@ -8,12 +8,12 @@ from pathlib import Path
 
 import pytest
 
-from orbitmq.common.message import Message, encode_properties
+from orbitmq.common.message import Message, MessageBatch, encode_properties
 from orbitmq.store import dispatch as dispatch_mod
 from orbitmq.store.commit_log import CommitLog
 from orbitmq.store.consume_queue import ConsumeQueueTable
 from orbitmq.store.dispatch import Dispatcher
-from orbitmq.store.index_file import IndexService
+from orbitmq.store.index_service import IndexService
 from orbitmq.store.segment import FileOps
 
 
@@ -34,7 +34,7 @@ def _fill(log: CommitLog, rng: random.Random) -> None:
             )
             bodies.append(msg.body)
             props.append(encode_properties(msg.system_properties()))
-        log.append(topic, rng.randint(0, 2), bodies, props)
+        log.append(MessageBatch(topic, rng.randint(0, 2), bodies, props))
 
 
 def _build(

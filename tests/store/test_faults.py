@@ -1233,3 +1233,65 @@ def test_consume_queue_file_missing_between_others(
         assert seen.skipped[(topic, qid)] <= lost
         rebuilt = {r.qoff for r in recs if r.phy >= tpl.scan_from}
         assert seen.skipped[(topic, qid)] == lost - rebuilt
+
+
+@pytest.mark.parametrize("start", [3990, 4094, 4095])
+def test_garbage_just_past_a_page_boundary_is_measured(start: int) -> None:
+    """A record cut by a page boundary, zero on this side and garbage on the other, is garbage
+    (reported as a cut), not a tail that was never written. (Found by the zero-filled-range
+    test: a damaged record starting 2 bytes before a page boundary went unreported.)"""
+    from orbitmq.store.recovery import _dirty_extent
+
+    garbage = bytearray(4 * 4096)
+    garbage[4096:4200] = b"x" * 104
+    assert _dirty_extent(memoryview(bytes(garbage)), start) == 2 * 4096 - start
+    assert _dirty_extent(memoryview(bytes(4 * 4096)), start) == 0
+    nonzero_here = bytearray(4 * 4096)
+    nonzero_here[start] = 1
+    assert _dirty_extent(memoryview(bytes(nonzero_here)), start) == 4096 - start
+
+
+@pytest.mark.parametrize("err", [errno.ENOSPC, errno.EIO], ids=["ENOSPC", "EIO"])
+@pytest.mark.parametrize("after", ["crash", "close"])
+def test_index_file_allocate_failure_stops_dispatch_until_reopened(
+    tmp_path: Path, err: int, after: str
+) -> None:
+    """The IndexFile cannot allocate its next file: the appends themselves succeed (the
+    CommitLog is the truth), dispatch stops with the store's error for the errno (reads of
+    new messages do not pretend), no half-made index file is left, appends go on, and once
+    the fault clears, closing or reopening rebuilds the index: every key is found again."""
+    fs = FaultyFs()
+    t = Tracker(fault_config(tmp_path / "store"), fs)  # 48 entries per index file
+    index_dir = t.config.store_path / "index"
+
+    def put_keyed(count: int) -> None:
+        bodies = [f"K#{t.n + i}".encode() for i in range(count)]
+        t.n += count
+        msgs = [Message("K", b, keys=[f"key{i % 5}"]) for i, b in enumerate(bodies)]
+        t.store.put(MessageBatch.of("K", 0, msgs))
+        t.want.setdefault(("K", 0), []).extend(bodies)
+
+    try:
+        put_keyed(40)
+        t.check()
+        files_before = sorted(os.listdir(index_dir))
+        assert len(files_before) == 1
+        fs.arm("allocate", err, where="/index/")
+        put_keyed(20)  # 8 entries fit the first file, then it must roll
+        assert not t.store.wait_for_dispatch(5.0)
+        assert fs.failures == 1
+        assert isinstance(t.store.dispatcher.failure, ERROR_FOR[err])
+        assert sorted(os.listdir(index_dir)) == files_before
+        assert len(t.store.query_by_key("K", "key0", max_num=1000)) >= 8  # the old entries
+        t.put("W", 0, 3)  # the CommitLog takes appends as before
+        fs.clear()
+        t.reopen(crash=after == "crash")
+        t.check()
+        for k in range(5):
+            found = t.store.query_by_key("K", f"key{k}", max_num=1000)
+            assert sorted(m.body for m in found) == sorted(
+                b for i, b in enumerate(t.want[("K", 0)]) if i % 5 == k
+            )
+    finally:
+        if t.store.is_open:
+            t.store.close()

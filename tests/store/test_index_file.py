@@ -22,14 +22,9 @@ from hypothesis import strategies as st
 
 from orbitmq.common.errors import ConfigError, StoreClosedError, StoreError
 from orbitmq.store.dispatch import Dispatcher
-from orbitmq.store.index_file import (
-    ENTRY_SIZE,
-    HEADER_SIZE,
-    IndexFile,
-    IndexService,
-    index_file_size,
-    index_key_hash,
-)
+from orbitmq.store.index_file import IndexFile
+from orbitmq.store.index_format import ENTRY_SIZE, HEADER_SIZE, index_file_size, index_key_hash
+from orbitmq.store.index_service import IndexService
 
 T0 = 1_700_000_000_000  # a whole second, so that stored times are exact in most tests
 

@@ -43,7 +43,7 @@ def test_small_and_vector_reads_agree(
     store = make_store()
     now = [1_700_000_000_000]
     store.clock = lambda: now[0]  # type: ignore[method-assign]
-    store.commit_log.clock = store.clock
+    store.commit_log.clock = store.retention.clock = store.clock
     for _ in range(12):
         now[0] += 1000
         for qid in (0, 1):

@@ -9,20 +9,22 @@ from __future__ import annotations
 
 import itertools
 import threading
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
+from orbitmq.common.clock import now_ms as now_ms  # re-exported: broker/timer_service.py imports it
 from orbitmq.common.errors import StoreClosedError, StoreIOError
+from orbitmq.common.message import MessageBatch
 from orbitmq.common.record import (
     MIN_BLANK,
     VECTOR_MIN_BATCH,
     BatchHeader,
     encode_batch,
     encode_blank,
+    pack_host,
     record_overhead,
 )
 from orbitmq.store.segment import FileOps, Segment, SegmentQueue, io_error
@@ -44,10 +46,6 @@ class AppendResult:
     @property
     def count(self) -> int:
         return len(self.sizes)
-
-
-def now_ms() -> int:
-    return time.time_ns() // 1_000_000
 
 
 class CommitLog:
@@ -74,22 +72,14 @@ class CommitLog:
 
     # ---------------------------------------------------------------- append
 
-    def append(
-        self,
-        topic: str,
-        queue_id: int,
-        bodies: list[bytes],
-        properties: list[bytes],
-        *,
-        flag: int = 0,
-        sys_flag: int = 0,
-        born_timestamp_ms: int = 0,
-        born_host: bytes = b"\0" * 8,
-        store_host: bytes = b"\0" * 8,
-        reconsume_times: int = 0,
-        prepared_transaction_offset: int = 0,
-    ) -> AppendResult:
+    def append(self, batch: MessageBatch, store_host: bytes = b"\0" * 8) -> AppendResult:
+        """Append ``batch`` (validated by the caller): its records share one
+        :class:`BatchHeader`, completed here under the lock with the queue offset, the position
+        and the store timestamp."""
+        topic, queue_id = batch.topic, batch.queue_id
+        bodies, properties = batch.bodies, batch.properties
         topic_bytes = topic.encode()
+        born_host = pack_host(batch.born_host)
         n = len(bodies)
         overhead = record_overhead(len(topic_bytes))
         body_lens: np.ndarray | None = None
@@ -115,16 +105,18 @@ class CommitLog:
             else:  # a record never straddles a segment: split where one would
                 plan = self._plan_locked(start, sizes)
             writes: list[tuple[Segment, int, bytearray]] = []
+            head = BatchHeader(
+                topic_bytes, queue_id, first_qoff, start, batch.flag, batch.sys_flag,
+                batch.born_timestamp_ms, born_host, store_ts, store_host, batch.reconsume_times,
+                batch.prepared_transaction_offset,
+            )  # fmt: skip
             qoff = first_qoff
             for seg_start, lo, hi, pos, filler in plan:
                 seg = self.segments.find(seg_start) or self.segments.create(seg_start)
                 buf = bytearray()
                 if hi > lo:
-                    head = BatchHeader(
-                        topic_bytes, queue_id, qoff, pos, flag, sys_flag, born_timestamp_ms,
-                        born_host, store_ts, store_host, reconsume_times,
-                        prepared_transaction_offset,
-                    )  # fmt: skip
+                    head.first_queue_offset = qoff
+                    head.first_physical_offset = pos
                     buf = encode_batch(
                         head,
                         bodies[lo:hi],

@@ -10,6 +10,10 @@ Every call is synchronous and may block on disk, so an event loop calls it from 
 thread (``loop.run_in_executor``) and awaits ``asyncio.wrap_future(flush_future(...))``; the
 store itself starts no event loop. Background threads: dispatcher, flusher, checkpointer,
 retention. The store is opened by one process at a time (flock on ``lock``).
+
+The store builds its parts (CommitLog, ConsumeQueueTable, IndexService, Dispatcher) and hands
+each helper only the parts it uses: ``recover(parts, ...)``, ``RetentionService(...)``,
+``read_queue(view, ...)``; no helper imports this module.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from collections.abc import Callable, Iterable
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 
+from orbitmq.common.clock import now_ms
 from orbitmq.common.errors import (
     DiskFullError,
     FlushTimeoutError,
@@ -31,8 +36,6 @@ from orbitmq.common.errors import (
 )
 from orbitmq.common.message import MessageBatch
 from orbitmq.common.record import (
-    STORE_TIMESTAMP,
-    STORE_TIMESTAMP_OFFSET,
     RecordError,
     StoredMessage,
     check_record,
@@ -42,14 +45,21 @@ from orbitmq.common.record import (
 from orbitmq.common.validation import validate_bodies_and_properties, validate_topic
 from orbitmq.store import layout
 from orbitmq.store.checkpoint import Checkpoint
-from orbitmq.store.commit_log import AppendResult, CommitLog, now_ms
+from orbitmq.store.commit_log import AppendResult, CommitLog
 from orbitmq.store.config import FlushDiskType, StoreConfig
 from orbitmq.store.consume_queue import ConsumeQueueTable
 from orbitmq.store.dispatch import ArrivalListener, Dispatcher
 from orbitmq.store.flush import FlushListener, FlushService, PeriodicService
-from orbitmq.store.index_file import IndexService
-from orbitmq.store.reader import GetResult, GetStatus, read_queue
-from orbitmq.store.recovery import RecoveryReport, recover
+from orbitmq.store.index_service import IndexService
+from orbitmq.store.reader import (
+    GetResult,
+    GetStatus,
+    ReadView,
+    offset_for_timestamp,
+    read_queue,
+    store_time,
+)
+from orbitmq.store.recovery import RecoveryReport, StoreParts, recover
 from orbitmq.store.retention import RetentionService, TopicRetention
 from orbitmq.store.segment import FileOps
 
@@ -89,13 +99,24 @@ class MessageStore:
                 config.max_hash_slot_num,
                 config.max_index_num,
                 clock=clock,
+                fs=self.fs,
             )
             if config.message_index_enable
             else None
         )
         self.dispatcher = Dispatcher(self.commit_log, self.queues, self.index)
         self.flusher = FlushService(self.commit_log, config)
-        self.retention = RetentionService(self, disk_usage=disk_usage)
+        self.retention = RetentionService(
+            config,
+            self.commit_log,
+            self.queues,
+            self.index,
+            self.dispatcher,
+            clock,
+            root,
+            disk_usage=disk_usage,
+        )
+        self._view = ReadView(self.commit_log, self.queues, self.retention)
         self._checkpointer = PeriodicService(
             "orbitmq-checkpoint", config.flush_interval_consume_queue_ms / 1000, self.checkpoint
         )
@@ -119,9 +140,11 @@ class MessageStore:
         except OSError as exc:
             os.close(self._lock_fd)
             raise StoreError(f"{self.root} is open in another process") from exc
-        report = recover(self)
+        parts = StoreParts(self.commit_log, self.queues, self.index, self.dispatcher)
+        report = recover(parts, self.checkpoint_path, self.abort_path)
         self.recovery = report
         self.trusted_from = self.commit_log.max_offset
+        self._view.verify_before = self.trusted_from if self.config.check_crc_on_read else -1
         self.retention.run(startup=True)
         if not report.clean:
             self.checkpoint()
@@ -248,19 +271,7 @@ class MessageStore:
                 f"disk use {self.retention.disk_ratio:.0f}% is above "
                 f"{self.config.disk_space_warning_level_ratio}%: writes refused until space frees"
             )
-        result = self.commit_log.append(
-            batch.topic,
-            batch.queue_id,
-            batch.bodies,
-            batch.properties,
-            flag=batch.flag,
-            sys_flag=batch.sys_flag,
-            born_timestamp_ms=batch.born_timestamp_ms,
-            born_host=pack_host(batch.born_host),
-            store_host=self._store_host,
-            reconsume_times=batch.reconsume_times,
-            prepared_transaction_offset=batch.prepared_transaction_offset,
-        )
+        result = self.commit_log.append(batch, self._store_host)
         self.dispatcher.wake()
         return result
 
@@ -336,7 +347,7 @@ class MessageStore:
         tags: Iterable[str] | None = None,
     ) -> GetResult:
         """Read by queue offset (see :func:`orbitmq.store.reader.read_queue`)."""
-        return read_queue(self, topic, queue_id, offset, max_count, max_bytes, tags)
+        return read_queue(self._view, topic, queue_id, offset, max_count, max_bytes, tags)
 
     def get_message(self, physical_offset: int) -> StoredMessage | None:
         """The record at a CommitLog offset, verified and decoded, or None."""
@@ -360,7 +371,7 @@ class MessageStore:
         cq = self.queues.get(topic, queue_id)
         if cq is None or cq.max_offset <= cq.min_offset:
             return 0
-        return self._store_time(cq.entry(cq.max_offset - 1)) or 0
+        return store_time(self.commit_log, cq.entry(cq.max_offset - 1)) or 0
 
     def delete_topic(self, topic: str) -> int:
         """Forget a topic's ConsumeQueues (its records stay in the CommitLog until retention
@@ -377,28 +388,11 @@ class MessageStore:
 
     def offset_for_timestamp(self, topic: str, queue_id: int, timestamp_ms: int) -> int:
         """First queue offset whose store time is >= ``timestamp_ms`` (max offset if none)."""
-        lo = self.min_offset(topic, queue_id)
-        hi = self.max_offset(topic, queue_id)
         cq = self.queues.get(topic, queue_id)
         if cq is None:
             return 0
-        while lo < hi:
-            mid = (lo + hi) // 2
-            ts = self._store_time(cq.entry(mid))
-            if ts is None or ts < timestamp_ms:
-                lo = mid + 1
-            else:
-                hi = mid
-        return lo
-
-    def _store_time(self, entry: tuple[int, int, int] | None) -> int | None:
-        if entry is None:
-            return None
-        loc = self.commit_log.view_at(entry[0])
-        if loc is None:
-            return None
-        view, at, _size = loc
-        return int(STORE_TIMESTAMP.unpack_from(view, at + STORE_TIMESTAMP_OFFSET)[0])
+        lo = max(cq.min_offset, self.retention.floor(topic, queue_id))
+        return offset_for_timestamp(self.commit_log, cq, lo, timestamp_ms)
 
     def query_by_key(
         self, topic: str, key: str, max_num: int = 32, begin_ms: int = 0, end_ms: int = 2**62

@@ -6,6 +6,9 @@ A record failing a check is skipped and reported, never served. Chunks of entrie
 with numpy gathers over the mapped segments; small chunks (a consumer asking for a few
 messages) one by one, where numpy's fixed cost would dominate. Both paths are tested to give
 identical results.
+
+A read takes a :class:`ReadView` (the CommitLog, the ConsumeQueues, the per-topic limits and
+the CRC boundary), not the store: the store builds one view and passes it on every read.
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ import logging
 import struct
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import crc32c
 import numpy as np
@@ -32,11 +35,15 @@ from orbitmq.common.record import (
     U32,
     properties_slice,
 )
-from orbitmq.store.consume_queue import ENTRY, ENTRY_DTYPE, ENTRY_SIZE
+from orbitmq.store.commit_log import CommitLog
+from orbitmq.store.consume_queue import (
+    ENTRY,
+    ENTRY_DTYPE,
+    ENTRY_SIZE,
+    ConsumeQueue,
+    ConsumeQueueTable,
+)
 from orbitmq.store.segment import Segment
-
-if TYPE_CHECKING:
-    from orbitmq.store.message_store import MessageStore
 
 log = logging.getLogger(__name__)
 _MIN_RECORD = HEADER_SIZE + 4  # check_record's smallest valid total size
@@ -153,6 +160,56 @@ class GetResult:
         self.sizes.append(size)
 
 
+class ServeLimits(Protocol):
+    """Per-topic limits on what may be served (retention's TTL and size floors)."""
+
+    def floor(self, topic: str, queue_id: int) -> int:
+        """Queue offsets below this are no longer served."""
+        ...
+
+    def ttl_cut(self, topic: str) -> int:
+        """Records stored before this (ms) are expired; 0: no TTL."""
+        ...
+
+
+@dataclass(slots=True)
+class ReadView:
+    """What a read needs. ``verify_before``: records below this CommitLog offset were written
+    before the store's current start and must also pass their CRC (-1: never check)."""
+
+    commit_log: CommitLog
+    queues: ConsumeQueueTable
+    limits: ServeLimits
+    verify_before: int = -1
+
+
+def store_time(commit_log: CommitLog, entry: tuple[int, int, int] | None) -> int | None:
+    """Store timestamp of the record a ConsumeQueue entry points at (None if not held)."""
+    if entry is None:
+        return None
+    loc = commit_log.view_at(entry[0])
+    if loc is None:
+        return None
+    view, at, _size = loc
+    return int(STORE_TIMESTAMP.unpack_from(view, at + STORE_TIMESTAMP_OFFSET)[0])
+
+
+def offset_for_timestamp(
+    commit_log: CommitLog, cq: ConsumeQueue, lo: int, timestamp_ms: int
+) -> int:
+    """First queue offset in ``[lo, max offset)`` whose store time is >= ``timestamp_ms``
+    (the max offset if none): a binary search over store timestamps."""
+    hi = cq.max_offset
+    while lo < hi:
+        mid = (lo + hi) // 2
+        ts = store_time(commit_log, cq.entry(mid))
+        if ts is None or ts < timestamp_ms:
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo
+
+
 @dataclass(slots=True)
 class _Query:
     """What every chunk of one read needs, worked out once per read."""
@@ -171,7 +228,7 @@ class _Query:
 
 
 def read_queue(
-    store: MessageStore,
+    view: ReadView,
     topic: str,
     queue_id: int,
     offset: int,
@@ -182,10 +239,11 @@ def read_queue(
     """Read by queue offset. Every record is checked against its ConsumeQueue entry (size,
     queue, offset); records from before this start also pass their CRC. A record failing a
     check is skipped and listed, never served."""
-    cq = store.queues.get(topic, queue_id)
+    cq = view.queues.get(topic, queue_id)
     if cq is None:
         return GetResult(GetStatus.NO_MATCHED_LOGIC_QUEUE, 0, 0, 0)
-    lo = max(cq.min_offset, store.retention.floor(topic, queue_id))
+    limits = view.limits
+    lo = max(cq.min_offset, limits.floor(topic, queue_id))
     hi = cq.max_offset
     if hi <= lo:
         return GetResult(GetStatus.NO_MESSAGE_IN_QUEUE, lo, lo, hi)
@@ -202,17 +260,18 @@ def read_queue(
         else None
     )
     result = GetResult(GetStatus.FOUND, offset, lo, hi)
-    segs = tuple(store.commit_log.segments.segments)
+    commit_log = view.commit_log
+    segs = tuple(commit_log.segments.segments)
     topic_bytes = topic.encode()
     q = _Query(
         queue_id,
         segs,
-        store.commit_log.segment_size,
-        store.trusted_from if store.config.check_crc_on_read else -1,
+        commit_log.segment_size,
+        view.verify_before,
         wanted,
         set(wanted.tolist()) if wanted is not None else None,
         wanted_tags,
-        store.retention.ttl_cut(topic),
+        limits.ttl_cut(topic),
         max_count,
         topic_bytes,
         np.frombuffer(topic_bytes, np.uint8),

@@ -13,6 +13,10 @@
 5. Re-dispatch the scanned tail with the live dispatcher's code.
 6. Rebuild the queue-offset table and correct queue min offsets.
 
+``recover`` takes the store's parts (CommitLog, ConsumeQueues, IndexFiles, dispatcher) and the
+paths of the checkpoint and the abort marker, not the store, as Kafka's ``LogLoader`` does: it
+runs before the store is open for business and touches nothing else.
+
 Recovery time therefore depends on the tail written since the last checkpoint (about one
 second of traffic), not on how much data the store holds. Loss is reported, never silent:
 every cut is logged and returned in a RecoveryReport.
@@ -23,16 +27,27 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from pathlib import Path
 
 from orbitmq.common.record import RecordError, check_record
 from orbitmq.store.checkpoint import Checkpoint
-
-if TYPE_CHECKING:
-    from orbitmq.store.message_store import MessageStore
+from orbitmq.store.commit_log import CommitLog
+from orbitmq.store.consume_queue import ConsumeQueueTable
+from orbitmq.store.dispatch import Dispatcher
+from orbitmq.store.index_service import IndexService
 
 log = logging.getLogger(__name__)
 _ZERO_PAGE = bytes(4096)
+
+
+@dataclass(frozen=True, slots=True)
+class StoreParts:
+    """What recovery loads, checks and repairs: the log and the data derived from it."""
+
+    commit_log: CommitLog
+    queues: ConsumeQueueTable
+    index: IndexService | None
+    dispatcher: Dispatcher
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,30 +79,35 @@ class RecoveryReport:
 
 
 def _dirty_extent(view: memoryview, start: int) -> int:
-    """Bytes from ``start`` up to the first all-zero 4 KiB page: how much garbage was cut."""
-    pos = start
+    """Bytes from ``start`` up to the first all-zero 4 KiB page: how much garbage was cut.
+
+    A zero rest of ``start``'s own page ends the garbage only if the next page is zero too: a
+    record that begins just before a page boundary may be zero on this side of it (a page
+    that never reached the disk) and garbage on the other.
+    """
     size = len(view)
-    first_page_end = min(size, (start // 4096 + 1) * 4096)
-    if any(view[pos:first_page_end]):
-        pos = first_page_end
-        while pos < size and view[pos : pos + 4096] != _ZERO_PAGE[: min(4096, size - pos)]:
-            pos += 4096
-        return min(pos, size) - start
-    return 0
+    pos = min(size, (start // 4096 + 1) * 4096)
+    if not any(view[start:pos]) and (pos >= size or not any(view[pos : pos + 4096])):
+        return 0
+    while pos < size and view[pos : pos + 4096] != _ZERO_PAGE[: min(4096, size - pos)]:
+        pos += 4096
+    return min(pos, size) - start
 
 
-def _clean_start_ok(store: MessageStore, cp: Checkpoint | None, report: RecoveryReport) -> bool:
-    if store.abort_path.exists():
+def _clean_start_ok(
+    parts: StoreParts, abort_path: Path, cp: Checkpoint | None, report: RecoveryReport
+) -> bool:
+    if abort_path.exists():
         report.problems.append("abort marker present: the last run did not close cleanly")
         return False
-    if cp is None and not store.commit_log.segments.segments and not store.queues.queues:
+    if cp is None and not parts.commit_log.segments.segments and not parts.queues.queues:
         return True  # a new, empty store
     if cp is None or not cp.clean:
         report.problems.append("no checkpoint from a clean shutdown")
         return False
     if report.problems:
         return False
-    cl = store.commit_log
+    cl = parts.commit_log
     if cp.clean_end_offset == 0 and not cl.segments.segments:
         return True
     if cp.last_record_offset < 0:
@@ -108,9 +128,8 @@ def _clean_start_ok(store: MessageStore, cp: Checkpoint | None, report: Recovery
     return True
 
 
-def _scan(store: MessageStore, start: int, report: RecoveryReport) -> int:
+def _scan(cl: CommitLog, start: int, report: RecoveryReport) -> int:
     """Verify records from ``start``; return the end of the valid prefix; cut what follows."""
-    cl = store.commit_log
     pos = start
     while True:
         loc = cl.view_at(pos)
@@ -142,18 +161,19 @@ def _scan(store: MessageStore, start: int, report: RecoveryReport) -> int:
         pos = seg.start + size
 
 
-def recover(store: MessageStore) -> RecoveryReport:
+def recover(parts: StoreParts, checkpoint_path: Path, abort_path: Path) -> RecoveryReport:
+    """Load the parts and bring them back to a consistent state (the passes above)."""
     began = time.monotonic()
     report = RecoveryReport()
-    cl = store.commit_log
+    cl, queues, index, dispatcher = parts.commit_log, parts.queues, parts.index, parts.dispatcher
     # Pass 1: load.
     report.problems += cl.segments.load()
-    report.problems += store.queues.load()
-    if store.index is not None:
-        store.index.load()
-    cp = Checkpoint.load(store.checkpoint_path)
+    report.problems += queues.load()
+    if index is not None:
+        index.load()
+    cp = Checkpoint.load(checkpoint_path)
     # Pass 2: decide.
-    if _clean_start_ok(store, cp, report):
+    if _clean_start_ok(parts, abort_path, cp, report):
         end = cp.clean_end_offset if cp is not None else 0
         report.scanned_from = end
     else:
@@ -165,20 +185,20 @@ def recover(store: MessageStore) -> RecoveryReport:
         start = min(max(safe, lo), hi) if last is not None else safe
         report.scanned_from = start
         # Passes 3-4: scan and cut the CommitLog, then cut the derived files.
-        end = _scan(store, start, report) if last is not None else start
-        for cq in store.queues.queues.values():
+        end = _scan(cl, start, report) if last is not None else start
+        for cq in queues.queues.values():
             report.consume_queue_entries_dropped += cq.truncate_from_phy(start)
-        if store.index is not None:
-            report.index_entries_dropped = store.index.truncate_from(start)
+        if index is not None:
+            report.index_entries_dropped = index.truncate_from(start)
     cl.max_offset = end
     cl.flushed_offset = end if report.clean else min(end, report.scanned_from)
-    store.dispatcher.reput_offset = report.scanned_from if not report.clean else end
+    dispatcher.reput_offset = report.scanned_from if not report.clean else end
     # Pass 5: re-dispatch the tail.
     if not report.clean:
-        report.redispatched = store.dispatcher.dispatch_until(end)
+        report.redispatched = dispatcher.dispatch_until(end)
     # Pass 6: offsets.
-    cl.queue_offsets = {key: cq.max_offset for key, cq in store.queues.queues.items()}
-    for cq in store.queues.queues.values():
+    cl.queue_offsets = {key: cq.max_offset for key, cq in queues.queues.items()}
+    for cq in queues.queues.values():
         cq.correct_min_offset(cl.min_offset)
     report.end_offset = end
     report.duration_s = time.monotonic() - began

@@ -14,6 +14,9 @@ Per-topic retention (an OrbitMQ extension RocketMQ lacks outside tiered storage)
 moment they expire (reads compare store timestamps), long before their segment is deleted.
 ``max_bytes`` bounds each queue of the topic: older messages beyond the newest ``max_bytes``
 of record bytes are no longer served (evaluated on every retention run).
+
+The service takes the parts it works on (CommitLog, ConsumeQueues, IndexFiles, the dispatcher
+whose progress bounds what may go), a clock and the store root, not the store itself.
 """
 
 from __future__ import annotations
@@ -24,14 +27,16 @@ import shutil
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from pathlib import Path
 
 import numpy as np
 
-from orbitmq.store.consume_queue import ENTRY_DTYPE, ENTRY_SIZE, ConsumeQueue
-
-if TYPE_CHECKING:
-    from orbitmq.store.message_store import MessageStore
+from orbitmq.store.commit_log import CommitLog
+from orbitmq.store.config import StoreConfig
+from orbitmq.store.consume_queue import ENTRY_DTYPE, ENTRY_SIZE, ConsumeQueue, ConsumeQueueTable
+from orbitmq.store.dispatch import Dispatcher
+from orbitmq.store.index_service import IndexService
+from orbitmq.store.reader import offset_for_timestamp
 
 log = logging.getLogger(__name__)
 
@@ -43,9 +48,24 @@ class TopicRetention:
 
 
 class RetentionService:
-    def __init__(self, store: MessageStore, disk_usage: Callable[[], float] | None = None) -> None:
-        self.store = store
-        self.config = store.config
+    def __init__(
+        self,
+        config: StoreConfig,
+        commit_log: CommitLog,
+        queues: ConsumeQueueTable,
+        index: IndexService | None,
+        dispatcher: Dispatcher,
+        clock: Callable[[], int],
+        root: Path,
+        disk_usage: Callable[[], float] | None = None,
+    ) -> None:
+        self.config = config
+        self.commit_log = commit_log
+        self.queues = queues
+        self.index = index
+        self.dispatcher = dispatcher
+        self.clock = clock
+        self.root = root
         self._disk_usage = disk_usage or self._fs_usage
         self.disk_ratio = 0.0
         self.disk_full = False
@@ -54,7 +74,7 @@ class RetentionService:
         self.deleted_segments = 0
 
     def _fs_usage(self) -> float:
-        usage = shutil.disk_usage(self.store.root)
+        usage = shutil.disk_usage(self.root)
         return 100.0 * usage.used / usage.total if usage.total else 0.0
 
     # ----------------------------------------------------------- per topic
@@ -73,7 +93,7 @@ class RetentionService:
         policy = self.topics.get(topic)
         if policy is None or policy.ttl_ms is None:
             return 0
-        return self.store.clock() - policy.ttl_ms
+        return self.clock() - policy.ttl_ms
 
     def floor(self, topic: str, queue_id: int) -> int:
         return self.floors.get((topic, queue_id), 0)
@@ -82,12 +102,13 @@ class RetentionService:
         policy = self.topics.get(topic)
         if policy is None:
             return
-        for (t, qid), cq in list(self.store.queues.queues.items()):
+        for (t, qid), cq in list(self.queues.queues.items()):
             if t != topic:
                 continue
             floor = cq.min_offset
             if policy.ttl_ms is not None:
-                floor = max(floor, self.store.offset_for_timestamp(t, qid, self.ttl_cut(t)))
+                lo = max(cq.min_offset, self.floor(t, qid))
+                floor = max(floor, offset_for_timestamp(self.commit_log, cq, lo, self.ttl_cut(t)))
             if policy.max_bytes is not None:
                 floor = max(floor, _size_floor(cq, policy.max_bytes))
             self.floors[(t, qid)] = floor
@@ -98,7 +119,7 @@ class RetentionService:
         ratio = self._disk_usage()
         self.disk_ratio = ratio
         cfg = self.config
-        hour_ok = time.localtime(self.store.clock() / 1000).tm_hour in cfg.delete_hours()
+        hour_ok = time.localtime(self.clock() / 1000).tm_hour in cfg.delete_hours()
         force = ratio >= cfg.disk_space_clean_forcibly_ratio
         if not startup and (hour_ok or ratio >= cfg.disk_max_used_space_ratio or force):
             self._delete_segments(force)
@@ -114,23 +135,22 @@ class RetentionService:
             self._update_floors(topic)
 
     def _delete_segments(self, force: bool) -> None:
-        store = self.store
-        cl = store.commit_log
+        cl = self.commit_log
         reserved_ms = self.config.file_reserved_time_hours * 3600 * 1000
-        now = store.clock()
+        now = self.clock()
         deleted = 0
         while deleted < self.config.delete_commit_log_files_max_per_run:
             segs = cl.segments.segments
             if len(segs) < 2:
                 break  # never the segment being written
             first = segs[0]
-            if first.end > store.dispatcher.reput_offset:
+            if first.end > self.dispatcher.reput_offset:
                 break  # not fully dispatched yet
             age_ms = now - os.path.getmtime(first.path) * 1000
             if age_ms < reserved_ms and not force:
                 break
             new_min = segs[1].start
-            for cq in list(store.queues.queues.values()):
+            for cq in list(self.queues.queues.values()):
                 cq.correct_min_offset(new_min)
             path = cl.segments.drop_first()
             deleted += 1
@@ -143,10 +163,10 @@ class RetentionService:
             if force and self._disk_usage() < self.config.disk_space_clean_forcibly_ratio:
                 force = False
         if deleted:
-            for cq in list(store.queues.queues.values()):
+            for cq in list(self.queues.queues.values()):
                 cq.correct_min_offset(cl.min_offset)
-            if store.index is not None:
-                store.index.delete_below(cl.min_offset)
+            if self.index is not None:
+                self.index.delete_below(cl.min_offset)
 
 
 def _size_floor(cq: ConsumeQueue, max_bytes: int) -> int:
