@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from orbitmq.common.clock import now_ms as now_ms  # re-exported: broker/timer_service.py imports it
+from orbitmq.common.clock import now_ms
 from orbitmq.common.errors import StoreClosedError, StoreIOError
 from orbitmq.common.message import MessageBatch
 from orbitmq.common.record import (
