@@ -15,8 +15,8 @@ from orbitmq.broker.transaction.service import TransactionService, check_conflic
 from orbitmq.common.codes import ResponseCode
 from orbitmq.common.errors import MessageIllegalError, TransactionNotFoundError
 from orbitmq.common.validation import validate_group
-from orbitmq.protocol.fields import FieldError, get_int, get_str
 from orbitmq.protocol.frame import Frame
+from orbitmq.protocol.requests import EndTransactionRequest
 
 if TYPE_CHECKING:
     from orbitmq.net.connection import Connection, Reply
@@ -24,13 +24,6 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 DECISIONS = ("COMMIT", "ROLLBACK", "UNKNOWN")
-
-
-def _bool_field(frame: Frame, name: str) -> bool:
-    value = frame.fields.get(name, False)
-    if not isinstance(value, bool):
-        raise FieldError(f"field {name!r} must be a boolean")
-    return value
 
 
 class TransactionProcessor:
@@ -42,16 +35,17 @@ class TransactionProcessor:
         self.bridge = ctx.bridge
 
     async def end_transaction(self, frame: Frame, conn: Connection) -> Reply:
-        group = get_str(frame, "producer_group")
+        req = EndTransactionRequest.decode(frame)
+        group = req.producer_group
         validate_group(group)
-        decision = get_str(frame, "tran_state")
+        decision = req.tran_state
         if decision not in DECISIONS:
             raise MessageIllegalError(
                 f"tran_state {decision[:40]!r} is not one of {', '.join(DECISIONS)}"
             )
-        offset = get_int(frame, "commit_log_offset", lo=0)
-        msg_id = get_str(frame, "msg_id")
-        from_check = _bool_field(frame, "from_check")
+        offset = req.commit_log_offset
+        msg_id = req.msg_id
+        from_check = req.from_check
         half = self.service.state.by_phys.get(offset)
         if half is None:
             return await self._end_outside_window(frame, offset, msg_id, group, decision)

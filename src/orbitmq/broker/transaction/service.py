@@ -73,8 +73,7 @@ from orbitmq.common.message import MessageBatch
 from orbitmq.common.record import decode
 from orbitmq.common.tasks import TaskSet
 from orbitmq.protocol.bodies import PERM_READ, TopicConfig
-from orbitmq.protocol.codes import RequestCode
-from orbitmq.protocol.frame import Frame
+from orbitmq.protocol.requests import CheckTransactionStateRequest
 from orbitmq.store.commit_log import AppendResult
 from orbitmq.store.message_store import GetStatus
 
@@ -318,22 +317,19 @@ class TransactionService:
             if raw is None:
                 log.warning("transaction %s: half message unreadable at %d", half.msg_id, half.phys)
                 continue
-            fields = {
-                "producer_group": half.group,
-                "commit_log_offset": half.phys,
-                "tran_state_table_offset": half.qoffset,
-                "msg_id": half.msg_id,
-                "transaction_id": half.transaction_id,
-                "topic": half.topic,
-                "queue_id": half.queue_id,
-                "check_times": half.checks,
-            }
-            if half.batch_size:
-                fields["batch_count"] = half.batch_size
+            check = CheckTransactionStateRequest(
+                producer_group=half.group,
+                commit_log_offset=half.phys,
+                tran_state_table_offset=half.qoffset,
+                msg_id=half.msg_id,
+                transaction_id=half.transaction_id,
+                topic=half.topic,
+                queue_id=half.queue_id,
+                check_times=half.checks,
+                batch_count=half.batch_size or None,
+            )
             try:
-                conn.send_oneway(
-                    Frame(RequestCode.CHECK_TRANSACTION_STATE, fields=fields, body=raw)
-                )
+                conn.send_oneway(check.frame(raw))
             except MQError as exc:
                 log.info("transaction check-back to %s failed: %s", conn.peer, exc)
                 continue
