@@ -17,7 +17,7 @@ import time
 from orbitmq.broker.config import BrokerConfig
 from orbitmq.broker.consumer_manager import ConsumerManager
 from orbitmq.broker.consumer_processor import ConsumerProcessor
-from orbitmq.broker.context import BrokerContext, StoreSystemLog
+from orbitmq.broker.context import BrokerContext, StoreSystemLog, SystemLog
 from orbitmq.broker.group_config_manager import SubscriptionGroupManager
 from orbitmq.broker.group_config_processor import GroupConfigProcessor
 from orbitmq.broker.lock_manager import LockManager
@@ -70,7 +70,15 @@ class BrokerController:
     (:func:`~orbitmq.broker.routes.build_routes`) and the server; starts and stops them in
     order."""
 
-    def __init__(self, config: BrokerConfig, *, clock: Clock = SYSTEM_CLOCK) -> None:
+    def __init__(
+        self,
+        config: BrokerConfig,
+        *,
+        clock: Clock = SYSTEM_CLOCK,
+        system_log: SystemLog | None = None,
+    ) -> None:
+        """``system_log``: where the Pop and transaction system topics live (default: this
+        broker's store; tests pass an in-memory one)."""
         self.config = config
         self.store = MessageStore(config.store)
         self.topics = TopicConfigManager(
@@ -99,7 +107,7 @@ class BrokerController:
             config=config,
             store=self.store,
             bridge=self.bridge,
-            log=StoreSystemLog(self.store, self.bridge),
+            log=system_log or StoreSystemLog(self.store, self.bridge),
             topics=self.topics,
             offsets=self.offsets,
             groups=self.groups,

@@ -14,6 +14,7 @@ from orbitmq.broker.transaction.records import HALF_TOPIC, PROPERTY_PRODUCER_GRO
 from orbitmq.broker.transaction.service import TransactionService, check_conflict
 from orbitmq.common.codes import ResponseCode
 from orbitmq.common.errors import MessageIllegalError, TransactionNotFoundError
+from orbitmq.common.record import decode
 from orbitmq.common.validation import validate_group
 from orbitmq.protocol.frame import Frame
 from orbitmq.protocol.requests import EndTransactionRequest
@@ -31,8 +32,7 @@ class TransactionProcessor:
 
     def __init__(self, ctx: BrokerContext, service: TransactionService) -> None:
         self.service = service
-        self.store = ctx.store
-        self.bridge = ctx.bridge
+        self.system_log = ctx.log
 
     async def end_transaction(self, frame: Frame, conn: Connection) -> Reply:
         req = EndTransactionRequest.decode(frame)
@@ -70,7 +70,8 @@ class TransactionProcessor:
     ) -> Reply:
         """A decision for a half message the window no longer (or never) held: one decided and
         pruned answers as decided; anything else is TRANSACTION_NOT_FOUND."""
-        msg = await self.bridge.read(self.store.get_message, offset)
+        raw = (await self.system_log.read_records([offset]))[0]
+        msg = decode(raw) if raw is not None else None
         if (
             msg is None
             or msg.topic != HALF_TOPIC
