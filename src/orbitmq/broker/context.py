@@ -13,7 +13,10 @@ the CommitLog offset its append returned (a half message is named by it). `Store
 the one over the broker's store; the tests have an in-memory one. What those services read or
 write in user topics (the messages a Pop checkpoint names, retry and DLQ copies, committed
 copies) goes through ``store`` and ``bridge``, as every other handler's does. The timer topic
-is still the store's (its index loads the topic's ConsumeQueue entries directly).
+is still wholly the store's: its index loads the topic's ConsumeQueue tags (the due times), and
+a fire pass appends deliveries and rolled copies in one store call outside the writer queue
+(background work is never refused SYSTEM_BUSY), then fsyncs them once before its checkpoint,
+which SystemLog.append (durable "as a send", not fsynced in ASYNC_FLUSH) cannot promise.
 """
 
 from __future__ import annotations
