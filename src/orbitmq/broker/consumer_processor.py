@@ -57,7 +57,7 @@ from orbitmq.protocol.consumer import (
     retry_topic,
 )
 from orbitmq.protocol.frame import Frame
-from orbitmq.protocol.limits import MAX_LOCK_QUEUES, MAX_OFFSETS_PER_COMMIT, MAX_QUEUE_ID
+from orbitmq.protocol.limits import I32_MAX, MAX_LOCK_QUEUES, MAX_OFFSETS_PER_COMMIT, MAX_QUEUE_ID
 from orbitmq.protocol.requests import (
     RESET_POSITIONS,
     GetConsumerConnectionListRequest,
@@ -79,7 +79,6 @@ log = logging.getLogger(__name__)
 DISPATCH_WAIT_S = 3.0
 """How long a send-back waits for a just-stored message to reach its ConsumeQueue."""
 _KEEP_SYS_FLAGS = SYSFLAG_COMPRESSED | SYSFLAG_COMPRESSION_ZSTD | SYSFLAG_MULTI_TAGS
-_I32_MAX = 2**31 - 1
 
 InflightSource = Callable[[str, str, int], int]
 """``inflight(group, topic, queue_id)``: Pop messages handed out and not acked (for stats)."""
@@ -363,7 +362,7 @@ class ConsumerProcessor:
         props = copy_properties(msg, first_topic)
         queue_id = self._rr % config.write_queue_nums
         self._rr += 1
-        reconsume = min(times + 1, _I32_MAX)
+        reconsume = min(times + 1, I32_MAX)
         batch = self._copy(config.topic_name, queue_id, msg, props, reconsume)
         deliver_at = self.ctx.clock.now_ms() + group_config.retry_delay_ms(times)
         result = await self.delayed.put_delayed(batch, deliver_at)
@@ -409,7 +408,7 @@ class ConsumerProcessor:
         delivery that failed last)."""
         config = await ensure_dlq_topic(self.ctx, group)
         props = copy_properties(msg, first_topic, dlq_reason=reason)
-        batch = self._copy(config.topic_name, 0, msg, props, min(times, _I32_MAX))
+        batch = self._copy(config.topic_name, 0, msg, props, min(times, I32_MAX))
         result = await self.bridge.put(batch)
         self.metrics.messages_sent_back.inc()
         log.info(

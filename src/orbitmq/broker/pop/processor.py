@@ -38,7 +38,7 @@ from orbitmq.common.errors import (
 from orbitmq.common.filter import MessageFilter, compile_filter
 from orbitmq.common.message import decode_properties
 from orbitmq.common.record import properties_slice
-from orbitmq.common.validation import validate_group
+from orbitmq.common.validation import TOPIC_MAX_LENGTH, validate_group
 from orbitmq.protocol.bodies import PERM_READ, TopicConfig, decode_body, encode_body
 from orbitmq.protocol.consumer import (
     AckResults,
@@ -47,7 +47,7 @@ from orbitmq.protocol.consumer import (
     pop_retry_topic,
 )
 from orbitmq.protocol.frame import Frame
-from orbitmq.protocol.limits import MAX_BATCH_ACK, NAME_MAX_LENGTH
+from orbitmq.protocol.limits import MAX_BATCH_ACK
 from orbitmq.protocol.requests import (
     CONSUME_FROM,
     AckMessageRequest,
@@ -63,7 +63,6 @@ log = logging.getLogger(__name__)
 
 MAX_POP_BYTES = 8 * 1024 * 1024
 """Record bytes one pop answers with at most (a frame is limited to 16 MiB)."""
-TOPIC_NAME_LIMIT = NAME_MAX_LENGTH
 _PHYSICAL_OFFSET = struct.Struct(">q")  # at byte 28 of a stored record
 RETRY_FIRST_EVERY = 5
 """One pop in this many visits the retry queue before the topic's queues (RocketMQ's 20 %)."""
@@ -111,10 +110,10 @@ def check_group(group: str, topic: str) -> None:
     """A group name must be usable in its pop retry topic's name."""
     validate_group(group)
     name = pop_retry_topic(group, topic)
-    if len(name) > TOPIC_NAME_LIMIT:
+    if len(name) > TOPIC_MAX_LENGTH:
         raise MessageIllegalError(
             f"group and topic are too long together: their pop retry topic {name[:60]}... "
-            f"would be {len(name)} characters, the limit is {TOPIC_NAME_LIMIT}"
+            f"would be {len(name)} characters, the limit is {TOPIC_MAX_LENGTH}"
         )
 
 
