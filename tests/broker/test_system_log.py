@@ -15,7 +15,7 @@ from orbitmq.common.record import decode
 from orbitmq.net.client import RemotingClient
 from tests.broker.conftest import broker_config
 from tests.broker.memlog import BASE_OFFSET, MemorySystemLog
-from tests.broker.test_pop import GROUP, ack, pop, send
+from tests.broker.test_pop import GROUP, NEEDS_POP_RETRY_TOPIC, ack, no_pop_backoff, pop, send
 from tests.broker.test_pop import make_topic as make_pop_topic
 from tests.broker.test_transaction import (
     FakeProducer,
@@ -62,6 +62,31 @@ async def test_pop_state_lives_in_the_system_log(tmp_path: Path, client: Remotin
         resp, _, _ = await pop(client, b, "T", poll_time_ms=100)
         assert resp.code == ResponseCode.PULL_NOT_FOUND  # the offset moved past the run
         assert b.store.max_offset(REVIVE_TOPIC, 0) == 0
+    finally:
+        await b.stop()
+
+
+@NEEDS_POP_RETRY_TOPIC
+async def test_pop_revives_from_the_system_log(tmp_path: Path, client: RemotingClient) -> None:
+    """The Reviver finds the expired CK in memory, reads its message from the store and copies
+    it to the pop retry topic (the store's): the group gets it again."""
+    memory = MemorySystemLog()
+    b = BrokerController(
+        broker_config(tmp_path / "s", pop_revive_interval_ms=50), system_log=memory
+    )
+    await b.start()
+    try:
+        no_pop_backoff(b)
+        make_pop_topic(b, "T", 1)
+        await send(client, b, "T", [b"once"], queue_id=0)
+        _, first, _ = await pop(client, b, "T", invisible_time_ms=200)
+        assert [m.body for m in first] == [b"once"]
+        resp, again, handles = await pop(client, b, "T", poll_time_ms=4000)
+        assert resp.code == ResponseCode.SUCCESS, resp.remark
+        assert [(m.body, m.reconsume_times) for m in again] == [(b"once", 1)]
+        assert (await ack(client, b, "T", handles[0])).code == ResponseCode.SUCCESS
+        assert b.store.max_offset(REVIVE_TOPIC, 0) == 0
+        assert len(memory.topic_records(REVIVE_TOPIC)) >= 4  # CK, DONE, CK, ACK
     finally:
         await b.stop()
 
