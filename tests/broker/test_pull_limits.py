@@ -6,9 +6,9 @@ from __future__ import annotations
 import asyncio
 
 from orbitmq.broker.controller import BrokerController
-from orbitmq.broker.processor import MAX_PULL_MESSAGES, MAX_PULL_MESSAGES_UNFILTERED
 from orbitmq.common.codes import ResponseCode
 from orbitmq.net.client import RemotingClient
+from orbitmq.protocol.limits import MAX_PULL_MESSAGES, MAX_PULL_MESSAGES_UNFILTERED
 from orbitmq.protocol.messages import decode_records
 from tests.broker.test_broker import pull_frame, send_frame
 

@@ -32,7 +32,6 @@ from orbitmq.common.errors import FilterExpressionError, MessageIllegalError, MQ
 from orbitmq.common.filter import MessageFilter, compile_filter
 from orbitmq.common.validation import validate_group, validate_topic
 from orbitmq.net.connection import Connection
-from orbitmq.protocol.codes import RequestCode
 from orbitmq.protocol.consumer import (
     CONSUME_FROM,
     CONSUME_TYPES,
@@ -44,6 +43,7 @@ from orbitmq.protocol.consumer import (
     SubscriptionData,
 )
 from orbitmq.protocol.frame import Frame
+from orbitmq.protocol.requests import NotifyConsumerIdsChangedRequest
 
 log = logging.getLogger(__name__)
 
@@ -361,7 +361,7 @@ class ConsumerManager:
             return
         self.send_to_members(
             group,
-            lambda: Frame(RequestCode.NOTIFY_CONSUMER_IDS_CHANGED, fields={"group": group_name}),
+            lambda: NotifyConsumerIdsChangedRequest(group=group_name).frame(),
         )
 
     def send_to_members(self, group: ConsumerGroup, make: Callable[[], Frame]) -> int:

@@ -41,7 +41,6 @@ from orbitmq.protocol.bodies import (
     decode_body,
     encode_body,
 )
-from orbitmq.protocol.codes import RequestCode
 from orbitmq.protocol.consumer import (
     POP_RETRY_SEPARATOR,
     PROPERTY_RETRY_TOPIC,
@@ -57,22 +56,29 @@ from orbitmq.protocol.consumer import (
     QueueOffset,
     retry_topic,
 )
-from orbitmq.protocol.fields import get_int, get_str
 from orbitmq.protocol.frame import Frame
+from orbitmq.protocol.limits import I32_MAX, MAX_LOCK_QUEUES, MAX_OFFSETS_PER_COMMIT, MAX_QUEUE_ID
+from orbitmq.protocol.requests import (
+    RESET_POSITIONS,
+    GetConsumerConnectionListRequest,
+    GetConsumerListRequest,
+    GetConsumeStatsRequest,
+    QueryConsumerOffsetRequest,
+    ResetClientOffsetRequest,
+    ResetOffsetRequest,
+    SendMessageBackRequest,
+    UnregisterClientRequest,
+    UpdateConsumerOffsetRequest,
+)
 
 if TYPE_CHECKING:
     from orbitmq.net.connection import Connection, Reply
 
 log = logging.getLogger(__name__)
 
-MAX_OFFSETS_PER_COMMIT = 65_536
-MAX_LOCK_QUEUES = 4_096
-MAX_QUEUE_ID = 1 << 30
 DISPATCH_WAIT_S = 3.0
 """How long a send-back waits for a just-stored message to reach its ConsumeQueue."""
-RESET_POSITIONS = ("earliest", "latest", "timestamp")
 _KEEP_SYS_FLAGS = SYSFLAG_COMPRESSED | SYSFLAG_COMPRESSION_ZSTD | SYSFLAG_MULTI_TAGS
-_I32_MAX = 2**31 - 1
 
 InflightSource = Callable[[str, str, int], int]
 """``inflight(group, topic, queue_id)``: Pop messages handed out and not acked (for stats)."""
@@ -115,8 +121,8 @@ class ConsumerProcessor:
 
     # ------------------------------------------------------------------ helpers
 
-    def _group(self, frame: Frame) -> str:
-        group = get_str(frame, "group")
+    @staticmethod
+    def _group(group: str) -> str:
         validate_group(group)
         return group
 
@@ -148,16 +154,17 @@ class ConsumerProcessor:
         return frame.reply(ResponseCode.SUCCESS)
 
     async def unregister(self, frame: Frame, conn: Connection) -> Reply:
-        client_id = get_str(frame, "client_id")
+        req = UnregisterClientRequest.decode(frame)
+        client_id = req.client_id
         validate_client_id(client_id)
-        group = get_str(frame, "group", "") or None
+        group = req.group or None
         if group is not None:
             validate_group(group)
         left = self.consumers.unregister(client_id, group)
         return frame.reply(ResponseCode.SUCCESS, fields={"left": left})
 
     async def consumer_list(self, frame: Frame, conn: Connection) -> Reply:
-        group = self._group(frame)
+        group = self._group(GetConsumerListRequest.decode(frame).group)
         online = self.consumers.get(group)
         if online is None:
             raise ConsumerNotOnlineError(f"consumer group {group} has no online member here")
@@ -165,7 +172,7 @@ class ConsumerProcessor:
         return frame.reply(ResponseCode.SUCCESS, body=encode_body(body))
 
     async def connection_list(self, frame: Frame, conn: Connection) -> Reply:
-        group = self._group(frame)
+        group = self._group(GetConsumerConnectionListRequest.decode(frame).group)
         g = self.consumers.get(group)
         if g is None:
             raise ConsumerNotOnlineError(f"consumer group {group} has no online member here")
@@ -200,10 +207,11 @@ class ConsumerProcessor:
     # ------------------------------------------------------------------ offsets
 
     async def query_offset(self, frame: Frame, conn: Connection) -> Reply:
-        group = self._group(frame)
-        topic = get_str(frame, "topic")
+        req = QueryConsumerOffsetRequest.decode(frame)
+        group = self._group(req.group)
+        topic = req.topic
         validate_topic(topic)
-        queue_id = _queue_id(get_int(frame, "queue_id"), topic)
+        queue_id = req.queue_id
         fields: dict[str, object] = {
             "min_offset": self.store.min_offset(topic, queue_id),
             "max_offset": self.store.max_offset(topic, queue_id),
@@ -231,10 +239,11 @@ class ConsumerProcessor:
             )
 
     async def update_offset(self, frame: Frame, conn: Connection) -> Reply:
+        req = UpdateConsumerOffsetRequest.decode(frame)
         if frame.body:
             body = decode_body(_body(frame), OffsetsBody)
             group = body.group
-            if "group" in frame.fields and get_str(frame, "group") != group:
+            if req.group is not None and req.group != group:
                 raise MessageIllegalError("field group and the body's group differ")
             if len(body.offsets) > MAX_OFFSETS_PER_COMMIT:
                 raise MessageIllegalError(
@@ -243,10 +252,11 @@ class ConsumerProcessor:
                 )
             entries = [(o.topic, o.queue_id, o.offset) for o in body.offsets]
         else:
-            group = get_str(frame, "group")
-            entries = [
-                (get_str(frame, "topic"), get_int(frame, "queue_id"), get_int(frame, "offset"))
-            ]
+            # validate() made every field required without a body.
+            assert req.group is not None and req.topic is not None
+            assert req.queue_id is not None and req.offset is not None
+            group = req.group
+            entries = [(req.topic, req.queue_id, req.offset)]
         validate_group(group)
         for topic, queue_id, offset in entries:
             self._check_offset(topic, queue_id, offset)  # every entry, before anything changes
@@ -324,16 +334,15 @@ class ConsumerProcessor:
         """A consumer failed a message: copy it to the group's retry topic, due after the
         group's backoff (through the timer), or, once its retries are used up or when the
         request asks (``to_dlq``: an orderly consumer giving up), to the group's DLQ."""
-        group = self._group(frame)
-        physical_offset = get_int(frame, "offset", lo=0)
-        origin_topic = get_str(frame, "origin_topic", "")
+        req = SendMessageBackRequest.decode(frame)
+        group = self._group(req.group)
+        physical_offset = req.offset
+        origin_topic = req.origin_topic
         # -1 (RocketMQ clients' "not set") or absent: the group config's retry_max_times.
-        max_times = get_int(frame, "max_reconsume_times", -1, lo=-1, hi=_I32_MAX)
+        max_times = req.max_reconsume_times
         # Orderly consumers retry in place and count deliveries themselves.
-        seen_times = get_int(frame, "reconsume_times", -1, lo=-1, hi=_I32_MAX)
-        to_dlq = frame.fields.get("to_dlq", False)
-        if not isinstance(to_dlq, bool):
-            raise MessageIllegalError(f"field 'to_dlq' must be a boolean, not {to_dlq!r:.40}")
+        seen_times = req.reconsume_times
+        to_dlq = req.to_dlq
         msg = await self.bridge.read(self._read_indexed, physical_offset)
         if msg is None:
             raise MessageNotFoundError(f"no message at CommitLog offset {physical_offset}")
@@ -353,7 +362,7 @@ class ConsumerProcessor:
         props = copy_properties(msg, first_topic)
         queue_id = self._rr % config.write_queue_nums
         self._rr += 1
-        reconsume = min(times + 1, _I32_MAX)
+        reconsume = min(times + 1, I32_MAX)
         batch = self._copy(config.topic_name, queue_id, msg, props, reconsume)
         deliver_at = self.ctx.clock.now_ms() + group_config.retry_delay_ms(times)
         result = await self.delayed.put_delayed(batch, deliver_at)
@@ -399,7 +408,7 @@ class ConsumerProcessor:
         delivery that failed last)."""
         config = await ensure_dlq_topic(self.ctx, group)
         props = copy_properties(msg, first_topic, dlq_reason=reason)
-        batch = self._copy(config.topic_name, 0, msg, props, min(times, _I32_MAX))
+        batch = self._copy(config.topic_name, 0, msg, props, min(times, I32_MAX))
         result = await self.bridge.put(batch)
         self.metrics.messages_sent_back.inc()
         log.info(
@@ -462,8 +471,9 @@ class ConsumerProcessor:
         return out
 
     async def consume_stats(self, frame: Frame, conn: Connection) -> Reply:
-        group = self._group(frame)
-        only = get_str(frame, "topic", "")
+        req = GetConsumeStatsRequest.decode(frame)
+        group = self._group(req.group)
+        only = req.topic
         online = self._known_group(group)
         topics = self._stats_topics(group, online)
         if only:
@@ -501,14 +511,16 @@ class ConsumerProcessor:
         return out
 
     async def reset_offset(self, frame: Frame, conn: Connection) -> Reply:
-        group = self._group(frame)
-        topic = get_str(frame, "topic")
-        position = get_str(frame, "position")
+        req = ResetOffsetRequest.decode(frame)
+        group = self._group(req.group)
+        topic = req.topic
+        position = req.position
         if position not in RESET_POSITIONS:
             raise MessageIllegalError(
                 f"position {position[:40]!r} is not one of {', '.join(RESET_POSITIONS)}"
             )
-        timestamp_ms = get_int(frame, "timestamp_ms", lo=0) if position == "timestamp" else 0
+        # validate() requires timestamp_ms with position "timestamp".
+        timestamp_ms = req.timestamp_ms if req.timestamp_ms is not None else 0
         online = self._known_group(group)
         config = self._topic_config(topic)
         targets = await self.bridge.read(
@@ -520,15 +532,9 @@ class ConsumerProcessor:
         if online is not None:
             notified = self.consumers.send_to_members(
                 online,
-                lambda: Frame(
-                    RequestCode.RESET_CONSUMER_CLIENT_OFFSET,
-                    fields={
-                        "topic": topic,
-                        "group": group,
-                        "broker_name": self.config.broker_name,
-                    },
-                    body=body,
-                ),
+                lambda: ResetClientOffsetRequest(
+                    topic=topic, group=group, broker_name=self.config.broker_name
+                ).frame(body),
             )
         log.info("group %s reset to %s on %s (%d members told)", group, position, topic, notified)
         return frame.reply(ResponseCode.SUCCESS, fields={"notified": notified}, body=body)

@@ -6,9 +6,17 @@ service can touch from its constructor, and the import graph points one way (con
 routes -> processors and services -> context -> managers). This module imports no processor
 or service; the ``layers`` contract in pyproject.toml keeps it so.
 
-`SystemLog` is how the Pop, timer and transaction services append to and read their system
-topics (Kafka's ``PartitionWriter`` + ``CoordinatorLoader``): appends are durable as a send is,
-reads run off the event loop. `StoreSystemLog` is the one over the broker's store.
+`SystemLog` is how the Pop and transaction services append to and read their system topics
+(the revive log, the half and op topics; Kafka's ``PartitionWriter`` + ``CoordinatorLoader``):
+appends are durable as a send is, reads run off the event loop, and a record is also found by
+the CommitLog offset its append returned (a half message is named by it). `StoreSystemLog` is
+the one over the broker's store; the tests have an in-memory one. What those services read or
+write in user topics (the messages a Pop checkpoint names, retry and DLQ copies, committed
+copies) goes through ``store`` and ``bridge``, as every other handler's does. The timer topic
+is still wholly the store's: its index loads the topic's ConsumeQueue tags (the due times), and
+a fire pass appends deliveries and rolled copies in one store call outside the writer queue
+(background work is never refused SYSTEM_BUSY), then fsyncs them once before its checkpoint,
+which SystemLog.append (durable "as a send", not fsynced in ASYNC_FLUSH) cannot promise.
 """
 
 from __future__ import annotations
@@ -31,9 +39,6 @@ from orbitmq.protocol.bodies import TopicConfig
 from orbitmq.store.commit_log import AppendResult
 from orbitmq.store.message_store import GetResult, MessageStore
 
-ArrivalListener = Callable[[str, int, int], None]
-"""``listener(topic, queue_id, max_offset)``, called on the store's dispatcher thread."""
-
 
 class SystemLog(Protocol):
     """Appends to and reads of the broker's system topics (revive log, timer, half/op)."""
@@ -48,12 +53,22 @@ class SystemLog(Protocol):
         """Up to ``max_count`` records (``max_bytes`` at most) from ``offset`` on, off the loop."""
         ...
 
-    def max_offset(self, topic: str, queue_id: int) -> int:
-        """The queue offset the next append to (topic, queue) gets."""
+    async def read_records(self, physical_offsets: list[int]) -> list[bytes | None]:
+        """The records at these CommitLog offsets (as returned by ``append``), None where
+        gone, off the loop."""
         ...
 
-    def on_arrival(self, listener: ArrivalListener) -> None:
-        """Call ``listener`` on the dispatcher thread whenever a queue gets new entries."""
+    def max_offset(self, topic: str, queue_id: int) -> int:
+        """The queue offset the next append to (topic, queue) gets, once settled."""
+        ...
+
+    def min_offset(self, topic: str, queue_id: int) -> int:
+        """The queue's first offset still kept (retention may have dropped older ones)."""
+        ...
+
+    async def settle(self, timeout: float = 10.0) -> None:
+        """Wait until everything appended is readable (``max_offset`` counts it), at most
+        ``timeout`` seconds. A closed log is settled."""
         ...
 
 
@@ -75,11 +90,28 @@ class StoreSystemLog:
             store.get_messages, topic, queue_id, offset, max_count, max_bytes, None
         )
 
+    async def read_records(self, physical_offsets: list[int]) -> list[bytes | None]:
+        return await self._bridge.read(_read_records, self._store, physical_offsets)
+
     def max_offset(self, topic: str, queue_id: int) -> int:
         return self._store.max_offset(topic, queue_id)
 
-    def on_arrival(self, listener: ArrivalListener) -> None:
-        self._store.add_arrival_listener(listener)
+    def min_offset(self, topic: str, queue_id: int) -> int:
+        return self._store.min_offset(topic, queue_id)
+
+    async def settle(self, timeout: float = 10.0) -> None:
+        store = self._store
+        if store.is_open:
+            await self._bridge.call(store.wait_for_dispatch, timeout)
+
+
+def _read_records(store: MessageStore, physical_offsets: list[int]) -> list[bytes | None]:
+    """On a reader thread: copies (the views' segment may be unmapped by retention later)."""
+    out: list[bytes | None] = []
+    for p in physical_offsets:
+        view = store.read_record(p)
+        out.append(bytes(view) if view is not None else None)
+    return out
 
 
 @dataclass(frozen=True, slots=True, eq=False)

@@ -17,7 +17,7 @@ import time
 from orbitmq.broker.config import BrokerConfig
 from orbitmq.broker.consumer_manager import ConsumerManager
 from orbitmq.broker.consumer_processor import ConsumerProcessor
-from orbitmq.broker.context import BrokerContext, StoreSystemLog
+from orbitmq.broker.context import BrokerContext, StoreSystemLog, SystemLog
 from orbitmq.broker.group_config_manager import SubscriptionGroupManager
 from orbitmq.broker.group_config_processor import GroupConfigProcessor
 from orbitmq.broker.lock_manager import LockManager
@@ -44,8 +44,7 @@ from orbitmq.net.client import RemotingClient
 from orbitmq.net.connection import Connection
 from orbitmq.net.server import RemotingServer
 from orbitmq.protocol.bodies import RegisterBrokerBody, TopicConfig, encode_body
-from orbitmq.protocol.codes import RequestCode
-from orbitmq.protocol.frame import Frame
+from orbitmq.protocol.requests import RegisterBrokerRequest, UnregisterBrokerRequest
 from orbitmq.store.message_store import MessageStore
 from orbitmq.store.recovery import RecoveryReport
 from orbitmq.store.retention import TopicRetention
@@ -71,7 +70,15 @@ class BrokerController:
     (:func:`~orbitmq.broker.routes.build_routes`) and the server; starts and stops them in
     order."""
 
-    def __init__(self, config: BrokerConfig, *, clock: Clock = SYSTEM_CLOCK) -> None:
+    def __init__(
+        self,
+        config: BrokerConfig,
+        *,
+        clock: Clock = SYSTEM_CLOCK,
+        system_log: SystemLog | None = None,
+    ) -> None:
+        """``system_log``: where the Pop and transaction system topics live (default: this
+        broker's store; tests pass an in-memory one)."""
         self.config = config
         self.store = MessageStore(config.store)
         self.topics = TopicConfigManager(
@@ -100,7 +107,7 @@ class BrokerController:
             config=config,
             store=self.store,
             bridge=self.bridge,
-            log=StoreSystemLog(self.store, self.bridge),
+            log=system_log or StoreSystemLog(self.store, self.bridge),
             topics=self.topics,
             offsets=self.offsets,
             groups=self.groups,
@@ -291,13 +298,16 @@ class BrokerController:
 
     # ---------------------------------------------------------------- NameServers
 
-    def _identity(self) -> dict[str, object]:
-        return {
-            "cluster": self.config.cluster,
-            "broker_name": self.config.broker_name,
-            "broker_id": self.config.broker_id,
-            "broker_addr": self.address,
-        }
+    def _identity(
+        self, cls: type[RegisterBrokerRequest] = RegisterBrokerRequest
+    ) -> RegisterBrokerRequest:
+        """This broker's REGISTER_BROKER header, or ``cls``'s (UNREGISTER_BROKER: the same fields)."""
+        return cls(
+            cluster=self.config.cluster,
+            broker_name=self.config.broker_name,
+            broker_id=self.config.broker_id,
+            broker_addr=self.address,
+        )
 
     async def register_all(self) -> int:
         """Register with every NameServer at once; returns how many accepted."""
@@ -308,7 +318,7 @@ class BrokerController:
         )
 
         async def one(addr: str) -> bool:
-            frame = Frame(RequestCode.REGISTER_BROKER, fields=self._identity(), body=body)
+            frame = self._identity().frame(body)
             try:
                 resp = await self.namesrv_client.invoke(addr, frame, timeout=3.0)
             except MQError as exc:
@@ -342,7 +352,7 @@ class BrokerController:
 
     async def _unregister_all(self) -> None:
         async def one(addr: str) -> None:
-            frame = Frame(RequestCode.UNREGISTER_BROKER, fields=self._identity())
+            frame = self._identity(UnregisterBrokerRequest).frame()
             try:
                 await self.namesrv_client.invoke(addr, frame, timeout=2.0)
             except MQError as exc:

@@ -27,19 +27,22 @@ from orbitmq.common.errors import MessageIllegalError
 from orbitmq.common.validation import validate_group
 from orbitmq.protocol.bodies import decode_body, encode_body
 from orbitmq.protocol.consumer import dlq_topic
-from orbitmq.protocol.fields import get_int, get_str
 from orbitmq.protocol.frame import Frame
 from orbitmq.protocol.group_config import (
     SubscriptionGroupConfig,
     SubscriptionGroupConfigList,
     validate_group_config,
 )
+from orbitmq.protocol.requests import (
+    DeleteSubscriptionGroupRequest,
+    GetAllSubscriptionGroupRequest,
+    GetDlqMessagesRequest,
+)
 from orbitmq.store.message_store import GetStatus
 
 if TYPE_CHECKING:
     from orbitmq.net.connection import Connection, Reply
 
-MAX_DLQ_READ = 256
 DLQ_READ_BYTES = 4 * 1024 * 1024
 
 
@@ -62,7 +65,7 @@ class GroupConfigProcessor:
         return frame.reply(ResponseCode.SUCCESS)
 
     async def get_all(self, frame: Frame, conn: Connection) -> Reply:
-        group = get_str(frame, "group", "")
+        group = GetAllSubscriptionGroupRequest.decode(frame).group
         if group:
             validate_group(group)
             configs = [self.groups.get(group)]
@@ -74,17 +77,18 @@ class GroupConfigProcessor:
         return frame.reply(ResponseCode.SUCCESS, fields=fields, body=body)
 
     async def delete(self, frame: Frame, conn: Connection) -> Reply:
-        group = get_str(frame, "group")
+        group = DeleteSubscriptionGroupRequest.decode(frame).group
         validate_group(group)
         deleted = await asyncio.to_thread(self.groups.delete, group)
         return frame.reply(ResponseCode.SUCCESS, fields={"deleted": deleted})
 
     async def dlq_messages(self, frame: Frame, conn: Connection) -> Reply:
-        group = get_str(frame, "group")
+        req = GetDlqMessagesRequest.decode(frame)
+        group = req.group
         validate_group(group)
-        queue_id = get_int(frame, "queue_id", 0, lo=0, hi=1 << 30)
-        offset = get_int(frame, "queue_offset", -1, lo=-1)
-        max_nums = get_int(frame, "max_msg_nums", 32, lo=1, hi=MAX_DLQ_READ)
+        queue_id = req.queue_id
+        offset = req.queue_offset
+        max_nums = req.max_msg_nums
         topic = dlq_topic(group)
         store = self.store
         if self.topics.get(topic) is None:

@@ -43,9 +43,21 @@ from orbitmq.protocol.bodies import (
     encode_body,
 )
 from orbitmq.protocol.codes import RequestCode
-from orbitmq.protocol.fields import FieldError, get_int, get_str, get_str_list
+from orbitmq.protocol.fields import FieldError
 from orbitmq.protocol.frame import Frame
+from orbitmq.protocol.limits import MAX_PULL_MESSAGES
 from orbitmq.protocol.messages import SendBody, decode_send_body
+from orbitmq.protocol.requests import (
+    DeleteTopicInBrokerRequest,
+    GetMaxOffsetRequest,
+    GetMinOffsetRequest,
+    GetTopicStatsRequest,
+    PullMessageRequest,
+    QueryMessageRequest,
+    SearchOffsetRequest,
+    SendMessageRequest,
+    ViewMessageRequest,
+)
 from orbitmq.store.commit_log import AppendResult
 from orbitmq.store.message_store import GetResult, GetStatus
 
@@ -55,13 +67,6 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 _UNIQ = b"UNIQ_CLIENT_MESSAGE_ID_KEYIDX\x01"
-MAX_PULL_MESSAGES = 1024
-"""Records per pull with a filter (a filtered read scans a multiple of this)."""
-MAX_PULL_MESSAGES_UNFILTERED = 16384
-"""Records per pull without a filter. A bulk reader (the Spark source) asks for many at once:
-a pull's fixed cost (a read hand-off, the frame, the ConsumeQueue look-up) then spreads over
-more records, and the reply stays bounded by ``max_bytes``."""
-MAX_PULL_BYTES = 16 * 1024 * 1024
 TAIL_READ = 64
 """A pull this close to the queue's end reads on the event loop instead of the read pool."""
 SQL_SCAN_LIMIT = 1024
@@ -171,9 +176,11 @@ class BrokerProcessor:
 
     async def send(self, frame: Frame, conn: Connection) -> Reply:
         started = time.perf_counter()
-        topic = get_str(frame, "topic")
+        # SEND_BATCH_MESSAGE's header is SEND_MESSAGE's (SendBatchMessageRequest only adds docs).
+        req = SendMessageRequest.decode(frame)
+        topic = req.topic
         config = self._topic(topic, for_write=True)
-        queue_id = get_int(frame, "queue_id", -1, lo=-1, hi=1 << 30)
+        queue_id = req.queue_id
         if queue_id < 0:
             queue_id = self._round_robin % config.write_queue_nums
             self._round_robin += 1
@@ -194,11 +201,11 @@ class BrokerProcessor:
             queue_id,
             send.bodies,  # type: ignore[arg-type]  # views of the frame: appended without a copy
             send.properties,
-            flag=get_int(frame, "flag", 0, lo=-(2**31), hi=2**31 - 1),
-            sys_flag=get_int(frame, "sys_flag", 0, lo=0, hi=2**31 - 1),
-            born_timestamp_ms=get_int(frame, "born_ts", 0, lo=0),
+            flag=req.flag,
+            sys_flag=req.sys_flag,
+            born_timestamp_ms=req.born_ts,
             born_host=peer,
-            reconsume_times=get_int(frame, "reconsume_times", 0, lo=0, hi=2**31 - 1),
+            reconsume_times=req.reconsume_times,
         )
         half = self.halves.half_of(batch, send, config)
         # DELAY / TIMER_* properties: delayed messages wait in the timer topic (docs/timers.md).
@@ -233,16 +240,14 @@ class BrokerProcessor:
 
     # ------------------------------------------------------------------ pull
 
-    def _pull_filter(self, frame: Frame) -> tuple[list[str] | None, MessageFilter | None]:
+    @staticmethod
+    def _pull_filter(req: PullMessageRequest) -> tuple[list[str] | None, MessageFilter | None]:
         """(tags for the store's tag prefilter, SQL92 filter to apply after reading). An
         ``expression`` (with ``expression_type``, TAG by default) takes precedence over the older
         ``tags`` list."""
-        tags = get_str_list(frame, "tags")
-        if "expression" not in frame.fields and "expression_type" not in frame.fields:
-            return tags, None
-        flt = compile_filter(
-            get_str(frame, "expression_type", "TAG"), get_str(frame, "expression", "*")
-        )
+        if not req.has_expression:
+            return req.tags, None
+        flt = compile_filter(req.expression_type or "TAG", req.expression or "*")
         if flt.is_sql:
             return None, flt
         return (sorted(flt.tags) if flt.tags is not None else None), None
@@ -285,23 +290,23 @@ class BrokerProcessor:
         return out
 
     async def pull(self, frame: Frame, conn: Connection) -> Reply:
-        topic = get_str(frame, "topic")
+        req = PullMessageRequest.decode(frame)
+        topic = req.topic
         self._topic(topic, for_write=False)
-        queue_id = get_int(frame, "queue_id", lo=0, hi=1 << 30)
-        offset = get_int(frame, "queue_offset", lo=0)
-        max_nums = get_int(frame, "max_msg_nums", 32, lo=1, hi=MAX_PULL_MESSAGES_UNFILTERED)
-        max_bytes = get_int(frame, "max_bytes", 4 * 1024 * 1024, lo=1, hi=MAX_PULL_BYTES)
-        tags, sql = self._pull_filter(frame)
+        queue_id = req.queue_id
+        offset = req.queue_offset
+        max_nums = req.max_msg_nums
+        max_bytes = req.max_bytes
+        tags, sql = self._pull_filter(req)
         if tags is not None or sql is not None:
             max_nums = min(max_nums, MAX_PULL_MESSAGES)  # fewer than asked: the client reads on
-        suspend_ms = get_int(frame, "suspend_timeout_ms", 0, lo=0)
-        suspend_ms = min(suspend_ms, self.config.long_polling_max_ms)
-        group = get_str(frame, "group", "")
+        suspend_ms = min(req.suspend_timeout_ms, self.config.long_polling_max_ms)
+        group = req.group
         if group:
             validate_group(group)
             if not self.ctx.groups.get(group).consume_enable:
                 raise NoPermissionError(f"consumer group {group} is disabled (consume_enable off)")
-        commit = get_int(frame, "commit_offset", -1)
+        commit = req.commit_offset
         if commit >= 0:
             if not group:
                 raise FieldError("field 'commit_offset' needs field 'group'")
@@ -367,33 +372,30 @@ class BrokerProcessor:
     # ------------------------------------------------------------------ offsets and queries
 
     async def max_offset(self, frame: Frame, conn: Connection) -> Reply:
-        topic = get_str(frame, "topic")
-        queue_id = get_int(frame, "queue_id", lo=0)
+        req = GetMaxOffsetRequest.decode(frame)
         return frame.reply(
-            ResponseCode.SUCCESS, fields={"offset": self.store.max_offset(topic, queue_id)}
+            ResponseCode.SUCCESS, fields={"offset": self.store.max_offset(req.topic, req.queue_id)}
         )
 
     async def min_offset(self, frame: Frame, conn: Connection) -> Reply:
-        topic = get_str(frame, "topic")
-        queue_id = get_int(frame, "queue_id", lo=0)
+        req = GetMinOffsetRequest.decode(frame)
         return frame.reply(
-            ResponseCode.SUCCESS, fields={"offset": self.store.min_offset(topic, queue_id)}
+            ResponseCode.SUCCESS, fields={"offset": self.store.min_offset(req.topic, req.queue_id)}
         )
 
     async def offset_by_time(self, frame: Frame, conn: Connection) -> Reply:
-        topic = get_str(frame, "topic")
-        queue_id = get_int(frame, "queue_id", lo=0)
-        ts = get_int(frame, "timestamp", lo=0)
-        offset = await self.bridge.read(self.store.offset_for_timestamp, topic, queue_id, ts)
+        req = SearchOffsetRequest.decode(frame)
+        offset = await self.bridge.read(
+            self.store.offset_for_timestamp, req.topic, req.queue_id, req.timestamp
+        )
         return frame.reply(ResponseCode.SUCCESS, fields={"offset": offset})
 
     async def query_message(self, frame: Frame, conn: Connection) -> Reply:
-        topic = get_str(frame, "topic")
-        key = get_str(frame, "key")
-        max_num = get_int(frame, "max_num", 32, lo=1, hi=1024)
-        begin = get_int(frame, "begin_ts", 0, lo=0)
-        end = get_int(frame, "end_ts", 2**62, lo=0)
-        found = await self.bridge.read(self.store.query_by_key, topic, key, max_num, begin, end)
+        req = QueryMessageRequest.decode(frame)
+        key = req.key
+        found = await self.bridge.read(
+            self.store.query_by_key, req.topic, key, req.max_num, req.begin_ts, req.end_ts
+        )
         records = [self.store.read_record(m.physical_offset) for m in found]
         parts = [r for r in records if r is not None]
         if not parts:
@@ -401,12 +403,13 @@ class BrokerProcessor:
         return frame.reply(ResponseCode.SUCCESS), parts
 
     async def view_message(self, frame: Frame, conn: Connection) -> Reply:
-        if "offset" in frame.fields:
-            record = self.store.read_record(get_int(frame, "offset", lo=0))
+        req = ViewMessageRequest.decode(frame)
+        if req.offset is not None:
+            record = self.store.read_record(req.offset)
         else:
-            topic = get_str(frame, "topic")
-            msg_id = get_str(frame, "msg_id")
-            found = await self.bridge.read(self.store.query_by_key, topic, msg_id, 8)
+            assert req.topic is not None and req.msg_id is not None  # validate() requires them
+            msg_id = req.msg_id
+            found = await self.bridge.read(self.store.query_by_key, req.topic, msg_id, 8)
             match = [m for m in found if m.msg_id == msg_id]
             record = self.store.read_record(match[0].physical_offset) if match else None
         if record is None:
@@ -424,7 +427,7 @@ class BrokerProcessor:
         return frame.reply(ResponseCode.SUCCESS)
 
     async def delete_topic(self, frame: Frame, conn: Connection) -> Reply:
-        topic = get_str(frame, "topic")
+        topic = DeleteTopicInBrokerRequest.decode(frame).topic
         if not self.topics.delete(topic):
             raise TopicNotExistError(f"topic {topic} does not exist on this broker")
         await self.bridge.call(self.store.delete_topic, topic)
@@ -439,7 +442,7 @@ class BrokerProcessor:
         return frame.reply(ResponseCode.SUCCESS, body=body)
 
     async def topic_stats(self, frame: Frame, conn: Connection) -> Reply:
-        topic = get_str(frame, "topic")
+        topic = GetTopicStatsRequest.decode(frame).topic
         config = self._topic(topic, for_write=False)
         queues = [
             QueueStats(

@@ -11,14 +11,11 @@ from typing import TYPE_CHECKING
 
 from orbitmq.broker.timer_service import TimerService
 from orbitmq.common.codes import ResponseCode
-from orbitmq.common.errors import MessageIllegalError
-from orbitmq.protocol.fields import get_str
 from orbitmq.protocol.frame import Frame
+from orbitmq.protocol.requests import RecallMessageRequest
 
 if TYPE_CHECKING:
     from orbitmq.net.connection import Connection, Reply
-
-MAX_MSG_ID = 128
 
 
 class TimerProcessor:
@@ -29,9 +26,6 @@ class TimerProcessor:
 
     async def recall(self, frame: Frame, conn: Connection) -> Reply:
         """RECALL_MESSAGE (topic, msg_id): cancel a delayed message before it is due."""
-        topic = get_str(frame, "topic")
-        msg_id = get_str(frame, "msg_id")
-        if not msg_id or len(msg_id) > MAX_MSG_ID:
-            raise MessageIllegalError(f"field 'msg_id' must be 1 to {MAX_MSG_ID} characters")
-        removed = await self.timer.recall(topic, msg_id)
+        req = RecallMessageRequest.decode(frame)  # msg_id: 1 to MAX_MSG_ID_LENGTH characters
+        removed = await self.timer.recall(req.topic, req.msg_id)
         return frame.reply(ResponseCode.SUCCESS, fields={"recalled": removed})

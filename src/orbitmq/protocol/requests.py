@@ -281,8 +281,8 @@ class RecallMessageRequest(Header):
     code: ClassVar[RequestCode] = RequestCode.RECALL_MESSAGE
     section: ClassVar[str] = TIMER_TX
     response: ClassVar[str] = (
-        "SUCCESS; TIMER_MESSAGE_NOT_FOUND (1010); TIMER_MESSAGE_NOT_PENDING (1011): already "
-        "delivered or recalled"
+        "SUCCESS, field `recalled` (copies dropped); TIMER_MESSAGE_NOT_FOUND (1010); "
+        "TIMER_MESSAGE_NOT_PENDING (1011): already delivered or recalled"
     )
     topic: str
     msg_id: Annotated[str, Meta(min_length=1, max_length=MAX_MSG_ID_LENGTH)]
@@ -356,7 +356,8 @@ class QueryConsumerOffsetRequest(Header):
     code: ClassVar[RequestCode] = RequestCode.QUERY_CONSUMER_OFFSET
     section: ClassVar[str] = CONSUMER
     response: ClassVar[str] = (
-        "field `offset`; QUERY_NOT_FOUND (22) when the group never committed there"
+        "fields `offset`, `min_offset`, `max_offset`; QUERY_NOT_FOUND (22) when the group never "
+        "committed there (still with `min_offset`, `max_offset`)"
     )
     group: str
     topic: str
@@ -394,7 +395,7 @@ class LockBatchRequest(Header):
 
 class UnlockBatchRequest(LockBatchRequest):
     code: ClassVar[RequestCode] = RequestCode.UNLOCK_BATCH_MQ
-    response: ClassVar[str] = "SUCCESS"
+    response: ClassVar[str] = "SUCCESS, field `released` (locks released)"
 
 
 class SendMessageBackRequest(Header):
@@ -477,7 +478,10 @@ RESET_POSITIONS = ("earliest", "latest", "timestamp")
 class ResetOffsetRequest(Header):
     code: ClassVar[RequestCode] = RequestCode.INVOKE_BROKER_TO_RESET_OFFSET
     section: ClassVar[str] = CONSUMER
-    response: ClassVar[str] = "body OffsetsBody (the new offsets); SUBSCRIPTION_GROUP_NOT_EXIST"
+    response: ClassVar[str] = (
+        "body OffsetsBody (the new offsets), field `notified` (online members told); "
+        "SUBSCRIPTION_GROUP_NOT_EXIST; TOPIC_NOT_EXIST"
+    )
     group: str
     topic: str
     position: Annotated[str, Meta(description=", ".join(RESET_POSITIONS))]

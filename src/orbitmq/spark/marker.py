@@ -29,9 +29,8 @@ from orbitmq.common.codes import ResponseCode
 from orbitmq.common.errors import ClientError, MQError, error_for
 from orbitmq.common.message import Message
 from orbitmq.common.record import StoredMessage
-from orbitmq.protocol.codes import RequestCode
-from orbitmq.protocol.frame import Frame
 from orbitmq.protocol.messages import decode_records
+from orbitmq.protocol.requests import QueryMessageRequest
 
 log = logging.getLogger(__name__)
 
@@ -238,11 +237,11 @@ class MarkerStore:
             if strict:
                 raise ClientError(f"marker topic {self.topic!r} has no route")
             return None
-        fields = {"topic": self.topic, "key": key, "max_num": 16, "begin_ts": 0, "end_ts": 2**62}
+        query = QueryMessageRequest(topic=self.topic, key=key, max_num=16)
         ok = {ResponseCode.SUCCESS, ResponseCode.QUERY_NOT_FOUND}
 
         async def ask(addr: str) -> list[StoredMessage]:
-            frame = Frame(RequestCode.QUERY_MESSAGE, fields=dict(fields))
+            frame = query.frame()  # a fresh frame per broker: the opaque is the connection's
             resp = await self.admin.remoting.invoke(addr, frame, self.admin.timeout_s)
             if resp.code not in ok:
                 raise error_for(resp.code, resp.remark)

@@ -38,7 +38,7 @@ from orbitmq.common.errors import (
 from orbitmq.common.filter import MessageFilter, compile_filter
 from orbitmq.common.message import decode_properties
 from orbitmq.common.record import properties_slice
-from orbitmq.common.validation import validate_group
+from orbitmq.common.validation import TOPIC_MAX_LENGTH, validate_group
 from orbitmq.protocol.bodies import PERM_READ, TopicConfig, decode_body, encode_body
 from orbitmq.protocol.consumer import (
     AckResults,
@@ -46,8 +46,14 @@ from orbitmq.protocol.consumer import (
     is_system_group_topic,
     pop_retry_topic,
 )
-from orbitmq.protocol.fields import get_int, get_str
 from orbitmq.protocol.frame import Frame
+from orbitmq.protocol.limits import MAX_BATCH_ACK
+from orbitmq.protocol.requests import (
+    CONSUME_FROM,
+    AckMessageRequest,
+    ChangeInvisibleTimeRequest,
+    PopMessageRequest,
+)
 from orbitmq.store.message_store import GetResult, GetStatus
 
 if TYPE_CHECKING:
@@ -55,15 +61,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-MAX_POP_MESSAGES = 1024
-MIN_INVISIBLE_MS = 100
-MAX_INVISIBLE_MS = 12 * 3600 * 1000
 MAX_POP_BYTES = 8 * 1024 * 1024
 """Record bytes one pop answers with at most (a frame is limited to 16 MiB)."""
-MAX_BATCH_ACK = 4096
-TOPIC_NAME_LIMIT = 127
 _PHYSICAL_OFFSET = struct.Struct(">q")  # at byte 28 of a stored record
-CONSUME_FROM = ("LAST_OFFSET", "FIRST_OFFSET")
 RETRY_FIRST_EVERY = 5
 """One pop in this many visits the retry queue before the topic's queues (RocketMQ's 20 %)."""
 FIFO_READ_CHUNK = 256
@@ -110,10 +110,10 @@ def check_group(group: str, topic: str) -> None:
     """A group name must be usable in its pop retry topic's name."""
     validate_group(group)
     name = pop_retry_topic(group, topic)
-    if len(name) > TOPIC_NAME_LIMIT:
+    if len(name) > TOPIC_MAX_LENGTH:
         raise MessageIllegalError(
             f"group and topic are too long together: their pop retry topic {name[:60]}... "
-            f"would be {len(name)} characters, the limit is {TOPIC_NAME_LIMIT}"
+            f"would be {len(name)} characters, the limit is {TOPIC_MAX_LENGTH}"
         )
 
 
@@ -169,8 +169,9 @@ class PopProcessor:
         return config
 
     def _parse_pop(self, frame: Frame) -> _PopRequest:
-        group = get_str(frame, "group")
-        topic = get_str(frame, "topic")
+        req = PopMessageRequest.decode(frame)
+        group = req.group
+        topic = req.topic
         if topic == REVIVE_TOPIC or is_system_group_topic(topic):
             raise MessageIllegalError(
                 f"cannot pop {topic[:60]!r}: pop the original topic, its retries come with it"
@@ -179,32 +180,26 @@ class PopProcessor:
         if not self.groups.get(group).consume_enable:
             raise NoPermissionError(f"consumer group {group} is disabled (consume_enable off)")
         config = self._readable(topic)
-        queue_id = get_int(frame, "queue_id", -1, lo=-1, hi=1 << 30)
+        queue_id = req.queue_id
         if queue_id >= config.read_queue_nums:
             raise MessageIllegalError(
                 f"queue {queue_id} does not exist: {topic} has {config.read_queue_nums} read queues"
             )
-        from_where = get_str(frame, "consume_from_where", "LAST_OFFSET")
+        from_where = req.consume_from_where
         if from_where not in CONSUME_FROM:
             raise MessageIllegalError(
                 f"consume_from_where must be one of {', '.join(CONSUME_FROM)} for Pop"
             )
-        get_str(frame, "client_id", "")  # optional, a string when present
-        poll_ms = get_int(frame, "poll_time_ms", 0, lo=0, hi=2**31)
         return _PopRequest(
             group=group,
             topic=topic,
             retry_topic=pop_retry_topic(group, topic),
             queue_id=queue_id,
             read_queue_nums=config.read_queue_nums,
-            max_nums=get_int(frame, "max_msg_nums", 32, lo=1, hi=MAX_POP_MESSAGES),
-            invisible_ms=get_int(
-                frame, "invisible_time_ms", lo=MIN_INVISIBLE_MS, hi=MAX_INVISIBLE_MS
-            ),
-            poll_ms=min(poll_ms, self.config.long_polling_max_ms),
-            filter=compile_filter(
-                get_str(frame, "expression_type", "TAG"), get_str(frame, "expression", "*")
-            ),
+            max_nums=req.max_msg_nums,
+            invisible_ms=req.invisible_time_ms,
+            poll_ms=min(req.poll_time_ms, self.config.long_polling_max_ms),
+            filter=compile_filter(req.expression_type, req.expression),
             from_first=from_where == "FIRST_OFFSET",
             fifo=config.message_type == "FIFO" or self._group_fifo(group),
         )
@@ -464,9 +459,8 @@ class PopProcessor:
         )
 
     async def ack(self, frame: Frame, conn: Connection) -> Reply:
-        group = get_str(frame, "group")
-        topic = get_str(frame, "topic")
-        ck, index = self.service.resolve(group, topic, frame.fields.get("handle"))
+        req = AckMessageRequest.decode(frame)
+        ck, index = self.service.resolve(req.group, req.topic, req.handle)
         await self.service.ack_entries([(ck, index)])
         return frame.reply(ResponseCode.SUCCESS)
 
@@ -501,10 +495,11 @@ class PopProcessor:
         )
 
     async def change_invisible_time(self, frame: Frame, conn: Connection) -> Reply:
-        group = get_str(frame, "group")
-        topic = get_str(frame, "topic")
-        invisible_ms = get_int(frame, "invisible_time_ms", lo=MIN_INVISIBLE_MS, hi=MAX_INVISIBLE_MS)
-        ck, index = self.service.resolve(group, topic, frame.fields.get("handle"))
+        req = ChangeInvisibleTimeRequest.decode(frame)
+        group = req.group
+        topic = req.topic
+        invisible_ms = req.invisible_time_ms
+        ck, index = self.service.resolve(group, topic, req.handle)
         rec = ck.record
         pop_time = self.clock.now_ms()
         new = CkRecord(

@@ -147,11 +147,10 @@ class Reviver:
 
     async def recover(self) -> None:
         """Rebuild the state from the revive log (the store is open, offsets are loaded)."""
-        store, bridge = self.store, self.bridge
-        await bridge.call(store.wait_for_dispatch)
+        await self.system_log.settle()
         saved = self._read_checkpoint()
         start = saved or 0
-        offset = max(start, store.min_offset(REVIVE_TOPIC, 0))
+        offset = max(start, self.system_log.min_offset(REVIVE_TOPIC, 0))
         end = self.system_log.max_offset(REVIVE_TOPIC, 0)
         began = time.monotonic()
         entries = bad = 0
@@ -218,10 +217,8 @@ class Reviver:
         if self._task is not None:
             await self._task
             self._task = None
-        store = self.store
         try:
-            if store.is_open:
-                await self.bridge.call(store.wait_for_dispatch, 5.0)
+            await self.system_log.settle(5.0)
             await self.write_checkpoint(force=True)
         except (MQError, OSError):
             log.exception("cannot write the revive checkpoint at stop")

@@ -104,7 +104,8 @@ class PopService:
                 topic_name=REVIVE_TOPIC, read_queue_nums=1, write_queue_nums=1, perm=PERM_READ
             )
             await asyncio.to_thread(self.topics.upsert, config)
-        self.system_log.on_arrival(self._on_arrival)
+        # Held pops wait on user topics (the topic, its pop retry topic): the store's arrivals.
+        self.store.add_arrival_listener(self._on_arrival)
         before = {g: self.offsets.offsets(g) for g in self.offsets.groups()}
         await self.reviver.recover()
         self._restore_fifo_bases(before)

@@ -1,6 +1,6 @@
 """The copies a COMMIT appends to the real topic, and the restart check that counts the ones a
 crash left stored (docs/transactions.md, "Exactly-once commit"). The functions run on a reader
-thread, through the store bridge."""
+thread, through the store bridge; the half's record comes from the SystemLog."""
 
 from __future__ import annotations
 
@@ -48,10 +48,10 @@ def copy_of(msg: StoredMessage, half: Half) -> MessageBatch:
     )
 
 
-def read_copies(store: MessageStore, half: Half) -> MessageBatch | None:
-    """On a reader thread: the commit's copies of the half at ``half.phys`` (None: gone)."""
-    msg = store.get_message(half.phys)
-    return None if msg is None else copy_of(msg, half)
+def copies_of(raw: bytes, half: Half) -> MessageBatch:
+    """On a reader thread (a half batch is unpacked): the commit's copies of the half whose
+    record is ``raw``."""
+    return copy_of(decode(raw), half)
 
 
 def tail(batch: MessageBatch, start: int) -> MessageBatch:
@@ -82,11 +82,3 @@ def count_copies(store: MessageStore, half: Half) -> int:
             break
         offset = res.next_begin_offset
     return found
-
-
-def read_records(store: MessageStore, phys: list[int]) -> list[bytes | None]:
-    out: list[bytes | None] = []
-    for p in phys:
-        view = store.read_record(p)
-        out.append(bytes(view) if view is not None else None)
-    return out

@@ -14,9 +14,10 @@ from orbitmq.broker.transaction.records import HALF_TOPIC, PROPERTY_PRODUCER_GRO
 from orbitmq.broker.transaction.service import TransactionService, check_conflict
 from orbitmq.common.codes import ResponseCode
 from orbitmq.common.errors import MessageIllegalError, TransactionNotFoundError
+from orbitmq.common.record import decode
 from orbitmq.common.validation import validate_group
-from orbitmq.protocol.fields import FieldError, get_int, get_str
 from orbitmq.protocol.frame import Frame
+from orbitmq.protocol.requests import EndTransactionRequest
 
 if TYPE_CHECKING:
     from orbitmq.net.connection import Connection, Reply
@@ -26,32 +27,25 @@ log = logging.getLogger(__name__)
 DECISIONS = ("COMMIT", "ROLLBACK", "UNKNOWN")
 
 
-def _bool_field(frame: Frame, name: str) -> bool:
-    value = frame.fields.get(name, False)
-    if not isinstance(value, bool):
-        raise FieldError(f"field {name!r} must be a boolean")
-    return value
-
-
 class TransactionProcessor:
     """Reads END_TRANSACTION; ``service`` applies the decision."""
 
     def __init__(self, ctx: BrokerContext, service: TransactionService) -> None:
         self.service = service
-        self.store = ctx.store
-        self.bridge = ctx.bridge
+        self.system_log = ctx.log
 
     async def end_transaction(self, frame: Frame, conn: Connection) -> Reply:
-        group = get_str(frame, "producer_group")
+        req = EndTransactionRequest.decode(frame)
+        group = req.producer_group
         validate_group(group)
-        decision = get_str(frame, "tran_state")
+        decision = req.tran_state
         if decision not in DECISIONS:
             raise MessageIllegalError(
                 f"tran_state {decision[:40]!r} is not one of {', '.join(DECISIONS)}"
             )
-        offset = get_int(frame, "commit_log_offset", lo=0)
-        msg_id = get_str(frame, "msg_id")
-        from_check = _bool_field(frame, "from_check")
+        offset = req.commit_log_offset
+        msg_id = req.msg_id
+        from_check = req.from_check
         half = self.service.state.by_phys.get(offset)
         if half is None:
             return await self._end_outside_window(frame, offset, msg_id, group, decision)
@@ -76,7 +70,8 @@ class TransactionProcessor:
     ) -> Reply:
         """A decision for a half message the window no longer (or never) held: one decided and
         pruned answers as decided; anything else is TRANSACTION_NOT_FOUND."""
-        msg = await self.bridge.read(self.store.get_message, offset)
+        raw = (await self.system_log.read_records([offset]))[0]
+        msg = decode(raw) if raw is not None else None
         if (
             msg is None
             or msg.topic != HALF_TOPIC

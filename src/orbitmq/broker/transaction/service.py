@@ -47,7 +47,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from orbitmq.broker.context import BrokerContext
-from orbitmq.broker.transaction.copies import count_copies, read_copies, read_records, tail
+from orbitmq.broker.transaction.copies import copies_of, count_copies, tail
 from orbitmq.broker.transaction.records import (
     HALF_TOPIC,
     OP_TOPIC,
@@ -73,8 +73,7 @@ from orbitmq.common.message import MessageBatch
 from orbitmq.common.record import decode
 from orbitmq.common.tasks import TaskSet
 from orbitmq.protocol.bodies import PERM_READ, TopicConfig
-from orbitmq.protocol.codes import RequestCode
-from orbitmq.protocol.frame import Frame
+from orbitmq.protocol.requests import CheckTransactionStateRequest
 from orbitmq.store.commit_log import AppendResult
 from orbitmq.store.message_store import GetStatus
 
@@ -176,7 +175,8 @@ class TransactionService:
             fut.set_result(None)
 
     async def _finish_commit(self, half: Half, verify: bool) -> None:
-        copies = await self.bridge.read(read_copies, self.store, half)  # unpacked off the loop
+        raw = (await self.system_log.read_records([half.phys]))[0]
+        copies = None if raw is None else await self.bridge.read(copies_of, raw, half)
         if copies is None:
             raise TransactionNotFoundError(
                 f"half message {half.msg_id} at offset {half.phys} is gone from the store"
@@ -311,29 +311,26 @@ class TransactionService:
             return 0
         halves = [h for h, _ in targets]
         await self.append_ops([Checked([h.phys for h in halves])], halves)
-        records = await self.bridge.read(read_records, self.store, [h.phys for h in halves])
+        records = await self.system_log.read_records([h.phys for h in halves])
         sent = 0
         for (half, conn), raw in zip(targets, records, strict=True):
             half.checks += 1
             if raw is None:
                 log.warning("transaction %s: half message unreadable at %d", half.msg_id, half.phys)
                 continue
-            fields = {
-                "producer_group": half.group,
-                "commit_log_offset": half.phys,
-                "tran_state_table_offset": half.qoffset,
-                "msg_id": half.msg_id,
-                "transaction_id": half.transaction_id,
-                "topic": half.topic,
-                "queue_id": half.queue_id,
-                "check_times": half.checks,
-            }
-            if half.batch_size:
-                fields["batch_count"] = half.batch_size
+            check = CheckTransactionStateRequest(
+                producer_group=half.group,
+                commit_log_offset=half.phys,
+                tran_state_table_offset=half.qoffset,
+                msg_id=half.msg_id,
+                transaction_id=half.transaction_id,
+                topic=half.topic,
+                queue_id=half.queue_id,
+                check_times=half.checks,
+                batch_count=half.batch_size or None,
+            )
             try:
-                conn.send_oneway(
-                    Frame(RequestCode.CHECK_TRANSACTION_STATE, fields=fields, body=raw)
-                )
+                conn.send_oneway(check.frame(raw))
             except MQError as exc:
                 log.info("transaction check-back to %s failed: %s", conn.peer, exc)
                 continue
@@ -377,11 +374,11 @@ class TransactionService:
 
     async def recover(self) -> None:
         """Rebuild the state from the half and op topics, then finish commits cut short."""
-        store, bridge = self.store, self.bridge
-        await bridge.call(store.wait_for_dispatch)
+        system_log = self.system_log
+        await system_log.settle()
         half_start, op_start = self._read_checkpoint()
         began = time.monotonic()
-        half_start = max(half_start, store.min_offset(HALF_TOPIC, 0))
+        half_start = max(half_start, system_log.min_offset(HALF_TOPIC, 0))
         state = self.state
         state.reset(half_start)
         halves = 0
@@ -391,7 +388,7 @@ class TransactionService:
                 state.add(half)
                 halves += 1
         ops = bad = 0
-        op_start = max(op_start, store.min_offset(OP_TOPIC, 0))
+        op_start = max(op_start, system_log.min_offset(OP_TOPIC, 0))
         async for view in self._replay(OP_TOPIC, op_start):
             record = decode(view)
             try:
