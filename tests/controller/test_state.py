@@ -18,7 +18,7 @@ from orbitmq.common.codes import ResponseCode as RC
 from orbitmq.controller.raft import RaftNode
 from orbitmq.controller.state import Outcome
 
-from .raftutil import leader_of, raft_cluster, run_command, tick_until
+from .raftutil import free_ports, leader_of, raft_cluster, run_command, tick_until
 
 ALIVE3 = {1: (0, 100, 5), 2: (0, 100, 5), 3: (0, 100, 5)}
 
@@ -199,3 +199,33 @@ def test_a_restarted_node_rebuilds_its_state_from_its_journal(tmp_path: Path) ->
         tick_until(cluster, lambda: reborn.state.view("durable") == want)
         view = reborn.state.view("durable")
         assert view is not None and view.master == 1 and view.master_epoch == 1
+
+
+def test_raft_traffic_with_a_shared_secret(tmp_path: Path) -> None:
+    addrs = [f"127.0.0.1:{p}" for p in free_ports(3)]
+    cluster = [
+        RaftNode(
+            a,
+            [o for o in addrs if o != a],
+            str(tmp_path / f"s{i}"),
+            auto_tick=False,
+            secret="s3cret",
+        )
+        for i, a in enumerate(addrs)
+    ]
+    try:
+        tick_until(cluster, lambda: leader_of(cluster) is not None)
+        out = cmd(cluster, "apply_broker_id", "c1", "secret", 1, "h:1", "k")
+        assert out.ok
+    finally:
+        for node in cluster:
+            node.destroy()
+
+
+def test_a_single_node_controller_leads_alone(tmp_path: Path) -> None:
+    node = RaftNode(f"127.0.0.1:{free_ports(1)[0]}", [], str(tmp_path / "one"), auto_tick=False)
+    try:
+        tick_until([node], node.is_leader)
+        assert cmd([node], "apply_broker_id", "c1", "solo", 1, "h:1", "k").ok
+    finally:
+        node.destroy()
