@@ -19,6 +19,7 @@ from orbitmq.protocol.controller import (
     AlterSyncStateSetRequest,
     ControllerMetadata,
     GetReplicaInfoRequest,
+    HeartbeatRequest,
     ReplicaInfo,
 )
 from orbitmq.protocol.frame import Frame
@@ -110,6 +111,12 @@ async def test_bad_requests_change_nothing(nodes: list[ControllerNode]) -> None:
         )
         resp = await client.once(lead.address, RequestCode.CONTROLLER_ALTER_SYNC_STATE_SET, zero)
         assert resp.code == RC.MESSAGE_ILLEGAL
+        poison = HeartbeatRequest(
+            cluster="c1", broker_name="g", broker_id=1, address="h:1", epoch=2**40
+        )
+        resp = await client.once(lead.address, RequestCode.BROKER_HEARTBEAT, poison)
+        assert resp.code == RC.MESSAGE_ILLEGAL
+        assert lead.heartbeats.epoch_floor("g") == 0
         unknown = await client.client.invoke(lead.address, Frame(RequestCode.SEND_MESSAGE))
         assert unknown.code == RC.REQUEST_CODE_NOT_SUPPORTED
         assert lead.raft is not None and lead.raft.state.group_names() == []

@@ -60,6 +60,8 @@ RC = ResponseCode
 T = TypeVar("T", bound=msgspec.Struct)
 MAX_NAME = 127
 MAX_ID = 2**63 - 1
+MAX_EPOCH = 2**31 - 1
+"""Epochs are RocketMQ's int32; a larger reported one would poison the epoch floor."""
 
 Handler = Callable[[Frame, object], Awaitable[Frame]]
 
@@ -162,6 +164,10 @@ class ControllerProcessor:
     async def heartbeat(self, request: Frame, connection: object) -> Frame:
         hb = decode(request, HeartbeatRequest)
         check_id(hb.broker_id)
+        if not 0 <= hb.epoch <= MAX_EPOCH:
+            raise FieldError(f"field 'epoch' = {hb.epoch} is outside [0, {MAX_EPOCH}]")
+        if hb.max_offset < 0 or hb.confirm_offset < 0:
+            raise FieldError("offsets must not be negative")
         self.heartbeats.beat(
             hb.broker_name,
             hb.broker_id,
