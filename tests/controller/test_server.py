@@ -201,3 +201,46 @@ def test_config_checks_the_peer_list(tmp_path: Path) -> None:
     assert encode_body(
         ControllerMetadata(self_address="a", leader_address=None, is_leader=False, peers=[])
     )
+
+
+async def test_the_admin_client_finds_the_leader_and_moves_the_master(
+    nodes: list[ControllerNode],
+) -> None:
+    from orbitmq.common.errors import ControllerElectMasterFailedError
+    from orbitmq.controller.client import ControllerClient as AdminClient
+
+    lead = await leader(nodes)
+    follower = next(n for n in nodes if n is not lead)
+    brokers = [
+        FakeBroker([n.address for n in nodes], "m", f"127.0.0.1:{30911 + i}") for i in (0, 1)
+    ]
+    admin = AdminClient([follower.address, lead.address])
+    try:
+        for b in brokers:
+            await b.join()
+            b.start_heartbeats(0.1)
+        await until(lambda: _alive(brokers[1], 2), 5)
+        assert (await brokers[0].elect()).code == RC.SUCCESS
+        info = await admin.replica_info("m")
+        assert admin.leader == lead.address and info.master_broker_id == 1
+        with pytest.raises(ControllerElectMasterFailedError):
+            await admin.elect("c1", "m", designated=2)  # not in the SyncStateSet yet
+        grow = AlterSyncStateSetRequest(
+            broker_name="m",
+            master_broker_id=1,
+            master_epoch=1,
+            sync_state_set_epoch=1,
+            new_sync_state_set=[1, 2],
+        )
+        assert (
+            await admin.ok(RequestCode.CONTROLLER_ALTER_SYNC_STATE_SET, grow)
+        ).code == RC.SUCCESS
+        moved = await admin.elect("c1", "m", designated=2)
+        assert (moved.master_broker_id, moved.master_epoch, moved.sync_state_set) == (2, 2, [2])
+        meta = await admin.metadata(follower.address)
+        assert not meta.is_leader and meta.leader_address == lead.address
+        assert sorted(meta.peers) == sorted(n.address for n in nodes)
+    finally:
+        for b in brokers:
+            await b.close()
+        await admin.close()
