@@ -4,6 +4,7 @@ request routing, the broker flow, and failover driven by heartbeats."""
 from __future__ import annotations
 
 import asyncio
+import urllib.request
 from collections.abc import AsyncIterator
 from dataclasses import replace
 from pathlib import Path
@@ -41,7 +42,12 @@ def configs(base: Path, n: int = 3) -> list[ControllerConfig]:
     peers = tuple(f"127.0.0.1:{ports[i]}/{ports[n + i]}" for i in range(n))
     return [
         replace(
-            FAST, port=ports[i], raft_port=ports[n + i], peers=peers, data_dir=str(base / f"n{i}")
+            FAST,
+            port=ports[i],
+            raft_port=ports[n + i],
+            peers=peers,
+            data_dir=str(base / f"n{i}"),
+            metrics_port=0,
         )
         for i in range(n)
     ]
@@ -174,6 +180,20 @@ async def test_a_group_fails_over_when_its_masters_heartbeats_stop(
         assert info.sync_state_set_epoch == 3
         # Brokers were told on their heartbeat connections.
         await until(lambda: _notified(brokers[0], 2), 2)
+        # The leader counted the election and the refused compare-and-set.
+        lead = await leader(nodes)
+        sample = lead.metrics.registry.get_sample_value
+        assert (
+            sample("orbitmq_controller_elections_total", {"result": "elected"}) == 2
+        )  # + the first
+        fenced = {"command": "alter_sync_state_set"}
+        assert sample("orbitmq_controller_fenced_total", fenced) == 1
+        lead.scan()
+        assert sample("orbitmq_controller_master_epoch", {"group": "g"}) == 2
+        assert sample("orbitmq_controller_leader") == 1
+        url = f"http://127.0.0.1:{lead.metrics_port}/metrics"
+        text = await asyncio.to_thread(lambda: urllib.request.urlopen(url, timeout=5).read())
+        assert b"orbitmq_controller_sync_state_set_size" in text
     finally:
         for b in brokers:
             await b.close()

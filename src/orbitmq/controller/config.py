@@ -79,6 +79,8 @@ class ControllerConfig:
     enable_unclean_election: bool = False
     """Elect a replica outside the SyncStateSet when no member is alive: availability over
     acknowledged messages. Off, as Kafka's unclean.leader.election.enable."""
+    metrics_port: int | None = None
+    """Prometheus endpoint port (None: off; 0: a free one)."""
     commit_timeout_ms: int = 3000
     """How long a request waits for its command to commit before answering SYSTEM_BUSY (the
     outcome is then unknown: read the replica info)."""

@@ -111,7 +111,7 @@ class ControllerProcessor:
         *,
         leader_address: Callable[[], str | None],
         peers: list[str],
-        notify: Callable[[GroupView], None] | None = None,
+        on_outcome: Callable[[str, Outcome], None] | None = None,
         clock: Clock = SYSTEM_CLOCK,
     ) -> None:
         self.config = config
@@ -119,7 +119,8 @@ class ControllerProcessor:
         self.heartbeats = heartbeats
         self.leader_address = leader_address
         self.peers = peers
-        self.notify = notify
+        self.on_outcome = on_outcome
+        """Called with every committed command's name and Outcome (notifications, metrics)."""
         self.clock = clock
         self._handlers: dict[int, Handler] = {
             RequestCode.BROKER_HEARTBEAT: self.heartbeat,
@@ -313,8 +314,8 @@ class ControllerProcessor:
         """Submit a command and wait for its Outcome (CommandFailed, TimeoutError)."""
         fut = self.raft.submit(name, *args)
         outcome = await asyncio.wait_for(fut, self.config.commit_timeout_ms / 1000)
-        if outcome.changed and outcome.group is not None and self.notify is not None:
-            self.notify(outcome.group)
+        if self.on_outcome is not None:
+            self.on_outcome(name, outcome)
         return outcome
 
     async def command(self, request: Frame, name: str, *args: Any) -> Frame:

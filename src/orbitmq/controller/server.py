@@ -27,16 +27,21 @@ import asyncio
 import logging
 import signal
 import sys
+import threading
 from collections.abc import Callable
+from wsgiref.simple_server import WSGIServer
+
+from prometheus_client import start_http_server
 
 from orbitmq.common.clock import SYSTEM_CLOCK, Clock
 from orbitmq.common.codes import ResponseCode
 from orbitmq.common.tasks import TaskSet
 from orbitmq.controller.config import ControllerConfig
 from orbitmq.controller.heartbeats import Heartbeats
+from orbitmq.controller.metrics import ControllerMetrics
 from orbitmq.controller.processor import ControllerProcessor, replica_info
 from orbitmq.controller.raft import CommandFailed, RaftNode
-from orbitmq.controller.state import GroupView
+from orbitmq.controller.state import GroupView, Outcome
 from orbitmq.net.connection import Connection, ConnectionClosedError, Reply
 from orbitmq.net.loop import run
 from orbitmq.net.server import RemotingServer
@@ -45,6 +50,21 @@ from orbitmq.protocol.codes import RequestCode
 from orbitmq.protocol.frame import Frame
 
 log = logging.getLogger(__name__)
+
+
+_FENCED = frozenset(
+    {
+        ResponseCode.CONTROLLER_FENCED_MASTER_EPOCH,
+        ResponseCode.CONTROLLER_FENCED_SYNC_STATE_SET_EPOCH,
+    }
+)
+
+
+def _code_name(enum: type[RequestCode] | type[ResponseCode], code: int) -> str:
+    try:
+        return enum(code).name
+    except ValueError:
+        return str(code)
 
 
 class ControllerNode:
@@ -71,6 +91,11 @@ class ControllerNode:
         self._electing: set[str] = set()
         self.elections = 0
         """Elections this node committed that changed a master (for tests and metrics)."""
+        self.metrics = ControllerMetrics()
+        self.metrics_port: int | None = None
+        """The Prometheus endpoint's port once started (None: no endpoint)."""
+        self._metrics_server: WSGIServer | None = None
+        self._metrics_thread: threading.Thread | None = None
 
     @property
     def address(self) -> str:
@@ -108,12 +133,15 @@ class ControllerNode:
             self.heartbeats,
             leader_address=self.leader_address,
             peers=self.peers,
-            notify=self._notify,
+            on_outcome=self._on_outcome,
             clock=self.clock,
         )
         try:
             await self.server.start()
+            if config.metrics_port is not None:
+                self._start_metrics(config.metrics_port)
         except BaseException:
+            await self.server.stop()
             await asyncio.to_thread(self.raft.destroy)
             raise
         self.tasks.spawn(self._scan_loop(), name="controller-scan")
@@ -127,16 +155,44 @@ class ControllerNode:
     async def stop(self) -> None:
         await self.tasks.close(timeout=5.0)
         await self.server.stop()
+        server, self._metrics_server = self._metrics_server, None
+        thread, self._metrics_thread = self._metrics_thread, None
+        if server is not None:
+            await asyncio.to_thread(server.shutdown)
+            server.server_close()
+        if thread is not None:
+            await asyncio.to_thread(thread.join, 5.0)
         raft, self.raft = self.raft, None
         if raft is not None:
             await asyncio.to_thread(raft.destroy)
+
+    def _start_metrics(self, port: int) -> None:
+        server, thread = start_http_server(
+            port, addr=self.config.host, registry=self.metrics.registry
+        )
+        self._metrics_server, self._metrics_thread = server, thread
+        self.metrics_port = server.server_port
+        log.info("controller metrics on %s:%d", self.config.host, self.metrics_port)
 
     # ------------------------------------------------------------------ events
 
     async def _handle(self, request: Frame, conn: Connection) -> Reply:
         if self.processor is None:
             return request.reply(ResponseCode.SYSTEM_BUSY, "controller starting")
-        return await self.processor.process(request, conn)
+        reply = await self.processor.process(request, conn)
+        name = _code_name(RequestCode, request.code)
+        self.metrics.requests.labels(name, _code_name(ResponseCode, reply.code)).inc()
+        return reply
+
+    def _on_outcome(self, command: str, outcome: Outcome) -> None:
+        m = self.metrics
+        m.commands.labels(command, _code_name(ResponseCode, outcome.code)).inc()
+        if outcome.code in _FENCED:
+            m.fenced.labels(command).inc()
+        if command == "elect_master" and outcome.changed:
+            m.elections.labels("elected" if outcome.ok else "no_master").inc()
+        if outcome.changed and outcome.group is not None:
+            self._notify(outcome.group)
 
     def _on_disconnect(self, conn: Connection) -> None:
         for name, bid in self.heartbeats.channel_closed(conn):
@@ -165,7 +221,10 @@ class ControllerNode:
         for name, bid in self.heartbeats.expire():
             log.warning("broker %s/%d: no heartbeat, not alive", name, bid)
         raft, processor = self.raft, self.processor
-        if raft is None or processor is None or not raft.is_leader():
+        if raft is None or processor is None:
+            return
+        self._update_gauges(raft)
+        if not raft.is_leader():
             return
         for name in raft.state.group_names():
             view = raft.state.view(name)
@@ -175,6 +234,23 @@ class ControllerNode:
                 continue
             self._electing.add(name)
             self.tasks.spawn(self._elect(view), name=f"controller-elect-{name}")
+
+    def _update_gauges(self, raft: RaftNode) -> None:
+        m = self.metrics
+        m.leader.set(1 if raft.is_leader() else 0)
+        m.raft_term.set(raft.term)
+        names = raft.state.group_names()
+        m.groups.set(len(names))
+        alive = 0
+        for name in names:
+            view = raft.state.view(name)
+            if view is None:
+                continue
+            alive += len(self.heartbeats.alive_ids(name))
+            m.master_epoch.labels(name).set(view.master_epoch)
+            m.sync_state_set_size.labels(name).set(len(view.sync_state_set))
+            m.has_master.labels(name).set(0 if view.master is None else 1)
+        m.alive_brokers.set(alive)
 
     def _needs_election(self, view: GroupView) -> bool:
         name = view.broker_name
