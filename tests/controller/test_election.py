@@ -49,6 +49,9 @@ def test_a_first_election_needs_an_alive_registered_requester() -> None:
     first = {"master": None, "master_epoch": 0, "sync_state_set": set()}
     assert decide(**first, requester=2, alive={}).verdict is Verdict.NO_CANDIDATE
     assert decide(**first, requester=9, alive=alive(Candidate(9))).verdict is Verdict.NO_CANDIDATE
+    # An admin may designate the first master instead.
+    assert decide(**first, designated=3, alive=alive(Candidate(3))) == Decision(Verdict.ELECTED, 3)
+    assert decide(**first, designated=3, alive={}).verdict is Verdict.DESIGNATED_NOT_ELIGIBLE
 
 
 def test_an_alive_master_stays_unless_another_broker_is_designated() -> None:

@@ -9,7 +9,8 @@
   (asc, so every node of the controller computes the same answer);
 - with unclean election allowed (off by default) and no alive SyncStateSet member, every alive
   replica is a candidate: acknowledged messages may be lost, which is why it is off;
-- the first election of a group (master epoch 0) makes the requester master.
+- the first election of a group (master epoch 0) makes the requester (or the designated
+  broker) master.
 
 `choose` runs inside the replicated ``elect_master`` command, on every controller node in log
 order, with the liveness snapshot the proposer recorded in the command: the same inputs give the
@@ -75,10 +76,14 @@ def choose(
     allow_unclean: bool = False,
 ) -> Decision:
     """The election's outcome for one group (see the module docstring)."""
-    if master_epoch == 0 and master is None and designated is None:
-        # The first election: the requester, if it is a replica we hear from.
-        if requester is not None and requester in replicas and requester in alive:
-            return Decision(Verdict.ELECTED, requester)
+    if master_epoch == 0 and master is None:
+        # The first election: the requester (or the designated broker), if it is a replica we
+        # hear from. Nobody holds acknowledged data yet, so any replica is as good.
+        first = designated if designated is not None else requester
+        if first is not None and first in replicas and first in alive:
+            return Decision(Verdict.ELECTED, first)
+        if designated is not None:
+            return Decision(Verdict.DESIGNATED_NOT_ELIGIBLE)
         return Decision(Verdict.NO_CANDIDATE)
     clean = [alive[b] for b in sorted(sync_state_set) if b in alive and b in replicas]
     decision = _pick(clean, master, designated)
