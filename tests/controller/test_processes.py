@@ -1,6 +1,8 @@
 """Three controller processes on loopback with the default timings: a broker group fails over
 when its master's heartbeats stop, the Raft leader is SIGKILLed and a new one takes over with
-the state intact, and a stale compare-and-set is refused. Processes are stopped by PID."""
+the state intact, a stale compare-and-set is refused, the killed node rejoins from its journal,
+and the Raft leader and the master killed together fail over only after the new leader's
+tenure delay. Processes are stopped by PID."""
 
 from __future__ import annotations
 
@@ -135,6 +137,43 @@ async def test_failover_leader_kill_and_stale_cas(tmp_path: Path) -> None:
         stale = msgspec.structs.replace(grow, master_broker_id=3)
         refused = await admin.call(RequestCode.CONTROLLER_ALTER_SYNC_STATE_SET, stale)
         assert refused.code == RC.CONTROLLER_FENCED_MASTER_EPOCH
+
+        # 4. The killed node comes back from its journal and follows the current leader.
+        procs[old].restart(30)
+
+        async def rejoined() -> bool:
+            meta = await metadata(admin, addrs[old])
+            return meta is not None and meta.leader_address is not None
+
+        await until(rejoined, 10, step=0.1)
+        grow2 = AlterSyncStateSetRequest(
+            broker_name="g",
+            master_broker_id=3,
+            master_epoch=2,
+            sync_state_set_epoch=3,
+            new_sync_state_set=[2, 3],
+        )
+        assert (await admin.call(RequestCode.CONTROLLER_ALTER_SYNC_STATE_SET, grow2)).code == 0
+
+        # 5. The Raft leader and the master die together: the new leader waits out any lease
+        # the old leader may have renewed (lease + fallback + margin after it took over).
+        metas = [await metadata(admin, a) for a in addrs]
+        second = next(i for i, m in enumerate(metas) if m is not None and m.is_leader)
+        procs[second].kill()
+        brokers[2].beating = False
+        both = time.monotonic()
+
+        async def two_is_master() -> bool:
+            return (await admin.replica_info("g")).master_broker_id == 2
+
+        await until(two_is_master, 20, step=0.1)
+        took = time.monotonic() - both
+        tenure = (
+            DEFAULTS.master_lease_ms + DEFAULTS.leader_fallback_ms + DEFAULTS.election_margin_ms
+        ) / 1000
+        assert tenure <= took <= tenure + 3.0 + FAILOVER_BOUND_S, took
+        final = await admin.replica_info("g")
+        assert (final.master_epoch, final.sync_state_set) == (3, [2])
     finally:
         for b in brokers:
             await b.close()
