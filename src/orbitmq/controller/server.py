@@ -308,7 +308,7 @@ async def run_controller(
 
 def run_standalone(config: ControllerConfig) -> int:
     """A controller process: runs until SIGINT or SIGTERM; prints ``orbitmq controller ready
-    <host:port>`` once listening. Returns the exit status."""
+    controller=<host:port> raft=<host:port>`` once listening. Returns the exit status."""
 
     async def main() -> None:
         stop = asyncio.Event()
@@ -317,7 +317,10 @@ def run_standalone(config: ControllerConfig) -> int:
             loop.add_signal_handler(sig, stop.set)
 
         def ready(node: ControllerNode) -> None:
-            print(f"orbitmq controller ready {node.address}", flush=True)
+            ready_line = f"controller={node.address} raft={node.config.raft_address}"
+            if node.metrics_port is not None:
+                ready_line += f" metrics=http://{node.config.host}:{node.metrics_port}/metrics"
+            print(f"orbitmq controller ready {ready_line}", flush=True)
 
         await run_controller(config, ready, stop)
 
