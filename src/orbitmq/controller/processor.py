@@ -102,6 +102,14 @@ def replica_info(view: GroupView, heartbeats: Heartbeats) -> ReplicaInfo:
     )
 
 
+class NotLeader(Exception):
+    """This node lost the leadership while serving a request: answer CONTROLLER_NOT_LEADER."""
+
+
+class CommitTimeout(Exception):
+    """A command or barrier did not commit in time: answer SYSTEM_BUSY."""
+
+
 class ControllerProcessor:
     def __init__(
         self,
@@ -151,6 +159,10 @@ class ControllerProcessor:
                 return self.not_leader(request)
         try:
             return await handler(request, connection)
+        except NotLeader:
+            return self.not_leader(request)
+        except CommitTimeout as exc:
+            return request.reply(RC.SYSTEM_BUSY, f"controller: {exc}")
         except MQError as exc:
             return request.reply(exc.code, str(exc) or type(exc).__name__)
 
@@ -195,17 +207,22 @@ class ControllerProcessor:
             peers=list(self.peers),
             term=self.raft.term,
         )
+        since = self.raft.leader_since
+        if since is not None:
+            meta.leader_for_ms = max(0, int((self.clock.monotonic() - since) * 1000))
         return request.reply(RC.SUCCESS, body=encode_body(meta))
 
     # ------------------------------------------------------------------ leader only
 
     async def next_broker_id(self, request: Frame, _connection: object) -> Frame:
         req = decode(request, GetNextBrokerIdRequest)
+        await self.fresh()
         body = NextBrokerId(next_broker_id=self.raft.state.next_broker_id(req.broker_name))
         return request.reply(RC.SUCCESS, body=encode_body(body))
 
     async def get_replica_info(self, request: Frame, _connection: object) -> Frame:
         req = decode(request, GetReplicaInfoRequest)
+        await self.fresh()
         view = self.raft.state.view(req.broker_name)
         if view is None:
             return request.reply(
@@ -245,6 +262,7 @@ class ControllerProcessor:
         broker_id = None if req.broker_id == NO_BROKER_ID else check_id(req.broker_id)
         if req.designated and broker_id is None:
             raise FieldError("a designated election needs a broker_id")
+        await self.fresh()
         view = self.raft.state.view(req.broker_name)
         if view is None:
             return request.reply(
@@ -266,6 +284,7 @@ class ControllerProcessor:
     async def clean_broker_data(self, request: Frame, _connection: object) -> Frame:
         req = decode(request, CleanBrokerDataRequest)
         ids = None if req.broker_ids is None else [check_id(b) for b in req.broker_ids]
+        await self.fresh()
         before = self.raft.state.view(req.broker_name)
         alive = self.heartbeats.alive_ids(req.broker_name)
         reply = await self.command(request, "clean_broker_data", req.broker_name, ids, alive)
@@ -309,6 +328,19 @@ class ControllerProcessor:
             self.config.enable_unclean_election,
             self.heartbeats.epoch_floor(name),
         )
+
+    async def fresh(self) -> None:
+        """Commit a barrier: afterwards the local state holds every command committed before
+        this call (a linearizable read; a new leader may not have applied them yet).
+        NotLeader or CommitTimeout when it does not commit."""
+        try:
+            await asyncio.wait_for(
+                self.raft.submit("barrier"), self.config.commit_timeout_ms / 1000
+            )
+        except CommandFailed as exc:
+            raise (NotLeader() if exc.leadership_lost else CommitTimeout(str(exc))) from None
+        except TimeoutError:
+            raise CommitTimeout("the read barrier did not commit in time") from None
 
     async def run(self, name: str, *args: Any) -> Outcome:
         """Submit a command and wait for its Outcome (CommandFailed, TimeoutError)."""

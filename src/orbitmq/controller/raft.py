@@ -29,12 +29,12 @@ import asyncio
 import contextlib
 import logging
 import os
-import time
 from collections.abc import Callable
 from typing import Any
 
 from pysyncobj import FAIL_REASON, SyncObj, SyncObjConf
 
+from orbitmq.common.clock import SYSTEM_CLOCK, Clock
 from orbitmq.controller.state import ControllerState, Outcome
 
 log = logging.getLogger(__name__)
@@ -84,9 +84,11 @@ class RaftNode:
         secret: str | None = None,
         auto_tick: bool = True,
         state: ControllerState | None = None,
+        clock: Clock = SYSTEM_CLOCK,
     ) -> None:
         os.makedirs(data_dir, exist_ok=True)
         self.state = state if state is not None else ControllerState()
+        self.clock = clock
         self.leader_since: float | None = None
         """Monotonic time this node last became leader (None: not leader)."""
         self.conf = SyncObjConf(
@@ -105,7 +107,7 @@ class RaftNode:
 
     def _state_changed(self, old: int, new: int) -> None:
         # Tick thread. A float assignment is atomic; the loop only reads it.
-        self.leader_since = time.monotonic() if new == _LEADER else None
+        self.leader_since = self.clock.monotonic() if new == _LEADER else None
         log.info("controller Raft %s: %s", self.raft_address, "leader" if new == _LEADER else new)
 
     # ------------------------------------------------------------------ status (any thread)

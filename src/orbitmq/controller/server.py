@@ -8,7 +8,8 @@ Command results cross over through ``call_soon_threadsafe`` only.
 Background work, on a `TaskSet`:
 
 - the scan, every ``scan_interval_ms``: marks silent brokers dead (logged) and, on the Raft
-  leader, elects a new master for every group whose master is dead, once `election_wait` allows
+  leader (once it has committed a barrier in its term, so its state holds every earlier
+  commit), elects a new master for every group whose master is dead, once `election_wait` allows
   it (the old master's lease has run out, and so has any lease a deposed leader renewed). A
   group whose master is unset but has an alive SyncStateSet member (a member came back after an
   election found nobody) is elected too. One election per group at a time;
@@ -39,7 +40,12 @@ from orbitmq.common.tasks import TaskSet
 from orbitmq.controller.config import ControllerConfig
 from orbitmq.controller.heartbeats import Heartbeats
 from orbitmq.controller.metrics import ControllerMetrics
-from orbitmq.controller.processor import ControllerProcessor, replica_info
+from orbitmq.controller.processor import (
+    CommitTimeout,
+    ControllerProcessor,
+    NotLeader,
+    replica_info,
+)
 from orbitmq.controller.raft import CommandFailed, RaftNode
 from orbitmq.controller.state import GroupView, Outcome
 from orbitmq.net.connection import Connection, ConnectionClosedError, Reply
@@ -89,6 +95,10 @@ class ControllerNode:
         )
         self.tasks = TaskSet("controller", logger=log)
         self._electing: set[str] = set()
+        self._fresh_term = -1
+        """The Raft term in which this node, as leader, committed a barrier: its state holds
+        everything committed before that term. The scan elects only then."""
+        self._catching_up = False
         self.elections = 0
         """Elections this node committed that changed a master (for tests and metrics)."""
         self.metrics = ControllerMetrics()
@@ -126,6 +136,7 @@ class ControllerNode:
             config.data_dir,
             leader_fallback_s=config.leader_fallback_ms / 1000,
             secret=config.raft_secret,
+            clock=self.clock,
         )
         self.processor = ControllerProcessor(
             config,
@@ -226,6 +237,13 @@ class ControllerNode:
         self._update_gauges(raft)
         if not raft.is_leader():
             return
+        if self._fresh_term != raft.term:
+            # A new leader applies the entries of earlier terms only once an entry of its own
+            # term commits: elect from its views only after that.
+            if not self._catching_up:
+                self._catching_up = True
+                self.tasks.spawn(self._catch_up(raft.term), name="controller-catch-up")
+            return
         for name in raft.state.group_names():
             view = raft.state.view(name)
             if view is None or name in self._electing or not self._needs_election(view):
@@ -251,6 +269,16 @@ class ControllerNode:
             m.sync_state_set_size.labels(name).set(len(view.sync_state_set))
             m.has_master.labels(name).set(0 if view.master is None else 1)
         m.alive_brokers.set(alive)
+
+    async def _catch_up(self, term: int) -> None:
+        assert self.processor is not None
+        try:
+            await self.processor.fresh()
+            self._fresh_term = term
+        except (NotLeader, CommitTimeout) as exc:
+            log.info("controller: catching up in term %d failed: %r", term, exc)
+        finally:
+            self._catching_up = False
 
     def _needs_election(self, view: GroupView) -> bool:
         name = view.broker_name

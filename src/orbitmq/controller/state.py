@@ -30,7 +30,8 @@ pysyncobj numbers replicated methods by sorted name, so renaming or adding one i
 (a rolling upgrade needs pysyncobj's ``ver=`` mechanism).
 
 Reads (`view`, `group_names`) come from other threads (the asyncio loop) while the tick thread
-applies commands, hence the lock around every access.
+applies commands, hence the lock around every access. A read is only as fresh as the commands
+applied here: a caller that needs every committed command first commits a ``barrier``.
 """
 
 from __future__ import annotations
@@ -136,6 +137,13 @@ class ControllerState(SyncObjConsumer):
     def _outcome(self, code: int, remark: str, name: str, *, changed: bool = False) -> Outcome:
         g = self.groups.get(name)
         return Outcome(code, remark, None if g is None else _view(name, g), changed)
+
+    @replicated
+    def barrier(self) -> Outcome:
+        """A no-op through the log: once it is applied here, so is every command committed
+        before it was proposed. Reads wait for one (a new leader has every committed entry in
+        its log but applies them only after it commits an entry of its own term)."""
+        return Outcome(RC.SUCCESS)
 
     @replicated
     def apply_broker_id(

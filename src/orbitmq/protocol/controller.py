@@ -142,3 +142,6 @@ class ControllerMetadata(msgspec.Struct, kw_only=True):
     peers: list[str]
     """Every controller node's Remoting address, this one included."""
     term: int = 0
+    leader_for_ms: int = 0
+    """How long this node has been leader (0: it is not). Elections wait until the leader has
+    led for the lease + leader fallback + margin (docs/ha.md)."""
