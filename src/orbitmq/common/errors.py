@@ -432,78 +432,58 @@ class TransactionTypeMismatchError(MessageIllegalError):
     code = ResponseCode.TRANSACTION_TYPE_MISMATCH
 
 
+# Controller answers (docs/ha.md); each code's meaning is on its ResponseCode. Retriable:
+# NOT_LEADER (ask the leader it names), MASTER_NOT_AVAILABLE (a member may return) and
+# ELECT_MASTER_FAILED (the old master's lease may still hold). A fenced epoch means "re-read",
+# never a blind retry.
 class ControllerFencedMasterEpochError(MQError):
-    """A controller request carried a stale master epoch: re-read the replica info."""
-
     code = ResponseCode.CONTROLLER_FENCED_MASTER_EPOCH
 
 
 class ControllerFencedSyncStateSetEpochError(MQError):
-    """ALTER_SYNC_STATE_SET carried a stale SyncStateSet epoch: re-read the replica info."""
-
     code = ResponseCode.CONTROLLER_FENCED_SYNC_STATE_SET_EPOCH
 
 
 class ControllerInvalidMasterError(MQError):
-    """ALTER_SYNC_STATE_SET from a broker that is not the group's master."""
-
     code = ResponseCode.CONTROLLER_INVALID_MASTER
 
 
 class ControllerInvalidReplicasError(MQError):
-    """A proposed SyncStateSet names an unknown broker or leaves out the master."""
-
     code = ResponseCode.CONTROLLER_INVALID_REPLICAS
 
 
 class ControllerMasterNotAvailableError(MQError):
-    """No alive SyncStateSet member can be master. Retriable: a member may come back."""
-
     code = ResponseCode.CONTROLLER_MASTER_NOT_AVAILABLE
     retriable = True
 
 
 class ControllerBrokerNotAliveError(MQError):
-    """The request names a broker the controller has no live heartbeat from."""
-
     code = ResponseCode.CONTROLLER_BROKER_NOT_ALIVE
 
 
 class ControllerNotLeaderError(MQError):
-    """This controller node is not the Raft leader. Retriable: ask the leader it names."""
-
     code = ResponseCode.CONTROLLER_NOT_LEADER
     retriable = True
 
 
 class ControllerBrokerMetadataNotExistError(MQError):
-    """The broker group or id is unknown to the controller: apply for an id first."""
-
     code = ResponseCode.CONTROLLER_BROKER_METADATA_NOT_EXIST
 
 
 class ControllerInvalidCleanBrokerMetadataError(MQError):
-    """CLEAN_BROKER_DATA named an alive broker or the group's master."""
-
     code = ResponseCode.CONTROLLER_INVALID_CLEAN_BROKER_METADATA
 
 
 class ControllerMasterStillExistError(MQError):
-    """An election was asked while the master is alive and nobody else was designated."""
-
     code = ResponseCode.CONTROLLER_MASTER_STILL_EXIST
 
 
 class ControllerElectMasterFailedError(MQError):
-    """The election may not run yet (the old master's lease may hold). Retriable: later."""
-
     code = ResponseCode.CONTROLLER_ELECT_MASTER_FAILED
     retriable = True
 
 
 class ControllerBrokerIdInvalidError(MQError):
-    """APPLY_BROKER_ID asked for an id taken by another broker or not the next one."""
-
     code = ResponseCode.CONTROLLER_BROKER_ID_INVALID
 
 
