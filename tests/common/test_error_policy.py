@@ -16,6 +16,18 @@ from orbitmq.common.codes import ResponseCode
 from orbitmq.common.errors import (
     ConsumerNotOnlineError,
     ConsumeTimeoutError,
+    ControllerBrokerIdInvalidError,
+    ControllerBrokerMetadataNotExistError,
+    ControllerBrokerNotAliveError,
+    ControllerElectMasterFailedError,
+    ControllerFencedMasterEpochError,
+    ControllerFencedSyncStateSetEpochError,
+    ControllerInvalidCleanBrokerMetadataError,
+    ControllerInvalidMasterError,
+    ControllerInvalidReplicasError,
+    ControllerMasterNotAvailableError,
+    ControllerMasterStillExistError,
+    ControllerNotLeaderError,
     CorruptRecordError,
     DeadLetterNotWritableError,
     DiskFullError,
@@ -110,6 +122,25 @@ POLICY: dict[ResponseCode, tuple[type[MQError], bool, bool, bool]] = {
     RC.TRANSACTION_NOT_FOUND: (TransactionNotFoundError, F, F, F),
     RC.TRANSACTION_STATE_CONFLICT: (TransactionStateConflictError, F, F, F),
     RC.TRANSACTION_TYPE_MISMATCH: (TransactionTypeMismatchError, F, F, F),
+    # Controller (docs/ha.md): a fenced epoch means "re-read the replica info", never a blind
+    # retry; NOT_LEADER names the leader to ask; the others wait for a broker or a lease.
+    RC.CONTROLLER_FENCED_MASTER_EPOCH: (ControllerFencedMasterEpochError, F, F, F),
+    RC.CONTROLLER_FENCED_SYNC_STATE_SET_EPOCH: (ControllerFencedSyncStateSetEpochError, F, F, F),
+    RC.CONTROLLER_INVALID_MASTER: (ControllerInvalidMasterError, F, F, F),
+    RC.CONTROLLER_INVALID_REPLICAS: (ControllerInvalidReplicasError, F, F, F),
+    RC.CONTROLLER_MASTER_NOT_AVAILABLE: (ControllerMasterNotAvailableError, R, F, F),
+    RC.CONTROLLER_BROKER_NOT_ALIVE: (ControllerBrokerNotAliveError, F, F, F),
+    RC.CONTROLLER_NOT_LEADER: (ControllerNotLeaderError, R, F, F),
+    RC.CONTROLLER_BROKER_METADATA_NOT_EXIST: (ControllerBrokerMetadataNotExistError, F, F, F),
+    RC.CONTROLLER_INVALID_CLEAN_BROKER_METADATA: (
+        ControllerInvalidCleanBrokerMetadataError,
+        F,
+        F,
+        F,
+    ),
+    RC.CONTROLLER_MASTER_STILL_EXIST: (ControllerMasterStillExistError, F, F, F),
+    RC.CONTROLLER_ELECT_MASTER_FAILED: (ControllerElectMasterFailedError, R, F, F),
+    RC.CONTROLLER_BROKER_ID_INVALID: (ControllerBrokerIdInvalidError, F, F, F),
 }
 
 

@@ -62,3 +62,29 @@ class ResponseCode(enum.IntEnum):
     TRANSACTION_TYPE_MISMATCH = 1032
     """A transactional send to a topic whose message_type is not TRANSACTION, with
     enforce_topic_message_type on."""
+    # Controller (RocketMQ's numbers, 2000-2014; docs/ha.md).
+    CONTROLLER_FENCED_MASTER_EPOCH = 2000
+    """A controller request carried a master epoch that is no longer the group's."""
+    CONTROLLER_FENCED_SYNC_STATE_SET_EPOCH = 2001
+    """ALTER_SYNC_STATE_SET carried a SyncStateSet epoch that is no longer the group's."""
+    CONTROLLER_INVALID_MASTER = 2002
+    """ALTER_SYNC_STATE_SET from a broker that is not the group's master."""
+    CONTROLLER_INVALID_REPLICAS = 2003
+    """A proposed SyncStateSet names an unknown broker or leaves out the master."""
+    CONTROLLER_MASTER_NOT_AVAILABLE = 2004
+    """No broker can be master now (no alive SyncStateSet member); the set is kept."""
+    CONTROLLER_BROKER_NOT_ALIVE = 2006
+    """The request names a broker the controller has no live heartbeat from."""
+    CONTROLLER_NOT_LEADER = 2007
+    """This controller node is not the Raft leader; the remark and ``leader_addr`` say who is."""
+    CONTROLLER_BROKER_METADATA_NOT_EXIST = 2008
+    """The broker group or broker id is unknown to the controller (apply for an id first)."""
+    CONTROLLER_INVALID_CLEAN_BROKER_METADATA = 2009
+    """CLEAN_BROKER_DATA named an alive broker or the current master."""
+    CONTROLLER_MASTER_STILL_EXIST = 2011
+    """An election was asked while the master is alive and no other broker was designated."""
+    CONTROLLER_ELECT_MASTER_FAILED = 2012
+    """The election may not run yet (the old master's lease may still hold) or the designated
+    broker cannot be master; the remark says which."""
+    CONTROLLER_BROKER_ID_INVALID = 2014
+    """APPLY_BROKER_ID asked for an id that is taken by another broker or is not the next one."""

@@ -49,6 +49,18 @@ __all__ = [
     "ConfigError",
     "ConsumeTimeoutError",
     "ConsumerNotOnlineError",
+    "ControllerBrokerIdInvalidError",
+    "ControllerBrokerMetadataNotExistError",
+    "ControllerBrokerNotAliveError",
+    "ControllerElectMasterFailedError",
+    "ControllerFencedMasterEpochError",
+    "ControllerFencedSyncStateSetEpochError",
+    "ControllerInvalidCleanBrokerMetadataError",
+    "ControllerInvalidMasterError",
+    "ControllerInvalidReplicasError",
+    "ControllerMasterNotAvailableError",
+    "ControllerMasterStillExistError",
+    "ControllerNotLeaderError",
     "CorruptRecordError",
     "DeadLetterNotWritableError",
     "DiskFullError",
@@ -418,6 +430,61 @@ class TransactionTypeMismatchError(MessageIllegalError):
     """A transactional send to a topic not typed TRANSACTION (enforce_topic_message_type on)."""
 
     code = ResponseCode.TRANSACTION_TYPE_MISMATCH
+
+
+# Controller answers (docs/ha.md); each code's meaning is on its ResponseCode. Retriable:
+# NOT_LEADER (ask the leader it names), MASTER_NOT_AVAILABLE (a member may return) and
+# ELECT_MASTER_FAILED (the old master's lease may still hold). A fenced epoch means "re-read",
+# never a blind retry.
+class ControllerFencedMasterEpochError(MQError):
+    code = ResponseCode.CONTROLLER_FENCED_MASTER_EPOCH
+
+
+class ControllerFencedSyncStateSetEpochError(MQError):
+    code = ResponseCode.CONTROLLER_FENCED_SYNC_STATE_SET_EPOCH
+
+
+class ControllerInvalidMasterError(MQError):
+    code = ResponseCode.CONTROLLER_INVALID_MASTER
+
+
+class ControllerInvalidReplicasError(MQError):
+    code = ResponseCode.CONTROLLER_INVALID_REPLICAS
+
+
+class ControllerMasterNotAvailableError(MQError):
+    code = ResponseCode.CONTROLLER_MASTER_NOT_AVAILABLE
+    retriable = True
+
+
+class ControllerBrokerNotAliveError(MQError):
+    code = ResponseCode.CONTROLLER_BROKER_NOT_ALIVE
+
+
+class ControllerNotLeaderError(MQError):
+    code = ResponseCode.CONTROLLER_NOT_LEADER
+    retriable = True
+
+
+class ControllerBrokerMetadataNotExistError(MQError):
+    code = ResponseCode.CONTROLLER_BROKER_METADATA_NOT_EXIST
+
+
+class ControllerInvalidCleanBrokerMetadataError(MQError):
+    code = ResponseCode.CONTROLLER_INVALID_CLEAN_BROKER_METADATA
+
+
+class ControllerMasterStillExistError(MQError):
+    code = ResponseCode.CONTROLLER_MASTER_STILL_EXIST
+
+
+class ControllerElectMasterFailedError(MQError):
+    code = ResponseCode.CONTROLLER_ELECT_MASTER_FAILED
+    retriable = True
+
+
+class ControllerBrokerIdInvalidError(MQError):
+    code = ResponseCode.CONTROLLER_BROKER_ID_INVALID
 
 
 class ProtocolError(MQError):

@@ -65,3 +65,17 @@ class RequestCode(enum.IntEnum):
     """Cancel a pending delayed/timer message by topic and message id (docs/timers.md)."""
     GET_DLQ_MESSAGES = 1070
     """Admin read of a group's %DLQ% topic, which consumers cannot pull (docs/retry-dlq.md)."""
+    # Controller (docs/ha.md). RocketMQ numbers these 1001-1013, where OrbitMQ's own 1000-1002
+    # already were: OrbitMQ keeps the last two digits in 1200-1213. BROKER_HEARTBEAT keeps 904.
+    BROKER_HEARTBEAT = 904
+    """A broker's liveness report to every controller node (epoch, offsets, priority)."""
+    CONTROLLER_ALTER_SYNC_STATE_SET = 1201
+    CONTROLLER_ELECT_MASTER = 1202
+    CONTROLLER_REGISTER_BROKER = 1203
+    CONTROLLER_GET_REPLICA_INFO = 1204
+    CONTROLLER_GET_METADATA_INFO = 1205
+    NOTIFY_BROKER_ROLE_CHANGED = 1208
+    """One-way, controller to broker: the group's master or epochs changed."""
+    CLEAN_BROKER_DATA = 1211
+    CONTROLLER_GET_NEXT_BROKER_ID = 1212
+    CONTROLLER_APPLY_BROKER_ID = 1213
