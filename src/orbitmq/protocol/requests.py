@@ -20,6 +20,7 @@ from typing import Annotated, Any, ClassVar
 
 from msgspec import Meta
 
+from orbitmq.protocol import controller_requests
 from orbitmq.protocol.codes import RequestCode
 from orbitmq.protocol.fields import FieldError
 from orbitmq.protocol.frame import Frame
@@ -559,12 +560,13 @@ class ChangeInvisibleTimeRequest(Header):
 
 
 def _all_requests() -> dict[RequestCode, type[Header]]:
+    modules = {__name__, controller_requests.__name__}
     out: dict[RequestCode, type[Header]] = {}
     todo: list[type[Header]] = [Header]
     while todo:
         for sub in todo.pop().__subclasses__():
             todo.append(sub)
-            if sub.__module__ == __name__:
+            if sub.__module__ in modules and "code" in vars(sub):
                 assert sub.code not in out, f"two header classes for {sub.code.name}"
                 out[sub.code] = sub
     return dict(sorted(out.items()))
