@@ -44,6 +44,7 @@ from orbitmq.client import (
     Producer,
     PushConsumer,
 )
+from orbitmq.client.consumer.config import PushConfig
 from orbitmq.client.route import TopicRouteNotFoundError
 from orbitmq.spark import pipelines
 from orbitmq.spark.session import SessionOptions, build_session
@@ -110,9 +111,11 @@ def reject_misspelt(namesrv: str, topic: str, group: str, expect: int, timeout_s
     consumer = PushConsumer(
         namesrv,
         group,
-        max_reconsume_times=0,
-        consume_from_where=ConsumeFromWhere.FIRST_OFFSET,
-        rebalance_interval_s=1.0,
+        PushConfig(
+            max_reconsume_times=0,
+            consume_from_where=ConsumeFromWhere.FIRST_OFFSET,
+            rebalance_interval_s=1.0,
+        ),
     )
     consumer.subscribe(topic)
     consumer.register_listener(listener)

@@ -18,8 +18,9 @@ from orbitmq.cli.common import message_line
 from orbitmq.cli.group import parse_time
 from orbitmq.cli.main import app
 from orbitmq.client import BlockingAdminClient, Message, MessageQueue, Producer
+from orbitmq.client.consumer.config import PushConfig
+from orbitmq.client.consumer.push import PushConsumer
 from orbitmq.client.consumer_types import ConsumedMessage, ConsumeFromWhere, ConsumeResult
-from orbitmq.client.push_consumer import PushConsumer
 from orbitmq.common.errors import SubscriptionGroupNotExistError
 from orbitmq.common.record import StoredMessage
 from tests.cli.conftest import CliCluster
@@ -207,8 +208,7 @@ def test_admin_sees_online_members_and_resets_them(cli_cluster: CliCluster) -> N
     consumer = PushConsumer(
         cli_cluster.namesrv,
         g,
-        consume_from_where=ConsumeFromWhere.FIRST_OFFSET,
-        auto_commit_interval_s=0.2,
+        PushConfig(consume_from_where=ConsumeFromWhere.FIRST_OFFSET, auto_commit_interval_s=0.2),
     )
     consumer.subscribe(t, "a || b")
     consumer.register_listener(listener)

@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 
 from orbitmq.client import AdminClient, AsyncProducer
+from orbitmq.client.producer.config import ProducerConfig
 from tests.client.fakes import FakeBroker, FakeNamesrv
 
 
@@ -63,7 +64,7 @@ async def make_producer(cluster: Cluster) -> AsyncIterator[MakeProducer]:
     async def make(namesrv_addrs: list[str] | None = None, **opts: Any) -> AsyncProducer:
         opts.setdefault("send_timeout_s", 2.0)
         opts.setdefault("namesrv_timeout_s", 1.0)
-        p = AsyncProducer(namesrv_addrs or [cluster.namesrv.addr], **opts)
+        p = AsyncProducer(namesrv_addrs or [cluster.namesrv.addr], ProducerConfig(**opts))
         made.append(p)
         return await p.start()
 

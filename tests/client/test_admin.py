@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from orbitmq.client import AdminClient, Message, MessageQueue, PullStatus
+from orbitmq.client.producer.config import ProducerConfig
 from orbitmq.client.route import TopicRouteNotFoundError
 from orbitmq.common.codes import ResponseCode
 from orbitmq.common.errors import ClientError, InvalidTopicError
@@ -157,7 +158,7 @@ def test_blocking_admin_client() -> None:
         with BlockingAdminClient([ns.addr], timeout_s=2.0) as admin:
             assert admin.create_topic("B", write_queue_nums=2, read_queue_nums=2) == [broker.addr]
             ns.register([broker])
-            with Producer([ns.addr], linger_ms=1) as p:
+            with Producer([ns.addr], ProducerConfig(linger_ms=1)) as p:
                 sent = [p.send_async(Message("B", f"{i}".encode())) for i in range(20)]
                 ids = {f.result(timeout=5).msg_id for f in sent}
             bodies: list[bytes] = []

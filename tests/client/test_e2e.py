@@ -27,6 +27,7 @@ from orbitmq.client import (
     hash_selector,
 )
 from orbitmq.client._loop_thread import LoopThread
+from orbitmq.client.producer.config import ProducerConfig
 from orbitmq.common.record import StoredMessage
 from orbitmq.namesrv.config import NamesrvConfig
 from orbitmq.namesrv.controller import NamesrvController
@@ -138,7 +139,7 @@ async def read_all(
 async def test_every_send_mode_end_to_end(real: RealCluster) -> None:
     async with (
         AdminClient([real.addr]) as admin,
-        AsyncProducer([real.addr], linger_ms=5, compress_over_bytes=2048) as p,
+        AsyncProducer([real.addr], ProducerConfig(linger_ms=5, compress_over_bytes=2048)) as p,
     ):
         created = await admin.create_topic("E2E", read_queue_nums=4, write_queue_nums=4)
         assert len(created) == 2
@@ -241,7 +242,7 @@ async def _eventually(fn: Any, timeout_s: float = 5.0) -> Any:
 async def test_broker_down_sends_fail_over(real: RealCluster) -> None:
     async with (
         AdminClient([real.addr]) as admin,
-        AsyncProducer([real.addr], send_timeout_s=3.0) as p,
+        AsyncProducer([real.addr], ProducerConfig(send_timeout_s=3.0)) as p,
     ):
         await admin.create_topic("FO", read_queue_nums=2, write_queue_nums=2)
         await wait_route(admin, "FO", 4)
@@ -268,7 +269,10 @@ def real_on_thread(tmp_path: Path) -> Iterator[tuple[LoopThread, RealCluster]]:
 
 def test_blocking_clients_end_to_end(real_on_thread: tuple[LoopThread, RealCluster]) -> None:
     _thread, real = real_on_thread
-    with BlockingAdminClient([real.addr]) as admin, Producer([real.addr], linger_ms=2) as p:
+    with (
+        BlockingAdminClient([real.addr]) as admin,
+        Producer([real.addr], ProducerConfig(linger_ms=2)) as p,
+    ):
         admin.create_topic("Blocking", read_queue_nums=2, write_queue_nums=2)
         p.send(Message("Blocking", b"s"))
         p.send_batch([Message("Blocking", b"b1"), Message("Blocking", b"b2")])

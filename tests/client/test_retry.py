@@ -27,6 +27,7 @@ from orbitmq.client import (
     ConsumeResult,
     Message,
 )
+from orbitmq.client.consumer.config import PushConfig
 from orbitmq.common.errors import ClientError, MessageIllegalError
 from orbitmq.protocol.consumer import dlq_topic
 from orbitmq.protocol.group_config import SubscriptionGroupConfig
@@ -101,7 +102,7 @@ async def test_reconsume_later_backs_off_then_dead_letters(real: RealCluster) ->
             return ConsumeResult.RECONSUME_LATER
         return ConsumeResult.SUCCESS
 
-    c = AsyncPushConsumer([real.addr], group, **FAST)
+    c = AsyncPushConsumer([real.addr], group, PushConfig(**FAST))
     c.subscribe("RB")
     c.register_listener(listener)
     await c.start()
@@ -145,7 +146,7 @@ async def test_orderly_retries_in_place_then_dead_letters(real: RealCluster) -> 
         return ConsumeResult.RECONSUME_LATER if msgs[0].body == b"m1" else ConsumeResult.SUCCESS
 
     c = AsyncPushConsumer(
-        [real.addr], group, orderly_retry_interval_s=0.25, max_reconsume_times=2, **FAST
+        [real.addr], group, PushConfig(orderly_retry_interval_s=0.25, max_reconsume_times=2, **FAST)
     )
     c.subscribe("OB")
     c.register_orderly_listener(listener)
@@ -181,4 +182,4 @@ async def test_bad_settings_are_refused(real: RealCluster) -> None:
             await admin.dlq_messages("G-BAD", max_messages=0)
     for options in ({"max_reconsume_times": -1}, {"orderly_retry_interval_s": -1.0}):
         with pytest.raises(ClientError):
-            AsyncPushConsumer([real.addr], "G-BAD", **options)  # type: ignore[arg-type]
+            AsyncPushConsumer([real.addr], "G-BAD", PushConfig(**options))  # type: ignore[arg-type]

@@ -17,16 +17,20 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from orbitmq.broker.controller import BrokerController
-from orbitmq.client import AdminClient, AsyncProducer, Message, simple_consumer
-from orbitmq.client.consumer_types import ConsumeFromWhere, ReceivedMessage
-from orbitmq.client.heartbeat import InvalidSubscriptionError
-from orbitmq.client.route import MessageQueue, TopicRouteNotFoundError
-from orbitmq.client.simple_consumer import (
+from orbitmq.client import AdminClient, AsyncProducer, Message
+from orbitmq.client.consumer import simple as simple_consumer
+from orbitmq.client.consumer import subscription
+from orbitmq.client.consumer.config import SimpleConfig
+from orbitmq.client.consumer.simple import (
     AsyncSimpleConsumer,
     ExpiredReceiptHandleError,
     InvalidReceiptHandleError,
     SimpleConsumer,
 )
+from orbitmq.client.consumer_types import ConsumeFromWhere, ReceivedMessage
+from orbitmq.client.heartbeat import InvalidSubscriptionError
+from orbitmq.client.producer.config import ProducerConfig
+from orbitmq.client.route import MessageQueue, TopicRouteNotFoundError
 from orbitmq.common.codes import ResponseCode
 from orbitmq.common.errors import (
     ClientError,
@@ -168,12 +172,14 @@ class Env:
     made: list[AsyncSimpleConsumer] = field(default_factory=list)
 
     def consumer(self, group: str = "G", **opts: Any) -> AsyncSimpleConsumer:
-        opts.setdefault("subscriptions", {"T": "*"})
+        subscriptions = opts.pop("subscriptions", {"T": "*"})
         opts.setdefault("await_duration_s", 0.2)
         opts.setdefault("request_timeout_s", 1.0)
         opts.setdefault("namesrv_timeout_s", 1.0)
         opts.setdefault("connect_timeout_s", 1.0)
-        c = AsyncSimpleConsumer([self.namesrv.addr], group, **opts)
+        c = AsyncSimpleConsumer(
+            [self.namesrv.addr], group, SimpleConfig(**opts), subscriptions=subscriptions
+        )
         self.made.append(c)
         return c
 
@@ -436,7 +442,7 @@ async def test_blocking_consumer(env: Env) -> None:
 
     def run() -> None:
         with SimpleConsumer(
-            [env.namesrv.addr], "GB", subscriptions={"U": "*"}, await_duration_s=0.1
+            [env.namesrv.addr], "GB", SimpleConfig(await_duration_s=0.1), subscriptions={"U": "*"}
         ) as c:
             assert c.group == "GB" and c.client_id
             c.start()
@@ -466,11 +472,13 @@ class Real:
     made: list[AsyncSimpleConsumer] = field(default_factory=list)
 
     def consumer(self, group: str, topic: str, **opts: Any) -> AsyncSimpleConsumer:
-        opts.setdefault("subscriptions", {topic: "*"})
+        subscriptions = opts.pop("subscriptions", {topic: "*"})
         opts.setdefault("await_duration_s", 0.3)
         opts.setdefault("request_timeout_s", 2.0)
         opts.setdefault("consume_from_where", ConsumeFromWhere.FIRST_OFFSET)
-        c = AsyncSimpleConsumer([self.namesrv.address], group, **opts)
+        c = AsyncSimpleConsumer(
+            [self.namesrv.address], group, SimpleConfig(**opts), subscriptions=subscriptions
+        )
         self.made.append(c)
         return c
 
@@ -498,7 +506,7 @@ async def real(tmp_path: Path) -> AsyncIterator[Real]:
     broker = BrokerController(broker_config(tmp_path / "broker-a", "broker-a", ns.address))
     await broker.start()
     admin = AdminClient([ns.address], timeout_s=2.0)
-    producer = AsyncProducer([ns.address], linger_ms=1)
+    producer = AsyncProducer([ns.address], ProducerConfig(linger_ms=1))
     await producer.start()
     r = Real(ns, broker, admin, producer)
     try:
@@ -600,7 +608,7 @@ async def test_real_invalid_sql_refused_at_start(
     with pytest.raises(FilterExpressionError):
         real.consumer("G_E", "SC_E", subscriptions={"SC_E": ("SQL92", "a >")})
     # Without the client's own check, the broker refuses it at the first heartbeat.
-    monkeypatch.setattr(simple_consumer, "compile_filter", _no_check)
+    monkeypatch.setattr(subscription, "compile_filter", _no_check)
     c = real.consumer("G_E", "SC_E", subscriptions={"SC_E": ("SQL92", "a >")})
     with pytest.raises(InvalidSubscriptionError, match="a >"):
         await c.start()

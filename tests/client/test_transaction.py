@@ -23,11 +23,12 @@ from orbitmq.client import (
     Message,
     TransactionProducer,
 )
-from orbitmq.client.producer import SendStatus
+from orbitmq.client.producer.types import SendStatus
 from orbitmq.client.route import MessageQueue
 from orbitmq.client.transaction import (
     EndResult,
     HalfBatchResult,
+    TransactionConfig,
     half_batch_count,
     unpack_half_batch,
 )
@@ -81,7 +82,10 @@ class Env:
     async def producer(self, listener: Any, **opts: Any) -> AsyncTransactionProducer:
         opts.setdefault("send_timeout_s", 2.0)
         opts.setdefault("heartbeat_interval_s", 0.2)
-        p = AsyncTransactionProducer([self.namesrv.address], GROUP, listener, **opts)
+        topics = opts.pop("topics", ())
+        p = AsyncTransactionProducer(
+            [self.namesrv.address], GROUP, listener, TransactionConfig(**opts), topics=topics
+        )
         self.made.append(p)
         return await p.start()
 
@@ -220,7 +224,9 @@ def test_bad_arguments() -> None:
     with pytest.raises(MQError):
         AsyncTransactionProducer(["127.0.0.1:1"], "bad group!", Listener())
     with pytest.raises(ClientError):
-        AsyncTransactionProducer(["127.0.0.1:1"], GROUP, Listener(), check_concurrency=0)
+        AsyncTransactionProducer(
+            ["127.0.0.1:1"], GROUP, Listener(), TransactionConfig(check_concurrency=0)
+        )
 
 
 # ------------------------------------------------------------------ transactional batches

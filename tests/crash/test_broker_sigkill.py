@@ -35,6 +35,7 @@ from orbitmq.client import (
     SendResult,
     SendStatus,
 )
+from orbitmq.client.producer.config import ProducerConfig
 from orbitmq.common.codes import ResponseCode
 from orbitmq.common.errors import MQError
 from orbitmq.common.record import StoredMessage
@@ -269,7 +270,10 @@ async def test_broker_sigkill_keeps_every_acknowledged_message(
     admin = AdminClient([ns.address])
     ledger = Ledger()
     producers = [
-        AsyncProducer([ns.address], send_timeout_s=2.0, linger_ms=2, route_refresh_interval_s=1.0)
+        AsyncProducer(
+            [ns.address],
+            ProducerConfig(send_timeout_s=2.0, linger_ms=2, route_refresh_interval_s=1.0),
+        )
         for _ in range(2)
     ]
     workers = Workers(producers, crash_seed, ledger)

@@ -30,6 +30,7 @@ from orbitmq.client import (
     hash_selector,
 )
 from orbitmq.client.fault import LATENCY_MAX_MS
+from orbitmq.client.producer.config import ProducerConfig
 from orbitmq.common.codes import ResponseCode
 from orbitmq.common.errors import MQError
 from orbitmq.common.record import StoredMessage
@@ -206,7 +207,7 @@ def blocking_sends(namesrvs: list[str], topic: str) -> tuple[list[Ack], list[byt
     """The blocking Producer in each mode; returns the acks and the oneway bodies."""
     acks: list[Ack] = []
     callbacks: list[tuple[SendResult | None, BaseException | None]] = []
-    with Producer(namesrvs, linger_ms=2, latency_fault_tolerance=False) as p:
+    with Producer(namesrvs, ProducerConfig(linger_ms=2, latency_fault_tolerance=False)) as p:
         for i in range(10):
             body = f"blocking-sync-{i}".encode()
             acks += acks_of(p.send(Message(topic, body)), [body])
@@ -242,7 +243,7 @@ async def test_every_send_mode_lands_where_reported(cluster: Cluster) -> None:
     admin = AdminClient(ns_addrs)
     # Plain round robin: a slow first answer on a loaded machine must not steer every send away
     # from one broker (the latency table would), the test checks both brokers get some.
-    producer = AsyncProducer(ns_addrs, linger_ms=2, latency_fault_tolerance=False)
+    producer = AsyncProducer(ns_addrs, ProducerConfig(linger_ms=2, latency_fault_tolerance=False))
     try:
         await create_topic(admin, client, brokers, topic)
         await producer.start()
@@ -368,9 +369,13 @@ async def test_namesrv_failover_and_cached_routes(cluster: Cluster) -> None:
     admin = AdminClient(ns_addrs)
     # A short refresh interval, so the producers really ask the (dead) NameServers meanwhile.
     # Plain round robin (no latency table), so every few sends reach both brokers.
-    p1 = AsyncProducer(ns_addrs, route_refresh_interval_s=0.2, latency_fault_tolerance=False)
-    p2 = AsyncProducer(ns_addrs, route_refresh_interval_s=0.2, latency_fault_tolerance=False)
-    p3 = AsyncProducer(ns_addrs, send_timeout_s=2)
+    p1 = AsyncProducer(
+        ns_addrs, ProducerConfig(route_refresh_interval_s=0.2, latency_fault_tolerance=False)
+    )
+    p2 = AsyncProducer(
+        ns_addrs, ProducerConfig(route_refresh_interval_s=0.2, latency_fault_tolerance=False)
+    )
+    p3 = AsyncProducer(ns_addrs, ProducerConfig(send_timeout_s=2))
     try:
         await create_topic(admin, client, brokers, topic)
         await p1.start()
@@ -493,7 +498,8 @@ async def test_broker_sigkill_graceful_stop_and_restart(cluster: Cluster) -> Non
     client = RemotingClient()
     admin = AdminClient(ns_addrs)
     producers = [
-        AsyncProducer(ns_addrs, route_refresh_interval_s=0.5, linger_ms=1) for _ in range(2)
+        AsyncProducer(ns_addrs, ProducerConfig(route_refresh_interval_s=0.5, linger_ms=1))
+        for _ in range(2)
     ]
     for p in producers:
         # Failures isolate a broker (30 s), as by default; slow answers do not, so a loaded

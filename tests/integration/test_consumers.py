@@ -36,9 +36,11 @@ from pathlib import Path
 import pytest
 
 from orbitmq.client import AdminClient, AsyncProducer, Message, SendStatus, hash_selector
+from orbitmq.client.consumer.config import SimpleConfig
+from orbitmq.client.consumer.simple import AsyncSimpleConsumer
 from orbitmq.client.consumer_types import ConsumeFromWhere, ReceivedMessage
+from orbitmq.client.producer.config import ProducerConfig
 from orbitmq.client.route import TopicRouteNotFoundError
-from orbitmq.client.simple_consumer import AsyncSimpleConsumer
 from orbitmq.common.codes import ResponseCode
 from orbitmq.common.errors import (
     MQError,
@@ -266,7 +268,7 @@ async def test_push_group_consumes_every_message_once(cluster: Cluster, tmp_path
     broker = cluster.broker(BROKER, [ns.address])
     topic, n = "PushOnce", 3000
     admin = AdminClient([ns.address])
-    producer = AsyncProducer([ns.address], linger_ms=2)
+    producer = AsyncProducer([ns.address], ProducerConfig(linger_ms=2))
     try:
         queues = await create_topic(admin, broker, topic, 8)
         group = Group(
@@ -321,7 +323,7 @@ async def test_push_member_sigkilled_mid_stream(
     broker = cluster.broker(BROKER, [ns.address])
     topic, n = "PushKill", 2400
     admin = AdminClient([ns.address])
-    producer = AsyncProducer([ns.address], linger_ms=2)
+    producer = AsyncProducer([ns.address], ProducerConfig(linger_ms=2))
     try:
         queues = await create_topic(admin, broker, topic, 8)
         # Paced (2 threads x 10 ms a message, about 200 a second per member), so the kill
@@ -416,7 +418,7 @@ async def test_orderly_group_keeps_key_order_through_rebalances(
     broker = cluster.broker(BROKER, [ns.address])
     topic, keys, per_key = "Orderly", 24, 50
     admin = AdminClient([ns.address])
-    producer = AsyncProducer([ns.address], linger_ms=1)
+    producer = AsyncProducer([ns.address], ProducerConfig(linger_ms=1))
     try:
         queues = await create_topic(admin, broker, topic, 8)
         group = Group(
@@ -471,7 +473,7 @@ async def test_broadcast_members_each_get_every_message(cluster: Cluster, tmp_pa
     broker = cluster.broker(BROKER, [ns.address])
     topic, n = "Broadcast", 600
     admin = AdminClient([ns.address])
-    producer = AsyncProducer([ns.address], linger_ms=2)
+    producer = AsyncProducer([ns.address], ProducerConfig(linger_ms=2))
     try:
         queues = await create_topic(admin, broker, topic, 4)
         group = Group(
@@ -516,7 +518,7 @@ async def test_pop_consumers_share_and_unacked_come_back(cluster: Cluster, tmp_p
     broker = cluster.broker(BROKER, [ns.address])
     topic, rounds, per_round, invisible_s = "PopShare", 20, 20, 3.0
     admin = AdminClient([ns.address])
-    producer = AsyncProducer([ns.address], linger_ms=1)
+    producer = AsyncProducer([ns.address], ProducerConfig(linger_ms=1))
     try:
         await create_topic(admin, broker, topic, 2)
         group = Group(
@@ -587,7 +589,7 @@ async def test_broker_restart_keeps_committed_offsets(
     topic, queues, group_name = "OffsetsKept", 4, "GKept"
     admin = AdminClient([ns.address])
     client = RemotingClient()
-    producer = AsyncProducer([ns.address], linger_ms=2, send_timeout_s=5.0)
+    producer = AsyncProducer([ns.address], ProducerConfig(linger_ms=2, send_timeout_s=5.0))
     try:
         await create_topic(admin, broker, topic, queues)
         group = Group(
@@ -696,14 +698,16 @@ async def test_broker_restart_keeps_pop_state(cluster: Cluster, tmp_path: Path) 
     broker = cluster.broker(BROKER, [ns.address], flush="SYNC_FLUSH")
     topic, group_name, short_s = "PopKept", "GPopKept", 3.0
     admin = AdminClient([ns.address])
-    producer = AsyncProducer([ns.address], linger_ms=2, send_timeout_s=5.0)
+    producer = AsyncProducer([ns.address], ProducerConfig(linger_ms=2, send_timeout_s=5.0))
     consumer = AsyncSimpleConsumer(
         [ns.address],
         group_name,
+        SimpleConfig(
+            await_duration_s=0.5,
+            consume_from_where=ConsumeFromWhere.FIRST_OFFSET,
+            heartbeat_interval_s=1.0,
+        ),
         subscriptions={topic: "*"},
-        await_duration_s=0.5,
-        consume_from_where=ConsumeFromWhere.FIRST_OFFSET,
-        heartbeat_interval_s=1.0,
     )
     try:
         await create_topic(admin, broker, topic, 2)

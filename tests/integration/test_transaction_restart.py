@@ -30,6 +30,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
+from orbitmq.client.transaction import TransactionConfig
 from tests.harness import Cluster, ServerProcess
 
 MODULE = "tests.integration.test_transaction_restart"
@@ -110,7 +111,11 @@ def _producer_main(argv: list[str]) -> None:
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     producer = TransactionProducer(
-        [a.namesrv], GROUP, Listener(), topics=[a.topic], heartbeat_interval_s=0.3
+        [a.namesrv],
+        GROUP,
+        Listener(),
+        TransactionConfig(heartbeat_interval_s=0.3),
+        topics=[a.topic],
     )
     try:
         if a.mode == "send":

@@ -20,6 +20,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from orbitmq.client import AdminClient, AsyncProducer, Message, MessageQueue
+from orbitmq.client.producer.config import ProducerConfig
 from orbitmq.common.codes import ResponseCode
 from orbitmq.protocol.group_config import SubscriptionGroupConfig
 from orbitmq.proxy import receipt
@@ -69,7 +70,7 @@ def rpcs_of(env: ProxyEnv) -> ConsumerRpcs:
 
 @pytest.fixture
 async def producer(env: ProxyEnv) -> AsyncIterator[AsyncProducer]:
-    p = AsyncProducer([env.ns], send_timeout_s=3.0)
+    p = AsyncProducer([env.ns], ProducerConfig(send_timeout_s=3.0))
     await p.start()
     try:
         yield p

@@ -21,7 +21,11 @@ import pytest
 
 from orbitmq.broker.controller import BrokerController
 from orbitmq.client import AdminClient, Message
-from orbitmq.client.transaction import AsyncTransactionProducer, LocalTransactionState
+from orbitmq.client.transaction import (
+    AsyncTransactionProducer,
+    LocalTransactionState,
+    TransactionConfig,
+)
 from orbitmq.common.record import StoredMessage
 from orbitmq.namesrv.config import NamesrvConfig
 from orbitmq.namesrv.controller import NamesrvController
@@ -98,7 +102,7 @@ async def env(tmp_path: Path, request: pytest.FixtureRequest) -> AsyncIterator[E
     admin = AdminClient([ns.address])
     checker = MarkerChecker()
     tx = AsyncTransactionProducer(
-        [ns.address], GROUP, checker, topics=[MARKERS], heartbeat_interval_s=0.3
+        [ns.address], GROUP, checker, TransactionConfig(heartbeat_interval_s=0.3), topics=[MARKERS]
     )
     stores = MarkerStoreFactory(admin, tx.producer, MARKERS)
     checker.stores = stores

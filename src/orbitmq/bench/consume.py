@@ -51,7 +51,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from orbitmq.client.push_consumer import PushConsumer
+    from orbitmq.client.consumer.push import PushConsumer
 
 import numpy as np
 from hdrh.histogram import HdrHistogram
@@ -59,7 +59,9 @@ from hdrh.histogram import HdrHistogram
 from orbitmq.bench._child import ServerChild
 from orbitmq.bench.store import _cpu_model, _loadavg
 from orbitmq.client import AdminClient, AsyncProducer, Message, MessageQueue
+from orbitmq.client.consumer.config import LitePullConfig, PushConfig, SimpleConfig
 from orbitmq.client.consumer_types import ConsumedMessage, ConsumeFromWhere, ConsumeResult
+from orbitmq.client.producer.config import ProducerConfig
 from orbitmq.common.errors import ClientError, MQError
 from orbitmq.net.loop import run as run_loop
 
@@ -200,7 +202,7 @@ async def _load(
     """Send ``count`` bodies of ``size`` bytes with explicit send_batch calls, queues in turn,
     LOAD_IN_FLIGHT at once. Returns the seconds it took."""
     body = (b"bench-consume " + b"x" * size)[:size]
-    async with AsyncProducer(namesrv, compress_over_bytes=-1) as producer:
+    async with AsyncProducer(namesrv, ProducerConfig(compress_over_bytes=-1)) as producer:
         info = await producer.routes.get(topic)
         queues = list(info.write_queues)
         if not queues:
@@ -551,15 +553,17 @@ def _lite_pull_consumer(
 ) -> tuple[Callable[[], None], Callable[[], None]]:
     """``poll()`` in a loop on an AsyncLitePullConsumer, on an event loop of the bench thread
     (no blocking facade in between: one poll is not a thread hop)."""
-    from orbitmq.client.lite_pull_consumer import AsyncLitePullConsumer
+    from orbitmq.client.consumer.lite_pull import AsyncLitePullConsumer
 
     async def main() -> None:
         consumer = AsyncLitePullConsumer(
             namesrv,
             group,
-            consume_from_where=ConsumeFromWhere.FIRST_OFFSET,
-            pull_batch_size=options.pull_batch,
-            poll_max=options.batch,
+            LitePullConfig(
+                consume_from_where=ConsumeFromWhere.FIRST_OFFSET,
+                pull_batch_size=options.pull_batch,
+                poll_max=options.batch,
+            ),
         )
         consumer.subscribe(options.topic, "*")
         async with consumer:
@@ -576,15 +580,14 @@ def _pop_consumer(
 ) -> tuple[Callable[[], None], Callable[[], None]]:
     """``pop_workers`` receive + ack_many loops as tasks of one AsyncSimpleConsumer, on an
     event loop of the bench thread (no blocking facade in between)."""
-    from orbitmq.client.simple_consumer import AsyncSimpleConsumer
+    from orbitmq.client.consumer.simple import AsyncSimpleConsumer
 
     async def main() -> None:
         async with AsyncSimpleConsumer(
             namesrv,
             group,
+            SimpleConfig(await_duration_s=1.0, consume_from_where=ConsumeFromWhere.FIRST_OFFSET),
             subscriptions={options.topic: "*"},
-            await_duration_s=1.0,
-            consume_from_where=ConsumeFromWhere.FIRST_OFFSET,
         ) as consumer:
 
             async def receive_loop() -> None:
@@ -852,7 +855,7 @@ async def _e2e_produce(
     first_error: str | None = None
     slots = asyncio.Semaphore(E2E_IN_FLIGHT)
     tasks: set[asyncio.Task[None]] = set()
-    async with AsyncProducer(namesrv, compress_over_bytes=-1) as producer:
+    async with AsyncProducer(namesrv, ProducerConfig(compress_over_bytes=-1)) as producer:
         await producer.routes.get(topic)
 
         async def one(msgs: list[Message], measured: bool) -> None:
@@ -1073,15 +1076,17 @@ def _new_push_consumer(
 ) -> PushConsumer:
     """A push consumer of ``options.topic`` whose listener (async or thread, as the options
     say) hands every batch to ``sink``; not started. Shared by bench consume and bench e2e."""
-    from orbitmq.client.push_consumer import PushConsumer
+    from orbitmq.client.consumer.push import PushConsumer
 
     consumer = PushConsumer(
         namesrv,
         group,
-        consume_from_where=where,
-        consume_batch_size=options.batch,
-        pull_batch_size=options.pull_batch,
-        consume_threads=options.threads,
+        PushConfig(
+            consume_from_where=where,
+            consume_batch_size=options.batch,
+            pull_batch_size=options.pull_batch,
+            consume_threads=options.threads,
+        ),
     )
     consumer.subscribe(options.topic, "*")
     if options.listener == "async":

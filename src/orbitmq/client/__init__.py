@@ -30,6 +30,21 @@ if TYPE_CHECKING:
         AllocateConsistentHash,
         AllocateStrategy,
     )
+    from orbitmq.client.consumer.config import (
+        ConsumerConfig,
+        LitePullConfig,
+        PushConfig,
+        SimpleConfig,
+    )
+    from orbitmq.client.consumer.lite_pull import AsyncLitePullConsumer, LitePullConsumer
+    from orbitmq.client.consumer.push import AsyncPushConsumer, PushConsumer
+    from orbitmq.client.consumer.simple import (
+        AsyncSimpleConsumer,
+        ExpiredReceiptHandleError,
+        InvalidReceiptHandleError,
+        SimpleConsumer,
+    )
+    from orbitmq.client.consumer.subscription import Subscription
     from orbitmq.client.consumer_types import (
         ConsumedMessage,
         ConsumeFromWhere,
@@ -41,34 +56,27 @@ if TYPE_CHECKING:
     from orbitmq.client.fault import FaultStrategy
     from orbitmq.client.fifo import fifo_message, message_group_selector, set_message_group
     from orbitmq.client.heartbeat import HeartbeatService, InvalidSubscriptionError
-    from orbitmq.client.lite_pull_consumer import AsyncLitePullConsumer, LitePullConsumer
     from orbitmq.client.offset_store import LocalOffsetStore, OffsetStore, RemoteOffsetStore
     from orbitmq.client.process_queue import ProcessQueue
-    from orbitmq.client.producer import (
-        AsyncProducer,
+    from orbitmq.client.producer.blocking import Producer
+    from orbitmq.client.producer.config import ProducerConfig
+    from orbitmq.client.producer.producer import AsyncProducer
+    from orbitmq.client.producer.types import (
         MessageQueueSelector,
-        Producer,
-        ProducerConfig,
         SendCallback,
         SendResult,
         SendStatus,
         hash_selector,
     )
-    from orbitmq.client.push_consumer import AsyncPushConsumer, PushConsumer
     from orbitmq.client.rebalance import RebalanceService
     from orbitmq.client.recall import recall_message
     from orbitmq.client.route import MessageQueue, TopicPublishInfo, TopicRouteCache
-    from orbitmq.client.simple_consumer import (
-        AsyncSimpleConsumer,
-        ExpiredReceiptHandleError,
-        InvalidReceiptHandleError,
-        SimpleConsumer,
-    )
     from orbitmq.client.transaction import (
         AsyncTransactionProducer,
         EndResult,
         HalfBatchResult,
         LocalTransactionState,
+        TransactionConfig,
         TransactionListener,
         TransactionProducer,
         TransactionSendResult,
@@ -82,51 +90,57 @@ _WHERE: dict[str, str] = {
     "AllocateByConfig": "orbitmq.client.allocate",
     "AllocateConsistentHash": "orbitmq.client.allocate",
     "AllocateStrategy": "orbitmq.client.allocate",
-    "AsyncLitePullConsumer": "orbitmq.client.lite_pull_consumer",
-    "AsyncProducer": "orbitmq.client.producer",
-    "AsyncPushConsumer": "orbitmq.client.push_consumer",
-    "AsyncSimpleConsumer": "orbitmq.client.simple_consumer",
+    "AsyncLitePullConsumer": "orbitmq.client.consumer.lite_pull",
+    "AsyncProducer": "orbitmq.client.producer.producer",
+    "AsyncPushConsumer": "orbitmq.client.consumer.push",
+    "AsyncSimpleConsumer": "orbitmq.client.consumer.simple",
     "AsyncTransactionProducer": "orbitmq.client.transaction",
     "BlockingAdminClient": "orbitmq.client.admin",
     "ConsumeFromWhere": "orbitmq.client.consumer_types",
     "ConsumeResult": "orbitmq.client.consumer_types",
     "ConsumedMessage": "orbitmq.client.consumer_types",
+    "ConsumerConfig": "orbitmq.client.consumer.config",
     "EndResult": "orbitmq.client.transaction",
-    "ExpiredReceiptHandleError": "orbitmq.client.simple_consumer",
+    "ExpiredReceiptHandleError": "orbitmq.client.consumer.simple",
     "FaultStrategy": "orbitmq.client.fault",
     "HalfBatchResult": "orbitmq.client.transaction",
     "HeartbeatService": "orbitmq.client.heartbeat",
-    "InvalidReceiptHandleError": "orbitmq.client.simple_consumer",
+    "InvalidReceiptHandleError": "orbitmq.client.consumer.simple",
     "InvalidSubscriptionError": "orbitmq.client.heartbeat",
-    "LitePullConsumer": "orbitmq.client.lite_pull_consumer",
+    "LitePullConfig": "orbitmq.client.consumer.config",
+    "LitePullConsumer": "orbitmq.client.consumer.lite_pull",
     "LocalOffsetStore": "orbitmq.client.offset_store",
     "LocalTransactionState": "orbitmq.client.transaction",
     "Message": "orbitmq.common.message",
     "MessageModel": "orbitmq.client.consumer_types",
     "MessageQueue": "orbitmq.client.route",
-    "MessageQueueSelector": "orbitmq.client.producer",
+    "MessageQueueSelector": "orbitmq.client.producer.types",
     "OffsetStore": "orbitmq.client.offset_store",
     "ProcessQueue": "orbitmq.client.process_queue",
-    "Producer": "orbitmq.client.producer",
-    "ProducerConfig": "orbitmq.client.producer",
+    "Producer": "orbitmq.client.producer.blocking",
+    "ProducerConfig": "orbitmq.client.producer.config",
     "PullResult": "orbitmq.client.admin",
     "PullStatus": "orbitmq.client.admin",
-    "PushConsumer": "orbitmq.client.push_consumer",
+    "PushConfig": "orbitmq.client.consumer.config",
+    "PushConsumer": "orbitmq.client.consumer.push",
     "RebalanceService": "orbitmq.client.rebalance",
     "ReceivedMessage": "orbitmq.client.consumer_types",
     "RemoteOffsetStore": "orbitmq.client.offset_store",
-    "SendCallback": "orbitmq.client.producer",
-    "SendResult": "orbitmq.client.producer",
-    "SendStatus": "orbitmq.client.producer",
-    "SimpleConsumer": "orbitmq.client.simple_consumer",
+    "SendCallback": "orbitmq.client.producer.types",
+    "SendResult": "orbitmq.client.producer.types",
+    "SendStatus": "orbitmq.client.producer.types",
+    "SimpleConfig": "orbitmq.client.consumer.config",
+    "SimpleConsumer": "orbitmq.client.consumer.simple",
+    "Subscription": "orbitmq.client.consumer.subscription",
     "TopicDescription": "orbitmq.client.admin",
     "TopicPublishInfo": "orbitmq.client.route",
     "TopicRouteCache": "orbitmq.client.route",
+    "TransactionConfig": "orbitmq.client.transaction",
     "TransactionListener": "orbitmq.client.transaction",
     "TransactionProducer": "orbitmq.client.transaction",
     "TransactionSendResult": "orbitmq.client.transaction",
     "fifo_message": "orbitmq.client.fifo",
-    "hash_selector": "orbitmq.client.producer",
+    "hash_selector": "orbitmq.client.producer.types",
     "message_group_selector": "orbitmq.client.fifo",
     "new_client_id": "orbitmq.client.consumer_types",
     "recall_message": "orbitmq.client.recall",
@@ -150,6 +164,7 @@ __all__ = [
     "ConsumeFromWhere",
     "ConsumeResult",
     "ConsumedMessage",
+    "ConsumerConfig",
     "EndResult",
     "ExpiredReceiptHandleError",
     "FaultStrategy",
@@ -157,6 +172,7 @@ __all__ = [
     "HeartbeatService",
     "InvalidReceiptHandleError",
     "InvalidSubscriptionError",
+    "LitePullConfig",
     "LitePullConsumer",
     "LocalOffsetStore",
     "LocalTransactionState",
@@ -170,6 +186,7 @@ __all__ = [
     "ProducerConfig",
     "PullResult",
     "PullStatus",
+    "PushConfig",
     "PushConsumer",
     "RebalanceService",
     "ReceivedMessage",
@@ -177,10 +194,13 @@ __all__ = [
     "SendCallback",
     "SendResult",
     "SendStatus",
+    "SimpleConfig",
     "SimpleConsumer",
+    "Subscription",
     "TopicDescription",
     "TopicPublishInfo",
     "TopicRouteCache",
+    "TransactionConfig",
     "TransactionListener",
     "TransactionProducer",
     "TransactionSendResult",

@@ -26,7 +26,7 @@ exactly once; ROLLBACK drops all. This is what an exactly-once sink needs at sca
 one request to send, one to decide, instead of per message. The halves of many batches are then
 decided together with ``end_many`` (concurrent END_TRANSACTIONs), from any producer of the group.
 
-The producer is composed of an :class:`~orbitmq.client.producer.AsyncProducer` (its routing,
+The producer is composed of an :class:`~orbitmq.client.producer.producer.AsyncProducer` (its routing,
 retries and options); check-backs arrive on that producer's connections.
 """
 
@@ -37,15 +37,19 @@ import dataclasses
 import enum
 import inspect
 import logging
+import ssl
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 from orbitmq.client import _codec
 from orbitmq.client._loop_thread import BlockingFacade, LoopThread
+from orbitmq.client._settings import setting
 from orbitmq.client.consumer_types import new_client_id
 from orbitmq.client.fifo import check_batch_groups
-from orbitmq.client.producer import AsyncProducer, SendResult, SendStatus
+from orbitmq.client.producer.config import ProducerConfig
+from orbitmq.client.producer.producer import AsyncProducer
+from orbitmq.client.producer.types import SendResult, SendStatus
 from orbitmq.client.route import MessageQueue
 from orbitmq.common.codes import ResponseCode
 from orbitmq.common.errors import (
@@ -65,6 +69,7 @@ from orbitmq.common.message import (
     encode_properties,
 )
 from orbitmq.common.record import StoredMessage
+from orbitmq.common.tasks import TaskSet
 from orbitmq.common.validation import DEFAULT_MAX_PROPERTIES_SIZE, validate_group
 from orbitmq.net.connection import Connection, Reply
 from orbitmq.protocol.bodies import encode_body
@@ -81,6 +86,7 @@ __all__ = [
     "EndResult",
     "HalfBatchResult",
     "LocalTransactionState",
+    "TransactionConfig",
     "TransactionListener",
     "TransactionProducer",
     "TransactionSendResult",
@@ -228,39 +234,52 @@ def _as_state(value: object, what: str) -> LocalTransactionState:
     return LocalTransactionState.UNKNOWN
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TransactionConfig(ProducerConfig):
+    """A transactional producer's settings: the producer's (its ``group`` is replaced by the
+    group the transactional producer is made for), and how check-backs are served."""
+
+    heartbeat_interval_s: float = setting(10.0, lambda v: v > 0)
+    check_concurrency: int = setting(16, lambda v: v >= 1)
+    """Check-backs answered at once."""
+    end_timeout_s: float = setting(3.0, lambda v: v > 0)
+    client_id: str | None = None
+
+
 class AsyncTransactionProducer:
     """The asyncio transactional producer. ``listener`` answers check-backs (and runs local
     transactions when send_in_transaction gets no ``local_tx``). ``topics``: topics whose
     brokers learn of this producer from the start (a restarted producer must be reachable for
-    check-backs before it sends anything). Other options are AsyncProducer's."""
+    check-backs before it sends anything)."""
 
     def __init__(
         self,
         namesrv_addrs: str | Sequence[str],
         group: str,
         listener: TransactionListener,
+        config: TransactionConfig | None = None,
         *,
         topics: Sequence[str] = (),
-        heartbeat_interval_s: float = 10.0,
-        check_concurrency: int = 16,
-        end_timeout_s: float = 3.0,
-        client_id: str | None = None,
-        **options: Any,
+        ssl_context: ssl.SSLContext | None = None,
     ) -> None:
         validate_group(group)
-        if heartbeat_interval_s <= 0 or check_concurrency < 1 or end_timeout_s <= 0:
-            raise ClientError("heartbeat_interval_s, check_concurrency, end_timeout_s must be > 0")
+        cfg = TransactionConfig(group=group) if config is None else config
+        if not isinstance(cfg, TransactionConfig):
+            raise ClientError(f"config must be a TransactionConfig, not {type(cfg).__name__}")
+        if cfg.group != group:
+            cfg = dataclasses.replace(cfg, group=group)
+        self.config = cfg
         self.group = group
         self.listener = listener
-        self.client_id = client_id or new_client_id()
-        self.heartbeat_interval_s = heartbeat_interval_s
-        self.end_timeout_s = end_timeout_s
-        self.producer = AsyncProducer(namesrv_addrs, group=group, **options)
+        self.client_id = cfg.client_id or new_client_id()
+        self.heartbeat_interval_s = cfg.heartbeat_interval_s
+        self.end_timeout_s = cfg.end_timeout_s
+        self.producer = AsyncProducer(namesrv_addrs, cfg, ssl_context=ssl_context)
         self.producer.remoting.handler = self._on_request  # check-backs come on its connections
         self._topics: list[str] = list(dict.fromkeys(topics))
         self._beaten: set[str] = set()
-        self._check_slots = asyncio.Semaphore(check_concurrency)
-        self._tasks: set[asyncio.Task[None]] = set()
+        self._check_slots = asyncio.Semaphore(cfg.check_concurrency)
+        self._tasks = TaskSet("transaction producer", logger=log)
         self._heartbeat: asyncio.Task[None] | None = None
         self.checks_answered = 0
 
@@ -281,8 +300,7 @@ class AsyncTransactionProducer:
         if task is not None:
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)
-        if self._tasks:
-            await asyncio.gather(*list(self._tasks), return_exceptions=True)
+        await self._tasks.wait()
         await self._unregister()
         await self.producer.close()
 
@@ -404,9 +422,9 @@ class AsyncTransactionProducer:
         )
         if queue is None:  # a FIFO message group picks its queue
             producer = self.producer
-            loop = producer._check_running()
+            loop = producer.check_running()
             deadline = loop.time() + producer.config.send_timeout_s
-            queue = await producer._choose_fixed_queue(messages[0], None, None, None, deadline)
+            queue = await producer.choose_fixed_queue(messages[0], None, None, None, deadline)
         return await self.send_packed_half_batch(
             topic,
             packed,
@@ -443,14 +461,14 @@ class AsyncTransactionProducer:
                 "(pass the transaction id as transaction_id=)"
             )
         producer = self.producer
-        loop = producer._check_running()
+        loop = producer.check_running()
         tx_id = transaction_id or default_generator.next_id()
         batch_props[PROPERTY_TRANSACTION_PREPARED] = "true"
         batch_props[PROPERTY_PRODUCER_GROUP] = self.group
         batch_props[PROPERTY_UNIQ_KEY] = tx_id
         batch_props[PROPERTY_TRANSACTION_BATCH] = str(len(msg_ids))
         # Validates the packed size against max_message_size, and the batch's properties.
-        half = producer._prepare(Message(topic, packed, properties=batch_props), compress=False)
+        half = producer.prepare(Message(topic, packed, properties=batch_props), compress=False)
         deadline = loop.time() + producer.config.send_timeout_s
         fixed = queue
         if fixed is None:
@@ -458,9 +476,9 @@ class AsyncTransactionProducer:
             # the broker holding the first try, which answers with that half instead of
             # storing a second one (a second half, checked back by transaction id, could be
             # committed as well: duplicates).
-            info = await producer._route(topic, deadline - loop.time())
+            info = await producer.sender.route(topic, deadline - loop.time())
             fixed = producer.fault.select_queue(topic, info.write_queues)
-        [result] = await producer._send_items(
+        [result] = await producer.sender.send(
             topic, [half], SYSFLAG_TRANSACTION_PREPARED, flag, queue=fixed, deadline=deadline
         )
         addr = await self._after_half(result)
@@ -593,9 +611,7 @@ class AsyncTransactionProducer:
             return frame.reply(
                 ResponseCode.REQUEST_CODE_NOT_SUPPORTED, f"request code {frame.code} not supported"
             )
-        task = asyncio.get_running_loop().create_task(self._answer_check(frame, conn))
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        self._tasks.spawn(self._answer_check(frame, conn))
         return None  # oneway: the answer is an END_TRANSACTION of its own
 
     async def _answer_check(self, frame: Frame, conn: Connection) -> None:
@@ -720,12 +736,16 @@ class TransactionProducer(BlockingFacade[AsyncTransactionProducer]):
         namesrv_addrs: str | Sequence[str],
         group: str,
         listener: TransactionListener,
-        **options: Any,
+        config: TransactionConfig | None = None,
+        *,
+        topics: Sequence[str] = (),
+        ssl_context: ssl.SSLContext | None = None,
     ) -> None:
         self._thread = LoopThread("orbitmq-tx-producer")
         self._closed = False
+        make = _make(namesrv_addrs, group, listener, config, topics, ssl_context)
         try:
-            self._async = self._thread.run(_make(namesrv_addrs, group, listener, options))
+            self._async = self._thread.run(make)
             self._thread.run(self._async.start())
         except BaseException:
             self._thread.stop()
@@ -787,10 +807,14 @@ async def _make(
     namesrv_addrs: str | Sequence[str],
     group: str,
     listener: TransactionListener,
-    options: dict[str, Any],
+    config: TransactionConfig | None,
+    topics: Sequence[str],
+    ssl_context: ssl.SSLContext | None,
 ) -> AsyncTransactionProducer:
     # Made on the loop thread: its asyncio objects belong to that loop.
-    return AsyncTransactionProducer(namesrv_addrs, group, listener, **options)
+    return AsyncTransactionProducer(
+        namesrv_addrs, group, listener, config, topics=topics, ssl_context=ssl_context
+    )
 
 
 async def _await(value: Awaitable[Any]) -> Any:

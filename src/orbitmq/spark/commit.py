@@ -41,7 +41,8 @@ from typing import Any
 
 from orbitmq.client import _codec
 from orbitmq.client.admin import AdminClient
-from orbitmq.client.producer import AsyncProducer, SendStatus
+from orbitmq.client.producer.producer import AsyncProducer
+from orbitmq.client.producer.types import SendStatus
 from orbitmq.client.transaction import (
     EndResult,
     HalfBatchResult,

@@ -75,6 +75,7 @@ from orbitmq.client.route import MessageQueue, TopicPublishInfo
 from orbitmq.client.transaction import (
     AsyncTransactionProducer,
     HalfBatchResult,
+    TransactionConfig,
 )
 from orbitmq.common.errors import ClientError, MQError
 from orbitmq.common.message import (
@@ -316,9 +317,11 @@ async def _make_clients(opts: SinkOptions, thread: LoopThread) -> _Clients:
         opts.namesrv,
         opts.group,
         checker,
+        TransactionConfig(
+            send_timeout_s=opts.send_timeout_s,
+            batch_max_bytes=max(opts.max_batch_bytes, 1024 * 1024),
+        ),
         topics=[opts.marker_topic],
-        send_timeout_s=opts.send_timeout_s,
-        batch_max_bytes=max(opts.max_batch_bytes, 1024 * 1024),
     )
     admin = AdminClient(opts.namesrv)
     stores = MarkerStoreFactory(admin, tx.producer, opts.marker_topic)
