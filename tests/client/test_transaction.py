@@ -25,7 +25,7 @@ from orbitmq.client import (
 )
 from orbitmq.client.producer.types import SendStatus
 from orbitmq.client.route import MessageQueue
-from orbitmq.client.transaction import (
+from orbitmq.client.transaction.types import (
     EndResult,
     HalfBatchResult,
     TransactionConfig,

@@ -30,7 +30,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from orbitmq.client.transaction import TransactionConfig
+from orbitmq.client.transaction.types import TransactionConfig
 from tests.harness import Cluster, ServerProcess
 
 MODULE = "tests.integration.test_transaction_restart"

@@ -11,7 +11,7 @@ from typing import Any
 import grpc
 import pytest
 
-from orbitmq.client.admin import AdminClient
+from orbitmq.client.admin.client import AdminClient
 from orbitmq.common.errors import SubscriptionGroupNotExistError
 from orbitmq.protocol.group_config import DEFAULT_RETRY_DELAYS_MS
 from orbitmq.proxy.config import ProxyConfig

@@ -21,11 +21,8 @@ import pytest
 
 from orbitmq.broker.controller import BrokerController
 from orbitmq.client import AdminClient, Message
-from orbitmq.client.transaction import (
-    AsyncTransactionProducer,
-    LocalTransactionState,
-    TransactionConfig,
-)
+from orbitmq.client.transaction.producer import AsyncTransactionProducer
+from orbitmq.client.transaction.types import LocalTransactionState, TransactionConfig
 from orbitmq.common.record import StoredMessage
 from orbitmq.namesrv.config import NamesrvConfig
 from orbitmq.namesrv.controller import NamesrvController

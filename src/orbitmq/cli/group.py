@@ -27,7 +27,7 @@ from orbitmq.cli.common import (
     timestamp,
 )
 from orbitmq.client import AdminClient
-from orbitmq.client.admin import GroupDescription
+from orbitmq.client.admin.types import GroupDescription
 from orbitmq.protocol.consumer import is_system_group_topic
 from orbitmq.protocol.group_config import SubscriptionGroupConfig
 

@@ -16,13 +16,8 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from orbitmq.client.admin import (
-        AdminClient,
-        BlockingAdminClient,
-        PullResult,
-        PullStatus,
-        TopicDescription,
-    )
+    from orbitmq.client.admin.client import AdminClient, BlockingAdminClient
+    from orbitmq.client.admin.types import PullResult, PullStatus, TopicDescription
     from orbitmq.client.allocate import (
         AllocateAveragely,
         AllocateAveragelyByCircle,
@@ -71,20 +66,20 @@ if TYPE_CHECKING:
     from orbitmq.client.rebalance import RebalanceService
     from orbitmq.client.recall import recall_message
     from orbitmq.client.route import MessageQueue, TopicPublishInfo, TopicRouteCache
-    from orbitmq.client.transaction import (
-        AsyncTransactionProducer,
+    from orbitmq.client.transaction.blocking import TransactionProducer
+    from orbitmq.client.transaction.producer import AsyncTransactionProducer
+    from orbitmq.client.transaction.types import (
         EndResult,
         HalfBatchResult,
         LocalTransactionState,
         TransactionConfig,
         TransactionListener,
-        TransactionProducer,
         TransactionSendResult,
     )
     from orbitmq.common.message import Message
 
 _WHERE: dict[str, str] = {
-    "AdminClient": "orbitmq.client.admin",
+    "AdminClient": "orbitmq.client.admin.client",
     "AllocateAveragely": "orbitmq.client.allocate",
     "AllocateAveragelyByCircle": "orbitmq.client.allocate",
     "AllocateByConfig": "orbitmq.client.allocate",
@@ -94,23 +89,23 @@ _WHERE: dict[str, str] = {
     "AsyncProducer": "orbitmq.client.producer.producer",
     "AsyncPushConsumer": "orbitmq.client.consumer.push",
     "AsyncSimpleConsumer": "orbitmq.client.consumer.simple",
-    "AsyncTransactionProducer": "orbitmq.client.transaction",
-    "BlockingAdminClient": "orbitmq.client.admin",
+    "AsyncTransactionProducer": "orbitmq.client.transaction.producer",
+    "BlockingAdminClient": "orbitmq.client.admin.client",
     "ConsumeFromWhere": "orbitmq.client.consumer_types",
     "ConsumeResult": "orbitmq.client.consumer_types",
     "ConsumedMessage": "orbitmq.client.consumer_types",
     "ConsumerConfig": "orbitmq.client.consumer.config",
-    "EndResult": "orbitmq.client.transaction",
+    "EndResult": "orbitmq.client.transaction.types",
     "ExpiredReceiptHandleError": "orbitmq.client.consumer.simple",
     "FaultStrategy": "orbitmq.client.fault",
-    "HalfBatchResult": "orbitmq.client.transaction",
+    "HalfBatchResult": "orbitmq.client.transaction.types",
     "HeartbeatService": "orbitmq.client.heartbeat",
     "InvalidReceiptHandleError": "orbitmq.client.consumer.simple",
     "InvalidSubscriptionError": "orbitmq.client.heartbeat",
     "LitePullConfig": "orbitmq.client.consumer.config",
     "LitePullConsumer": "orbitmq.client.consumer.lite_pull",
     "LocalOffsetStore": "orbitmq.client.offset_store",
-    "LocalTransactionState": "orbitmq.client.transaction",
+    "LocalTransactionState": "orbitmq.client.transaction.types",
     "Message": "orbitmq.common.message",
     "MessageModel": "orbitmq.client.consumer_types",
     "MessageQueue": "orbitmq.client.route",
@@ -119,8 +114,8 @@ _WHERE: dict[str, str] = {
     "ProcessQueue": "orbitmq.client.process_queue",
     "Producer": "orbitmq.client.producer.blocking",
     "ProducerConfig": "orbitmq.client.producer.config",
-    "PullResult": "orbitmq.client.admin",
-    "PullStatus": "orbitmq.client.admin",
+    "PullResult": "orbitmq.client.admin.types",
+    "PullStatus": "orbitmq.client.admin.types",
     "PushConfig": "orbitmq.client.consumer.config",
     "PushConsumer": "orbitmq.client.consumer.push",
     "RebalanceService": "orbitmq.client.rebalance",
@@ -132,13 +127,13 @@ _WHERE: dict[str, str] = {
     "SimpleConfig": "orbitmq.client.consumer.config",
     "SimpleConsumer": "orbitmq.client.consumer.simple",
     "Subscription": "orbitmq.client.consumer.subscription",
-    "TopicDescription": "orbitmq.client.admin",
+    "TopicDescription": "orbitmq.client.admin.types",
     "TopicPublishInfo": "orbitmq.client.route",
     "TopicRouteCache": "orbitmq.client.route",
-    "TransactionConfig": "orbitmq.client.transaction",
-    "TransactionListener": "orbitmq.client.transaction",
-    "TransactionProducer": "orbitmq.client.transaction",
-    "TransactionSendResult": "orbitmq.client.transaction",
+    "TransactionConfig": "orbitmq.client.transaction.types",
+    "TransactionListener": "orbitmq.client.transaction.types",
+    "TransactionProducer": "orbitmq.client.transaction.blocking",
+    "TransactionSendResult": "orbitmq.client.transaction.types",
     "fifo_message": "orbitmq.client.fifo",
     "hash_selector": "orbitmq.client.producer.types",
     "message_group_selector": "orbitmq.client.fifo",

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 
-from orbitmq.client.admin import AdminClient
+from orbitmq.client.admin.client import AdminClient
 from orbitmq.common.codes import ResponseCode
 from orbitmq.common.errors import ClientError, MQError, RemoteError
 from orbitmq.protocol.codes import RequestCode

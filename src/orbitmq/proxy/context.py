@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import grpc
 
-from orbitmq.client.admin import AdminClient
+from orbitmq.client.admin.client import AdminClient
 from orbitmq.client.producer.config import ProducerConfig
 from orbitmq.client.producer.producer import AsyncProducer
 from orbitmq.client.route import MessageQueue, TopicRouteCache

@@ -40,14 +40,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from orbitmq.client import _codec
-from orbitmq.client.admin import AdminClient
+from orbitmq.client.admin.client import AdminClient
 from orbitmq.client.producer.producer import AsyncProducer
 from orbitmq.client.producer.types import SendStatus
-from orbitmq.client.transaction import (
-    EndResult,
-    HalfBatchResult,
-    LocalTransactionState,
-)
+from orbitmq.client.transaction.types import EndResult, HalfBatchResult, LocalTransactionState
 from orbitmq.common.codes import ResponseCode
 from orbitmq.common.errors import ClientError, MQError, RemoteError
 from orbitmq.common.message import Message

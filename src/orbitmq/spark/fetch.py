@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from orbitmq.client._loop_thread import LoopThread
-from orbitmq.client.admin import AdminClient
+from orbitmq.client.admin.client import AdminClient
 from orbitmq.client.offset_store import BrokerRequester, RemoteOffsetStore
 from orbitmq.client.route import MessageQueue, TopicRouteNotFoundError
 from orbitmq.common.codes import ResponseCode

@@ -70,13 +70,10 @@ from pyspark.sql.types import (
 )
 
 from orbitmq.client._loop_thread import LoopThread
-from orbitmq.client.admin import AdminClient
+from orbitmq.client.admin.client import AdminClient
 from orbitmq.client.route import MessageQueue, TopicPublishInfo
-from orbitmq.client.transaction import (
-    AsyncTransactionProducer,
-    HalfBatchResult,
-    TransactionConfig,
-)
+from orbitmq.client.transaction.producer import AsyncTransactionProducer
+from orbitmq.client.transaction.types import HalfBatchResult, TransactionConfig
 from orbitmq.common.errors import ClientError, MQError
 from orbitmq.common.message import (
     PROPERTY_KEYS,
