@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from orbitmq.client import AdminClient, AsyncProducer
+from orbitmq.client import AsyncAdminClient, AsyncProducer
 from orbitmq.client.producer.config import ProducerConfig
 from tests.client.fakes import FakeBroker, FakeNamesrv
 
@@ -74,6 +74,6 @@ async def make_producer(cluster: Cluster) -> AsyncIterator[MakeProducer]:
 
 
 @pytest.fixture
-async def admin(cluster: Cluster) -> AsyncIterator[AdminClient]:
-    async with AdminClient([cluster.namesrv.addr], timeout_s=2.0) as client:
+async def admin(cluster: Cluster) -> AsyncIterator[AsyncAdminClient]:
+    async with AsyncAdminClient([cluster.namesrv.addr], timeout_s=2.0) as client:
         yield client

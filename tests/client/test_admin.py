@@ -1,10 +1,10 @@
-"""AdminClient against fake servers: topic admin, stats, offsets, pulls and lookups."""
+"""AsyncAdminClient against fake servers: topic admin, stats, offsets, pulls and lookups."""
 
 from __future__ import annotations
 
 import pytest
 
-from orbitmq.client import AdminClient, Message, MessageQueue, PullStatus
+from orbitmq.client import AsyncAdminClient, Message, MessageQueue, PullStatus
 from orbitmq.client.producer.config import ProducerConfig
 from orbitmq.client.route import TopicRouteNotFoundError
 from orbitmq.common.codes import ResponseCode
@@ -15,7 +15,7 @@ from tests.client.conftest import Cluster, MakeProducer, dead_addr
 
 
 async def test_create_topic_on_every_master_then_delete(
-    cluster: Cluster, admin: AdminClient
+    cluster: Cluster, admin: AsyncAdminClient
 ) -> None:
     addrs = await admin.create_topic("New", read_queue_nums=3, write_queue_nums=3)
     assert addrs == sorted(b.addr for b in cluster.brokers)
@@ -39,7 +39,7 @@ async def test_create_topic_on_every_master_then_delete(
 
 
 async def test_delete_is_idempotent_and_reports_partial_failures(
-    cluster: Cluster, admin: AdminClient
+    cluster: Cluster, admin: AsyncAdminClient
 ) -> None:
     cluster.a.add_topic("Half", 1)  # only on broker-a, but the cluster has two masters
     cluster.reregister()
@@ -58,7 +58,7 @@ async def test_delete_is_idempotent_and_reports_partial_failures(
 
 
 async def test_cluster_and_describe(
-    cluster: Cluster, admin: AdminClient, make_producer: MakeProducer
+    cluster: Cluster, admin: AsyncAdminClient, make_producer: MakeProducer
 ) -> None:
     info = await admin.cluster_info()
     assert isinstance(info, ClusterInfo)
@@ -79,7 +79,7 @@ async def test_cluster_and_describe(
 
 
 async def test_offsets_pull_and_lookups(
-    cluster: Cluster, admin: AdminClient, make_producer: MakeProducer
+    cluster: Cluster, admin: AsyncAdminClient, make_producer: MakeProducer
 ) -> None:
     p = await make_producer()
     mq = MessageQueue("T", "broker-a", 2)
@@ -118,7 +118,7 @@ async def test_offsets_pull_and_lookups(
     assert await admin.query_by_key("T", "nothing") == []
 
 
-async def test_pull_errors_raise(cluster: Cluster, admin: AdminClient) -> None:
+async def test_pull_errors_raise(cluster: Cluster, admin: AsyncAdminClient) -> None:
     cluster.a.add_topic("OnlyA", 1)
     cluster.reregister()
     mq = MessageQueue("OnlyA", "broker-a", 0)
@@ -131,7 +131,7 @@ async def test_pull_errors_raise(cluster: Cluster, admin: AdminClient) -> None:
 
 
 async def test_namesrv_failover_and_broadcast(cluster: Cluster) -> None:
-    async with AdminClient([dead_addr(), cluster.namesrv.addr], timeout_s=1.0) as admin:
+    async with AsyncAdminClient([dead_addr(), cluster.namesrv.addr], timeout_s=1.0) as admin:
         for _ in range(3):
             assert "T" in await admin.list_topics()
         perms = await admin.wipe_write_perm("broker-a")
@@ -141,7 +141,7 @@ async def test_namesrv_failover_and_broadcast(cluster: Cluster) -> None:
 
 
 def test_blocking_admin_client() -> None:
-    from orbitmq.client import BlockingAdminClient, Producer
+    from orbitmq.client import AdminClient, Producer
     from orbitmq.client._loop_thread import LoopThread
     from tests.client.fakes import FakeBroker, FakeNamesrv
 
@@ -155,7 +155,7 @@ def test_blocking_admin_client() -> None:
             return ns, b
 
         ns, broker = servers.run(setup())
-        with BlockingAdminClient([ns.addr], timeout_s=2.0) as admin:
+        with AdminClient([ns.addr], timeout_s=2.0) as admin:
             assert admin.create_topic("B", write_queue_nums=2, read_queue_nums=2) == [broker.addr]
             ns.register([broker])
             with Producer([ns.addr], ProducerConfig(linger_ms=1)) as p:

@@ -13,7 +13,7 @@ import pytest
 import zstandard
 
 from orbitmq.client import (
-    AdminClient,
+    AsyncAdminClient,
     Message,
     MessageQueue,
     Producer,
@@ -460,7 +460,7 @@ async def test_send_oneway(cluster: Cluster, make_producer: MakeProducer) -> Non
 
 
 async def test_compression_round_trip(
-    cluster: Cluster, make_producer: MakeProducer, admin: AdminClient
+    cluster: Cluster, make_producer: MakeProducer, admin: AsyncAdminClient
 ) -> None:
     p = await make_producer(compress_over_bytes=1024)
     big = b"orbitmq " * 2000

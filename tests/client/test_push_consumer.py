@@ -17,7 +17,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from orbitmq.client import (
-    AdminClient,
+    AsyncAdminClient,
     AsyncProducer,
     AsyncPushConsumer,
     ConsumedMessage,
@@ -79,7 +79,7 @@ async def real(tmp_path: Path) -> AsyncIterator[RealCluster]:
 
 
 async def create_topic(addr: str, topic: str, queues: int = 2) -> list[MessageQueue]:
-    async with AdminClient([addr]) as admin:
+    async with AsyncAdminClient([addr]) as admin:
         await admin.create_topic(topic, read_queue_nums=queues, write_queue_nums=queues)
         return await wait_route(admin, topic, 2 * queues)
 
@@ -200,7 +200,7 @@ async def test_reconsume_later_goes_through_the_retry_topic(real: RealCluster) -
             raise RuntimeError("not yet")  # an exception counts as RECONSUME_LATER
         return ConsumeResult.SUCCESS if msgs[0].reconsume_times else ConsumeResult.RECONSUME_LATER
 
-    async with AdminClient([real.addr]) as admin:  # retried after 0.2 s, not the default 10 s
+    async with AsyncAdminClient([real.addr]) as admin:  # retried after 0.2 s, not the default 10 s
         await admin.update_group_config(
             SubscriptionGroupConfig(group_name="G-RL", retry_delays_ms=[200])
         )

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 from orbitmq.broker.controller import BrokerController
 from orbitmq.client import (
-    AdminClient,
+    AsyncAdminClient,
     AsyncTransactionProducer,
     LocalTransactionState,
     Message,
@@ -76,7 +76,7 @@ class Listener:
 class Env:
     namesrv: NamesrvController
     broker: BrokerController
-    admin: AdminClient
+    admin: AsyncAdminClient
     made: list[AsyncTransactionProducer] = field(default_factory=list)
 
     async def producer(self, listener: Any, **opts: Any) -> AsyncTransactionProducer:
@@ -109,7 +109,7 @@ async def env(tmp_path: Path) -> AsyncIterator[Env]:
     )
     broker = BrokerController(config)
     await broker.start()
-    admin = AdminClient([ns.address], timeout_s=2.0)
+    admin = AsyncAdminClient([ns.address], timeout_s=2.0)
     e = Env(ns, broker, admin)
     await admin.create_topic(
         "TXC", read_queue_nums=2, write_queue_nums=2, broker_addr=broker.address

@@ -32,7 +32,7 @@ from pathlib import Path
 import pytest
 
 from orbitmq.client import (
-    AdminClient,
+    AsyncAdminClient,
     AsyncProducer,
     Message,
     SendResult,
@@ -208,7 +208,7 @@ async def test_consumer_sigkill_loses_no_acknowledged_message(
     started = time.monotonic()
     ns = cluster.namesrv()
     broker = cluster.broker("crash-broker", [ns.address])
-    admin = AdminClient([ns.address])
+    admin = AsyncAdminClient([ns.address])
     producer = AsyncProducer([ns.address], ProducerConfig(linger_ms=2))
     sender = Sender(producer, random.Random(crash_seed + 1))
     members = Members(cluster, tmp_path, ns.address)

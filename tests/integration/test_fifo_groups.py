@@ -29,7 +29,7 @@ from pathlib import Path
 import pytest
 
 from orbitmq.client import (
-    AdminClient,
+    AsyncAdminClient,
     AsyncProducer,
     ConsumeResult,
     PushConsumer,
@@ -62,7 +62,7 @@ def seed() -> int:
 
 
 async def create_fifo_topic(
-    admin: AdminClient, broker: ServerProcess, topic: str, queues: int
+    admin: AsyncAdminClient, broker: ServerProcess, topic: str, queues: int
 ) -> None:
     await admin.create_topic(
         topic,
@@ -126,7 +126,7 @@ async def test_ten_simple_consumers_keep_group_order_with_failures(
     ns = cluster.namesrv()
     broker = cluster.broker(BROKER, [ns.address])
     topic, group_name, groups, per_group = "FifoT", "GFifo", 30, 15
-    admin = AdminClient([ns.address])
+    admin = AsyncAdminClient([ns.address])
     producer = AsyncProducer([ns.address], ProducerConfig(linger_ms=1))
     book = Book()
     consumers: dict[str, tuple[AsyncSimpleConsumer, asyncio.Task[None]]] = {}
@@ -251,7 +251,7 @@ async def test_push_orderly_consumers_keep_group_order(cluster: Cluster, tmp_pat
     ns = cluster.namesrv()
     broker = cluster.broker(BROKER, [ns.address])
     topic, groups, per_group = "FifoPush", 12, 20
-    admin = AdminClient([ns.address])
+    admin = AsyncAdminClient([ns.address])
     producer = AsyncProducer([ns.address], ProducerConfig(linger_ms=1))
     seen: dict[str, list[str]] = defaultdict(list)
     lock = threading.Lock()

@@ -168,10 +168,10 @@ def _producer(cluster: Cluster, namesrv: str, ledger: Path, mode: str) -> Server
 async def _visible_bodies(namesrv: str, want: int, timeout_s: float = 20.0) -> list[str]:
     """Pull the topic until ``want`` messages came (or the time is up), then once more after a
     pause: every message read, duplicates included."""
-    from orbitmq.client import AdminClient
+    from orbitmq.client import AsyncAdminClient
     from tests.client.test_e2e import read_all
 
-    async with AdminClient([namesrv], timeout_s=3.0) as admin:
+    async with AsyncAdminClient([namesrv], timeout_s=3.0) as admin:
         got = await read_all(admin, TOPIC, want, timeout_s)
         await asyncio.sleep(1.0)  # a late duplicate would show now
         got = await read_all(admin, TOPIC, len(got) + 1, 0.5)

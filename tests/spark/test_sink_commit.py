@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 from orbitmq.broker.controller import BrokerController
-from orbitmq.client import AdminClient, Message
+from orbitmq.client import AsyncAdminClient, Message
 from orbitmq.client.transaction.producer import AsyncTransactionProducer
 from orbitmq.client.transaction.types import LocalTransactionState, TransactionConfig
 from orbitmq.common.record import StoredMessage
@@ -38,7 +38,7 @@ MARKERS = "SinkTestMarkers"
 class Env:
     ns: NamesrvController
     broker: BrokerController
-    admin: AdminClient
+    admin: AsyncAdminClient
     tx: AsyncTransactionProducer
     checker: MarkerChecker
     stores: MarkerStoreFactory
@@ -96,7 +96,7 @@ async def env(tmp_path: Path, request: pytest.FixtureRequest) -> AsyncIterator[E
         )
     )
     await broker.start()
-    admin = AdminClient([ns.address])
+    admin = AsyncAdminClient([ns.address])
     checker = MarkerChecker()
     tx = AsyncTransactionProducer(
         [ns.address], GROUP, checker, TransactionConfig(heartbeat_interval_s=0.3), topics=[MARKERS]

@@ -58,7 +58,7 @@ from hdrh.histogram import HdrHistogram
 
 from orbitmq.bench._child import ServerChild
 from orbitmq.bench.store import _cpu_model, _loadavg
-from orbitmq.client import AdminClient, AsyncProducer, Message, MessageQueue
+from orbitmq.client import AsyncAdminClient, AsyncProducer, Message, MessageQueue
 from orbitmq.client.consumer.config import LitePullConfig, PushConfig, SimpleConfig
 from orbitmq.client.consumer_types import ConsumedMessage, ConsumeFromWhere, ConsumeResult
 from orbitmq.client.producer.config import ProducerConfig
@@ -141,7 +141,7 @@ def target_cluster(namesrv: str | None, data_dir: Path | None, say: Say) -> Iter
 # ---------------------------------------------------------------------------- topic + load
 
 
-async def _ensure_topic(admin: AdminClient, topic: str, queues: int, say: Say) -> int:
+async def _ensure_topic(admin: AsyncAdminClient, topic: str, queues: int, say: Say) -> int:
     """Create the topic with ``queues`` queues per broker unless it exists; its read queues."""
     if topic not in await admin.list_topics():
         addrs = await admin.create_topic(topic, read_queue_nums=queues, write_queue_nums=queues)
@@ -160,14 +160,14 @@ async def _ensure_topic(admin: AdminClient, topic: str, queues: int, say: Say) -
         await asyncio.sleep(0.1)
 
 
-async def _kept(admin: AdminClient, topic: str) -> tuple[int, int]:
+async def _kept(admin: AsyncAdminClient, topic: str) -> tuple[int, int]:
     """(messages kept in the topic's queues, sum of max offsets)."""
     desc = await admin.describe_topic(topic)
     kept = sum(max(0, q.max_offset - q.min_offset) for s in desc.stats for q in s.queues)
     return kept, sum(q.max_offset for s in desc.stats for q in s.queues)
 
 
-async def _flush_types(admin: AdminClient, topic: str) -> dict[str, str]:
+async def _flush_types(admin: AsyncAdminClient, topic: str) -> dict[str, str]:
     info = await admin.routes.refresh(topic)
     names = sorted(info.broker_addrs)
     runtime = await asyncio.gather(
@@ -248,7 +248,7 @@ async def _load(
     return seconds
 
 
-async def _wait_dispatched(admin: AdminClient, topic: str, at_least: int) -> int:
+async def _wait_dispatched(admin: AsyncAdminClient, topic: str, at_least: int) -> int:
     """Wait until the topic's queues hold ``at_least`` messages (dispatch runs behind)."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + DISPATCH_WAIT_S
@@ -452,7 +452,7 @@ def run_consume_bench(
 async def _prepare_consume(
     namesrv: str, options: ConsumeBenchOptions, say: Say, meter: Meter
 ) -> tuple[int, LoadResult, dict[str, str]]:
-    async with AdminClient(namesrv) as admin:
+    async with AsyncAdminClient(namesrv) as admin:
         await _ensure_topic(admin, options.topic, options.queues, say)
         kept, _ = await _kept(admin, options.topic)
         if options.skip_load:
@@ -933,7 +933,7 @@ def run_e2e_bench(
 async def _prepare_e2e(
     namesrv: str, options: E2EBenchOptions, say: Say
 ) -> tuple[int, dict[str, str]]:
-    async with AdminClient(namesrv) as admin:
+    async with AsyncAdminClient(namesrv) as admin:
         queues = await _ensure_topic(admin, options.topic, options.queues, say)
         return queues, await _flush_types(admin, options.topic)
 

@@ -53,7 +53,7 @@ from orbitmq.bench._child import ServerChild, process_cpu_s
 from orbitmq.bench.consume import target_cluster
 from orbitmq.bench.grpc_floor import FloorResult, run_floor
 from orbitmq.bench.store import _cpu_model, _loadavg
-from orbitmq.client import BlockingAdminClient, Message, Producer, SimpleConsumer
+from orbitmq.client import AdminClient, Message, Producer, SimpleConsumer
 from orbitmq.client.consumer.config import SimpleConfig
 from orbitmq.client.producer.config import ProducerConfig
 from orbitmq.common.errors import ClientError, MQError
@@ -499,7 +499,7 @@ def target(options: GrpcBenchOptions, say: Say) -> Iterator[tuple[str, str, Path
 
 
 def _prepare_topics(namesrv: str, topics: list[str]) -> None:
-    admin = BlockingAdminClient(namesrv)
+    admin = AdminClient(namesrv)
     try:
         existing = set(admin.list_topics())
         for topic in topics:

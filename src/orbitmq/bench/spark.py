@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from orbitmq.bench.consume import target_cluster
-from orbitmq.client import AdminClient, AsyncProducer
+from orbitmq.client import AsyncAdminClient, AsyncProducer
 from orbitmq.client.producer.config import ProducerConfig
 from orbitmq.common.errors import ClientError, MQError
 from orbitmq.common.message import Message
@@ -88,7 +88,7 @@ class SparkBenchResult:
 
 
 async def _prepare_topic(namesrv: str, topic: str, queues: int) -> None:
-    async with AdminClient(namesrv) as admin:
+    async with AsyncAdminClient(namesrv) as admin:
         await admin.create_topic(topic, read_queue_nums=queues, write_queue_nums=queues)
         loop = asyncio.get_running_loop()
         deadline = loop.time() + 15

@@ -38,7 +38,7 @@ from orbitmq.cli.common import (
     quiet_library_logs,
     split_list,
 )
-from orbitmq.client import AdminClient
+from orbitmq.client import AsyncAdminClient
 from orbitmq.client.consumer.config import PushConfig
 from orbitmq.client.consumer_types import ConsumedMessage, ConsumeFromWhere, ConsumeResult
 from orbitmq.common.codes import ResponseCode
@@ -217,7 +217,7 @@ def _start(
 
 async def _check_topic(namesrv: str, topic: str) -> None:
     """A topic no NameServer routes is an error here (a consumer would wait for it quietly)."""
-    async with AdminClient(namesrv) as admin:
+    async with AsyncAdminClient(namesrv) as admin:
         await admin.queues(topic)
 
 

@@ -1,9 +1,12 @@
 """Producer, consumers and admin client. Talks to services only through protocol and net.
 
-The blocking classes (:class:`Producer`, :class:`PushConsumer`, :class:`LitePullConsumer`,
-:class:`SimpleConsumer`, :class:`BlockingAdminClient`) run their async counterparts
-(:class:`AsyncProducer`, :class:`AsyncPushConsumer`, :class:`AsyncLitePullConsumer`,
-:class:`AsyncSimpleConsumer`, :class:`AdminClient`) on a private event loop thread.
+Every client comes as a pair named one way: ``AsyncX`` runs on the caller's event loop and ``X``
+is the blocking one, the async one on a private event loop thread (``AsyncProducer`` /
+``Producer``, ``AsyncPushConsumer`` / ``PushConsumer``, ``AsyncLitePullConsumer`` /
+``LitePullConsumer``, ``AsyncSimpleConsumer`` / ``SimpleConsumer``,
+``AsyncTransactionProducer`` / ``TransactionProducer``, ``AsyncAdminClient`` / ``AdminClient``).
+Both take the same config object (``ProducerConfig``, ``PushConfig``, ``LitePullConfig``,
+``SimpleConfig``, ``TransactionConfig``).
 
 Names are imported on first use (PEP 562): a process that needs only the route cache or the
 admin client (a Spark worker, the streaming runner Spark starts per query) does not pay for
@@ -16,7 +19,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from orbitmq.client.admin.client import AdminClient, BlockingAdminClient
+    from orbitmq.client.admin.client import AdminClient, AsyncAdminClient
     from orbitmq.client.admin.types import PullResult, PullStatus, TopicDescription
     from orbitmq.client.allocate import (
         AllocateAveragely,
@@ -79,7 +82,7 @@ if TYPE_CHECKING:
     from orbitmq.common.message import Message
 
 _WHERE: dict[str, str] = {
-    "AdminClient": "orbitmq.client.admin.client",
+    "AsyncAdminClient": "orbitmq.client.admin.client",
     "AllocateAveragely": "orbitmq.client.allocate",
     "AllocateAveragelyByCircle": "orbitmq.client.allocate",
     "AllocateByConfig": "orbitmq.client.allocate",
@@ -90,7 +93,7 @@ _WHERE: dict[str, str] = {
     "AsyncPushConsumer": "orbitmq.client.consumer.push",
     "AsyncSimpleConsumer": "orbitmq.client.consumer.simple",
     "AsyncTransactionProducer": "orbitmq.client.transaction.producer",
-    "BlockingAdminClient": "orbitmq.client.admin.client",
+    "AdminClient": "orbitmq.client.admin.client",
     "ConsumeFromWhere": "orbitmq.client.consumer_types",
     "ConsumeResult": "orbitmq.client.consumer_types",
     "ConsumedMessage": "orbitmq.client.consumer_types",
@@ -150,12 +153,12 @@ __all__ = [
     "AllocateByConfig",
     "AllocateConsistentHash",
     "AllocateStrategy",
+    "AsyncAdminClient",
     "AsyncLitePullConsumer",
     "AsyncProducer",
     "AsyncPushConsumer",
     "AsyncSimpleConsumer",
     "AsyncTransactionProducer",
-    "BlockingAdminClient",
     "ConsumeFromWhere",
     "ConsumeResult",
     "ConsumedMessage",

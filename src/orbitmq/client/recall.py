@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 
-from orbitmq.client.admin.client import AdminClient
+from orbitmq.client.admin.client import AsyncAdminClient
 from orbitmq.common.codes import ResponseCode
 from orbitmq.common.errors import ClientError, MQError, RemoteError
 from orbitmq.protocol.codes import RequestCode
@@ -21,7 +21,7 @@ _MISSES = (ResponseCode.TIMER_MESSAGE_NOT_FOUND, ResponseCode.TIMER_MESSAGE_NOT_
 
 
 async def recall_message(
-    admin: AdminClient, topic: str, msg_id: str, *, broker_name: str | None = None
+    admin: AsyncAdminClient, topic: str, msg_id: str, *, broker_name: str | None = None
 ) -> str:
     """RECALL_MESSAGE: the message is not delivered. Returns the broker that held it.
 

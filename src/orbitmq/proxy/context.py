@@ -1,7 +1,7 @@
 """ProxyContext: what every RPC handler of the proxy shares.
 
 The proxy is a client of the brokers, like RocketMQ's cluster-mode proxy: one started
-AsyncProducer (its route cache and connections serve every send), an AdminClient for queries,
+AsyncProducer (its route cache and connections serve every send), an AsyncAdminClient for queries,
 the topic-type cache, and the per-client sessions. Nothing else is stateful, so any number of
 proxies can front the same cluster.
 """
@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import grpc
 
-from orbitmq.client.admin.client import AdminClient
+from orbitmq.client.admin.client import AsyncAdminClient
 from orbitmq.client.producer.config import ProducerConfig
 from orbitmq.client.producer.producer import AsyncProducer
 from orbitmq.client.route import MessageQueue, TopicRouteCache
@@ -33,7 +33,7 @@ PRODUCER_GROUP = "ORBITMQ_PROXY_PRODUCER"
 class ProxyContext:
     config: ProxyConfig
     producer: AsyncProducer
-    admin: AdminClient
+    admin: AsyncAdminClient
     routes: TopicRouteCache
     sessions: ClientSessions
     topic_types: TopicTypes
@@ -58,7 +58,7 @@ class ProxyContext:
             ),
         )
         await producer.start()
-        admin = AdminClient(config.namesrv_addrs)
+        admin = AsyncAdminClient(config.namesrv_addrs)
         try:
             await admin.start()
         except BaseException:

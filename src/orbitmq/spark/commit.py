@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from orbitmq.client import _codec
-from orbitmq.client.admin.client import AdminClient
+from orbitmq.client.admin.client import AsyncAdminClient
 from orbitmq.client.producer.producer import AsyncProducer
 from orbitmq.client.producer.types import SendStatus
 from orbitmq.client.transaction.types import EndResult, HalfBatchResult, LocalTransactionState
@@ -217,7 +217,7 @@ class Marker:
 class MarkerStore:
     """Markers as keyed messages of ``topic``, looked up through the key index."""
 
-    def __init__(self, admin: AdminClient, producer: AsyncProducer, topic: str) -> None:
+    def __init__(self, admin: AsyncAdminClient, producer: AsyncProducer, topic: str) -> None:
         self.admin = admin
         self.producer = producer
         self.topic = topic
@@ -595,7 +595,9 @@ class MarkerStoreFactory:
     """Marker stores by topic (a check-back names its batch's marker topic), sharing one admin
     client and producer."""
 
-    def __init__(self, admin: AdminClient, producer: AsyncProducer, default_topic: str) -> None:
+    def __init__(
+        self, admin: AsyncAdminClient, producer: AsyncProducer, default_topic: str
+    ) -> None:
         self.admin = admin
         self.producer = producer
         self._stores: dict[str, MarkerStore] = {}

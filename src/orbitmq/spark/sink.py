@@ -70,7 +70,7 @@ from pyspark.sql.types import (
 )
 
 from orbitmq.client._loop_thread import LoopThread
-from orbitmq.client.admin.client import AdminClient
+from orbitmq.client.admin.client import AsyncAdminClient
 from orbitmq.client.route import MessageQueue, TopicPublishInfo
 from orbitmq.client.transaction.producer import AsyncTransactionProducer
 from orbitmq.client.transaction.types import HalfBatchResult, TransactionConfig
@@ -273,7 +273,7 @@ class _Clients:
 
     thread: LoopThread
     tx: AsyncTransactionProducer
-    admin: AdminClient
+    admin: AsyncAdminClient
     stores: MarkerStoreFactory
     checker: MarkerChecker
     next_queue: itertools.count[int]
@@ -320,7 +320,7 @@ async def _make_clients(opts: SinkOptions, thread: LoopThread) -> _Clients:
         ),
         topics=[opts.marker_topic],
     )
-    admin = AdminClient(opts.namesrv)
+    admin = AsyncAdminClient(opts.namesrv)
     stores = MarkerStoreFactory(admin, tx.producer, opts.marker_topic)
     checker.stores = stores
     try:

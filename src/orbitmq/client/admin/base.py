@@ -43,7 +43,7 @@ _END_OF_TIME_MS = (1 << 63) - 1
 
 
 class AdminBase:
-    """Administration over the Remoting protocol. ``async with AdminClient(addrs) as admin:``."""
+    """Administration over the Remoting protocol. ``async with AsyncAdminClient(addrs) as admin:``."""
 
     def __init__(
         self,

@@ -1,7 +1,7 @@
 """The admin client behind the CLI: topics, cluster, offsets, pulls, message lookups and
 consumer groups.
 
-:class:`AdminClient` is async; :class:`BlockingAdminClient` runs one on a private event loop
+:class:`AsyncAdminClient` is async; :class:`AdminClient` runs one on a private event loop
 thread. Messages come back decoded (:class:`orbitmq.common.record.StoredMessage`, CRC-checked)
 with compressed bodies already inflated and the compression bits cleared from ``sys_flag``.
 """
@@ -43,15 +43,15 @@ from orbitmq.protocol.group_config import (
 
 log = logging.getLogger(__name__)
 
-__all__ = ["AdminClient", "BlockingAdminClient"]
+__all__ = ["AdminClient", "AsyncAdminClient"]
 
 
-class AdminClient(TopicAdmin, GroupAdmin):
-    """Administration over the Remoting protocol. ``async with AdminClient(addrs) as admin:``."""
+class AsyncAdminClient(TopicAdmin, GroupAdmin):
+    """Administration over the Remoting protocol. ``async with AsyncAdminClient(addrs) as admin:``."""
 
 
-class BlockingAdminClient(BlockingFacade[AdminClient]):
-    """:class:`AdminClient` with blocking methods, on a private event loop thread."""
+class AdminClient(BlockingFacade[AsyncAdminClient]):
+    """:class:`AsyncAdminClient` with blocking methods, on a private event loop thread."""
 
     def __init__(
         self,
@@ -62,7 +62,7 @@ class BlockingAdminClient(BlockingFacade[AdminClient]):
         ssl_context: ssl.SSLContext | None = None,
     ) -> None:
         self._thread = LoopThread("orbitmq-admin")
-        self._async = AdminClient(
+        self._async = AsyncAdminClient(
             namesrv_addrs,
             timeout_s=timeout_s,
             connect_timeout_s=connect_timeout_s,
@@ -71,7 +71,7 @@ class BlockingAdminClient(BlockingFacade[AdminClient]):
         self._closed = False
 
     @property
-    def async_client(self) -> AdminClient:
+    def async_client(self) -> AsyncAdminClient:
         return self._async
 
     def cluster_info(self) -> ClusterInfo:
