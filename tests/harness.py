@@ -1,9 +1,15 @@
-"""Real server processes for integration and crash tests.
+"""Real server processes for integration and crash tests: :class:`ProcessCluster`.
 
-Each server runs as ``python -m orbitmq.<role> --port 0 ...`` on 127.0.0.1, announces
-``orbitmq <role> ready <host:port>`` on stdout, and is stopped by PID (SIGTERM, then SIGKILL)
-when the test ends, whether it passed or not. Logs go to a file in the test's temp folder and
-are printed when a server fails to start.
+Each server runs the documented way, ``python -m orbitmq <role> --port 0 ...`` on 127.0.0.1; a
+broker reads a TOML file (``--config``, written next to its log) with its settings and a small
+store (:data:`orbitmq.testing.SMALL_STORE` shapes, the sizes below). It announces
+``orbitmq <role> ready <role>=<host:port> ...`` on stdout and is stopped by PID (SIGTERM, then
+SIGKILL) when the test ends, whether it passed or not. Logs go to a file in the test's temp
+folder and are printed when a server fails to start.
+
+It stays with the tests rather than in :mod:`orbitmq.testing`: it runs the repository's own
+child programs (``child``), from the repository folder, and reads pipes with ``select`` (POSIX
+only); a library user wants the in-process :func:`orbitmq.testing.run_broker` instead.
 """
 
 from __future__ import annotations
@@ -15,20 +21,34 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from orbitmq.testing import settings_toml
+
 REPO = Path(__file__).resolve().parents[1]
 
+PROCESS_STORE: Mapping[str, Any] = {
+    "mapped_file_size_commit_log": 64 * 1024 * 1024,
+    "max_hash_slot_num": 4096,
+    "max_index_num": 65536,
+    "consume_queue_entries_per_file": 16384,
+}
+"""A process broker's store files: tests make hundreds of queues, so small files (RocketMQ's
+sizes take 400 MiB for the first IndexFile and 6 MiB per queue); same code paths."""
 
-SMALL_FILES = [
-    "--store-option", "max_hash_slot_num=4096", "--store-option", "max_index_num=65536",
-    "--store-option", "consume_queue_entries_per_file=16384",
-]  # fmt: skip
-"""Store files are preallocated; at RocketMQ's sizes one broker takes 400 MiB for its first
-IndexFile and 6 MiB per queue. Tests make hundreds of queues: small files, same code paths."""
+_SETTINGS_ENV = ("ORBITMQ_CONFIG", "ORBITMQ_NAMESRV_", "ORBITMQ_BROKER_", "ORBITMQ_STORE_",
+                 "ORBITMQ_PROXY_")  # fmt: skip
+"""Settings a server would read from the test run's own environment: not passed on."""
+
+
+def _ready_address(rest: str) -> str:
+    """What a ready line names: the first ``key=value``'s value, or its first word."""
+    first = rest.split()[0] if rest.split() else ""
+    return first.partition("=")[2] if "=" in first else first
 
 
 class ServerProcess:
@@ -38,8 +58,8 @@ class ServerProcess:
         self.role = role
         self.args = args
         self.log_path = log_path
-        self.module = module or f"orbitmq.{role}"
-        """What runs as ``python -m``; it prints ``orbitmq <role> ready <address>``."""
+        self.module = module or "orbitmq"
+        """What runs as ``python -m``; it prints ``orbitmq <role> ready <address> ...``."""
         self.proc: subprocess.Popen[bytes] | None = None
         self.address = ""
 
@@ -53,7 +73,8 @@ class ServerProcess:
         if self.proc is not None and self.proc.stdout is not None:
             self.proc.stdout.close()
         log = open(self.log_path, "ab")  # noqa: SIM115 - owned by the child for its lifetime
-        env = dict(os.environ, PYTHONUNBUFFERED="1")
+        env = {k: v for k, v in os.environ.items() if not k.startswith(_SETTINGS_ENV)}
+        env["PYTHONUNBUFFERED"] = "1"
         self.proc = subprocess.Popen(
             [sys.executable, "-m", self.module, *self.args],
             stdout=subprocess.PIPE,
@@ -81,7 +102,7 @@ class ServerProcess:
             for raw in lines:
                 line = raw.decode(errors="replace")
                 if line.startswith(prefix):
-                    self.address = line[len(prefix) :].split()[0]
+                    self.address = _ready_address(line[len(prefix) :])
                     return self
         self.stop()
         raise RuntimeError(
@@ -131,8 +152,9 @@ class ServerProcess:
         return self.log_path.read_text(errors="replace")
 
 
-class Cluster:
-    """Starts NameServers and Brokers and stops every one of them at the end."""
+class ProcessCluster:
+    """Starts NameServers, Brokers and proxies as processes and stops every one of them at the
+    end (the in-process fakes of tests/client are ``FakeCluster``)."""
 
     def __init__(self, base: Path) -> None:
         self.base = base
@@ -142,7 +164,9 @@ class Cluster:
         """A NameServer on a free port (``start=False``: not started yet, see start_all)."""
         n = sum(p.role == "namesrv" for p in self.procs)
         proc = ServerProcess(
-            "namesrv", ["--host", "127.0.0.1", "--port", "0"], self.base / f"namesrv{n}.log"
+            "namesrv",
+            ["namesrv", "--host", "127.0.0.1", "--port", "0"],
+            self.base / f"namesrv{n}.log",
         )
         self.procs.append(proc)
         return proc.start() if start else proc
@@ -155,16 +179,42 @@ class Cluster:
         flush: str = "ASYNC_FLUSH",
         store: Path | None = None,
         port: int = 0,
-        extra: list[str] | None = None,
+        settings: Mapping[str, Mapping[str, Any]] | None = None,
         start: bool = True,
     ) -> ServerProcess:
-        args = [
-            "--host", "127.0.0.1", "--port", str(port), "--name", name,
-            "--namesrv", ";".join(namesrvs), "--store-path", str(store or self.base / name),
-            "--flush", flush, "--auto-create-topic", "--register-interval", "1",
-            "--segment-bytes", str(64 * 1024 * 1024), *SMALL_FILES, *(extra or []),
-        ]  # fmt: skip
+        """``python -m orbitmq broker --config <name>.toml --port N``: topics created on first
+        use, a registration every second, a small store; ``settings`` adds to or overrides the
+        file's tables (``{"broker": {"transaction_timeout_ms": 400}}``)."""
+        tables: dict[str, dict[str, Any]] = {
+            "broker": {
+                "broker_name": name,
+                "host": "127.0.0.1",
+                "namesrv_addrs": list(namesrvs),
+                "auto_create_topic": True,
+                "register_interval_s": 1.0,
+            },
+            "store": {
+                "store_path": str(store or self.base / name),
+                "flush_disk_type": flush,
+                **PROCESS_STORE,
+            },
+        }
+        for table, values in (settings or {}).items():
+            tables.setdefault(table, {}).update(values)
+        config = self.base / f"{name}.toml"
+        config.write_text(settings_toml(tables))
+        args = ["broker", "--config", str(config), "--port", str(port)]
         proc = ServerProcess("broker", args, self.base / f"{name}.log")
+        self.procs.append(proc)
+        return proc.start() if start else proc
+
+    def proxy(
+        self, namesrvs: list[str], *args: str, name: str | None = None, start: bool = True
+    ) -> ServerProcess:
+        """``python -m orbitmq proxy --namesrv ... --port 0 <args>`` (cluster mode)."""
+        n = sum(p.role == "proxy" for p in self.procs)
+        argv = ["proxy", "--namesrv", ";".join(namesrvs), "--host", "127.0.0.1", "--port", "0"]
+        proc = ServerProcess("proxy", [*argv, *args], self.base / f"{name or f'proxy{n}'}.log")
         self.procs.append(proc)
         return proc.start() if start else proc
 
@@ -201,8 +251,8 @@ class Cluster:
 
 
 @pytest.fixture
-def cluster(tmp_path: Path) -> Iterator[Cluster]:
-    c = Cluster(tmp_path)
+def cluster(tmp_path: Path) -> Iterator[ProcessCluster]:
+    c = ProcessCluster(tmp_path)
     try:
         yield c
     finally:

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from tests.harness import Cluster, cluster
+from tests.harness import ProcessCluster, cluster
 
 
 @dataclass(frozen=True)
@@ -24,7 +24,7 @@ class CliCluster:
 
 @pytest.fixture(scope="module")
 def cli_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[CliCluster]:
-    c = Cluster(tmp_path_factory.mktemp("cli-cluster"))
+    c = ProcessCluster(tmp_path_factory.mktemp("cli-cluster"))
     try:
         ns = c.namesrv()
         a = c.broker("broker-a", [ns.address])

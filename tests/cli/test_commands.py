@@ -23,7 +23,7 @@ from orbitmq.bench.__main__ import main as bench_main
 from orbitmq.cli.main import app
 from orbitmq.client import AdminClient, Message, Producer
 from tests.cli.conftest import CliCluster
-from tests.harness import REPO, Cluster
+from tests.harness import REPO, ProcessCluster
 
 pytestmark = pytest.mark.integration
 
@@ -303,7 +303,7 @@ def test_python_m_bench_produce_oneway_for_a_duration_at_a_rate(
 
 
 def test_tail_reports_a_lost_broker_once_and_reads_on_after_its_restart(
-    cluster: Cluster, tmp_path: Path
+    cluster: ProcessCluster, tmp_path: Path
 ) -> None:
     ns = cluster.namesrv()
     store = tmp_path / "restarted"

@@ -96,7 +96,7 @@ def _free_port() -> int:
 def test_orbitmq_up_starts_serves_metrics_and_stops_on_ctrl_c(tmp_path: Path) -> None:
     ns_port, broker_port, metrics_port = _free_port(), _free_port(), _free_port()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "orbitmq.cli", "up", "--namesrv-port", str(ns_port),
+        [sys.executable, "-m", "orbitmq", "up", "--namesrv-port", str(ns_port),
          "--broker-port", str(broker_port), "--metrics-port", str(metrics_port),
          "--proxy-port", "0"],
         cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -148,3 +148,34 @@ def test_configuration_doc_is_current() -> None:
     assert doc.read_text() == settings_markdown() + "\n", (
         "run: orbitmq config docs > docs/configuration.md"
     )
+
+
+def test_proxy_table_layers_and_a_local_proxy_takes_the_brokers_defaults(tmp_path: Path) -> None:
+    from orbitmq.cli.server import broker_proxy_port, local_proxy_config, up_proxy_port
+
+    cfg = tmp_path / "orbitmq.toml"
+    cfg.write_text('[proxy]\nport = 18081\ntls_mode = "off"\n[store]\nmax_message_size = 65536\n')
+    env = {"ORBITMQ_PROXY_ACCESS_KEYS": "AK:S:K,AK2:SK2", "ORBITMQ_PROXY_ACL_ENABLED": "true"}
+    s = load_settings(cfg, {"broker": {"host": "127.0.0.2"}}, env=env)
+    assert s.proxy.port == 18081 and s.proxy.tls_mode == "off"
+    assert s.proxy.access_keys == {"AK": "S:K", "AK2": "SK2"} and s.proxy.acl_enabled
+    assert up_proxy_port(s, None) == 18081 and up_proxy_port(s, -1) is None
+    assert broker_proxy_port(s, None) == 18081
+    assert broker_proxy_port(load_settings(env={}), None) is None  # no table, no flag: none
+    local = local_proxy_config(s, ("127.0.0.1:9876",), 0)
+    assert local.host == "127.0.0.2" and local.max_message_size == 65536 and local.port == 0
+    assert local.namesrv_addrs == ("127.0.0.1:9876",) and local.tls_mode == "off"
+    with pytest.raises(ConfigError, match=r"proxy\.port"):
+        load_settings(env={"ORBITMQ_PROXY_PORT": "70000"})
+    with pytest.raises(ConfigError, match="AK:SK"):
+        load_settings(env={"ORBITMQ_PROXY_ACCESS_KEYS": "nokey"})
+
+
+def test_config_show_masks_secret_keys() -> None:
+    result = CliRunner().invoke(
+        app,
+        ["config", "show"],
+        env={"ORBITMQ_PROXY_ACCESS_KEYS": "AK:TopSecret", "COLUMNS": "200"},
+    )
+    assert result.exit_code == 0, result.output
+    assert "AK:***" in result.output and "TopSecret" not in result.output

@@ -21,7 +21,7 @@ def dead_addr() -> str:
 
 
 @dataclass
-class Cluster:
+class FakeCluster:
     namesrv: FakeNamesrv
     brokers: list[FakeBroker]
 
@@ -38,7 +38,7 @@ class Cluster:
 
 
 @pytest.fixture
-async def cluster() -> AsyncIterator[Cluster]:
+async def cluster() -> AsyncIterator[FakeCluster]:
     """One fake NameServer, brokers broker-a and broker-b, topic T with 4 queues on each."""
     brokers = [await FakeBroker("broker-a").start(), await FakeBroker("broker-b").start()]
     namesrv = await FakeNamesrv().start()
@@ -46,7 +46,7 @@ async def cluster() -> AsyncIterator[Cluster]:
         for b in brokers:
             b.add_topic("T", 4)
         namesrv.register(brokers)
-        yield Cluster(namesrv, brokers)
+        yield FakeCluster(namesrv, brokers)
     finally:
         for b in brokers:
             await b.stop()
@@ -57,7 +57,7 @@ MakeProducer = Callable[..., Awaitable[AsyncProducer]]
 
 
 @pytest.fixture
-async def make_producer(cluster: Cluster) -> AsyncIterator[MakeProducer]:
+async def make_producer(cluster: FakeCluster) -> AsyncIterator[MakeProducer]:
     """Started AsyncProducers on the cluster (or given addresses); closed at the end."""
     made: list[AsyncProducer] = []
 
@@ -74,6 +74,6 @@ async def make_producer(cluster: Cluster) -> AsyncIterator[MakeProducer]:
 
 
 @pytest.fixture
-async def admin(cluster: Cluster) -> AsyncIterator[AsyncAdminClient]:
+async def admin(cluster: FakeCluster) -> AsyncIterator[AsyncAdminClient]:
     async with AsyncAdminClient([cluster.namesrv.addr], timeout_s=2.0) as client:
         yield client

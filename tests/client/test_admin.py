@@ -11,11 +11,11 @@ from orbitmq.common.codes import ResponseCode
 from orbitmq.common.errors import ClientError, InvalidTopicError
 from orbitmq.protocol.bodies import ClusterInfo, TopicConfig
 from orbitmq.protocol.codes import RequestCode
-from tests.client.conftest import Cluster, MakeProducer, dead_addr
+from tests.client.conftest import FakeCluster, MakeProducer, dead_addr
 
 
 async def test_create_topic_on_every_master_then_delete(
-    cluster: Cluster, admin: AsyncAdminClient
+    cluster: FakeCluster, admin: AsyncAdminClient
 ) -> None:
     addrs = await admin.create_topic("New", read_queue_nums=3, write_queue_nums=3)
     assert addrs == sorted(b.addr for b in cluster.brokers)
@@ -39,7 +39,7 @@ async def test_create_topic_on_every_master_then_delete(
 
 
 async def test_delete_is_idempotent_and_reports_partial_failures(
-    cluster: Cluster, admin: AsyncAdminClient
+    cluster: FakeCluster, admin: AsyncAdminClient
 ) -> None:
     cluster.a.add_topic("Half", 1)  # only on broker-a, but the cluster has two masters
     cluster.reregister()
@@ -58,7 +58,7 @@ async def test_delete_is_idempotent_and_reports_partial_failures(
 
 
 async def test_cluster_and_describe(
-    cluster: Cluster, admin: AsyncAdminClient, make_producer: MakeProducer
+    cluster: FakeCluster, admin: AsyncAdminClient, make_producer: MakeProducer
 ) -> None:
     info = await admin.cluster_info()
     assert isinstance(info, ClusterInfo)
@@ -79,7 +79,7 @@ async def test_cluster_and_describe(
 
 
 async def test_offsets_pull_and_lookups(
-    cluster: Cluster, admin: AsyncAdminClient, make_producer: MakeProducer
+    cluster: FakeCluster, admin: AsyncAdminClient, make_producer: MakeProducer
 ) -> None:
     p = await make_producer()
     mq = MessageQueue("T", "broker-a", 2)
@@ -118,7 +118,7 @@ async def test_offsets_pull_and_lookups(
     assert await admin.query_by_key("T", "nothing") == []
 
 
-async def test_pull_errors_raise(cluster: Cluster, admin: AsyncAdminClient) -> None:
+async def test_pull_errors_raise(cluster: FakeCluster, admin: AsyncAdminClient) -> None:
     cluster.a.add_topic("OnlyA", 1)
     cluster.reregister()
     mq = MessageQueue("OnlyA", "broker-a", 0)
@@ -130,7 +130,7 @@ async def test_pull_errors_raise(cluster: Cluster, admin: AsyncAdminClient) -> N
         await admin.pull(MessageQueue("T", "broker-z", 0), 0)
 
 
-async def test_namesrv_failover_and_broadcast(cluster: Cluster) -> None:
+async def test_namesrv_failover_and_broadcast(cluster: FakeCluster) -> None:
     async with AsyncAdminClient([dead_addr(), cluster.namesrv.addr], timeout_s=1.0) as admin:
         for _ in range(3):
             assert "T" in await admin.list_topics()

@@ -31,26 +31,12 @@ from orbitmq.client.producer.config import ProducerConfig
 from orbitmq.common.record import StoredMessage
 from orbitmq.namesrv.config import NamesrvConfig
 from orbitmq.namesrv.controller import NamesrvController
-from orbitmq.store.config import StoreConfig
+from orbitmq.testing import small_broker_config
 
 
 def broker_config(path: Path, name: str, namesrv: str) -> BrokerConfig:
-    store = StoreConfig(
-        store_path=path,
-        mapped_file_size_commit_log=8 * 1024 * 1024,
-        max_message_size=1024 * 1024,
-        consume_queue_entries_per_file=1024,
-        max_hash_slot_num=1024,
-        max_index_num=4096,
-    )
-    return BrokerConfig(
-        broker_name=name,
-        port=0,
-        namesrv_addrs=(namesrv,),
-        auto_create_topic=True,
-        default_queue_nums=4,
-        register_interval_s=0.5,
-        store=store,
+    return small_broker_config(
+        path, broker_name=name, namesrv_addrs=(namesrv,), default_queue_nums=4
     )
 
 

@@ -20,7 +20,7 @@ from orbitmq.client.fifo import MAX_MESSAGE_GROUP_LENGTH, message_group_of, sele
 from orbitmq.common.errors import ClientError, MessageIllegalError
 from orbitmq.common.message import PROPERTY_SHARDING_KEY
 from orbitmq.common.record import decode
-from tests.client.conftest import Cluster, MakeProducer
+from tests.client.conftest import FakeCluster, MakeProducer
 
 QUEUES = [MessageQueue("T", b, i) for b in ("broker-a", "broker-b") for i in range(4)]
 
@@ -58,7 +58,7 @@ def test_group_selector_is_pinned() -> None:
 
 
 async def test_groups_keep_their_queue_in_every_send_mode(
-    cluster: Cluster, make_producer: MakeProducer
+    cluster: FakeCluster, make_producer: MakeProducer
 ) -> None:
     p = await make_producer(linger_ms=5)
     groups = [f"order-{i}" for i in range(6)]
@@ -100,7 +100,7 @@ async def test_groups_keep_their_queue_in_every_send_mode(
 
 
 async def test_explicit_queue_or_selector_wins(
-    cluster: Cluster, make_producer: MakeProducer
+    cluster: FakeCluster, make_producer: MakeProducer
 ) -> None:
     p = await make_producer()
     mq = MessageQueue("T", "broker-b", 3)
@@ -112,7 +112,7 @@ async def test_explicit_queue_or_selector_wins(
     assert r.message_queue == hash_selector(QUEUES, Message("T", b""), "order-2")
 
 
-async def test_a_batch_holds_one_group(cluster: Cluster, make_producer: MakeProducer) -> None:
+async def test_a_batch_holds_one_group(cluster: FakeCluster, make_producer: MakeProducer) -> None:
     p = await make_producer()
     with pytest.raises(ClientError, match="message groups"):
         await p.send_batch(

@@ -41,12 +41,12 @@ from orbitmq.common.message import (
 )
 from orbitmq.common.record import decode
 from orbitmq.protocol.codes import RequestCode
-from tests.client.conftest import Cluster, MakeProducer, dead_addr
+from tests.client.conftest import FakeCluster, MakeProducer, dead_addr
 
 ZSTD = SYSFLAG_COMPRESSED | SYSFLAG_COMPRESSION_ZSTD
 
 
-def all_bodies(cluster: Cluster, topic: str = "T") -> list[bytes]:
+def all_bodies(cluster: FakeCluster, topic: str = "T") -> list[bytes]:
     return [b for broker in cluster.brokers for b in broker.bodies(topic)]
 
 
@@ -54,7 +54,7 @@ def all_bodies(cluster: Cluster, topic: str = "T") -> list[bytes]:
 
 
 async def test_send_returns_where_the_message_went(
-    cluster: Cluster, make_producer: MakeProducer
+    cluster: FakeCluster, make_producer: MakeProducer
 ) -> None:
     p = await make_producer()
     results = [await p.send(Message("T", f"m{i}".encode(), tags="a", keys=["k"])) for i in range(8)]
@@ -73,7 +73,7 @@ async def test_send_returns_where_the_message_went(
 
 
 async def test_user_supplied_unique_id_is_kept(
-    cluster: Cluster, make_producer: MakeProducer
+    cluster: FakeCluster, make_producer: MakeProducer
 ) -> None:
     p = await make_producer()
     r = await p.send(Message("T", b"x", properties={PROPERTY_UNIQ_KEY: "MYID", "u": "v"}))
@@ -81,7 +81,7 @@ async def test_user_supplied_unique_id_is_kept(
 
 
 async def test_retries_on_system_busy_go_to_the_other_broker(
-    cluster: Cluster, make_producer: MakeProducer
+    cluster: FakeCluster, make_producer: MakeProducer
 ) -> None:
     p = await make_producer()
     for broker in cluster.brokers:
@@ -96,7 +96,7 @@ async def test_retries_on_system_busy_go_to_the_other_broker(
 
 
 async def test_retry_budget_is_bounded_and_last_error_raised(
-    cluster: Cluster, make_producer: MakeProducer
+    cluster: FakeCluster, make_producer: MakeProducer
 ) -> None:
     p = await make_producer(retry_times_when_send_failed=2)
     for broker in cluster.brokers:
@@ -111,7 +111,7 @@ async def test_retry_budget_is_bounded_and_last_error_raised(
 
 
 async def test_non_retriable_error_is_not_retried(
-    cluster: Cluster, make_producer: MakeProducer
+    cluster: FakeCluster, make_producer: MakeProducer
 ) -> None:
     p = await make_producer()
     for broker in cluster.brokers:
@@ -123,7 +123,7 @@ async def test_non_retriable_error_is_not_retried(
 
 
 async def test_stored_but_not_flushed_is_a_status_not_a_retry(
-    cluster: Cluster, make_producer: MakeProducer
+    cluster: FakeCluster, make_producer: MakeProducer
 ) -> None:
     p = await make_producer()
     for broker in cluster.brokers:
@@ -140,7 +140,7 @@ async def test_stored_but_not_flushed_is_a_status_not_a_retry(
     assert len(cluster.a.sends) + len(cluster.b.sends) == 2
 
 
-async def test_dead_broker_fails_over(cluster: Cluster, make_producer: MakeProducer) -> None:
+async def test_dead_broker_fails_over(cluster: FakeCluster, make_producer: MakeProducer) -> None:
     p = await make_producer()
     await p.send(Message("T", b"warm"))
     await cluster.a.stop()
@@ -151,7 +151,7 @@ async def test_dead_broker_fails_over(cluster: Cluster, make_producer: MakeProdu
 
 
 async def test_hanging_broker_times_out_within_budget(
-    cluster: Cluster, make_producer: MakeProducer
+    cluster: FakeCluster, make_producer: MakeProducer
 ) -> None:
     p = await make_producer(send_timeout_s=0.3)
     cluster.a.hang = cluster.b.hang = True
@@ -175,13 +175,17 @@ async def test_unreachable_namesrv_is_a_client_error(make_producer: MakeProducer
         await p.send(Message("T", b"x"))
 
 
-async def test_no_broker_for_unknown_topic(cluster: Cluster, make_producer: MakeProducer) -> None:
+async def test_no_broker_for_unknown_topic(
+    cluster: FakeCluster, make_producer: MakeProducer
+) -> None:
     p = await make_producer(auto_create_fallback=False)
     with pytest.raises(ClientError, match="no route"):
         await p.send(Message("Missing", b"x"))
 
 
-async def test_auto_create_stand_in_route(cluster: Cluster, make_producer: MakeProducer) -> None:
+async def test_auto_create_stand_in_route(
+    cluster: FakeCluster, make_producer: MakeProducer
+) -> None:
     p = await make_producer()
     # Brokers without auto-create answer TOPIC_NOT_EXIST: final for a stand-in route.
     with pytest.raises(RemoteError) as info:
@@ -200,7 +204,7 @@ async def test_auto_create_stand_in_route(cluster: Cluster, make_producer: MakeP
 
 
 async def test_invalid_messages_raise_before_sending(
-    cluster: Cluster, make_producer: MakeProducer
+    cluster: FakeCluster, make_producer: MakeProducer
 ) -> None:
     p = await make_producer(max_message_size=1000, compress_over_bytes=-1)
     with pytest.raises(InvalidTopicError):
@@ -216,7 +220,7 @@ async def test_invalid_messages_raise_before_sending(
     assert not cluster.a.sends and not cluster.b.sends
 
 
-async def test_not_started_and_closed(cluster: Cluster, make_producer: MakeProducer) -> None:
+async def test_not_started_and_closed(cluster: FakeCluster, make_producer: MakeProducer) -> None:
     from orbitmq.client import AsyncProducer
 
     p = AsyncProducer([cluster.namesrv.addr])
@@ -251,7 +255,7 @@ def test_hash_selector_is_deterministic() -> None:
 
 
 async def test_selector_sends_same_key_to_same_queue_in_order(
-    cluster: Cluster, make_producer: MakeProducer
+    cluster: FakeCluster, make_producer: MakeProducer
 ) -> None:
     p = await make_producer()
     sent: dict[str, list[SendResult]] = {}
@@ -275,7 +279,9 @@ async def test_selector_sends_same_key_to_same_queue_in_order(
     assert bodies == expected
 
 
-async def test_explicit_queue_and_bad_queues(cluster: Cluster, make_producer: MakeProducer) -> None:
+async def test_explicit_queue_and_bad_queues(
+    cluster: FakeCluster, make_producer: MakeProducer
+) -> None:
     p = await make_producer()
     mq = MessageQueue("T", "broker-b", 3)
     r = await p.send(Message("T", b"x"), queue=mq)
@@ -296,7 +302,7 @@ async def test_explicit_queue_and_bad_queues(cluster: Cluster, make_producer: Ma
 
 
 async def test_send_async_batches_into_few_frames(
-    cluster: Cluster, make_producer: MakeProducer
+    cluster: FakeCluster, make_producer: MakeProducer
 ) -> None:
     p = await make_producer(linger_ms=20)
     n = 300
@@ -318,7 +324,7 @@ async def test_send_async_batches_into_few_frames(
 
 
 async def test_batches_split_by_size_count_and_go_round_robin(
-    cluster: Cluster, make_producer: MakeProducer
+    cluster: FakeCluster, make_producer: MakeProducer
 ) -> None:
     p = await make_producer(
         linger_ms=50, batch_max_messages=50, batch_max_bytes=64 * 1024, compress_over_bytes=-1
@@ -339,7 +345,7 @@ async def test_batches_split_by_size_count_and_go_round_robin(
 
 
 async def test_linger_zero_still_batches_one_loop_iteration(
-    cluster: Cluster, make_producer: MakeProducer
+    cluster: FakeCluster, make_producer: MakeProducer
 ) -> None:
     p = await make_producer(linger_ms=0)
     futs = [p.send_async(Message("T", b"x")) for _ in range(100)]
@@ -348,7 +354,7 @@ async def test_linger_zero_still_batches_one_loop_iteration(
 
 
 async def test_different_flags_and_compression_make_separate_batches(
-    cluster: Cluster, make_producer: MakeProducer
+    cluster: FakeCluster, make_producer: MakeProducer
 ) -> None:
     p = await make_producer(linger_ms=20, compress_over_bytes=1000)
     big = b"0123456789" * 500
@@ -364,7 +370,7 @@ async def test_different_flags_and_compression_make_separate_batches(
 
 
 async def test_async_failure_reaches_every_future_and_callback(
-    cluster: Cluster, make_producer: MakeProducer
+    cluster: FakeCluster, make_producer: MakeProducer
 ) -> None:
     p = await make_producer(linger_ms=10)
     for broker in cluster.brokers:
@@ -386,7 +392,7 @@ async def test_async_failure_reaches_every_future_and_callback(
 
 
 async def test_async_batch_retries_to_other_broker(
-    cluster: Cluster, make_producer: MakeProducer
+    cluster: FakeCluster, make_producer: MakeProducer
 ) -> None:
     p = await make_producer(linger_ms=10)
     cluster.a.fail_next = [(ResponseCode.SYSTEM_BUSY, {})] * 10
@@ -400,7 +406,9 @@ async def test_async_batch_retries_to_other_broker(
     assert sorted(all_bodies(cluster)) == sorted(f"{i}".encode() for i in range(20))
 
 
-async def test_close_flushes_pending_batches(cluster: Cluster, make_producer: MakeProducer) -> None:
+async def test_close_flushes_pending_batches(
+    cluster: FakeCluster, make_producer: MakeProducer
+) -> None:
     p = await make_producer(linger_ms=10_000)
     futs = [p.send_async(Message("T", f"{i}".encode())) for i in range(10)]
     await asyncio.sleep(0.01)
@@ -414,7 +422,7 @@ async def test_close_flushes_pending_batches(cluster: Cluster, make_producer: Ma
 
 
 async def test_send_batch_one_frame_one_result(
-    cluster: Cluster, make_producer: MakeProducer
+    cluster: FakeCluster, make_producer: MakeProducer
 ) -> None:
     p = await make_producer()
     msgs = [Message("T", f"b{i}".encode(), keys=[f"k{i}"]) for i in range(10)]
@@ -432,7 +440,7 @@ async def test_send_batch_one_frame_one_result(
         await p.send_batch([])
 
 
-async def test_send_oneway(cluster: Cluster, make_producer: MakeProducer) -> None:
+async def test_send_oneway(cluster: FakeCluster, make_producer: MakeProducer) -> None:
     p = await make_producer()
     for i in range(5):
         await p.send_oneway(Message("T", f"o{i}".encode()))
@@ -460,7 +468,7 @@ async def test_send_oneway(cluster: Cluster, make_producer: MakeProducer) -> Non
 
 
 async def test_compression_round_trip(
-    cluster: Cluster, make_producer: MakeProducer, admin: AsyncAdminClient
+    cluster: FakeCluster, make_producer: MakeProducer, admin: AsyncAdminClient
 ) -> None:
     p = await make_producer(compress_over_bytes=1024)
     big = b"orbitmq " * 2000

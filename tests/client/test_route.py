@@ -30,7 +30,7 @@ from orbitmq.protocol.bodies import (
     TopicRouteData,
 )
 from orbitmq.protocol.codes import RequestCode
-from tests.client.conftest import Cluster, dead_addr
+from tests.client.conftest import FakeCluster, dead_addr
 from tests.client.fakes import FakeNamesrv
 
 
@@ -74,7 +74,9 @@ def test_parse_namesrv_addrs() -> None:
         parse_namesrv_addrs(" ; ")
 
 
-async def test_route_is_fetched_once_and_cached(cluster: Cluster, remoting: RemotingClient) -> None:
+async def test_route_is_fetched_once_and_cached(
+    cluster: FakeCluster, remoting: RemotingClient
+) -> None:
     cache = TopicRouteCache([cluster.namesrv.addr], remoting, refresh_interval_s=0)
     infos = await asyncio.gather(*(cache.get("T") for _ in range(10)))
     assert all(i is infos[0] for i in infos)
@@ -87,7 +89,7 @@ async def test_route_is_fetched_once_and_cached(cluster: Cluster, remoting: Remo
 
 
 async def test_fails_over_from_dead_and_hanging_namesrvs(
-    cluster: Cluster, remoting: RemotingClient
+    cluster: FakeCluster, remoting: RemotingClient
 ) -> None:
     hanging = await FakeNamesrv(hang=True).start()
     try:
@@ -109,7 +111,7 @@ async def test_fails_over_from_dead_and_hanging_namesrvs(
         await hanging.stop()
 
 
-async def test_busy_namesrv_is_skipped(cluster: Cluster, remoting: RemotingClient) -> None:
+async def test_busy_namesrv_is_skipped(cluster: FakeCluster, remoting: RemotingClient) -> None:
     busy = await FakeNamesrv(busy=True).start()
     try:
         cache = TopicRouteCache(
@@ -121,7 +123,9 @@ async def test_busy_namesrv_is_skipped(cluster: Cluster, remoting: RemotingClien
         await busy.stop()
 
 
-async def test_topic_known_to_one_namesrv_only(cluster: Cluster, remoting: RemotingClient) -> None:
+async def test_topic_known_to_one_namesrv_only(
+    cluster: FakeCluster, remoting: RemotingClient
+) -> None:
     """A NameServer that has not heard of the topic yet does not hide the route of another."""
     lagging = await FakeNamesrv().start()
     try:
@@ -141,7 +145,7 @@ async def test_topic_known_to_one_namesrv_only(cluster: Cluster, remoting: Remot
 
 
 async def test_all_namesrvs_down_keeps_cached_route(
-    cluster: Cluster, remoting: RemotingClient, caplog: pytest.LogCaptureFixture
+    cluster: FakeCluster, remoting: RemotingClient, caplog: pytest.LogCaptureFixture
 ) -> None:
     cache = TopicRouteCache(
         [cluster.namesrv.addr, dead_addr()], remoting, timeout_s=0.3, refresh_interval_s=0
@@ -158,7 +162,9 @@ async def test_all_namesrvs_down_keeps_cached_route(
         await cache.get("Other")
 
 
-async def test_route_known_then_unknown_is_kept(cluster: Cluster, remoting: RemotingClient) -> None:
+async def test_route_known_then_unknown_is_kept(
+    cluster: FakeCluster, remoting: RemotingClient
+) -> None:
     """A NameServer that forgets a topic (its broker re-registering) does not empty the cache."""
     cache = TopicRouteCache([cluster.namesrv.addr], remoting, refresh_interval_s=0)
     info = await cache.get("T")
@@ -167,7 +173,7 @@ async def test_route_known_then_unknown_is_kept(cluster: Cluster, remoting: Remo
 
 
 async def test_periodic_refresh_picks_up_new_queues(
-    cluster: Cluster, remoting: RemotingClient
+    cluster: FakeCluster, remoting: RemotingClient
 ) -> None:
     cache = TopicRouteCache([cluster.namesrv.addr], remoting, refresh_interval_s=0.05)
     cache.start()
@@ -188,7 +194,7 @@ async def test_periodic_refresh_picks_up_new_queues(
 
 
 async def test_unknown_topic_gets_auto_create_stand_in(
-    cluster: Cluster, remoting: RemotingClient
+    cluster: FakeCluster, remoting: RemotingClient
 ) -> None:
     cache = TopicRouteCache([cluster.namesrv.addr], remoting, refresh_interval_s=0)
     info = await cache.get("New")
@@ -205,7 +211,7 @@ async def test_unknown_topic_gets_auto_create_stand_in(
     assert [q.queue_id for q in real.write_queues] == [0, 1]
 
 
-async def test_no_fallback_raises_not_found(cluster: Cluster, remoting: RemotingClient) -> None:
+async def test_no_fallback_raises_not_found(cluster: FakeCluster, remoting: RemotingClient) -> None:
     cache = TopicRouteCache(
         [cluster.namesrv.addr], remoting, refresh_interval_s=0, auto_create_fallback=False
     )

@@ -26,7 +26,7 @@ import pytest
 
 from orbitmq.client import AdminClient
 from orbitmq.protocol.group_config import SubscriptionGroupConfig
-from tests.harness import SMALL_FILES, Cluster, ServerProcess
+from tests.harness import ProcessCluster, ServerProcess
 
 DRIVER = Path(__file__).with_name("client_driver.py")
 CLIENT_LOG = Path("logs", "rocketmq_python", "rocketmq_client.log")
@@ -46,7 +46,7 @@ class Orbit:
     """The running OrbitMQ of a test module."""
 
     base: Path
-    cluster: Cluster
+    cluster: ProcessCluster
     namesrv: str
     broker: ServerProcess
     proxy: ServerProcess
@@ -180,34 +180,29 @@ class ClientRun:
 
 
 def _proxy(
-    cluster: Cluster, namesrv: str, extra: list[str], *, start: bool = True
+    cluster: ProcessCluster, namesrv: str, extra: list[str], *, start: bool = True
 ) -> ServerProcess:
-    return cluster.child(
-        "proxy",
-        "orbitmq.proxy",
-        ["--namesrv", namesrv, "--host", "127.0.0.1", "--port", "0", *extra],
-        start=start,
-    )
+    return cluster.proxy([namesrv], *extra, start=start)
 
 
 @contextlib.contextmanager
 def running_orbit(base: Path) -> Iterator[Orbit]:
     """NameServer, broker and proxy as three processes in ``base``, stopped at the end."""
-    cluster = Cluster(base)
+    cluster = ProcessCluster(base)
     admin: AdminClient | None = None
     try:
         ns = cluster.namesrv()
-        broker_args = [
-            "--host", "127.0.0.1", "--port", "0", "--name", "broker-a",
-            "--namesrv", ns.address, "--store-path", str(base / "broker-a"),
-            "--flush", "ASYNC_FLUSH", "--auto-create-topic", "--register-interval", "1",
-            "--segment-bytes", str(64 * 1024 * 1024), *SMALL_FILES,
-            "--tx-timeout-ms", str(TX_TIMEOUT_MS), "--tx-check-interval-ms",
-            str(TX_CHECK_INTERVAL_MS),
-        ]  # fmt: skip
-        broker = cluster.child(
-            "broker", "tests.compat.broker_main", broker_args, name="broker-a", start=False
-        )
+        # Short check-back timings (the check-back test would otherwise wait 6 s plus up to
+        # 30 s) and topic message types enforced.
+        checks = {
+            "transaction_timeout_ms": TX_TIMEOUT_MS,
+            "transaction_check_interval_ms": TX_CHECK_INTERVAL_MS,
+            "enforce_topic_message_type": True,
+        }
+        broker = cluster.broker(
+            "broker-a", [ns.address], store=base / "broker-a", settings={"broker": checks},
+            start=False,
+        )  # fmt: skip
         proxy = _proxy(cluster, ns.address, [], start=False)
         cluster.start_all([broker, proxy])  # the proxy needs only the NameServer to start
         admin = AdminClient(ns.address)

@@ -37,6 +37,7 @@ from orbitmq.common.message import Message, MessageBatch
 from orbitmq.store.config import FlushDiskType, StoreConfig
 from orbitmq.store.message_store import MessageStore
 from orbitmq.store.recovery import RecoveryReport
+from orbitmq.testing import small_store_config
 
 KiB = 1024
 SEGMENT_SIZE = 1024 * KiB + 64 * KiB
@@ -48,8 +49,8 @@ TAGS = (None, "TagA", "TagB", "Tag-é")
 
 def crash_config(path: Path, mode: str, checkpoint_ms: int = 100) -> StoreConfig:
     """Small files so CommitLog, ConsumeQueue and IndexFile roll often."""
-    return StoreConfig(
-        store_path=path,
+    return small_store_config(
+        path,
         mapped_file_size_commit_log=SEGMENT_SIZE,
         max_message_size=MAX_MESSAGE_SIZE,
         consume_queue_entries_per_file=128,

@@ -44,7 +44,7 @@ from orbitmq.protocol.bodies import TopicRouteData, decode_body
 from orbitmq.protocol.codes import RequestCode
 from orbitmq.protocol.frame import Frame
 from tests import harness
-from tests.harness import Cluster, ServerProcess
+from tests.harness import ProcessCluster, ServerProcess
 
 cluster = harness.cluster
 
@@ -259,7 +259,7 @@ async def verify(admin: AsyncAdminClient, acks: Sequence[Acked]) -> int:
 
 
 async def test_broker_sigkill_keeps_every_acknowledged_message(
-    cluster: Cluster, crash_seed: int
+    cluster: ProcessCluster, crash_seed: int
 ) -> None:
     rng = random.Random(crash_seed)
     n_cycles = cycles()

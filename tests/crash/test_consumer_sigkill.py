@@ -43,7 +43,7 @@ from orbitmq.client.producer.config import ProducerConfig
 from orbitmq.client.route import TopicRouteNotFoundError
 from orbitmq.common.errors import MQError
 from tests import harness
-from tests.harness import Cluster, ServerProcess
+from tests.harness import ProcessCluster, ServerProcess
 from tests.integration.consumer_child import MODULE, Consumed, child_args, read_all
 
 cluster = harness.cluster
@@ -74,7 +74,7 @@ pytestmark = [pytest.mark.crash, pytest.mark.timeout(120 + 10 * cycles())]
 class Members:
     """Every consumer process ever started, by group; the live ones and their files."""
 
-    def __init__(self, cluster: Cluster, base: Path, namesrv: str) -> None:
+    def __init__(self, cluster: ProcessCluster, base: Path, namesrv: str) -> None:
         self.cluster = cluster
         self.base = base
         self.namesrv = namesrv
@@ -201,7 +201,7 @@ def check_order(records: list[Consumed], acked: set[str]) -> int:
 
 
 async def test_consumer_sigkill_loses_no_acknowledged_message(
-    cluster: Cluster, tmp_path: Path, crash_seed: int
+    cluster: ProcessCluster, tmp_path: Path, crash_seed: int
 ) -> None:
     rng = random.Random(crash_seed)
     n_cycles = cycles()

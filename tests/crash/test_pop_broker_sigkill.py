@@ -34,7 +34,7 @@ from orbitmq.client.producer.config import ProducerConfig
 from orbitmq.client.route import TopicRouteNotFoundError
 from orbitmq.common.errors import MQError
 from tests import harness
-from tests.harness import Cluster, ServerProcess
+from tests.harness import ProcessCluster, ServerProcess
 from tests.integration.consumer_child import MODULE, ChildLog, child_args, read_all
 
 cluster = harness.cluster
@@ -127,7 +127,7 @@ def ambiguous(logs: dict[str, ChildLog]) -> set[str]:
 
 
 async def test_pop_survives_broker_sigkill(
-    cluster: Cluster, tmp_path: Path, crash_seed: int
+    cluster: ProcessCluster, tmp_path: Path, crash_seed: int
 ) -> None:
     rng = random.Random(crash_seed)
     n_cycles = cycles()

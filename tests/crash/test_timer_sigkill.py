@@ -27,7 +27,7 @@ from orbitmq.client.producer.config import ProducerConfig
 from orbitmq.client.route import MessageQueue, TopicRouteNotFoundError
 from orbitmq.common.errors import MQError
 from tests import harness
-from tests.harness import Cluster
+from tests.harness import ProcessCluster
 
 cluster = harness.cluster
 
@@ -113,7 +113,7 @@ async def read_topic(admin: AsyncAdminClient, broker_name: str) -> list[tuple[st
 
 
 async def test_timers_survive_broker_sigkill(
-    cluster: Cluster, tmp_path: Path, crash_seed: int
+    cluster: ProcessCluster, tmp_path: Path, crash_seed: int
 ) -> None:
     rng = random.Random(crash_seed)
     ns = cluster.namesrv()

@@ -38,7 +38,7 @@ from orbitmq.net.client import RemotingClient
 from orbitmq.protocol.bodies import TopicRouteData, decode_body
 from orbitmq.protocol.codes import RequestCode
 from orbitmq.protocol.frame import Frame
-from tests.harness import Cluster, ServerProcess
+from tests.harness import ProcessCluster, ServerProcess
 
 pytestmark = pytest.mark.integration
 
@@ -112,7 +112,7 @@ async def wait_route(
             raise AssertionError(f"{exc}; last seen {got}") from None
 
 
-def start_cluster(cluster: Cluster) -> tuple[list[ServerProcess], dict[str, ServerProcess]]:
+def start_cluster(cluster: ProcessCluster) -> tuple[list[ServerProcess], dict[str, ServerProcess]]:
     """Two NameServers, then two brokers registered with both, each group started at once."""
     namesrvs = cluster.start_all([cluster.namesrv(start=False) for _ in range(2)])
     addrs = [ns.address for ns in namesrvs]
@@ -235,7 +235,7 @@ def blocking_sends(namesrvs: list[str], topic: str) -> tuple[list[Ack], list[byt
     return acks, oneway
 
 
-async def test_every_send_mode_lands_where_reported(cluster: Cluster) -> None:
+async def test_every_send_mode_lands_where_reported(cluster: ProcessCluster) -> None:
     namesrvs, brokers = start_cluster(cluster)
     ns_addrs = [ns.address for ns in namesrvs]
     topic = "EveryMode"
@@ -361,7 +361,7 @@ async def send_some(producer: AsyncProducer, topic: str, tag: str, n: int) -> li
     return acks
 
 
-async def test_namesrv_failover_and_cached_routes(cluster: Cluster) -> None:
+async def test_namesrv_failover_and_cached_routes(cluster: ProcessCluster) -> None:
     namesrvs, brokers = start_cluster(cluster)
     ns_addrs = [ns.address for ns in namesrvs]
     topic = "NsFailover"
@@ -490,7 +490,7 @@ async def acked_by(loop: SendLoop, names: set[str], since: float, n: int = 50) -
     await eventually(check, f"{n} acks from {sorted(names)}")
 
 
-async def test_broker_sigkill_graceful_stop_and_restart(cluster: Cluster) -> None:
+async def test_broker_sigkill_graceful_stop_and_restart(cluster: ProcessCluster) -> None:
     namesrvs, brokers = start_cluster(cluster)
     ns_addrs = [ns.address for ns in namesrvs]
     topic = "BrokerFailover"

@@ -50,7 +50,7 @@ from orbitmq.common.errors import (
 from orbitmq.net.client import RemotingClient
 from orbitmq.protocol.codes import RequestCode
 from orbitmq.protocol.frame import Frame
-from tests.harness import Cluster, ServerProcess
+from tests.harness import ProcessCluster, ServerProcess
 from tests.integration.consumer_child import (
     MODULE,
     ChildLog,
@@ -86,7 +86,7 @@ class Group:
 
     def __init__(
         self,
-        cluster: Cluster,
+        cluster: ProcessCluster,
         base: Path,
         namesrv: str,
         group: str,
@@ -263,7 +263,9 @@ async def max_offsets(admin: AsyncAdminClient, topic: str) -> list[int]:
 # ----------------------------------------------------------------------------- 1. exactly once
 
 
-async def test_push_group_consumes_every_message_once(cluster: Cluster, tmp_path: Path) -> None:
+async def test_push_group_consumes_every_message_once(
+    cluster: ProcessCluster, tmp_path: Path
+) -> None:
     ns = cluster.namesrv()
     broker = cluster.broker(BROKER, [ns.address])
     topic, n = "PushOnce", 3000
@@ -316,7 +318,7 @@ async def test_push_group_consumes_every_message_once(cluster: Cluster, tmp_path
 
 
 async def test_push_member_sigkilled_mid_stream(
-    cluster: Cluster, tmp_path: Path, seed: int
+    cluster: ProcessCluster, tmp_path: Path, seed: int
 ) -> None:
     rng = random.Random(seed)
     ns = cluster.namesrv()
@@ -411,7 +413,7 @@ def check_order(records: Sequence[Consumed], keys: int, per_key: int) -> int:
 
 
 async def test_orderly_group_keeps_key_order_through_rebalances(
-    cluster: Cluster, tmp_path: Path, seed: int
+    cluster: ProcessCluster, tmp_path: Path, seed: int
 ) -> None:
     rng = random.Random(seed)
     ns = cluster.namesrv()
@@ -468,7 +470,9 @@ async def test_orderly_group_keeps_key_order_through_rebalances(
 # ----------------------------------------------------------------------------- 4. broadcasting
 
 
-async def test_broadcast_members_each_get_every_message(cluster: Cluster, tmp_path: Path) -> None:
+async def test_broadcast_members_each_get_every_message(
+    cluster: ProcessCluster, tmp_path: Path
+) -> None:
     ns = cluster.namesrv()
     broker = cluster.broker(BROKER, [ns.address])
     topic, n = "Broadcast", 600
@@ -513,7 +517,9 @@ async def test_broadcast_members_each_get_every_message(cluster: Cluster, tmp_pa
 # ----------------------------------------------------------------------------- 5. pop
 
 
-async def test_pop_consumers_share_and_unacked_come_back(cluster: Cluster, tmp_path: Path) -> None:
+async def test_pop_consumers_share_and_unacked_come_back(
+    cluster: ProcessCluster, tmp_path: Path
+) -> None:
     ns = cluster.namesrv()
     broker = cluster.broker(BROKER, [ns.address])
     topic, rounds, per_round, invisible_s = "PopShare", 20, 20, 3.0
@@ -581,7 +587,7 @@ async def test_pop_consumers_share_and_unacked_come_back(cluster: Cluster, tmp_p
 
 
 async def test_broker_restart_keeps_committed_offsets(
-    cluster: Cluster, tmp_path: Path, seed: int
+    cluster: ProcessCluster, tmp_path: Path, seed: int
 ) -> None:
     rng = random.Random(seed)
     ns = cluster.namesrv()
@@ -693,7 +699,7 @@ async def receive_bodies(
     return got
 
 
-async def test_broker_restart_keeps_pop_state(cluster: Cluster, tmp_path: Path) -> None:
+async def test_broker_restart_keeps_pop_state(cluster: ProcessCluster, tmp_path: Path) -> None:
     ns = cluster.namesrv()
     broker = cluster.broker(BROKER, [ns.address], flush="SYNC_FLUSH")
     topic, group_name, short_s = "PopKept", "GPopKept", 3.0

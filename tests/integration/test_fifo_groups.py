@@ -42,7 +42,7 @@ from orbitmq.client.producer.config import ProducerConfig
 from orbitmq.client.route import TopicRouteNotFoundError
 from orbitmq.common.errors import MQError
 from orbitmq.common.message import PROPERTY_SHARDING_KEY
-from tests.harness import Cluster, ServerProcess
+from tests.harness import ProcessCluster, ServerProcess
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
@@ -120,7 +120,7 @@ class Book:
 
 
 async def test_ten_simple_consumers_keep_group_order_with_failures(
-    cluster: Cluster, tmp_path: Path, seed: int
+    cluster: ProcessCluster, tmp_path: Path, seed: int
 ) -> None:
     rng = random.Random(seed)
     ns = cluster.namesrv()
@@ -247,7 +247,9 @@ async def test_ten_simple_consumers_keep_group_order_with_failures(
     assert sum(1 for c in counts.values() if c) >= 10
 
 
-async def test_push_orderly_consumers_keep_group_order(cluster: Cluster, tmp_path: Path) -> None:
+async def test_push_orderly_consumers_keep_group_order(
+    cluster: ProcessCluster, tmp_path: Path
+) -> None:
     ns = cluster.namesrv()
     broker = cluster.broker(BROKER, [ns.address])
     topic, groups, per_group = "FifoPush", 12, 20

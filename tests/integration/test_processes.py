@@ -12,7 +12,7 @@ from orbitmq.protocol.bodies import TopicRouteData, decode_body
 from orbitmq.protocol.codes import RequestCode
 from orbitmq.protocol.frame import Frame
 from orbitmq.protocol.messages import encode_send_body
-from tests.harness import Cluster
+from tests.harness import ProcessCluster
 
 pytestmark = pytest.mark.integration
 
@@ -32,7 +32,7 @@ async def _route(
         await asyncio.sleep(0.1)
 
 
-async def test_broker_registers_with_every_namesrv(cluster: Cluster) -> None:
+async def test_broker_registers_with_every_namesrv(cluster: ProcessCluster) -> None:
     ns1, ns2 = cluster.namesrv(), cluster.namesrv()
     broker = cluster.broker("broker-a", [ns1.address, ns2.address])
     client = RemotingClient()

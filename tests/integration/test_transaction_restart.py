@@ -2,9 +2,9 @@
 new producer process of the group answers the check-backs), and a broker SIGKILLed with half
 messages pending (after its restart they are checked back and resolved, none twice).
 
-This module is also the child program the tests run (``python -m`` it)::
+The broker is ``python -m orbitmq broker`` with short check-back timings in its TOML file. This
+module is also the producer program the tests run (``python -m`` it)::
 
-    broker   <python -m orbitmq.broker flags> --tx-timeout-ms N --tx-check-interval-ms N
     producer --namesrv ADDR --topic T --ledger FILE --mode send|answer [--count N]
 
 ``producer --mode send`` sends ``count`` transactions. Transaction i decides COMMIT (i % 3 == 0),
@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import dataclasses
 import logging
 import os
 import signal
@@ -31,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from orbitmq.client.transaction.types import TransactionConfig
-from tests.harness import Cluster, ServerProcess
+from tests.harness import ProcessCluster, ServerProcess
 
 MODULE = "tests.integration.test_transaction_restart"
 TOPIC = "TX_RESTART"
@@ -42,22 +41,6 @@ BATCH_SIZE = 4
 
 
 # ----------------------------------------------------------------------------- child programs
-
-
-def _broker_main(argv: list[str]) -> None:
-    from orbitmq.broker.__main__ import parse, serve
-    from orbitmq.net.loop import run
-
-    extra = argparse.ArgumentParser()
-    extra.add_argument("--tx-timeout-ms", type=int, default=400)
-    extra.add_argument("--tx-check-interval-ms", type=int, default=200)
-    ours, rest = extra.parse_known_args(argv)
-    config = dataclasses.replace(
-        parse(rest),
-        transaction_timeout_ms=ours.tx_timeout_ms,
-        transaction_check_interval_ms=ours.tx_check_interval_ms,
-    )
-    run(serve(config))
 
 
 def _read_ledger(path: Path) -> dict[str, tuple[str, str]]:
@@ -138,9 +121,7 @@ def main(argv: list[str]) -> None:
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
     role, rest = argv[0], argv[1:]
-    if role == "broker":
-        _broker_main(rest)
-    elif role == "producer":
+    if role == "producer":
         _producer_main(rest)
     else:
         raise SystemExit(f"unknown role {role!r}")
@@ -149,17 +130,12 @@ def main(argv: list[str]) -> None:
 # ----------------------------------------------------------------------------- the tests
 
 
-def _start_broker(cluster: Cluster, namesrv: str, store: Path) -> ServerProcess:
-    args = [
-        "broker", "--host", "127.0.0.1", "--port", "0", "--name", "broker-tx",
-        "--namesrv", namesrv, "--store-path", str(store), "--auto-create-topic",
-        "--register-interval", "1", "--segment-bytes", str(64 * 1024 * 1024),
-        "--tx-timeout-ms", "400", "--tx-check-interval-ms", "200",
-    ]  # fmt: skip
-    return cluster.child("broker", MODULE, args, name="broker-tx")
+def _start_broker(cluster: ProcessCluster, namesrv: str, store: Path) -> ServerProcess:
+    timings = {"transaction_timeout_ms": 400, "transaction_check_interval_ms": 200}
+    return cluster.broker("broker-tx", [namesrv], store=store, settings={"broker": timings})
 
 
-def _producer(cluster: Cluster, namesrv: str, ledger: Path, mode: str) -> ServerProcess:
+def _producer(cluster: ProcessCluster, namesrv: str, ledger: Path, mode: str) -> ServerProcess:
     args = ["producer", "--namesrv", namesrv, "--topic", TOPIC, "--ledger", str(ledger),
             "--mode", mode]  # fmt: skip
     return cluster.child("producer", MODULE, args, name=f"producer-{mode}")
@@ -187,7 +163,9 @@ def _expected(ledger: Path) -> list[str]:
     )
 
 
-async def test_restarted_producer_answers_check_backs(cluster: Cluster, tmp_path: Path) -> None:
+async def test_restarted_producer_answers_check_backs(
+    cluster: ProcessCluster, tmp_path: Path
+) -> None:
     ns = cluster.namesrv()
     _start_broker(cluster, ns.address, tmp_path / "store")
     ledger = tmp_path / "ledger.txt"
@@ -200,7 +178,9 @@ async def test_restarted_producer_answers_check_backs(cluster: Cluster, tmp_path
     assert await _visible_bodies(ns.address, len(expected)) == expected
 
 
-async def test_broker_sigkill_with_pending_half_messages(cluster: Cluster, tmp_path: Path) -> None:
+async def test_broker_sigkill_with_pending_half_messages(
+    cluster: ProcessCluster, tmp_path: Path
+) -> None:
     ns = cluster.namesrv()
     broker = _start_broker(cluster, ns.address, tmp_path / "store")
     ledger = tmp_path / "ledger.txt"

@@ -1,5 +1,5 @@
 """The NameServer over the wire: an in-process NamesrvController on 127.0.0.1, port 0, talked
-to with RemotingClient; and ``python -m orbitmq.namesrv`` as a process."""
+to with RemotingClient; and ``python -m orbitmq namesrv`` as a process."""
 
 from __future__ import annotations
 
@@ -282,7 +282,8 @@ async def test_main_runs_until_signalled(client: RemotingClient, sig: signal.Sig
     proc = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
-        "orbitmq.namesrv",
+        "orbitmq",
+        "namesrv",
         "--host",
         "127.0.0.1",
         "--port",
@@ -297,7 +298,7 @@ async def test_main_runs_until_signalled(client: RemotingClient, sig: signal.Sig
         line = (await asyncio.wait_for(proc.stdout.readline(), 20)).decode().strip()
         prefix = "orbitmq namesrv ready "
         assert line.startswith(prefix), line
-        addr = line[len(prefix) :]
+        addr = line[len(prefix) :].split()[0].removeprefix("namesrv=")
         resp = await client.invoke(addr, register_frame(topics=topic_configs("T1")), timeout=3.0)
         assert resp.code == ResponseCode.SUCCESS
         resp = await client.invoke(

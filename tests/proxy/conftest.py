@@ -31,7 +31,7 @@ from orbitmq.proxy.config import ProxyConfig
 from orbitmq.proxy.grpc_v2 import definition_pb2 as pb
 from orbitmq.proxy.grpc_v2 import service_pb2_grpc
 from orbitmq.proxy.server import ProxyServer
-from tests.broker.conftest import broker_config
+from orbitmq.testing import small_broker_config as broker_config
 
 
 @dataclass

@@ -1,5 +1,5 @@
 """The proxy's server side: routes, heartbeats, the Telemetry settings handshake, client
-termination, lifecycle, and the processes that run it (`python -m orbitmq.proxy`, `orbitmq up`)."""
+termination, lifecycle, and the processes that run it (`python -m orbitmq proxy`, `orbitmq up`)."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from orbitmq.proxy.grpc_v2 import definition_pb2 as pb
 from orbitmq.proxy.grpc_v2 import service_pb2 as svc
 from orbitmq.proxy.grpc_v2 import service_pb2_grpc
 from orbitmq.proxy.server import ProxyServer, endpoints_of
-from tests.harness import Cluster, ServerProcess
+from tests.harness import ProcessCluster, ServerProcess
 from tests.proxy.conftest import ProxyEnv, endpoints_pb, metadata, proxy_env_fixture, res
 
 TOPICS = {"PsNormal": "NORMAL", "PsFifo": "FIFO", "PsMixed": "MIXED", "PsTx": "TRANSACTION"}
@@ -345,16 +345,12 @@ async def test_a_busy_port_is_a_clear_error(env: ProxyEnv) -> None:
 
 @pytest.mark.integration
 def test_proxy_process_in_cluster_mode(tmp_path: Path) -> None:
-    """`python -m orbitmq.proxy --namesrv X --port 0` prints its address and serves routes."""
-    cluster = Cluster(tmp_path)
+    """`python -m orbitmq proxy --namesrv X --port 0` prints its address and serves routes."""
+    cluster = ProcessCluster(tmp_path)
     try:
         ns = cluster.namesrv()
         cluster.broker("broker-a", [ns.address])
-        proxy = cluster.child(
-            "proxy",
-            "orbitmq.proxy",
-            ["--namesrv", ns.address, "--host", "127.0.0.1", "--port", "0"],
-        )
+        proxy = cluster.proxy([ns.address])
         host, _, port = proxy.address.rpartition(":")
         assert host == "127.0.0.1" and int(port) > 0
 
@@ -381,7 +377,6 @@ def test_orbitmq_up_runs_a_local_proxy(tmp_path: Path) -> None:
         "up",
         ["up", "--data-dir", str(tmp_path / "data"), "--namesrv-port", "0", "--broker-port", "0"],
         tmp_path / "up.log",
-        module="orbitmq.cli",
     )
     try:
         proc.start(60)
@@ -402,10 +397,10 @@ def test_orbitmq_up_runs_a_local_proxy(tmp_path: Path) -> None:
 async def test_local_proxy_in_the_dev_profile_gives_way_on_a_busy_port(env: ProxyEnv) -> None:
     """`orbitmq up` runs without its proxy (and says so) when 8081 is taken; a proxy asked for
     explicitly (`--proxy-port`) fails instead."""
-    from orbitmq.cli.server import local_proxy, proxy_config
+    from orbitmq.cli.server import local_proxy
 
     busy = int(env.endpoint.rpartition(":")[2])
-    config = proxy_config((env.ns,), "127.0.0.1", busy, 4 * 1024 * 1024)
+    config = ProxyConfig(namesrv_addrs=(env.ns,), host="127.0.0.1", port=busy)
     endpoints: dict[str, str] = {}
     async with local_proxy(config, endpoints, required=False):
         assert endpoints["proxy"].startswith("off")
@@ -414,6 +409,6 @@ async def test_local_proxy_in_the_dev_profile_gives_way_on_a_busy_port(env: Prox
             pass
     endpoints = {}
     async with local_proxy(
-        proxy_config((env.ns,), "127.0.0.1", 0, 4 * 1024 * 1024), endpoints, required=True
+        ProxyConfig(namesrv_addrs=(env.ns,), host="127.0.0.1", port=0), endpoints, required=True
     ):
         assert endpoints["proxy"].startswith("127.0.0.1:")

@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 
 from orbitmq.common.errors import MQError
-from tests.harness import Cluster
+from tests.harness import ProcessCluster
 
 pyspark = pytest.importorskip("pyspark", reason="the spark extra is not installed")
 pytest.importorskip("pyarrow", reason="the spark extra is not installed")
@@ -91,7 +91,7 @@ class OrbitCluster:
 
     namesrv: str
     broker_addr: str
-    cluster: Cluster
+    cluster: ProcessCluster
 
     def topic(self, prefix: str = "spark", queues: int = 2) -> str:
         """A fresh topic with ``queues`` queues."""
@@ -118,7 +118,7 @@ class OrbitCluster:
 def orbit_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[OrbitCluster]:
     """One NameServer and one Broker as real processes, shared by the Spark tests (each test
     uses its own topics)."""
-    c = Cluster(tmp_path_factory.mktemp("spark-cluster"))
+    c = ProcessCluster(tmp_path_factory.mktemp("spark-cluster"))
     try:
         ns = c.namesrv()
         broker = c.broker("broker-a", [ns.address])

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from orbitmq.client import Message, Producer
-from tests.harness import Cluster
+from tests.harness import ProcessCluster
 from tests.spark.conftest import OrbitCluster
 from tests.spark.test_sink import assert_exactly_once
 from tests.spark.test_sink_crash import CrashingSource, run_until_done
@@ -86,7 +86,7 @@ def test_worker_killed_mid_batch_orbitmq_to_orbitmq(
 
 def test_broker_restarted_under_an_orbitmq_to_orbitmq_query(spark: Any, tmp_path: Path) -> None:
     (tmp_path / "cluster").mkdir()
-    c = Cluster(tmp_path / "cluster")
+    c = ProcessCluster(tmp_path / "cluster")
     try:
         ns = c.namesrv()
         broker = c.broker("broker-a", [ns.address])

@@ -17,7 +17,7 @@ import pytest
 
 from orbitmq.spark.datasource import OrbitMQDataSource
 from orbitmq.spark.sink import OrbitMQStreamWriter, stream_writer
-from tests.harness import Cluster
+from tests.harness import ProcessCluster
 from tests.spark.conftest import OrbitCluster
 from tests.spark.test_sink import assert_exactly_once, start_sink, stream, write_parquet
 
@@ -116,7 +116,7 @@ def test_worker_killed_mid_batch_then_restart_is_exactly_once(
 
 def test_broker_restarted_mid_query_is_exactly_once(spark: Any, tmp_path: Path) -> None:
     (tmp_path / "cluster").mkdir()
-    c = Cluster(tmp_path / "cluster")
+    c = ProcessCluster(tmp_path / "cluster")
     try:
         ns = c.namesrv()
         broker = c.broker("broker-a", [ns.address])

@@ -8,6 +8,7 @@ import pytest
 
 from orbitmq.store.config import FlushDiskType, StoreConfig
 from orbitmq.store.message_store import MessageStore
+from orbitmq.testing import small_store_config
 
 SMALL = {
     "mapped_file_size_commit_log": 4 * 1024 * 1024 + 128 * 1024,
@@ -22,9 +23,8 @@ SMALL = {
 
 
 def small_config(path: Path, **overrides: Any) -> StoreConfig:
-    opts: dict[str, Any] = dict(SMALL)
-    opts.update(overrides)
-    return StoreConfig(store_path=path, **opts)
+    """The store tests' files: smaller still than orbitmq.testing's, so they roll often."""
+    return small_store_config(path, **{**SMALL, **overrides})
 
 
 @pytest.fixture

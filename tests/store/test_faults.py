@@ -43,6 +43,7 @@ from orbitmq.store.config import FlushDiskType, StoreConfig
 from orbitmq.store.message_store import GetStatus, MessageStore
 from orbitmq.store.recovery import RecoveryReport
 from orbitmq.store.segment import FileOps
+from orbitmq.testing import small_store_config
 from tests.store.powercut import CutLog, PowerCut, power_cut
 
 SEGMENT = 80 * 1024
@@ -67,7 +68,6 @@ def seed() -> int:
 
 def fault_config(path: Path, **overrides: Any) -> StoreConfig:
     opts: dict[str, Any] = {
-        "store_path": path,
         "mapped_file_size_commit_log": SEGMENT,
         "max_message_size": 8192,
         "consume_queue_entries_per_file": 16,
@@ -80,7 +80,7 @@ def fault_config(path: Path, **overrides: Any) -> StoreConfig:
         "sync_flush_timeout_ms": 10_000,
     }
     opts.update(overrides)
-    return StoreConfig(**opts)
+    return small_store_config(path, **opts)
 
 
 def open_store(config: StoreConfig, **kwargs: Any) -> tuple[MessageStore, RecoveryReport]:

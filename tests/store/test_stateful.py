@@ -35,6 +35,7 @@ from orbitmq.common.record import check_record, decode
 from orbitmq.store.config import FlushDiskType, StoreConfig
 from orbitmq.store.message_store import GetResult, GetStatus, MessageStore
 from orbitmq.store.recovery import RecoveryReport
+from orbitmq.testing import small_store_config
 
 TOPICS = ("TA", "TB", "TC")
 QUEUES = (0, 1, 2)
@@ -51,8 +52,8 @@ class Model:
 
 
 def store_config(path: Path, flush: FlushDiskType) -> StoreConfig:
-    return StoreConfig(
-        store_path=path,
+    return small_store_config(
+        path,
         mapped_file_size_commit_log=SEGMENT,
         max_message_size=8192,
         consume_queue_entries_per_file=16,

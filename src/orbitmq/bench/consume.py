@@ -21,7 +21,7 @@ HdrHistogram (µs). Messages sent during the warm-up are not measured; after the
 the consumer gets ``drain_s`` to receive the rest (what never comes is reported missing).
 
 Both run against ``namesrv`` or, when it is None, start their own NameServer + Broker
-(``python -m orbitmq.cli up`` on 127.0.0.1 free ports, data in a temporary folder removed
+(``python -m orbitmq up`` on 127.0.0.1 free ports, data in a temporary folder removed
 afterwards, or in ``data_dir`` which is kept) and stop it at the end.
 
 A CLI calls :func:`run_consume_bench` / :func:`run_e2e_bench` and prints
@@ -107,7 +107,7 @@ class Target:
 @contextlib.contextmanager
 def target_cluster(namesrv: str | None, data_dir: Path | None, say: Say) -> Iterator[Target]:
     """The cluster to measure: ``namesrv`` as given, or a NameServer + Broker started here
-    (``python -m orbitmq.cli up`` on 127.0.0.1 free ports) and stopped (SIGTERM by pid) after."""
+    (``python -m orbitmq up`` on 127.0.0.1 free ports) and stopped (SIGTERM by pid) after."""
     if namesrv:
         yield Target(namesrv, own=False)
         return
@@ -116,7 +116,7 @@ def target_cluster(namesrv: str | None, data_dir: Path | None, say: Say) -> Iter
     folder.mkdir(parents=True, exist_ok=True)
     child = ServerChild(
         [
-            "orbitmq.cli", "up", "--namesrv-port", "0", "--broker-port", "0",
+            "orbitmq", "up", "--namesrv-port", "0", "--broker-port", "0",
             "--data-dir", str(folder), "--host", "127.0.0.1", "--log-level", "WARNING",
         ],
         folder / "up.log",

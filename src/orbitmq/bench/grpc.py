@@ -22,7 +22,7 @@ folder, kept when something fails, and the error names the log). The native side
 process. Sides run one after the other, never at once.
 
 Without ``--namesrv``/``--proxy`` the benchmark starts a NameServer + Broker (``orbitmq up``) and a
-proxy (``python -m orbitmq.proxy``) on 127.0.0.1 free ports, data in a temporary folder, and stops
+proxy (``python -m orbitmq proxy``) on 127.0.0.1 free ports, data in a temporary folder, and stops
 them by pid at the end. Targets (issue #7): the proxy adds < 1 ms to the p50 of a sync send, and
 the official client sustains >= 5,000 sync sends/s from 16 threads.
 """
@@ -479,13 +479,13 @@ def target(options: GrpcBenchOptions, say: Say) -> Iterator[tuple[str, str, Path
         with target_cluster(None, None, say) as cluster:
             proxy = ServerChild(
                 [
-                    "orbitmq.proxy", "--namesrv", cluster.namesrv, "--host", "127.0.0.1",
+                    "orbitmq", "proxy", "--namesrv", cluster.namesrv, "--host", "127.0.0.1",
                     "--port", "0", "--tls", options.proxy_tls,
                 ],
                 scratch / "proxy.log",
                 PROXY_READY,
             )  # fmt: skip
-            endpoint = proxy.start().split()[0]
+            endpoint = proxy.start().split()[0].removeprefix("proxy=")  # proxy=<host:port> ...
             say(f"started proxy {endpoint}")
             try:
                 assert proxy.proc is not None

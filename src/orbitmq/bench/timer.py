@@ -13,7 +13,7 @@ and after (anonymous memory, the index and interpreter; and file-backed, the map
 and ConsumeQueue pages), then a restart (SIGTERM, start again) and the time until it is ready
 with every timer pending again (rebuilt from the timer topic's ConsumeQueue).
 
-The benchmark starts its own broker (``python -m orbitmq.broker`` on 127.0.0.1, a free port, no
+The benchmark starts its own broker (``python -m orbitmq broker`` on 127.0.0.1, a free port, no
 NameServer, data in a temporary folder) so it can read the broker's memory from /proc, and
 stops it at the end. Linux only (reads /proc/<pid>/status).
 """
@@ -92,7 +92,7 @@ class TimerBenchResult:
 
 
 class OwnBroker:
-    """``python -m orbitmq.broker`` on 127.0.0.1 with a free port; stopped by pid."""
+    """``python -m orbitmq broker`` on 127.0.0.1 with a free port; stopped by pid."""
 
     def __init__(self, folder: Path, flush: str) -> None:
         self.folder = folder
@@ -106,14 +106,15 @@ class OwnBroker:
         began = time.monotonic()
         self._child = ServerChild(
             [
-                "orbitmq.broker", "--host", "127.0.0.1", "--port", str(self.port),
+                "orbitmq", "broker", "--host", "127.0.0.1", "--port", str(self.port),
                 "--namesrv", "", "--store-path", str(self.folder / "store"),
                 "--flush", self.flush, "--auto-create-topic",
             ],
             self.folder / "broker.log",
             "orbitmq broker ready ",
         )  # fmt: skip
-        self.address = self._child.start(READY_TIMEOUT_S).split()[0]
+        ready = self._child.start(READY_TIMEOUT_S)  # broker=<host:port> cluster=... namesrv=...
+        self.address = ready.split()[0].removeprefix("broker=")
         self.port = int(self.address.rpartition(":")[2])
         return time.monotonic() - began
 

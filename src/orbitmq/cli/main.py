@@ -1,6 +1,7 @@
 """The `orbitmq` command (typer + rich).
 
-Servers: ``up`` (NameServer + Broker in one process), ``namesrv``, ``broker``.
+Servers: ``up`` (NameServer + Broker + gRPC proxy in one process), ``namesrv``, ``broker``,
+``proxy`` (each run by :mod:`orbitmq.cli.runner`; ``python -m orbitmq`` is the same command).
 Configuration: ``config show``. Benchmarks: ``bench store``, ``bench produce``,
 ``bench consume``, ``bench e2e``, ``bench timer``.
 Clients (docs/cli.md): ``topic``, ``cluster``, ``message``, ``group``, ``dlq``, ``send``,
@@ -9,10 +10,8 @@ Clients (docs/cli.md): ``topic``, ``cluster``, ``message``, ``group``, ``dlq``, 
 
 from __future__ import annotations
 
-import logging
-import sys
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated
 
 import typer
 from rich.console import Console
@@ -33,8 +32,15 @@ from orbitmq.cli import (
     proxy,
     tail,
 )
-from orbitmq.cli.settings import Settings, load_settings, settings_rows
-from orbitmq.common.errors import MQError
+from orbitmq.cli.runner import (
+    ConfigOpt,
+    LogLevel,
+    announcer,
+    configure_logging,
+    load_or_exit,
+    run_server,
+)
+from orbitmq.cli.settings import settings_rows
 
 app = typer.Typer(
     name="orbitmq",
@@ -55,21 +61,12 @@ app.add_typer(pipeline.pipeline_app, name="pipeline")
 app.add_typer(proxy.proxy_app, name="proxy")
 
 console = Console()
-err_console = Console(stderr=True)
 
-ConfigOpt = Annotated[
-    Path | None,
-    typer.Option(
-        "--config",
-        "-c",
-        help="TOML file with \\[namesrv], \\[broker], \\[store] tables.",
-        envvar="ORBITMQ_CONFIG",
-    ),
-]
-LogLevel = Annotated[str, typer.Option("--log-level", help="DEBUG, INFO, WARNING, ERROR.")]
 ProxyTlsMode = Annotated[
-    str,
-    typer.Option(help="Proxy TLS: permissive (TLS and plaintext on one port), required or off."),
+    str | None,
+    typer.Option(
+        help="Proxy TLS: permissive (TLS and plaintext on one port; the default), required or off."
+    ),
 ]
 ProxyTlsCert = Annotated[
     Path | None, typer.Option(help="PEM certificate for the proxy (default: self-signed).")
@@ -84,66 +81,16 @@ ProxyTlsClientCa = Annotated[
 ]
 
 
-def _logging(level: str) -> None:
-    logging.basicConfig(
-        level=level.upper(),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
-
-
-def _settings(config: Path | None, flags: dict[str, dict[str, Any]]) -> Settings:
-    try:
-        return load_settings(config, flags)
-    except MQError as exc:
-        err_console.print(f"[red]configuration error:[/] {exc}")
-        raise typer.Exit(2) from exc
-
-
-def _announce(title: str, role: str) -> Any:
-    def show(endpoints: dict[str, str]) -> None:
-        table = Table(title=title, show_header=False, box=None)
-        for k, v in endpoints.items():
-            table.add_row(f"[bold]{k}[/]", v)
-        console.print(table)
-        console.print("Ctrl-C stops it cleanly.")
-        # One plain line for scripts and tests that wait for readiness.
-        print(
-            f"orbitmq {role} ready " + " ".join(f"{k}={v}" for k, v in endpoints.items()),
-            flush=True,
-        )
-
-    return show
-
-
-def _proxy_tls(mode: str, cert: Path | None, key: Path | None, client_ca: Path | None) -> Any:
-    """The proxy's TLS options, checked here so a typo fails before anything starts."""
-    from orbitmq.cli.server import ProxyTls
-
-    if mode not in ("off", "permissive", "required"):
-        raise typer.BadParameter("--proxy-tls must be off, permissive or required")
-    if (cert is None) != (key is None):
-        raise typer.BadParameter("--proxy-tls-cert and --proxy-tls-key go together")
-    if client_ca is not None and mode != "required":
-        raise typer.BadParameter("--proxy-tls-client-ca needs --proxy-tls required")
-    return ProxyTls(
-        mode,
-        str(cert) if cert else None,
-        str(key) if key else None,
-        str(client_ca) if client_ca else None,
-    )
-
-
-def _run(coro: Any) -> None:
-    from orbitmq.net.loop import run
-
-    try:
-        run(coro)
-    except KeyboardInterrupt:
-        pass
-    except MQError as exc:
-        err_console.print(f"[red]error:[/] {exc}")
-        raise typer.Exit(1) from exc
+def _proxy_tls(
+    mode: str | None, cert: Path | None, key: Path | None, client_ca: Path | None
+) -> dict[str, object]:
+    """The ``--proxy-tls*`` flags as ``[proxy]`` settings (ProxyConfig checks them)."""
+    return {
+        "tls_mode": mode,
+        "tls_cert_file": str(cert) if cert else None,
+        "tls_key_file": str(key) if key else None,
+        "tls_client_ca_file": str(client_ca) if client_ca else None,
+    }
 
 
 @app.command()
@@ -163,7 +110,7 @@ def up(
         int | None,
         typer.Option(help="gRPC proxy port for RocketMQ 5 clients (default 8081; -1: none)."),
     ] = None,
-    proxy_tls: ProxyTlsMode = "permissive",
+    proxy_tls: ProxyTlsMode = None,
     proxy_tls_cert: ProxyTlsCert = None,
     proxy_tls_key: ProxyTlsKey = None,
     proxy_tls_client_ca: ProxyTlsClientCa = None,
@@ -173,22 +120,18 @@ def up(
     on first use)."""
     from orbitmq.cli.server import dev_settings, run_all_in_one
 
-    _logging(log_level)
-    settings = _settings(
+    configure_logging(log_level)
+    settings = load_or_exit(
         config,
         {
             "namesrv": {"host": host, "port": namesrv_port},
             "broker": {"host": host, "port": broker_port, "metrics_port": metrics_port},
             "store": {"flush_disk_type": flush},
+            "proxy": _proxy_tls(proxy_tls, proxy_tls_cert, proxy_tls_key, proxy_tls_client_ca),
         },
     )
-    _run(
-        run_all_in_one(
-            dev_settings(settings, data_dir),
-            _announce("OrbitMQ up", "up"),
-            proxy_port,
-            _proxy_tls(proxy_tls, proxy_tls_cert, proxy_tls_key, proxy_tls_client_ca),
-        )
+    run_server(
+        run_all_in_one(dev_settings(settings, data_dir), announcer("OrbitMQ up", "up"), proxy_port)
     )
 
 
@@ -203,11 +146,11 @@ def namesrv(
     """Run a NameServer."""
     from orbitmq.cli.server import run_namesrv
 
-    _logging(log_level)
-    settings = _settings(
+    configure_logging(log_level)
+    settings = load_or_exit(
         config, {"namesrv": {"host": host, "port": port, "metrics_port": metrics_port}}
     )
-    _run(run_namesrv(settings, _announce("NameServer", "namesrv")))
+    run_server(run_namesrv(settings, announcer("NameServer", "namesrv")))
 
 
 @app.command()
@@ -226,9 +169,12 @@ def broker(
     metrics_port: Annotated[int | None, typer.Option()] = None,
     proxy_port: Annotated[
         int | None,
-        typer.Option(help="Also run a gRPC proxy in this process on this port (0: a free one)."),
+        typer.Option(
+            help="Also run a gRPC proxy in this process on this port (0: a free one; default: "
+            "only if the [proxy] table sets a port)."
+        ),
     ] = None,
-    proxy_tls: ProxyTlsMode = "permissive",
+    proxy_tls: ProxyTlsMode = None,
     proxy_tls_cert: ProxyTlsCert = None,
     proxy_tls_key: ProxyTlsKey = None,
     proxy_tls_client_ca: ProxyTlsClientCa = None,
@@ -237,8 +183,8 @@ def broker(
     """Run a Broker (with --proxy-port, a gRPC proxy beside it)."""
     from orbitmq.cli.server import run_broker
 
-    _logging(log_level)
-    settings = _settings(
+    configure_logging(log_level)
+    settings = load_or_exit(
         config,
         {
             "broker": {
@@ -246,27 +192,21 @@ def broker(
                 "port": port,
                 "broker_name": name,
                 "cluster": cluster,
-                "namesrv_addrs": namesrv_addr.replace(";", ",") if namesrv_addr else None,
+                "namesrv_addrs": None if namesrv_addr is None else namesrv_addr.replace(";", ","),
                 "auto_create_topic": auto_create_topic,
                 "metrics_port": metrics_port,
             },
             "store": {"store_path": store_path, "flush_disk_type": flush},
+            "proxy": _proxy_tls(proxy_tls, proxy_tls_cert, proxy_tls_key, proxy_tls_client_ca),
         },
     )
-    _run(
-        run_broker(
-            settings,
-            _announce("Broker", "broker"),
-            proxy_port,
-            _proxy_tls(proxy_tls, proxy_tls_cert, proxy_tls_key, proxy_tls_client_ca),
-        )
-    )
+    run_server(run_broker(settings, announcer("Broker", "broker"), proxy_port))
 
 
 @config_app.command("show")
 def config_show(config: ConfigOpt = None) -> None:
     """Print the effective configuration and where each value came from."""
-    settings = _settings(config, {})
+    settings = load_or_exit(config, {})
     table = Table("setting", "value", "source")
     for key, value, source in settings_rows(settings):
         table.add_row(key, value, source if source != "default" else "[dim]default[/]")

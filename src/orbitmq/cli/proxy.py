@@ -1,16 +1,17 @@
 """`orbitmq proxy`: the gRPC proxy for Apache RocketMQ 5 clients, in cluster mode.
 
 A stateless process in front of the brokers a NameServer knows; run as many as you like behind
-one address. (`orbitmq up` already runs one in local mode.)
+one address. (`orbitmq up` already runs one in local mode.) Its settings are the ``[proxy]``
+table (TOML ``--config``, ``ORBITMQ_PROXY_*`` env); the flags below override them.
 """
 
 from __future__ import annotations
 
-import logging
-import sys
 from typing import Annotated
 
 import typer
+
+from orbitmq.cli.runner import ConfigOpt, LogLevel, announcer, configure_logging, load_or_exit
 
 proxy_app = typer.Typer(
     help="gRPC proxy for Apache RocketMQ 5 clients (cluster mode).",
@@ -20,11 +21,19 @@ proxy_app = typer.Typer(
 
 @proxy_app.callback()
 def proxy(
+    config: ConfigOpt = None,
     namesrv: Annotated[
-        str, typer.Option("--namesrv", "-n", help="NameServers, ';'-separated host:port.")
-    ] = "127.0.0.1:9876",
-    host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
-    port: Annotated[int, typer.Option(help="gRPC port; 0 picks a free one.")] = 8081,
+        str | None,
+        typer.Option(
+            "--namesrv", "-n", help="NameServers, ';'-separated host:port (default 127.0.0.1:9876)."
+        ),
+    ] = None,
+    host: Annotated[
+        str | None, typer.Option(help="Address to listen on (default 127.0.0.1).")
+    ] = None,
+    port: Annotated[
+        int | None, typer.Option(help="gRPC port (default 8081); 0 picks a free one.")
+    ] = None,
     acl: Annotated[bool, typer.Option("--acl", help="Verify MQv2-HMAC-SHA1 signatures.")] = False,
     access_key: Annotated[
         list[str] | None, typer.Option("--access-key", help="AK:SK (repeatable).")
@@ -33,8 +42,11 @@ def proxy(
         int | None, typer.Option(help="Largest body accepted (default 4 MiB).")
     ] = None,
     tls: Annotated[
-        str, typer.Option(help="permissive (TLS and plaintext on one port), required or off.")
-    ] = "permissive",
+        str | None,
+        typer.Option(
+            help="permissive (TLS and plaintext on one port; the default), required or off."
+        ),
+    ] = None,
     tls_cert: Annotated[
         str | None, typer.Option(help="PEM certificate (default: a self-signed one).")
     ] = None,
@@ -46,33 +58,34 @@ def proxy(
             "(needs --tls required)."
         ),
     ] = None,
-    log_level: Annotated[str, typer.Option("--log-level")] = "INFO",
+    log_level: LogLevel = "INFO",
 ) -> None:
     """Run a stateless gRPC proxy routing by NameServer routes."""
-    from orbitmq.cli.main import _announce, _run
+    from orbitmq.cli.runner import run_server
     from orbitmq.cli.server import run_proxy
-    from orbitmq.common.errors import MQError
-    from orbitmq.proxy.__main__ import build_config
+    from orbitmq.proxy.config import parse_access_keys
 
-    logging.basicConfig(
-        level=log_level.upper(),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
+    configure_logging(log_level)
     try:
-        config = build_config(
-            namesrv,
-            host,
-            port,
-            acl=acl,
-            access_keys=access_key or [],
-            max_message_size=max_message_size,
-            tls=tls,
-            tls_cert=tls_cert,
-            tls_key=tls_key,
-            tls_client_ca=tls_client_ca,
-        )
-    except (MQError, ValueError) as exc:
+        keys = parse_access_keys(access_key) if access_key else None
+    except ValueError as exc:
         typer.echo(f"configuration error: {exc}", err=True)
         raise typer.Exit(2) from exc
-    _run(run_proxy(config, _announce("Proxy", "proxy")))
+    settings = load_or_exit(
+        config,
+        {
+            "proxy": {
+                "namesrv_addrs": None if namesrv is None else namesrv.replace(";", ","),
+                "host": host,
+                "port": port,
+                "acl_enabled": True if acl else None,
+                "access_keys": keys,
+                "max_message_size": max_message_size,
+                "tls_mode": tls,
+                "tls_cert_file": tls_cert,
+                "tls_key_file": tls_key,
+                "tls_client_ca_file": tls_client_ca,
+            }
+        },
+    )
+    run_server(run_proxy(settings, announcer("Proxy", "proxy")))

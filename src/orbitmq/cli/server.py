@@ -1,6 +1,9 @@
 """Running servers from the command line: `orbitmq up`, `orbitmq namesrv`, `orbitmq broker`,
 `orbitmq proxy`.
 
+Each takes its :class:`~orbitmq.cli.settings.Settings` (defaults < TOML < env < flags), waits in
+:func:`orbitmq.cli.runner.until_signal` and announces its endpoints with the one ready line.
+
 The gRPC proxy (RocketMQ 5 clients) runs in local mode inside `orbitmq up` (port 8081 unless told
 otherwise) and, when asked for with a proxy port, inside a broker process; on the same event loop
 as the servers, as a client of them. It is imported only when it runs, so a plain broker never
@@ -12,16 +15,15 @@ what a broker needs.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import dataclasses
 import logging
-import signal
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from orbitmq.broker.controller import BrokerController, settle_heap
+from orbitmq.broker.controller import BrokerController
+from orbitmq.cli.runner import Announce, until_signal
 from orbitmq.cli.settings import Settings
 from orbitmq.namesrv.controller import NamesrvController
 
@@ -34,11 +36,39 @@ DEFAULT_PROXY_PORT = 8081
 
 
 def up_proxy_port(settings: Settings, proxy_port: int | None) -> int | None:
-    """`orbitmq up`'s proxy port: as asked (negative: none), else 8081, else a free port when
-    the NameServer itself takes a free one (a throwaway instance must not claim 8081)."""
+    """`orbitmq up`'s proxy port: as asked by ``--proxy-port`` (negative: none), else the
+    ``[proxy]`` table's, else 8081, else a free port when the NameServer itself takes a free
+    one (a throwaway instance must not claim 8081)."""
     if proxy_port is not None:
         return None if proxy_port < 0 else proxy_port
+    if "proxy.port" in settings.sources:
+        return settings.proxy.port
     return 0 if settings.namesrv.port == 0 else DEFAULT_PROXY_PORT
+
+
+def broker_proxy_port(settings: Settings, proxy_port: int | None) -> int | None:
+    """`orbitmq broker` runs a proxy beside it only when asked: ``--proxy-port`` or a port in
+    the ``[proxy]`` table (None: no proxy)."""
+    if proxy_port is not None:
+        return None if proxy_port < 0 else proxy_port
+    return settings.proxy.port if "proxy.port" in settings.sources else None
+
+
+def local_proxy_config(
+    settings: Settings, namesrv_addrs: tuple[str, ...], port: int
+) -> ProxyConfig:
+    """The proxy beside a broker: the ``[proxy]`` table, with what it does not set taken from
+    the broker: its NameServers, its host and its body limit (so clients are told the size the
+    broker really accepts)."""
+    given = {key.partition(".")[2] for key in settings.sources if key.startswith("proxy.")}
+    proxy = dataclasses.replace(settings.proxy, port=port)
+    if "namesrv_addrs" not in given:
+        proxy = dataclasses.replace(proxy, namesrv_addrs=namesrv_addrs)
+    if "host" not in given:
+        proxy = dataclasses.replace(proxy, host=settings.broker.host)
+    if "max_message_size" not in given:
+        proxy = dataclasses.replace(proxy, max_message_size=settings.broker.store.max_message_size)
+    return proxy
 
 
 @contextlib.asynccontextmanager
@@ -71,51 +101,6 @@ async def local_proxy(
         await server.stop()
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
-class ProxyTls:
-    """The proxy's TLS options on ``orbitmq up`` / ``orbitmq broker`` (see ProxyConfig)."""
-
-    mode: str = "permissive"
-    cert_file: str | None = None
-    key_file: str | None = None
-    client_ca_file: str | None = None
-
-
-def proxy_config(
-    namesrv_addrs: tuple[str, ...],
-    host: str,
-    port: int,
-    max_message_size: int,
-    tls: ProxyTls | None = None,
-) -> ProxyConfig:
-    """A proxy in the broker's process takes the broker's body limit, so clients are told the
-    size the broker really accepts."""
-    from orbitmq.proxy.config import ProxyConfig
-
-    tls = tls or ProxyTls()
-    return ProxyConfig(
-        namesrv_addrs=namesrv_addrs,
-        host=host,
-        port=port,
-        max_message_size=max_message_size,
-        tls_mode=tls.mode,
-        tls_cert_file=tls.cert_file,
-        tls_key_file=tls.key_file,
-        tls_client_ca_file=tls.client_ca_file,
-    )
-
-
-async def _until_signal(on_ready: Callable[[], None]) -> None:
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        with contextlib.suppress(NotImplementedError):
-            loop.add_signal_handler(sig, stop.set)
-    settle_heap()
-    on_ready()
-    await stop.wait()
-
-
 def dev_settings(settings: Settings, data_dir: Path) -> Settings:
     """`orbitmq up`'s profile: everything under one folder, topics created on first use."""
     store = settings.broker.store
@@ -128,10 +113,7 @@ def dev_settings(settings: Settings, data_dir: Path) -> Settings:
 
 
 async def run_all_in_one(
-    settings: Settings,
-    announce: Callable[[dict[str, str]], None],
-    proxy_port: int | None = None,
-    proxy_tls: ProxyTls | None = None,
+    settings: Settings, announce: Announce, proxy_port: int | None = None
 ) -> None:
     """NameServer, Broker and gRPC proxy in one process and one event loop; Ctrl-C stops them
     cleanly. ``proxy_port``: see :func:`up_proxy_port` (negative: no proxy)."""
@@ -156,70 +138,55 @@ async def run_all_in_one(
         if broker.metrics_port is not None:
             endpoints["metrics"] = f"http://{broker_cfg.host}:{broker.metrics_port}/metrics"
         port = up_proxy_port(settings, proxy_port)
-        config = (
-            None
-            if port is None
-            else proxy_config(
-                (namesrv.address,),
-                broker_cfg.host,
-                port,
-                broker_cfg.store.max_message_size,
-                proxy_tls,
-            )
-        )
-        async with local_proxy(config, endpoints, required=proxy_port is not None):
-            await _until_signal(lambda: announce(endpoints))
+        config = None if port is None else local_proxy_config(settings, (namesrv.address,), port)
+        required = proxy_port is not None or "proxy.port" in settings.sources
+        async with local_proxy(config, endpoints, required=required):
+            await until_signal(lambda: announce(endpoints))
     finally:
         await broker.stop()
         await namesrv.stop()
 
 
-async def run_namesrv(settings: Settings, announce: Callable[[dict[str, str]], None]) -> None:
+async def run_namesrv(settings: Settings, announce: Announce) -> None:
     namesrv = NamesrvController(settings.namesrv)
     await namesrv.start()
     try:
-        await _until_signal(lambda: announce({"namesrv": namesrv.address}))
+        endpoints = {"namesrv": namesrv.address}
+        if namesrv.metrics_port is not None:
+            endpoints["metrics"] = f"http://{settings.namesrv.host}:{namesrv.metrics_port}/metrics"
+        await until_signal(lambda: announce(endpoints))
     finally:
         await namesrv.stop()
 
 
-async def run_broker(
-    settings: Settings,
-    announce: Callable[[dict[str, str]], None],
-    proxy_port: int | None = None,
-    proxy_tls: ProxyTls | None = None,
-) -> None:
-    """A Broker; with ``proxy_port`` also a gRPC proxy in the same process (local mode), which
-    routes by the broker's NameServers like any proxy."""
+async def run_broker(settings: Settings, announce: Announce, proxy_port: int | None = None) -> None:
+    """A Broker; with a proxy port (:func:`broker_proxy_port`) also a gRPC proxy in the same
+    process (local mode), which routes by the broker's NameServers like any proxy."""
     broker = BrokerController(settings.broker)
     await broker.start()
     try:
         endpoints = {
             "broker": broker.address,
             "cluster": settings.broker.cluster,
-            "namesrv": ";".join(settings.broker.namesrv_addrs),
+            "namesrv": ";".join(settings.broker.namesrv_addrs) or "-",
             "store": str(settings.broker.store.store_path),
         }
-        config = None
-        if proxy_port is not None and proxy_port >= 0:
-            config = proxy_config(
-                settings.broker.namesrv_addrs,
-                settings.broker.host,
-                proxy_port,
-                settings.broker.store.max_message_size,
-                proxy_tls,
-            )
+        if broker.metrics_port is not None:
+            endpoints["metrics"] = f"http://{settings.broker.host}:{broker.metrics_port}/metrics"
+        port = broker_proxy_port(settings, proxy_port)
+        config = (
+            None
+            if port is None
+            else local_proxy_config(settings, settings.broker.namesrv_addrs, port)
+        )
         async with local_proxy(config, endpoints, required=True):
-            await _until_signal(lambda: announce(endpoints))
+            await until_signal(lambda: announce(endpoints))
     finally:
         await broker.stop()
 
 
-async def run_proxy(config: ProxyConfig, announce: Callable[[dict[str, str]], None]) -> None:
+async def run_proxy(settings: Settings, announce: Announce) -> None:
     """Cluster mode: a stateless proxy in front of the brokers the NameServers know."""
-    endpoints = {"namesrv": ";".join(config.namesrv_addrs)}
-    async with local_proxy(config, endpoints, required=True):
-        await _until_signal(lambda: announce({"proxy": endpoints["proxy"], **endpoints}))
-
-
-Runner = Callable[[Settings, Callable[[dict[str, str]], None]], Awaitable[None]]
+    endpoints = {"namesrv": ";".join(settings.proxy.namesrv_addrs)}
+    async with local_proxy(settings.proxy, endpoints, required=True):
+        await until_signal(lambda: announce({"proxy": endpoints["proxy"], **endpoints}))

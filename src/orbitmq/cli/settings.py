@@ -14,21 +14,21 @@ One TOML file can configure every component, one table each::
     store_path = "orbitmq-data/broker-a"
     flush_disk_type = "SYNC_FLUSH"
 
+    [proxy]
+    port = 8081
+    tls_mode = "required"
+
 Environment variables are ``ORBITMQ_<TABLE>_<FIELD>`` in upper case, e.g.
 ``ORBITMQ_BROKER_PORT=10921`` or ``ORBITMQ_STORE_FLUSH_DISK_TYPE=SYNC_FLUSH``; list values are
-comma-separated. Every value is checked against the field's type; a wrong one is a ConfigError
+comma-separated, a table (``proxy.access_keys``) is ``KEY:VALUE,KEY:VALUE``. Every value is checked against the field's type; a wrong one is a ConfigError
 naming where it came from.
 """
 
 from __future__ import annotations
 
-import ast
 import dataclasses
 import enum
-import inspect
-import itertools
 import os
-import textwrap
 import tomllib
 import types
 import typing
@@ -38,19 +38,27 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from orbitmq.broker.config import BrokerConfig
+from orbitmq.common.config import documented
 from orbitmq.common.errors import ConfigError
 from orbitmq.namesrv.config import NamesrvConfig
+from orbitmq.proxy.config import ProxyConfig, parse_access_keys
 from orbitmq.store.config import StoreConfig
 
 T = TypeVar("T")
 ENV_PREFIX = "ORBITMQ_"
-TABLES = ("namesrv", "broker", "store")
+TABLES = ("namesrv", "broker", "store", "proxy")
+SECRETS = frozenset({"proxy.access_keys"})
+"""Settings `config show` prints masked."""
 
 
 @dataclass(frozen=True)
 class Settings:
     namesrv: NamesrvConfig = field(default_factory=NamesrvConfig)
     broker: BrokerConfig = field(default_factory=BrokerConfig)
+    proxy: ProxyConfig = field(default_factory=ProxyConfig)
+    """The gRPC proxy's settings: ``orbitmq proxy``'s, and those of the proxy ``orbitmq up`` and
+    ``orbitmq broker --proxy-port`` run beside a broker (which takes the broker's NameServers,
+    host and body limit for what the table does not set)."""
     sources: dict[str, str] = field(default_factory=dict)
     """"table.field" -> where its value came from (file, env, flag), for `config show`."""
 
@@ -62,6 +70,15 @@ def _coerce(value: Any, typ: Any, where: str) -> Any:
         if value is None or (isinstance(value, str) and value.lower() in ("", "none", "null")):
             return None
         return _coerce(value, options[0], where)
+    if origin is Mapping:
+        if isinstance(value, str):
+            try:
+                return parse_access_keys(p.strip() for p in value.split(",") if p.strip())
+            except ValueError as exc:
+                raise ConfigError(f"{where}: {exc}") from exc
+        if not isinstance(value, Mapping):
+            raise ConfigError(f"{where}: {value!r} is not a table")
+        return {str(k): _coerce(v, str, where) for k, v in value.items()}
     if origin is tuple:
         args = typing.get_args(typ)
         items: list[Any] = value.split(",") if isinstance(value, str) else list(value)
@@ -159,8 +176,9 @@ def load_settings(
     broker = _build(BrokerConfig, layers["broker"], "broker", base.broker)
     broker = dataclasses.replace(broker, store=store)
     namesrv = _build(NamesrvConfig, layers["namesrv"], "namesrv", base.namesrv)
+    proxy = _build(ProxyConfig, layers["proxy"], "proxy", base.proxy)
     sources = {f"{t}.{k}": src for t in TABLES for k, (_v, src) in layers[t].items()}
-    return Settings(namesrv=namesrv, broker=broker, sources=sources)
+    return Settings(namesrv=namesrv, broker=broker, proxy=proxy, sources=sources)
 
 
 def settings_rows(settings: Settings) -> list[tuple[str, str, str]]:
@@ -170,6 +188,7 @@ def settings_rows(settings: Settings) -> list[tuple[str, str, str]]:
         ("namesrv", settings.namesrv),
         ("broker", settings.broker),
         ("store", settings.broker.store),
+        ("proxy", settings.proxy),
     ):
         for f in fields(obj):
             if f.name == "store":
@@ -177,6 +196,8 @@ def settings_rows(settings: Settings) -> list[tuple[str, str, str]]:
             value = getattr(obj, f.name)
             shown = value.value if isinstance(value, enum.Enum) else value
             key = f"{table}.{f.name}"
+            if key in SECRETS and shown:
+                shown = ", ".join(f"{k}:***" for k in shown)
             rows.append(
                 (
                     key,
@@ -187,41 +208,28 @@ def settings_rows(settings: Settings) -> list[tuple[str, str, str]]:
     return rows
 
 
-def _attribute_docs(cls: type) -> dict[str, str]:
-    """Docstrings written under dataclass fields (the attribute-docstring convention)."""
-    tree = ast.parse(textwrap.dedent(inspect.getsource(cls)))
-    body = tree.body[0].body  # type: ignore[attr-defined]
-    out: dict[str, str] = {}
-    for a, b in itertools.pairwise(body):
-        if (
-            isinstance(a, ast.AnnAssign)
-            and isinstance(a.target, ast.Name)
-            and isinstance(b, ast.Expr)
-            and isinstance(b.value, ast.Constant)
-            and isinstance(b.value.value, str)
-        ):
-            out[a.target.id] = " ".join(b.value.value.split())
-    return out
-
-
 def _shown(value: Any) -> str:
     if isinstance(value, enum.Enum):
         return str(value.value)
     if isinstance(value, tuple):
         return ", ".join(map(str, value)) if value else "(none)"
+    if isinstance(value, Mapping):
+        return ", ".join(map(str, value)) if value else "(none)"
     return str(value)
 
 
 def settings_markdown() -> str:
-    """docs/configuration.md, generated from the config classes (`orbitmq config docs`)."""
+    """docs/configuration.md, generated from the config classes' field declarations
+    (:func:`orbitmq.common.config.setting`; `orbitmq config docs`)."""
     lines = [
         "# Configuration",
         "",
         "Every setting, its default and what it is for. Settings are read, in rising priority,",
         "from the defaults below, a TOML file (`--config`, one table per component), environment",
         "variables `ORBITMQ_<TABLE>_<FIELD>` and command-line flags; `orbitmq config show` prints",
-        "the effective values and where each came from. Store settings keep RocketMQ's",
-        "`MessageStoreConfig` names in snake_case where RocketMQ has them.",
+        "the effective values and where each came from. A value outside its valid values is",
+        "refused before anything starts, naming the setting and where it came from. Store",
+        "settings keep RocketMQ's `MessageStoreConfig` names in snake_case where RocketMQ has them.",
         "",
         "Generated by `orbitmq config docs > docs/configuration.md`; a test keeps it current.",
         "",
@@ -230,19 +238,17 @@ def settings_markdown() -> str:
         ("namesrv", NamesrvConfig),
         ("broker", BrokerConfig),
         ("store", StoreConfig),
+        ("proxy", ProxyConfig),
     ):
-        docs = _attribute_docs(cls)
-        lines += [f"## [{table}]", "", "| setting | default | meaning |", "| --- | --- | --- |"]
-        for f in fields(cls):
-            if f.name == "store":
-                continue
-            if f.default is not dataclasses.MISSING:
-                default = f.default
-            elif f.default_factory is not dataclasses.MISSING:
-                default = f.default_factory()
-            else:  # pragma: no cover - every setting has a default
-                default = ""
-            doc = f.metadata.get("doc") or docs.get(f.name, "")
-            lines.append(f"| `{f.name}` | `{_shown(default)}` | {doc} |")
+        lines += [
+            f"## [{table}]",
+            "",
+            "| setting | default | valid values | meaning |",
+            "| --- | --- | --- | --- |",
+        ]
+        for d in documented(cls):
+            valid = d.valid.replace("|", "\\|") or "any"
+            doc = d.doc.replace("|", "\\|")
+            lines.append(f"| `{d.name}` | `{_shown(d.default)}` | {valid} | {doc} |")
         lines.append("")
     return "\n".join(lines)

@@ -1,19 +1,39 @@
-"""NamesrvConfig: the NameServer's settings."""
+"""NamesrvConfig: the NameServer's settings (the ``[namesrv]`` table; declared with
+:func:`orbitmq.common.config.setting`, which documents and checks each one)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from orbitmq.common.config import PORT, above, check_settings, optional, setting
+
 
 @dataclass(frozen=True, slots=True)
 class NamesrvConfig:
-    host: str = "127.0.0.1"
-    """Address to listen on (tests and `make up` use loopback)."""
-    port: int = 9876
-    """RocketMQ's NameServer port; 0 picks a free one."""
-    broker_channel_expired_s: float = 120.0
-    """A broker that has not registered for this long is removed from the routes."""
-    scan_not_active_broker_interval_s: float = 5.0
-    """How often expired brokers are looked for."""
-    metrics_port: int | None = None
-    """Prometheus endpoint port (None: off; 0: a free port)."""
+    host: str = setting(
+        "127.0.0.1",
+        "Address to listen on (tests and `make up` use loopback).",
+    )
+    port: int = setting(
+        9876,
+        "RocketMQ's NameServer port; 0 picks a free one.",
+        PORT,
+    )
+    broker_channel_expired_s: float = setting(
+        120.0,
+        "A broker that has not registered for this long is removed from the routes.",
+        above(0),
+    )
+    scan_not_active_broker_interval_s: float = setting(
+        5.0,
+        "How often expired brokers are looked for.",
+        above(0),
+    )
+    metrics_port: int | None = setting(
+        None,
+        "Prometheus endpoint port (None: off; 0: a free port).",
+        optional(PORT),
+    )
+
+    def __post_init__(self) -> None:
+        check_settings(self, "namesrv")

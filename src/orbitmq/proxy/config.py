@@ -1,4 +1,5 @@
-"""ProxyConfig: the gRPC proxy's settings.
+"""ProxyConfig: the gRPC proxy's settings (the ``[proxy]`` table; each declared with
+:func:`orbitmq.common.config.setting`, which documents and checks it).
 
 Defaults follow the Java proxy (port 8081, 4 MiB bodies, long polling up to 20 s, 60 s invisible
 time) so that an application moving from Apache RocketMQ sees the same behaviour; where OrbitMQ
@@ -7,9 +8,10 @@ is deliberately more lenient the field says so.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 
+from orbitmq.common.config import PORT, above, at_least, check_settings, non_empty, one_of, setting
 from orbitmq.common.errors import ConfigError
 from orbitmq.common.validation import DEFAULT_MAX_MESSAGE_SIZE
 
@@ -18,94 +20,167 @@ GRPC_OVERHEAD = 256 * 1024
 user properties are capped at 32 KiB encoded, so this is generous on purpose."""
 
 
+def parse_access_keys(items: Iterable[str]) -> dict[str, str]:
+    """``AK:SK`` pairs (the secret may itself contain ':') -> {access key: secret key}."""
+    keys: dict[str, str] = {}
+    for item in items:
+        ak, sep, sk = item.partition(":")
+        if not sep or not ak or not sk:
+            raise ValueError(f"access key {item!r} is not AK:SK")
+        keys[ak] = sk
+    return keys
+
+
 @dataclass(frozen=True, slots=True)
 class ProxyConfig:
-    namesrv_addrs: tuple[str, ...] = ("127.0.0.1:9876",)
-    """NameServers whose routes the proxy follows (it is a client of the brokers)."""
-    host: str = "127.0.0.1"
-    """Address the gRPC server listens on ("0.0.0.0" for every interface)."""
-    port: int = 8081
-    """gRPC port (the Java proxy's default); 0 picks a free one."""
-    tls_mode: str = "permissive"
-    """``permissive`` (the Java proxy's default): TLS and plaintext clients on the same port;
-    ``required``: TLS only; ``off``: plaintext only, with no splice in front of gRPC. See
-    :mod:`orbitmq.proxy.tls`."""
-    tls_cert_file: str | None = None
-    """PEM certificate (chain) for TLS clients; with ``tls_key_file``. None: a self-signed
-    certificate made at start-up (enough for clients that trust any, like the Java client)."""
-    tls_key_file: str | None = None
-    tls_client_ca_file: str | None = None
-    """Mutual TLS: PEM CA certificate(s); every client must present a certificate they signed.
-    Needs ``tls_mode="required"`` (a plaintext client would bypass it). None: no client
-    certificate is asked for."""
-    acl_enabled: bool = False
-    """Verify the MQv2-HMAC-SHA1 Authorization header of every call (off: anonymous allowed)."""
-    access_keys: Mapping[str, str] = field(default_factory=dict)
-    """access key -> secret key, used when ``acl_enabled``."""
-    max_message_size: int = DEFAULT_MAX_MESSAGE_SIZE
-    """Largest body accepted; advertised to clients as ``publishing.max_body_size``. Keep it equal
-    to the brokers' ``max_message_size``."""
-    max_delay_s: float = 40 * 24 * 3600.0
-    """Furthest ``delivery_timestamp`` accepted (the brokers' timer_max_delay_ms default); beyond it
-    ILLEGAL_DELIVERY_TIME. Also what catches a client putting milliseconds where seconds belong."""
-    send_timeout_s: float = 3.0
-    """Budget of one send to the brokers, retries included (the clients' own deadline is 3 s)."""
-    send_max_attempts: int = 3
-    """Advertised in the settings as the clients' send retry policy (Java proxy: 3)."""
-    long_polling_default_s: float = 20.0
-    """Long-polling time for a ReceiveMessage that names none, and advertised to push consumers."""
-    long_polling_max_s: float = 20.0
-    """Longest a ReceiveMessage is held (longer requests are clamped, not refused)."""
-    invisible_default_s: float = 60.0
-    """Invisible time of a received message when the request gives none (push consumers)."""
-    invisible_min_s: float = 1.0
-    """Shortest invisible time accepted (Java: 10 s for simple consumers; OrbitMQ is lenient)."""
-    invisible_max_s: float = 12 * 3600.0
-    receive_batch_max: int = 32
-    """Most messages one ReceiveMessage returns."""
-    auto_renew_max_s: float = 3 * 3600.0
-    """How long an auto-renewed (push consumer) message stays invisible at most."""
-    auto_renew_period_s: float = 5.0
-    """How often the proxy looks for auto-renewed messages to extend (Java proxy: 5 s)."""
-    auto_renew_ahead_s: float = 10.0
-    """A held message is extended when its invisible time ends within this (Java proxy: 10 s)."""
-    retry_max_attempts: int = 17
-    """Delivery attempts before a message goes to the DLQ (RocketMQ: 16 retries + 1)."""
-    transaction_heartbeat_s: float = 10.0
-    """How often the proxy tells brokers it stands for the transactional producers it served, so
-    their check-backs reach it."""
-    member_heartbeat_s: float = 10.0
-    """How often the proxy beats to the brokers for each gRPC consumer, so the brokers list it as
-    a member of its group (native consumers beat every 10 s; brokers expire after 120 s)."""
-    telemetry_idle_s: float = 0.0
-    """Reserved: 0 keeps Telemetry streams open as long as the client wants (they live a year)."""
+    namesrv_addrs: tuple[str, ...] = setting(
+        ("127.0.0.1:9876",),
+        "NameServers whose routes the proxy follows (it is a client of the brokers).",
+        non_empty(),
+    )
+    host: str = setting(
+        "127.0.0.1",
+        'Address the gRPC server listens on ("0.0.0.0" for every interface).',
+    )
+    port: int = setting(
+        8081,
+        "gRPC port (the Java proxy's default); 0 picks a free one.",
+        PORT,
+    )
+    tls_mode: str = setting(
+        "permissive",
+        "``permissive`` (the Java proxy's default): TLS and plaintext clients on the same port; "
+        "``required``: TLS only; ``off``: plaintext only, with no splice in front of gRPC. See "
+        ":mod:`orbitmq.proxy.tls`.",
+        one_of("off", "permissive", "required"),
+    )
+    tls_cert_file: str | None = setting(
+        None,
+        "PEM certificate (chain) for TLS clients; with ``tls_key_file``. None: a self-signed "
+        "certificate made at start-up (enough for clients that trust any, like the Java client).",
+    )
+    tls_key_file: str | None = setting(
+        None,
+        "PEM private key of tls_cert_file.",
+    )
+    tls_client_ca_file: str | None = setting(
+        None,
+        "Mutual TLS: PEM CA certificate(s); every client must present a certificate they signed."
+        ' Needs ``tls_mode="required"`` (a plaintext client would bypass it). None: no client '
+        "certificate is asked for.",
+    )
+    acl_enabled: bool = setting(
+        False,
+        "Verify the MQv2-HMAC-SHA1 Authorization header of every call (off: anonymous allowed).",
+    )
+    access_keys: Mapping[str, str] = setting(
+        None,
+        "access key -> secret key, used when acl_enabled (TOML: a table; env: AK:SK,AK2:SK2).",
+        factory=dict,
+    )
+    max_message_size: int = setting(
+        DEFAULT_MAX_MESSAGE_SIZE,
+        "Largest body accepted; advertised to clients as ``publishing.max_body_size``. Keep it "
+        "equal to the brokers' ``max_message_size``.",
+        at_least(1),
+    )
+    max_delay_s: float = setting(
+        40 * 24 * 3600.0,
+        "Furthest ``delivery_timestamp`` accepted (the brokers' timer_max_delay_ms default); "
+        "beyond it ILLEGAL_DELIVERY_TIME. Also what catches a client putting milliseconds where "
+        "seconds belong.",
+        above(0),
+    )
+    send_timeout_s: float = setting(
+        3.0,
+        "Budget of one send to the brokers, retries included (the clients' own deadline is 3 s).",
+        above(0),
+    )
+    send_max_attempts: int = setting(
+        3,
+        "Advertised in the settings as the clients' send retry policy (Java proxy: 3).",
+        at_least(1),
+    )
+    long_polling_default_s: float = setting(
+        20.0,
+        "Long-polling time for a ReceiveMessage that names none, and advertised to push consumers.",
+        above(0),
+    )
+    long_polling_max_s: float = setting(
+        20.0,
+        "Longest a ReceiveMessage is held (longer requests are clamped, not refused).",
+        above(0),
+    )
+    invisible_default_s: float = setting(
+        60.0,
+        "Invisible time of a received message when the request gives none (push consumers).",
+        above(0),
+    )
+    invisible_min_s: float = setting(
+        1.0,
+        "Shortest invisible time accepted (Java: 10 s for simple consumers; OrbitMQ is lenient).",
+        above(0),
+    )
+    invisible_max_s: float = setting(
+        12 * 3600.0,
+        "Longest invisible time accepted (Java proxy: 12 h).",
+        above(0),
+    )
+    receive_batch_max: int = setting(
+        32,
+        "Most messages one ReceiveMessage returns.",
+        at_least(1),
+    )
+    auto_renew_max_s: float = setting(
+        3 * 3600.0,
+        "How long an auto-renewed (push consumer) message stays invisible at most.",
+        above(0),
+    )
+    auto_renew_period_s: float = setting(
+        5.0,
+        "How often the proxy looks for auto-renewed messages to extend (Java proxy: 5 s).",
+        above(0),
+    )
+    auto_renew_ahead_s: float = setting(
+        10.0,
+        "A held message is extended when its invisible time ends within this (Java proxy: 10 s).",
+        at_least(0),
+    )
+    retry_max_attempts: int = setting(
+        17,
+        "Delivery attempts before a message goes to the DLQ (RocketMQ: 16 retries + 1).",
+        at_least(1),
+    )
+    transaction_heartbeat_s: float = setting(
+        10.0,
+        "How often the proxy tells brokers it stands for the transactional producers it served, "
+        "so their check-backs reach it.",
+        above(0),
+    )
+    member_heartbeat_s: float = setting(
+        10.0,
+        "How often the proxy beats to the brokers for each gRPC consumer, so the brokers list it"
+        " as a member of its group (native consumers beat every 10 s; brokers expire after 120 "
+        "s).",
+        above(0),
+    )
+    telemetry_idle_s: float = setting(
+        0.0,
+        "Reserved: 0 keeps Telemetry streams open as long as the client wants (they live a year).",
+        at_least(0),
+    )
 
     def __post_init__(self) -> None:
-        checks = {
-            "port": 0 <= self.port <= 65535,
-            "tls_mode": self.tls_mode in ("off", "permissive", "required"),
-            "tls_cert_file/tls_key_file": (self.tls_cert_file is None)
-            == (self.tls_key_file is None),
-            "max_message_size": self.max_message_size >= 1,
-            "max_delay_s": self.max_delay_s > 0,
-            "send_timeout_s": self.send_timeout_s > 0,
-            "send_max_attempts": self.send_max_attempts >= 1,
-            "long_polling_default_s": 0 < self.long_polling_default_s <= self.long_polling_max_s,
-            "invisible": 0
-            < self.invisible_min_s
-            <= self.invisible_default_s
-            <= self.invisible_max_s,
-            "auto_renew_period_s": self.auto_renew_period_s > 0,
-            "auto_renew_ahead_s": self.auto_renew_ahead_s >= 0,
-            "receive_batch_max": self.receive_batch_max >= 1,
-            "retry_max_attempts": self.retry_max_attempts >= 1,
-            "transaction_heartbeat_s": self.transaction_heartbeat_s > 0,
-            "member_heartbeat_s": self.member_heartbeat_s > 0,
-            "namesrv_addrs": bool(self.namesrv_addrs),
-        }
-        bad = [name for name, ok in checks.items() if not ok]
-        if bad:
-            raise ConfigError(f"proxy setting out of range: {', '.join(bad)}")
+        check_settings(self, "proxy")
+        if (self.tls_cert_file is None) != (self.tls_key_file is None):
+            raise ConfigError("proxy.tls_cert_file and proxy.tls_key_file go together")
+        if self.long_polling_default_s > self.long_polling_max_s:
+            raise ConfigError("proxy.long_polling_default_s must not exceed long_polling_max_s")
+        if not self.invisible_min_s <= self.invisible_default_s <= self.invisible_max_s:
+            raise ConfigError(
+                "proxy invisible times must satisfy min <= default <= max "
+                "(invisible_min_s, invisible_default_s, invisible_max_s)"
+            )
         if self.tls_client_ca_file is not None and self.tls_mode != "required":
             raise ConfigError(
                 "tls_client_ca_file (mutual TLS) needs tls_mode=required: "

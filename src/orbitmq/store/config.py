@@ -1,16 +1,19 @@
 """StoreConfig: every knob of the message store, typed, with its default and why.
 
 Names follow RocketMQ's MessageStoreConfig in snake_case where RocketMQ has the setting;
-OrbitMQ's own settings say so in their doc.
+OrbitMQ's own settings say so in their doc. Each is declared with
+:func:`orbitmq.common.config.setting` (doc and range check on the field); the checks across
+fields are in ``__post_init__``.
 """
 
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from orbitmq.common.config import at_least, between, check_settings, documented, setting
 from orbitmq.common.errors import ConfigError
 
 GiB = 1024**3
@@ -25,68 +28,84 @@ class FlushDiskType(enum.Enum):
     """Acknowledge only after fsync. Concurrent appenders share one fsync (group commit)."""
 
 
-def _f(default: Any, doc: str) -> Any:
-    return field(default=default, metadata={"doc": doc})
-
-
 @dataclass(frozen=True, slots=True)
 class StoreConfig:
-    store_path: Path = _f(Path("orbitmq-data/store"), "Root folder of the store.")
-    mapped_file_size_commit_log: int = _f(
-        1 * GiB, "Size of one CommitLog segment file (RocketMQ: 1 GiB)."
+    store_path: Path = setting(Path("orbitmq-data/store"), "Root folder of the store.")
+    mapped_file_size_commit_log: int = setting(
+        1 * GiB, "Size of one CommitLog segment file (RocketMQ: 1 GiB).", at_least(64 * KiB)
     )
-    consume_queue_entries_per_file: int = _f(
-        300_000, "ConsumeQueue entries per file; 20 bytes each (RocketMQ: 300,000)."
+    consume_queue_entries_per_file: int = setting(
+        300_000, "ConsumeQueue entries per file; 20 bytes each (RocketMQ: 300,000).", at_least(1)
     )
-    max_hash_slot_num: int = _f(5_000_000, "Hash slots per IndexFile (RocketMQ: 5,000,000).")
-    max_index_num: int = _f(20_000_000, "Entries per IndexFile (RocketMQ: 20,000,000).")
-    message_index_enable: bool = _f(True, "Index KEYS and the unique message id.")
-    flush_disk_type: FlushDiskType = _f(FlushDiskType.ASYNC_FLUSH, "ASYNC_FLUSH or SYNC_FLUSH.")
-    flush_interval_commit_log_ms: int = _f(500, "ASYNC_FLUSH: how often the flusher looks.")
-    flush_commit_log_least_pages: int = _f(
-        4, "ASYNC_FLUSH: fsync only once this many 4 KiB pages are dirty..."
+    max_hash_slot_num: int = setting(
+        5_000_000, "Hash slots per IndexFile (RocketMQ: 5,000,000).", at_least(1)
     )
-    flush_commit_log_thorough_interval_ms: int = _f(
-        10_000, "...or once this long has passed since the last fsync."
+    max_index_num: int = setting(
+        20_000_000, "Entries per IndexFile (RocketMQ: 20,000,000).", at_least(1)
     )
-    sync_flush_timeout_ms: int = _f(5_000, "SYNC_FLUSH: FLUSH_DISK_TIMEOUT after this long.")
-    flush_interval_consume_queue_ms: int = _f(
+    message_index_enable: bool = setting(True, "Index KEYS and the unique message id.")
+    flush_disk_type: FlushDiskType = setting(
+        FlushDiskType.ASYNC_FLUSH, "ASYNC_FLUSH or SYNC_FLUSH."
+    )
+    flush_interval_commit_log_ms: int = setting(
+        500, "ASYNC_FLUSH: how often the flusher looks.", at_least(1)
+    )
+    flush_commit_log_least_pages: int = setting(
+        4, "ASYNC_FLUSH: fsync only once this many 4 KiB pages are dirty...", at_least(0)
+    )
+    flush_commit_log_thorough_interval_ms: int = setting(
+        10_000, "...or once this long has passed since the last fsync.", at_least(0)
+    )
+    sync_flush_timeout_ms: int = setting(
+        5_000, "SYNC_FLUSH: FLUSH_DISK_TIMEOUT after this long.", at_least(1)
+    )
+    flush_interval_consume_queue_ms: int = setting(
         1_000,
         "How often ConsumeQueues and IndexFiles are fsynced and the checkpoint written. "
         "It bounds the tail that recovery after a crash re-scans.",
+        at_least(1),
     )
-    max_message_size: int = _f(4 * MiB, "Largest body accepted (RocketMQ: 4 MiB).")
-    max_properties_size: int = _f(32 * KiB, "Largest encoded properties accepted (OrbitMQ).")
-    file_reserved_time_hours: float = _f(72.0, "Delete CommitLog segments older than this.")
-    delete_when: str = _f("04", "Hours of the day (';'-separated) when expired segments go.")
-    disk_max_used_space_ratio: int = _f(
-        75, "Above this disk use (%), expired segments are deleted at once, any hour."
+    max_message_size: int = setting(
+        4 * MiB, "Largest body accepted (RocketMQ: 4 MiB).", at_least(1)
     )
-    disk_space_clean_forcibly_ratio: int = _f(
-        85, "Above this disk use (%), the oldest segments go even if not expired."
+    max_properties_size: int = setting(
+        32 * KiB, "Largest encoded properties accepted (OrbitMQ).", at_least(1)
     )
-    disk_space_warning_level_ratio: int = _f(
-        90, "Above this disk use (%), appends fail with DiskFullError until space is freed."
+    file_reserved_time_hours: float = setting(
+        72.0, "Delete CommitLog segments older than this.", at_least(0)
     )
-    clean_resource_interval_ms: int = _f(10_000, "How often retention runs.")
-    delete_commit_log_files_max_per_run: int = _f(10, "Segments deleted at most per run.")
-    check_crc_on_read: bool = _f(
+    delete_when: str = setting("04", "Hours of the day (';'-separated) when expired segments go.")
+    disk_max_used_space_ratio: int = setting(
+        75,
+        "Above this disk use (%), expired segments are deleted at once, any hour.",
+        between(1, 100),
+    )
+    disk_space_clean_forcibly_ratio: int = setting(
+        85, "Above this disk use (%), the oldest segments go even if not expired.", between(1, 100)
+    )
+    disk_space_warning_level_ratio: int = setting(
+        90,
+        "Above this disk use (%), appends fail with DiskFullError until space is freed.",
+        between(1, 100),
+    )
+    clean_resource_interval_ms: int = setting(10_000, "How often retention runs.", at_least(1))
+    delete_commit_log_files_max_per_run: int = setting(
+        10, "Segments deleted at most per run.", at_least(1)
+    )
+    check_crc_on_read: bool = setting(
         True,
         "OrbitMQ: verify the CRC of records written before this start when reading them, so a "
         "record damaged at rest is never served. Records this process wrote are trusted.",
     )
-    store_host: tuple[str, int] = _f(("127.0.0.1", 10911), "Written into each record.")
+    store_host: tuple[str, int] = setting(("127.0.0.1", 10911), "Written into each record.")
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "store_path", Path(self.store_path))
-        if self.mapped_file_size_commit_log < 64 * KiB:
-            raise ConfigError("mapped_file_size_commit_log must be at least 64 KiB")
+        if isinstance(self.flush_disk_type, str):
+            object.__setattr__(self, "flush_disk_type", FlushDiskType(self.flush_disk_type))
+        check_settings(self, "store")
         if self.mapped_file_size_commit_log < self.max_message_size + 64 * KiB:
             raise ConfigError("mapped_file_size_commit_log must exceed max_message_size + 64 KiB")
-        if self.consume_queue_entries_per_file < 1:
-            raise ConfigError("consume_queue_entries_per_file must be positive")
-        if self.max_hash_slot_num < 1 or self.max_index_num < 1:
-            raise ConfigError("index sizes must be positive")
         if not (
             0
             < self.disk_max_used_space_ratio
@@ -95,8 +114,6 @@ class StoreConfig:
             <= 100
         ):
             raise ConfigError("disk ratios must satisfy 0 < max_used <= forcibly <= warning <= 100")
-        if isinstance(self.flush_disk_type, str):
-            object.__setattr__(self, "flush_disk_type", FlushDiskType(self.flush_disk_type))
         self.delete_hours()  # validates
 
     def delete_hours(self) -> frozenset[int]:
@@ -110,5 +127,5 @@ class StoreConfig:
 
     @classmethod
     def documented(cls) -> list[tuple[str, Any, str]]:
-        """(name, default, doc) for every field: what `orbitmq config show` and docs print."""
-        return [(f.name, f.default, f.metadata.get("doc", "")) for f in fields(cls)]
+        """(name, default, doc) for every field (see :func:`orbitmq.common.config.documented`)."""
+        return [(d.name, d.default, d.doc) for d in documented(cls)]
