@@ -1,36 +1,30 @@
-"""Client settings: one validator per field, checked in one place.
+"""Client configs declare their fields with :mod:`orbitmq.common.config` and report bad values
+as a ClientError.
 
-A config dataclass declares each field with :func:`setting`, which carries its default and the
-predicate a value must satisfy; :func:`check_settings` (called from ``__post_init__``) runs every
-predicate and names all the fields out of range in one ClientError. The default and the rule of
-a setting are written once, beside each other, instead of in a constructor's keyword list and a
-hand-written ``checks = {...}`` block.
+A setting of ``ProducerConfig``, ``ConsumerConfig``, ... is declared with
+:func:`orbitmq.common.config.setting` (default, one sentence of doc, a check of its valid
+values), as the servers' configs are. :func:`check_settings` runs those checks when a config is
+made; a value out of range raises :class:`ClientConfigError`, which is both the client's
+ClientError (what the client always raised for a bad setting) and the common ConfigError.
 """
 
 from __future__ import annotations
 
-import dataclasses
-from collections.abc import Callable
 from typing import Any
 
-from orbitmq.common.errors import ClientError
+from orbitmq.common import config as common
+from orbitmq.common.errors import ClientError, ConfigError
 
-__all__ = ["check_settings", "setting"]
-
-_CHECK = "orbitmq.check"
+__all__ = ["ClientConfigError", "check_settings"]
 
 
-def setting(default: Any, check: Callable[[Any], bool] | None = None) -> Any:
-    """A config field: ``default`` and the predicate a value must pass (None: any value)."""
-    return dataclasses.field(default=default, metadata={_CHECK: check} if check else {})
+class ClientConfigError(ClientError, ConfigError):
+    """A client setting is out of range."""
 
 
 def check_settings(config: Any, kind: str) -> None:
-    """Run every field's predicate; ClientError naming each field out of range."""
-    bad = [
-        f.name
-        for f in dataclasses.fields(config)
-        if (check := f.metadata.get(_CHECK)) is not None and not check(getattr(config, f.name))
-    ]
-    if bad:
-        raise ClientError(f"{kind} setting out of range: {', '.join(bad)}")
+    """ClientConfigError naming the first field of ``config`` whose value fails its check."""
+    try:
+        common.check_settings(config, kind)
+    except ConfigError as exc:
+        raise ClientConfigError(str(exc)) from None

@@ -9,9 +9,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from orbitmq.client._settings import setting
 from orbitmq.client.producer.config import ProducerConfig
 from orbitmq.client.producer.types import SendResult, SendStatus
+from orbitmq.common.config import above, at_least, setting
 from orbitmq.common.errors import (
     ClientError,
     MQError,
@@ -185,8 +185,9 @@ class TransactionConfig(ProducerConfig):
     """A transactional producer's settings: the producer's (its ``group`` is replaced by the
     group the transactional producer is made for), and how check-backs are served."""
 
-    heartbeat_interval_s: float = setting(10.0, lambda v: v > 0)
-    check_concurrency: int = setting(16, lambda v: v >= 1)
-    """Check-backs answered at once."""
-    end_timeout_s: float = setting(3.0, lambda v: v > 0)
-    client_id: str | None = None
+    heartbeat_interval_s: float = setting(
+        10.0, "How often the brokers of its topics hear from the producer.", above(0)
+    )
+    check_concurrency: int = setting(16, "Check-backs answered at once.", at_least(1))
+    end_timeout_s: float = setting(3.0, "Timeout of one END_TRANSACTION.", above(0))
+    client_id: str | None = setting(None, "None: one made from the host and the process.")
