@@ -22,7 +22,9 @@ import pytest
 from orbitmq.broker.controller import BrokerController
 from orbitmq.client import AsyncAdminClient, Message
 from orbitmq.client.transaction.producer import AsyncTransactionProducer
-from orbitmq.client.transaction.types import LocalTransactionState, TransactionConfig
+from orbitmq.client.transaction.types import EndResult, LocalTransactionState, TransactionConfig
+from orbitmq.common.codes import ResponseCode
+from orbitmq.common.errors import RemoteError, error_for
 from orbitmq.common.record import StoredMessage
 from orbitmq.namesrv.config import NamesrvConfig
 from orbitmq.namesrv.controller import NamesrvController
@@ -250,3 +252,31 @@ async def test_one_writers_halves_for_a_queue_become_visible_in_send_order(env: 
     await env.settle(collections.Counter(values))
     res = await env.admin.pull(q0, 0, max_nums=100)
     assert [m.body.decode() for m in res.messages] == values
+
+
+class _Refusing:
+    """A producer whose every END_TRANSACTION the broker answers with ``error``."""
+
+    def __init__(self, error: RemoteError) -> None:
+        self.error = error
+        self.calls = 0
+
+    async def end_many(self, halves: list[Any], state: Any, concurrency: int) -> list[EndResult]:
+        self.calls += 1
+        return [EndResult(h.transaction_id, state, "", self.error) for h in halves]
+
+
+@pytest.mark.parametrize("make", [error_for, RemoteError], ids=["error_for", "bare"])
+@pytest.mark.parametrize(
+    "code", [ResponseCode.TRANSACTION_STATE_CONFLICT, ResponseCode.TRANSACTION_NOT_FOUND]
+)
+async def test_a_commit_refused_for_good_is_reported_at_once(code: ResponseCode, make: Any) -> None:
+    # A final answer is data loss to report, not a transport failure to retry until the deadline.
+    half = HalfRef("b0", 0, "tx-1", "T", 0, 1)
+    producer = _Refusing(make(code, "refused"))
+    deadline = asyncio.get_running_loop().time() + 30
+    with pytest.raises(protocol.SinkCommitError, match="can no longer be committed"):
+        await protocol._decide(
+            producer, [half], LocalTransactionState.COMMIT, deadline, what="test"
+        )
+    assert producer.calls == 1

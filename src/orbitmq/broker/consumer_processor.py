@@ -17,10 +17,13 @@ from orbitmq.broker.dead_letter import copy_properties, ensure_dlq_topic, exhaus
 from orbitmq.broker.group_config_processor import GroupConfigProcessor
 from orbitmq.common.codes import ResponseCode
 from orbitmq.common.errors import (
+    ConsumerNotOnlineError,
     MessageIllegalError,
-    MQError,
+    MessageNotFoundError,
+    NoPermissionError,
     OffsetIllegalError,
     SubscriptionGroupNotExistError,
+    TopicNotExistError,
 )
 from orbitmq.common.message import (
     SYSFLAG_COMPRESSED,
@@ -74,26 +77,6 @@ _I32_MAX = 2**31 - 1
 
 InflightSource = Callable[[str, str, int], int]
 """``inflight(group, topic, queue_id)``: Pop messages handed out and not acked (for stats)."""
-
-
-class ConsumerNotOnlineError(MQError):
-    """The group has no online member on this broker."""
-
-    code = ResponseCode.CONSUMER_NOT_ONLINE
-
-
-class MessageNotFoundError(MQError):
-    """No (indexed) message at the CommitLog offset a request names."""
-
-    code = ResponseCode.QUERY_NOT_FOUND
-
-
-class TopicNotFoundError(MQError):
-    code = ResponseCode.TOPIC_NOT_EXIST
-
-
-class NoWritePermissionError(MQError):
-    code = ResponseCode.NO_PERMISSION
 
 
 def _body(frame: Frame) -> bytes:
@@ -160,7 +143,7 @@ class ConsumerProcessor:
         validate_topic(topic)
         config = self.topics.get(topic)
         if config is None:
-            raise TopicNotFoundError(f"topic {topic} does not exist on this broker")
+            raise TopicNotExistError(f"topic {topic} does not exist on this broker")
         return config
 
     @staticmethod
@@ -352,7 +335,7 @@ class ConsumerProcessor:
             )
             self.broker.topics_changed()
         if not config.perm & PERM_WRITE or not self.broker.writable:
-            raise NoWritePermissionError(f"retry topic {name} is not writable here")
+            raise NoPermissionError(f"retry topic {name} is not writable here")
         return config
 
     async def send_back(self, frame: Frame) -> Reply:

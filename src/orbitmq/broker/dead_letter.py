@@ -17,8 +17,7 @@ import asyncio
 import logging
 from typing import TYPE_CHECKING
 
-from orbitmq.common.codes import ResponseCode
-from orbitmq.common.errors import MQError
+from orbitmq.common.errors import DeadLetterNotWritableError
 from orbitmq.common.message import (
     DELIVERY_PROPERTIES,
 )
@@ -47,13 +46,6 @@ DLQ_PERM = PERM_WRITE
 DROPPED_ON_COPY = DELIVERY_PROPERTIES | {PROPERTY_POP_CK}
 """Properties that described the original delivery (its delay, the timer's bookkeeping, its
 transaction, its Pop handle), not the copy's: the timer sets its own for the retry."""
-
-
-class DeadLetterNotWritableError(MQError):
-    """The group's DLQ or retry topic exists here without write permission (or the broker is
-    read-only): the copy cannot be stored, the message stays un-consumed."""
-
-    code = ResponseCode.NO_PERMISSION
 
 
 def first_topic(msg: StoredMessage, fallback: str | None = None) -> str:

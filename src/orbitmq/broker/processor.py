@@ -17,7 +17,14 @@ import numpy as np
 
 from orbitmq.broker.consumer_processor import ConsumerProcessor
 from orbitmq.common.codes import ResponseCode
-from orbitmq.common.errors import FlushTimeoutError, MessageIllegalError, MQError, ProtocolError
+from orbitmq.common.errors import (
+    FlushTimeoutError,
+    MessageIllegalError,
+    MQError,
+    NoPermissionError,
+    ProtocolError,
+    TopicNotExistError,
+)
 from orbitmq.common.filter import MessageFilter, compile_filter
 from orbitmq.common.ids import default_generator
 from orbitmq.common.message import MessageBatch, decode_properties, find_all, property_value
@@ -71,15 +78,6 @@ class _SqlRead:
     next_begin: int
     parts: list[memoryview] = field(default_factory=list)
     dropped: int = 0
-
-
-class TopicNotExistError(MQError):
-    code = ResponseCode.TOPIC_NOT_EXIST
-    retriable = True
-
-
-class NoPermissionError(MQError):
-    code = ResponseCode.NO_PERMISSION
 
 
 def _ensure_ids(send: SendBody) -> list[str] | None:
@@ -171,11 +169,7 @@ class BrokerProcessor:
                 return await self.send(frame, conn)
             return await handler(frame)
         except (MQError, msgspec.DecodeError, msgspec.ValidationError, UnicodeDecodeError) as exc:
-            code = (
-                getattr(exc, "response_code", exc.code)
-                if isinstance(exc, MQError)
-                else ResponseCode.MESSAGE_ILLEGAL
-            )
+            code = exc.code if isinstance(exc, MQError) else ResponseCode.MESSAGE_ILLEGAL
             if isinstance(exc, ProtocolError):
                 code = ResponseCode.MESSAGE_ILLEGAL
             self.metrics.errors.labels(str(int(code))).inc()

@@ -48,7 +48,13 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from orbitmq.common.codes import ResponseCode
-from orbitmq.common.errors import MessageIllegalError, MQError
+from orbitmq.common.errors import (
+    MessageIllegalError,
+    MQError,
+    TimerDelayTooLongError,
+    TimerMessageNotFoundError,
+    TimerMessageNotPendingError,
+)
 from orbitmq.common.files import write_atomically
 from orbitmq.common.message import (
     PROPERTY_DELAY_LEVEL,
@@ -114,22 +120,6 @@ _REMOVED_ON_DELIVERY = (
 )
 _UNIT_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
 _LEVEL = re.compile(r"^(\d+)(ms|s|m|h|d)$")
-
-
-class TimerDelayTooLongError(MessageIllegalError):
-    """A delay beyond ``timer_max_delay_ms``."""
-
-
-class TimerMessageNotFoundError(MQError):
-    """RECALL_MESSAGE: no delayed message with that id and topic on this broker."""
-
-    code = ResponseCode.TIMER_MESSAGE_NOT_FOUND
-
-
-class TimerMessageNotPendingError(MQError):
-    """RECALL_MESSAGE: the message was delivered or recalled already."""
-
-    code = ResponseCode.TIMER_MESSAGE_NOT_PENDING
 
 
 def parse_delay_levels(spec: str) -> list[int]:
@@ -726,9 +716,6 @@ __all__ = [
     "TIMER_DTYPE",
     "TIMER_TOPIC",
     "TimerCheckpoint",
-    "TimerDelayTooLongError",
-    "TimerMessageNotFoundError",
-    "TimerMessageNotPendingError",
     "TimerService",
     "parse_delay_levels",
 ]

@@ -41,6 +41,11 @@ Handler = Callable[[Frame, "Connection"], Awaitable[Reply]]
 
 
 class ConnectionClosedError(RemoteError):
+    """The connection closed before the answer came. Retriable: another connection (or
+    broker) may answer; whether the request was handled is unknown."""
+
+    retriable = True
+
     def __init__(self, remark: str = "connection closed") -> None:
         super().__init__(ResponseCode.SYSTEM_ERROR, remark)
 
@@ -155,7 +160,7 @@ class Connection(asyncio.Protocol):
         try:
             reply = await self.handler(frame, self)
         except MQError as exc:
-            reply = frame.reply(getattr(exc, "response_code", exc.code), str(exc))
+            reply = frame.reply(exc.code, str(exc))
         except Exception as exc:
             log.exception("%s: request code %d failed", self.name, frame.code)
             reply = frame.reply(ResponseCode.SYSTEM_ERROR, f"{type(exc).__name__}: {exc}")

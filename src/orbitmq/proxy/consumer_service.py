@@ -57,7 +57,10 @@ from orbitmq.common.errors import (
     ClientError,
     MQError,
     ProtocolError,
-    RemoteError,
+    ReceiptHandleExpiredError,
+    ReceiptHandleInvalidError,
+    error_class,
+    error_for,
 )
 from orbitmq.common.record import StoredMessage
 from orbitmq.net.client import RemotingClient
@@ -99,10 +102,7 @@ RENEW_CONCURRENCY = 32
 _EMPTY_POP = frozenset(
     {ResponseCode.PULL_NOT_FOUND, ResponseCode.POLLING_TIMEOUT, ResponseCode.NO_MESSAGE}
 )
-_HANDLE_CODES = frozenset(
-    {ResponseCode.RECEIPT_HANDLE_INVALID, ResponseCode.RECEIPT_HANDLE_EXPIRED}
-)
-_ROUTE_CODES = frozenset({ResponseCode.TOPIC_NOT_EXIST, ResponseCode.NO_PERMISSION})
+"""Pop answers that mean "nothing to hand out now" (a status of the Pop protocol, not an error)."""
 
 
 def _now_ms() -> int:
@@ -247,8 +247,8 @@ class _Renewer:
             self.renewed += 1
         except MQError as exc:
             held.failures += 1
-            code = exc.response_code if isinstance(exc, RemoteError) else exc.code
-            if code in _HANDLE_CODES or held.failures > RENEW_RETRIES:
+            stale = isinstance(exc, (ReceiptHandleInvalidError, ReceiptHandleExpiredError))
+            if stale or held.failures > RENEW_RETRIES:
                 # No longer current (acked elsewhere, expired), or the broker keeps failing:
                 # the message becomes visible when its time ends and is delivered again.
                 self.held.pop(text, None)
@@ -339,7 +339,7 @@ class ConsumerRpcs:
             addr, Frame(code, fields=fields, body=body), timeout_s or self.broker_timeout_s
         )
         if resp.code not in ok:
-            raise RemoteError(resp.code, resp.remark)
+            raise error_for(resp.code, resp.remark)
         return resp
 
     async def _broker_addr(self, topic: str, broker_name: str) -> str:
@@ -412,7 +412,7 @@ class ConsumerRpcs:
             elif resp.code == ResponseCode.POLLING_FULL:
                 st = status.make(pb.TOO_MANY_REQUESTS, resp.remark or "polling full")
             else:
-                if resp.code in _ROUTE_CODES:
+                if error_class(resp.code).refresh_route:
                     self.ctx.routes.refresh_soon(pop.topic)
                 st = status.from_response_code(resp.code, resp.remark)
             yield svc.ReceiveMessageResponse(status=st)

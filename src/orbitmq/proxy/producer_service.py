@@ -163,7 +163,7 @@ class ProducerRpcs:
                 except RemoteError as exc:
                     # The broker finds the timer through its message index, which trails the
                     # send by moments: a recall right after the send may not see it yet.
-                    if exc.response_code != ResponseCode.TIMER_MESSAGE_NOT_FOUND or (
+                    if exc.code != ResponseCode.TIMER_MESSAGE_NOT_FOUND or (
                         attempt == RECALL_TRIES - 1
                     ):
                         raise

@@ -19,7 +19,6 @@ from orbitmq.common.errors import (
     MessageTooLargeError,
     MQError,
     PropertiesTooLargeError,
-    RemoteError,
     RequestTimeoutError,
 )
 from orbitmq.proxy.grpc_v2 import definition_pb2 as pb
@@ -128,8 +127,6 @@ def code_of(exc: BaseException) -> int:
     for typ, mapped in _CODE_BY_ERROR:
         if isinstance(exc, typ):
             return mapped
-    if isinstance(exc, RemoteError):
-        return CODE_BY_RESPONSE.get(exc.response_code, Code.INTERNAL_ERROR)
     if isinstance(exc, MQError):
         return CODE_BY_RESPONSE.get(exc.code, Code.INTERNAL_ERROR)
     return Code.INTERNAL_ERROR

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from orbitmq.client.route import TopicRouteCache
 from orbitmq.common.codes import ResponseCode
-from orbitmq.common.errors import MQError, RemoteError
+from orbitmq.common.errors import MQError, error_for
 from orbitmq.net.client import RemotingClient
 from orbitmq.protocol.bodies import TopicConfigList, decode_body
 from orbitmq.protocol.codes import RequestCode
@@ -118,7 +118,7 @@ class TopicTypes:
             addr, Frame(RequestCode.GET_ALL_TOPIC_CONFIG), self.timeout_s
         )
         if resp.code != ResponseCode.SUCCESS:
-            raise RemoteError(resp.code, resp.remark)
+            raise error_for(resp.code, resp.remark)
         configs = decode_body(memoryview(resp.body), TopicConfigList).topic_configs
         entry = _BrokerTopics({c.topic_name: c.message_type for c in configs}, time.monotonic())
         self._by_addr[addr] = entry

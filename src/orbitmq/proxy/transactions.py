@@ -31,7 +31,7 @@ from typing import Any
 from orbitmq.client import _codec
 from orbitmq.client.consumer_types import new_client_id
 from orbitmq.common.codes import ResponseCode
-from orbitmq.common.errors import ClientError, MQError, RemoteError
+from orbitmq.common.errors import ClientError, MQError, error_for
 from orbitmq.common.message import PROPERTY_REAL_QUEUE_ID, PROPERTY_REAL_TOPIC
 from orbitmq.common.validation import GROUP_MAX_LENGTH
 from orbitmq.net.connection import Connection, Reply
@@ -176,7 +176,7 @@ class TransactionRelay:
             addr, Frame(RequestCode.END_TRANSACTION, fields=fields), self.ctx.config.send_timeout_s
         )
         if resp.code != ResponseCode.SUCCESS:
-            raise RemoteError(resp.code, resp.remark)
+            raise error_for(resp.code, resp.remark)
         if state != "UNKNOWN":
             self._senders.pop(request.message_id, None)
 

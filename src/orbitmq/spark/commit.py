@@ -45,7 +45,15 @@ from orbitmq.client.producer.producer import AsyncProducer
 from orbitmq.client.producer.types import SendStatus
 from orbitmq.client.transaction.types import EndResult, HalfBatchResult, LocalTransactionState
 from orbitmq.common.codes import ResponseCode
-from orbitmq.common.errors import ClientError, MQError, RemoteError
+from orbitmq.common.errors import (
+    ClientError,
+    MQError,
+    RemoteError,
+    TransactionNotFoundError,
+    TransactionStateConflictError,
+    error_class,
+    error_for,
+)
 from orbitmq.common.message import Message
 from orbitmq.common.record import StoredMessage
 from orbitmq.protocol.codes import RequestCode
@@ -263,7 +271,7 @@ class MarkerStore:
             frame = Frame(RequestCode.QUERY_MESSAGE, fields=dict(fields))
             resp = await self.admin.remoting.invoke(addr, frame, self.admin.timeout_s)
             if resp.code not in ok:
-                raise RemoteError(resp.code, resp.remark)
+                raise error_for(resp.code, resp.remark)
             if resp.code != ResponseCode.SUCCESS or not resp.body:
                 return []
             return decode_records(memoryview(resp.body))
@@ -378,11 +386,7 @@ async def _decide(
                     fatal.append(f"{half.transaction_id}: {res.broker_state}")
                 continue
             err = res.error
-            code = err.code if isinstance(err, RemoteError) else None
-            if code in (
-                ResponseCode.TRANSACTION_STATE_CONFLICT,
-                ResponseCode.TRANSACTION_NOT_FOUND,
-            ):
+            if _is_final(err, TransactionStateConflictError, TransactionNotFoundError):
                 if state is LocalTransactionState.COMMIT:
                     fatal.append(f"{half.transaction_id}@{half.broker_name}:{half.offset}: {err}")
                 # A ROLLBACK of something committed or gone: nothing to undo.
@@ -398,6 +402,12 @@ async def _decide(
         if retry:
             await asyncio.sleep(_RETRY_PAUSE_S)
         todo = retry
+
+
+def _is_final(err: MQError | None, *answers: type[MQError]) -> bool:
+    """Whether the broker answered one of ``answers`` (a final answer: retrying cannot change it).
+    Read through the code's class, so a bare RemoteError for the code counts as well."""
+    return isinstance(err, RemoteError) and issubclass(error_class(err.code), answers)
 
 
 PROBE_AGE_MS = 5_000
@@ -418,8 +428,7 @@ async def _probe(producer: Any, halves: Sequence[HalfRef], deadline: float, *, w
         for half, res in zip(todo, results, strict=True):
             if res.ok and res.broker_state in ("PENDING", "COMMITTING", "COMMITTED"):
                 continue
-            code = res.error.code if isinstance(res.error, RemoteError) else None
-            if res.ok or code == ResponseCode.TRANSACTION_NOT_FOUND:
+            if res.ok or _is_final(res.error, TransactionNotFoundError):
                 state = res.broker_state or str(res.error)
                 await _decide(producer, halves, LocalTransactionState.ROLLBACK, deadline, what=what)
                 raise SinkCommitError(

@@ -37,13 +37,15 @@ from orbitmq.broker.pop.receipt import HandleCodec, ReceiptHandle, load_or_creat
 from orbitmq.broker.pop.records import REVIVE_TOPIC, AckRecord, CkRecord, Op, encode_entry
 from orbitmq.broker.pop.revive import Reviver
 from orbitmq.broker.pop.state import Checkpoint, PopState
-from orbitmq.broker.processor import NoPermissionError, TopicNotExistError
 from orbitmq.common.codes import ResponseCode
 from orbitmq.common.errors import (
     MessageIllegalError,
     MQError,
+    NoPermissionError,
+    PollingFullError,
     ReceiptHandleExpiredError,
     ReceiptHandleInvalidError,
+    TopicNotExistError,
 )
 from orbitmq.common.filter import MessageFilter, compile_filter
 from orbitmq.common.message import MessageBatch, decode_properties, encode_properties
@@ -91,13 +93,6 @@ MAX_FIFO_WINDOW = 65_536
 
 def now_ms() -> int:
     return int(time.time() * 1000)
-
-
-class PollingFullError(MQError):
-    """The group has pop_max_inflight_per_group messages out un-acked: ack some first."""
-
-    code = ResponseCode.POLLING_FULL
-    retriable = True
 
 
 @dataclass(frozen=True, slots=True)
