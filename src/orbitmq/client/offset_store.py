@@ -33,7 +33,7 @@ import msgspec
 
 from orbitmq.client.route import MessageQueue, TopicRouteCache, TopicRouteNotFoundError
 from orbitmq.common.codes import ResponseCode
-from orbitmq.common.errors import ClientError, MQError, ProtocolError, RemoteError
+from orbitmq.common.errors import ClientError, MQError, ProtocolError, RemoteError, error_for
 from orbitmq.common.files import write_atomically
 from orbitmq.net.client import RemotingClient
 from orbitmq.protocol.bodies import encode_body
@@ -88,7 +88,7 @@ class BrokerRequester:
             addr, Frame(code, fields=fields or {}, body=body), timeout
         )
         if resp.code not in ok:
-            raise RemoteError(resp.code, resp.remark)
+            raise error_for(resp.code, resp.remark)
         return resp
 
     async def call_queue(
@@ -236,7 +236,7 @@ class RemoteOffsetStore(_MemoryTable):
                 addr, RequestCode.UPDATE_CONSUMER_OFFSET, {}, encode_body(body)
             )
         except RemoteError as exc:
-            if exc.response_code != ResponseCode.OFFSET_ILLEGAL:
+            if exc.code != ResponseCode.OFFSET_ILLEGAL:
                 raise
             # One bad entry refuses the whole batch: commit one by one so the others land.
             errors: list[MQError] = []
@@ -259,7 +259,7 @@ class RemoteOffsetStore(_MemoryTable):
                 {"group": self.group, "topic": mq.topic, "queue_id": mq.queue_id, "offset": offset},
             )
         except RemoteError as exc:
-            if exc.response_code == ResponseCode.OFFSET_ILLEGAL:
+            if exc.code == ResponseCode.OFFSET_ILLEGAL:
                 log.warning("broker refused offset %d of %s: %s", offset, mq, exc.remark)
                 self.persisted[mq] = offset  # not worth retrying every interval
             raise

@@ -13,7 +13,7 @@ import asyncio
 
 from orbitmq.client.admin.client import AsyncAdminClient
 from orbitmq.common.codes import ResponseCode
-from orbitmq.common.errors import ClientError, MQError, RemoteError
+from orbitmq.common.errors import ClientError, MQError, RemoteError, error_for
 from orbitmq.protocol.codes import RequestCode
 from orbitmq.protocol.frame import Frame
 
@@ -49,10 +49,10 @@ async def recall_message(
         elif resp.code == ResponseCode.SUCCESS:
             return name
         elif resp.code in _MISSES:
-            misses.append(RemoteError(resp.code, resp.remark))
+            misses.append(error_for(resp.code, resp.remark))
         else:
-            raise RemoteError(resp.code, resp.remark)
+            raise error_for(resp.code, resp.remark)
     if failures and not misses:
         raise ClientError("no broker answered the recall: " + "; ".join(failures))
-    misses.sort(key=lambda e: e.response_code != ResponseCode.TIMER_MESSAGE_NOT_PENDING)
+    misses.sort(key=lambda e: e.code != ResponseCode.TIMER_MESSAGE_NOT_PENDING)
     raise misses[0]

@@ -22,8 +22,8 @@ from orbitmq.common.errors import (
     ClientError,
     MQError,
     ProtocolError,
-    RemoteError,
     SubscriptionGroupNotExistError,
+    error_for,
 )
 from orbitmq.common.record import StoredMessage
 from orbitmq.net.client import RemotingClient
@@ -99,13 +99,13 @@ class AdminBase:
             addr, Frame(code, fields=fields or {}, body=body), timeout
         )
         if resp.code not in ok:
-            raise RemoteError(resp.code, resp.remark)
+            raise error_for(resp.code, resp.remark)
         return resp
 
     async def _namesrv(self, code: int, fields: dict[str, Any] | None = None) -> Frame:
         resp = await self.routes.request(code, fields or {})
         if resp.code != ResponseCode.SUCCESS:
-            raise RemoteError(resp.code, resp.remark)
+            raise error_for(resp.code, resp.remark)
         return resp
 
     async def _info(self, topic: str, *, fresh: bool = False) -> TopicPublishInfo:

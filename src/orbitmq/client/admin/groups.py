@@ -211,7 +211,7 @@ class GroupAdmin(AdminBase):
         failures: list[str] = []
         for name, res in zip(names, results, strict=True):
             if isinstance(res, RemoteError) and (
-                res.response_code == ResponseCode.SUBSCRIPTION_GROUP_NOT_EXIST
+                res.code == ResponseCode.SUBSCRIPTION_GROUP_NOT_EXIST
             ):
                 unknown.append(name)
             elif isinstance(res, MQError):

@@ -28,6 +28,7 @@ from orbitmq.common.errors import (
     ClientError,
     MQError,
     RemoteError,
+    error_for,
 )
 from orbitmq.common.record import StoredMessage
 from orbitmq.common.validation import validate_topic
@@ -127,9 +128,7 @@ class TopicAdmin(AdminBase):
             return_exceptions=True,
         )
         for addr, res in zip(targets, results, strict=True):
-            absent = (
-                isinstance(res, RemoteError) and res.response_code == ResponseCode.TOPIC_NOT_EXIST
-            )
+            absent = isinstance(res, RemoteError) and res.code == ResponseCode.TOPIC_NOT_EXIST
             if isinstance(res, BaseException) and not absent:  # absent already is deleted
                 failures.append(f"broker {addr}: {res}")
         answers = await self.routes.broadcast(RequestCode.DELETE_TOPIC_IN_NAMESRV, {"topic": topic})
@@ -137,7 +136,7 @@ class TopicAdmin(AdminBase):
             if isinstance(ans, MQError):
                 failures.append(f"NameServer {addr}: {ans}")
             elif ans.code != ResponseCode.SUCCESS:
-                failures.append(f"NameServer {addr}: {RemoteError(ans.code, ans.remark)}")
+                failures.append(f"NameServer {addr}: {error_for(ans.code, ans.remark)}")
         self.routes.forget(topic)
         if failures:
             raise ClientError(f"delete topic {topic!r} failed on: " + "; ".join(failures))
@@ -195,7 +194,7 @@ class TopicAdmin(AdminBase):
             if isinstance(ans, MQError):
                 out[addr] = ans
             elif ans.code != ResponseCode.SUCCESS:
-                out[addr] = RemoteError(ans.code, ans.remark)
+                out[addr] = error_for(ans.code, ans.remark)
             else:
                 out[addr] = int(ans.fields.get(f"{verb}_topic_count", 0))
         return out

@@ -51,7 +51,7 @@ from orbitmq.client._loop_thread import BlockingFacade, LoopThread
 from orbitmq.client.consumer.config import SimpleConfig
 from orbitmq.client.consumer.subscription import Subscription
 from orbitmq.client.consumer_types import ReceivedMessage, new_client_id
-from orbitmq.client.heartbeat import HeartbeatService, remote_error
+from orbitmq.client.heartbeat import HeartbeatService
 from orbitmq.client.route import MessageQueue, TopicRouteCache
 from orbitmq.common.clock import now_ms
 from orbitmq.common.codes import ResponseCode
@@ -60,9 +60,8 @@ from orbitmq.common.errors import (
     FilterExpressionError,
     MQError,
     ProtocolError,
-    ReceiptHandleExpiredError,
-    ReceiptHandleInvalidError,
-    RemoteError,
+    error_for,
+    remote_class,
 )
 from orbitmq.net.client import RemotingClient
 from orbitmq.net.connection import Connection, Reply
@@ -96,24 +95,14 @@ _EMPTY = frozenset(
         ResponseCode.PULL_RETRY_IMMEDIATELY,
     }
 )
-_ROUTE_CODES = frozenset({ResponseCode.TOPIC_NOT_EXIST, ResponseCode.NO_PERMISSION})
 
-
-class ExpiredReceiptHandleError(RemoteError, ReceiptHandleExpiredError):
-    """RECEIPT_HANDLE_EXPIRED: the handle is no longer current (acked, replaced by
-    change_invisible_duration, or its invisible time passed and the message is out again)."""
-
-
-class InvalidReceiptHandleError(RemoteError, ReceiptHandleInvalidError):
-    """RECEIPT_HANDLE_INVALID: the broker cannot read the handle or never issued it."""
-
-
-def _error(code: int, remark: str) -> RemoteError:
-    if code == ResponseCode.RECEIPT_HANDLE_EXPIRED:
-        return ExpiredReceiptHandleError(code, remark)
-    if code == ResponseCode.RECEIPT_HANDLE_INVALID:
-        return InvalidReceiptHandleError(code, remark)
-    return remote_error(code, remark)
+ExpiredReceiptHandleError = remote_class(ResponseCode.RECEIPT_HANDLE_EXPIRED)
+"""RECEIPT_HANDLE_EXPIRED from a broker: the handle is no longer current (acked, replaced by
+change_invisible_duration, or its invisible time passed and the message is out again). A
+RemoteError and a ReceiptHandleExpiredError."""
+InvalidReceiptHandleError = remote_class(ResponseCode.RECEIPT_HANDLE_INVALID)
+"""RECEIPT_HANDLE_INVALID from a broker: it cannot read the handle or never issued it. A
+RemoteError and a ReceiptHandleInvalidError."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -373,9 +362,10 @@ class AsyncSimpleConsumer:
         if resp.code in _EMPTY:
             return []
         if resp.code != ResponseCode.SUCCESS:
-            if resp.code in _ROUTE_CODES:
+            err = error_for(resp.code, resp.remark)
+            if err.refresh_route:
                 self.routes.refresh_soon(target.topic)
-            raise _error(resp.code, resp.remark)
+            raise err
         return _received(resp, target, invisible_ms)
 
     # ------------------------------------------------------------------ ack and change
@@ -399,7 +389,7 @@ class AsyncSimpleConsumer:
             self.request_timeout_s,
         )
         if resp.code != ResponseCode.SUCCESS:
-            raise _error(resp.code, resp.remark)
+            raise error_for(resp.code, resp.remark)
 
     async def ack_many(self, msgs: Sequence[ReceivedMessage]) -> list[MQError | None]:
         """Ack many messages, one BATCH_ACK_MESSAGE per (broker, topic). Returns, in the order of
@@ -422,7 +412,7 @@ class AsyncSimpleConsumer:
                     self.request_timeout_s,
                 )
                 if resp.code != ResponseCode.SUCCESS:
-                    raise _error(resp.code, resp.remark)
+                    raise error_for(resp.code, resp.remark)
                 try:
                     acks = decode_body(bytes(resp.body), AckResults)
                 except (msgspec.DecodeError, msgspec.ValidationError) as exc:
@@ -439,7 +429,7 @@ class AsyncSimpleConsumer:
             remarks = acks.remarks + [""] * (len(idx) - len(acks.remarks))
             for i, code, remark in zip(idx, acks.codes, remarks, strict=False):
                 if code != ResponseCode.SUCCESS:
-                    results[i] = _error(code, remark)
+                    results[i] = error_for(code, remark)
 
         await asyncio.gather(*(one(a, t, idx) for (a, t), idx in batches.items()))
         return results
@@ -463,7 +453,7 @@ class AsyncSimpleConsumer:
             self.request_timeout_s,
         )
         if resp.code != ResponseCode.SUCCESS:
-            raise _error(resp.code, resp.remark)
+            raise error_for(resp.code, resp.remark)
         handle = resp.fields.get("handle")
         if not isinstance(handle, str) or not handle:
             raise ProtocolError(f"broker {msg.broker_addr} sent no new receipt handle")

@@ -2,8 +2,8 @@
 
 :meth:`Sender.send` picks a queue (the fixed one, or one the fault strategy likes, avoiding the
 broker that just failed), writes SEND_MESSAGE or SEND_BATCH_MESSAGE, and reads the answer. A
-retriable failure (connection lost, SYSTEM_BUSY, SERVICE_NOT_AVAILABLE, TOPIC_NOT_EXIST,
-NO_PERMISSION, ...) is tried again, up to ``retry_times_when_send_failed`` more times, within
+retriable failure (connection lost, or an answer whose error class is ``retriable``:
+SYSTEM_BUSY, SERVICE_NOT_AVAILABLE, TOPIC_NOT_EXIST, ...; not NO_PERMISSION) is tried again, up to ``retry_times_when_send_failed`` more times, within
 one deadline for all tries. ``oneway=True`` writes the frame with the ONEWAY flag and reads no
 answer: only a failure to write is retried (nothing was written then).
 
@@ -24,13 +24,14 @@ from orbitmq.client.producer.config import ProducerConfig
 from orbitmq.client.producer.prepare import PreparedMessage
 from orbitmq.client.producer.types import STATUS_BY_CODE, SendResult, SendStatus
 from orbitmq.client.route import MessageQueue, TopicPublishInfo, TopicRouteCache
-from orbitmq.common.codes import ResponseCode
 from orbitmq.common.errors import (
     ClientError,
     MQError,
     ProtocolError,
     RemoteError,
     RequestTimeoutError,
+    TopicNotExistError,
+    error_for,
 )
 from orbitmq.common.record import record_overhead
 from orbitmq.net.client import RemotingClient
@@ -39,21 +40,6 @@ from orbitmq.protocol.frame import Frame
 from orbitmq.protocol.messages import encode_send_body
 
 __all__ = ["Sender", "check_queue"]
-
-# Broker answers worth another try, possibly elsewhere. Not the "stored but" codes.
-_SEND_RETRY_CODES = frozenset(
-    {
-        ResponseCode.SYSTEM_ERROR,
-        ResponseCode.SYSTEM_BUSY,
-        ResponseCode.SERVICE_NOT_AVAILABLE,
-        ResponseCode.TOPIC_NOT_EXIST,
-        ResponseCode.NO_PERMISSION,
-        ResponseCode.STORE_IO_ERROR,
-        ResponseCode.STORE_CLOSED,
-    }
-)
-# Answers that suggest the cached route is stale.
-_REFRESH_ROUTE_CODES = frozenset({ResponseCode.TOPIC_NOT_EXIST, ResponseCode.NO_PERMISSION})
 
 
 class Sender:
@@ -149,15 +135,18 @@ class Sender:
             if oneway:
                 return []
             latency_ms = (loop.time() - started) * 1000
-            status = STATUS_BY_CODE.get(resp.code)  # type: ignore[call-overload]
+            status = STATUS_BY_CODE.get(resp.code)
             if status is not None and "queue_offset" in resp.fields:
                 self.fault.update(mq.broker_name, latency_ms)
                 return _results(resp, mq, items, status)
-            err = RemoteError(resp.code, resp.remark)
-            if resp.code in _REFRESH_ROUTE_CODES:
+            # What to do is the answer's class policy (orbitmq.common.errors): retried when
+            # retriable, the route refreshed when refresh_route. A stored answer (message
+            # stored, less safely than asked) without its offsets is raised, never resent.
+            err = error_for(resp.code, resp.remark)
+            if err.refresh_route:
                 self.routes.refresh_soon(topic)
-            retriable = resp.code in _SEND_RETRY_CODES and not (
-                resp.code == ResponseCode.TOPIC_NOT_EXIST and info.auto_create
+            retriable = err.retriable and not (
+                isinstance(err, TopicNotExistError) and info.auto_create
             )
             self.fault.update(mq.broker_name, latency_ms, failed=retriable)
             if not retriable:

@@ -11,7 +11,7 @@ import crc32c
 
 from orbitmq.client.route import MessageQueue
 from orbitmq.common.codes import ResponseCode
-from orbitmq.common.errors import ClientError
+from orbitmq.common.errors import ClientError, registered_codes
 from orbitmq.common.message import PROPERTY_SHARDING_KEY, Message
 
 __all__ = [
@@ -32,13 +32,16 @@ class SendStatus(enum.Enum):
     SLAVE_NOT_AVAILABLE = "SLAVE_NOT_AVAILABLE"
 
 
-STATUS_BY_CODE = {
+STATUS_BY_CODE: dict[int, SendStatus] = {
     ResponseCode.SUCCESS: SendStatus.SEND_OK,
-    ResponseCode.FLUSH_DISK_TIMEOUT: SendStatus.FLUSH_DISK_TIMEOUT,
-    ResponseCode.FLUSH_SLAVE_TIMEOUT: SendStatus.FLUSH_SLAVE_TIMEOUT,
-    ResponseCode.SLAVE_NOT_AVAILABLE: SendStatus.SLAVE_NOT_AVAILABLE,
+    **{
+        code: SendStatus[ResponseCode(code).name]  # a stored code without a status fails here
+        for code, cls in registered_codes().items()
+        if cls.stored
+    },
 }
-"""Answers that mean the message is stored, and the status each gives its SendResult."""
+"""Answers that mean the message is stored (SUCCESS, and every code whose error class is
+``stored``), and the status each gives its SendResult."""
 
 
 @dataclass(slots=True)

@@ -72,7 +72,7 @@ from orbitmq.common.errors import (
     ClientError,
     EmptyBodyError,
     MQError,
-    RemoteError,
+    error_for,
 )
 from orbitmq.common.ids import default_generator
 from orbitmq.common.message import (
@@ -407,7 +407,7 @@ class AsyncTransactionProducer:
         except MQError as exc:
             return "", exc
         if resp.code != ResponseCode.SUCCESS:
-            return "", RemoteError(resp.code, resp.remark)
+            return "", error_for(resp.code, resp.remark)
         return str(resp.fields.get("state", "")), None
 
     async def _run_local(
