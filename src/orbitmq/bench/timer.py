@@ -36,14 +36,19 @@ from typing import Any
 import numpy as np
 
 from orbitmq.bench._child import ServerChild
+from orbitmq.common.clock import now_ms
 from orbitmq.common.codes import ResponseCode
 from orbitmq.common.errors import ClientError
 from orbitmq.common.message import encode_properties
 from orbitmq.net.client import RemotingClient
 from orbitmq.protocol.bodies import TopicConfig, encode_body
-from orbitmq.protocol.codes import RequestCode
-from orbitmq.protocol.frame import Frame
 from orbitmq.protocol.messages import decode_records, encode_send_body
+from orbitmq.protocol.requests import (
+    GetBrokerRuntimeInfoRequest,
+    PullMessageRequest,
+    SendBatchMessageRequest,
+    UpdateTopicRequest,
+)
 
 Say = Callable[[str], None]
 DEFAULT_TOPIC = "BenchTimer"
@@ -151,7 +156,7 @@ async def _create_topic(client: RemotingClient, addr: str, topic: str, queues: i
     body = encode_body(
         TopicConfig(topic_name=topic, read_queue_nums=queues, write_queue_nums=queues)
     )
-    resp = await client.invoke(addr, Frame(RequestCode.UPDATE_AND_CREATE_TOPIC, body=body), 10.0)
+    resp = await client.invoke(addr, UpdateTopicRequest().frame(body), 10.0)
     if resp.code != ResponseCode.SUCCESS:
         raise ClientError(f"cannot create {topic}: {resp.remark}")
 
@@ -160,10 +165,8 @@ async def _send(
     client: RemotingClient, addr: str, topic: str, queue_id: int, bodies: list[bytes],
     props: list[bytes],
 ) -> None:  # fmt: skip
-    frame = Frame(
-        RequestCode.SEND_BATCH_MESSAGE,
-        fields={"topic": topic, "queue_id": queue_id},
-        body=encode_send_body(bodies, props),
+    frame = SendBatchMessageRequest(topic=topic, queue_id=queue_id).frame(
+        encode_send_body(bodies, props)
     )
     for _ in range(50):
         resp = await client.invoke(addr, frame, 30.0)
@@ -176,12 +179,8 @@ async def _send(
 
 
 async def _runtime_info(client: RemotingClient, addr: str) -> dict[str, Any]:
-    resp = await client.invoke(addr, Frame(RequestCode.GET_BROKER_RUNTIME_INFO), 10.0)
+    resp = await client.invoke(addr, GetBrokerRuntimeInfoRequest().frame(), 10.0)
     return dict(resp.fields)
-
-
-def _now_ms() -> int:
-    return time.time_ns() // 1_000_000
 
 
 # ---------------------------------------------------------------------------- accuracy
@@ -203,13 +202,12 @@ async def run_accuracy(
         nonlocal early
         offset = 0
         while not done.is_set():
-            frame = Frame(
-                RequestCode.PULL_MESSAGE,
-                fields={"topic": topic, "queue_id": queue_id, "queue_offset": offset,
-                        "max_msg_nums": 512, "suspend_timeout_ms": 1000},
-            )  # fmt: skip
+            frame = PullMessageRequest(
+                topic=topic, queue_id=queue_id, queue_offset=offset, max_msg_nums=512,
+                suspend_timeout_ms=1000,
+            ).frame()  # fmt: skip
             resp = await client.invoke(addr, frame, 10.0)
-            at = _now_ms()
+            at = now_ms()
             if resp.code == ResponseCode.SUCCESS:
                 for m in decode_records(resp.body):
                     late = at - int(m.properties["TIMER_OUT_MS"])
@@ -225,7 +223,7 @@ async def run_accuracy(
     q = 0
     while sent < opts.count:
         n = min(opts.batch, opts.count - sent)
-        now = _now_ms()
+        now = now_ms()
         dues = [now + int(rng.uniform(opts.min_delay_s, opts.max_delay_s) * 1000) for _ in range(n)]
         last_due = max(last_due, *dues)
         props = [encode_properties({"TIMER_DELIVER_MS": str(d)}) for d in dues]
@@ -235,7 +233,7 @@ async def run_accuracy(
     send_s = time.monotonic() - began
     say(f"accuracy: sent {sent:,} timers in {send_s:.1f}s; waiting for them to fall due")
     with contextlib.suppress(TimeoutError):
-        async with asyncio.timeout(max(0, last_due - _now_ms()) / 1000 + 15):
+        async with asyncio.timeout(max(0, last_due - now_ms()) / 1000 + 15):
             await done.wait()
     done.set()
     for t in pullers:

@@ -1,16 +1,15 @@
 """NameServer request handling: a request frame in, a response frame out (see docs/protocol.md).
 
 Every field and body is checked before the route tables are touched, so a request that is
-refused changes nothing. A missing field, a value of the wrong type or out of range, or a body
-that does not decode is MESSAGE_ILLEGAL (13) with a remark naming the field, as the broker
-answers (``orbitmq.protocol.fields``); an unknown request code is REQUEST_CODE_NOT_SUPPORTED.
-The transport answers nothing of this on its own once a handler is installed, so it is done
-here, for every code.
+refused changes nothing. The header classes of ``orbitmq.protocol.requests`` check the fields
+(names, ids, addresses, topics); a missing field, a value of the wrong type or out of range, or
+a body that does not decode is MESSAGE_ILLEGAL (13) with a remark naming the field, as the
+broker answers; an unknown request code is REQUEST_CODE_NOT_SUPPORTED. The transport answers
+nothing of this on its own once a handler is installed, so it is done here, for every code.
 """
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable, Hashable
 
 import msgspec
@@ -28,15 +27,18 @@ from orbitmq.protocol.bodies import (
     encode_body,
 )
 from orbitmq.protocol.codes import RequestCode
-from orbitmq.protocol.fields import FieldError, get_int, get_str
+from orbitmq.protocol.fields import FieldError
 from orbitmq.protocol.frame import Frame
+from orbitmq.protocol.requests import (
+    AddWritePermRequest,
+    DeleteTopicInNamesrvRequest,
+    GetRouteInfoRequest,
+    RegisterBrokerRequest,
+    UnregisterBrokerRequest,
+    WipeWritePermRequest,
+)
 
-NAME_MAX_LENGTH = 127
 MAX_QUEUE_NUMS = 65535
-MAX_BROKER_ID = 2**63 - 1
-_NAME_RE = re.compile(r"[A-Za-z0-9._%|:@+-]+")
-_HOST_RE = re.compile(r"[A-Za-z0-9._:\[\]-]{1,253}")
-_PORT_RE = re.compile(r"[0-9]{1,5}")
 _ALL_PERMS = PERM_READ_WRITE | PERM_INHERIT
 
 Handler = Callable[[Frame, Hashable | None], Frame]
@@ -45,37 +47,6 @@ Handler = Callable[[Frame, Hashable | None], Frame]
 def _short(value: object) -> str:
     text = repr(value)
     return text if len(text) <= 80 else text[:77] + "..."
-
-
-def name_field(frame: Frame, field: str) -> str:
-    """A cluster or broker name: 1-127 characters from [A-Za-z0-9._%|:@+-]."""
-    value = get_str(frame, field)
-    if len(value) > NAME_MAX_LENGTH or not _NAME_RE.fullmatch(value):
-        raise FieldError(
-            f"field {field!r} = {_short(value)} must be 1-{NAME_MAX_LENGTH} characters"
-            " from [A-Za-z0-9._%|:@+-]"
-        )
-    return value
-
-
-def addr_field(frame: Frame, field: str) -> str:
-    """A "host:port" address, port 1-65535 (IPv6 hosts in brackets)."""
-    value = get_str(frame, field)
-    host, sep, port = value.rpartition(":")
-    if (
-        not sep
-        or not _HOST_RE.fullmatch(host)
-        or not _PORT_RE.fullmatch(port)
-        or not 0 < int(port) < 65536
-    ):
-        raise FieldError(f"field {field!r} = {_short(value)} is not host:port")
-    return value
-
-
-def topic_field(frame: Frame, field: str = "topic") -> str:
-    value = get_str(frame, field)
-    validate_topic(value)  # InvalidTopicError: MESSAGE_ILLEGAL too
-    return value
 
 
 def register_body(data: bytes | bytearray | memoryview) -> RegisterBrokerBody:
@@ -133,20 +104,14 @@ class NamesrvProcessor:
     # ------------------------------------------------------------------ brokers
 
     def register_broker(self, request: Frame, connection: Hashable | None) -> Frame:
-        reg_fields = (
-            name_field(request, "cluster"),
-            name_field(request, "broker_name"),
-            get_int(request, "broker_id", lo=0, hi=MAX_BROKER_ID),
-            addr_field(request, "broker_addr"),
-        )
+        req = RegisterBrokerRequest.decode(request)
         body = register_body(request.body)
-        cluster, broker_name, broker_id, broker_addr = reg_fields
         result = self.routes.register_broker(
             Registration(
-                cluster=cluster,
-                broker_name=broker_name,
-                broker_id=broker_id,
-                broker_addr=broker_addr,
+                cluster=req.cluster,
+                broker_name=req.broker_name,
+                broker_id=req.broker_id,
+                broker_addr=req.broker_addr,
                 topic_configs=body.topic_configs,
                 data_version=body.data_version,
             ),
@@ -156,25 +121,22 @@ class NamesrvProcessor:
         return request.reply(ResponseCode.SUCCESS, fields=fields)
 
     def unregister_broker(self, request: Frame, _connection: Hashable | None) -> Frame:
-        name_field(request, "cluster")
-        broker_name = name_field(request, "broker_name")
-        broker_id = get_int(request, "broker_id", lo=0, hi=MAX_BROKER_ID)
-        broker_addr = addr_field(request, "broker_addr")
-        self.routes.unregister_broker(broker_name, broker_id, broker_addr)
+        req = UnregisterBrokerRequest.decode(request)
+        self.routes.unregister_broker(req.broker_name, req.broker_id, req.broker_addr)
         return request.reply(ResponseCode.SUCCESS)
 
     def wipe_write_perm(self, request: Frame, _connection: Hashable | None) -> Frame:
-        count = self.routes.wipe_write_perm(name_field(request, "broker_name"))
+        count = self.routes.wipe_write_perm(WipeWritePermRequest.decode(request).broker_name)
         return request.reply(ResponseCode.SUCCESS, fields={"wipe_topic_count": count})
 
     def add_write_perm(self, request: Frame, _connection: Hashable | None) -> Frame:
-        count = self.routes.add_write_perm(name_field(request, "broker_name"))
+        count = self.routes.add_write_perm(AddWritePermRequest.decode(request).broker_name)
         return request.reply(ResponseCode.SUCCESS, fields={"add_topic_count": count})
 
     # ------------------------------------------------------------------ topics
 
     def get_route(self, request: Frame, _connection: Hashable | None) -> Frame:
-        topic = topic_field(request)
+        topic = GetRouteInfoRequest.decode(request).topic
         route = self.routes.topic_route(topic)
         if route is None:
             return request.reply(ResponseCode.TOPIC_NOT_EXIST, f"no route for topic {topic}")
@@ -187,7 +149,6 @@ class NamesrvProcessor:
         return request.reply(ResponseCode.SUCCESS, body=encode_body(self.routes.topic_list()))
 
     def delete_topic(self, request: Frame, _connection: Hashable | None) -> Frame:
-        topic = topic_field(request)
-        cluster = None if request.fields.get("cluster") is None else name_field(request, "cluster")
-        self.routes.delete_topic(topic, cluster)
+        req = DeleteTopicInNamesrvRequest.decode(request)
+        self.routes.delete_topic(req.topic, req.cluster)
         return request.reply(ResponseCode.SUCCESS)

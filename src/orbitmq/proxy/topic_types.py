@@ -19,8 +19,7 @@ from orbitmq.common.codes import ResponseCode
 from orbitmq.common.errors import MQError, error_for
 from orbitmq.net.client import RemotingClient
 from orbitmq.protocol.bodies import TopicConfigList, decode_body
-from orbitmq.protocol.codes import RequestCode
-from orbitmq.protocol.frame import Frame
+from orbitmq.protocol.requests import GetAllTopicConfigRequest
 
 log = logging.getLogger(__name__)
 
@@ -114,9 +113,7 @@ class TopicTypes:
         return await asyncio.shield(task)
 
     async def _request(self, addr: str) -> _BrokerTopics:
-        resp = await self.remoting.invoke(
-            addr, Frame(RequestCode.GET_ALL_TOPIC_CONFIG), self.timeout_s
-        )
+        resp = await self.remoting.invoke(addr, GetAllTopicConfigRequest().frame(), self.timeout_s)
         if resp.code != ResponseCode.SUCCESS:
             raise error_for(resp.code, resp.remark)
         configs = decode_body(memoryview(resp.body), TopicConfigList).topic_configs

@@ -40,6 +40,12 @@ from orbitmq.protocol.codes import RequestCode
 from orbitmq.protocol.consumer import HeartbeatData
 from orbitmq.protocol.frame import Frame
 from orbitmq.protocol.messages import decode_records
+from orbitmq.protocol.requests import (
+    CheckTransactionStateRequest,
+    EndTransactionRequest,
+    HeartbeatRequest,
+    UnregisterClientRequest,
+)
 from orbitmq.proxy.context import ProxyContext
 from orbitmq.proxy.convert import resource_name, to_pb_message
 from orbitmq.proxy.grpc_v2 import definition_pb2 as pb
@@ -164,16 +170,16 @@ class TransactionRelay:
             addr = await self.ctx.broker_addr(topic, broker_name)
         except ClientError as exc:  # the id names a broker that holds none of the topic
             raise ProxyError(pb.Code.INVALID_TRANSACTION_ID, str(exc)) from None
-        fields = {
-            "producer_group": producer_group(topic),
-            "tran_state": state,
-            "commit_log_offset": offset,
-            "msg_id": request.message_id,
-            "transaction_id": request.message_id,
-            "from_check": request.source == pb.TransactionSource.SOURCE_SERVER_CHECK,
-        }
+        end = EndTransactionRequest(
+            producer_group=producer_group(topic),
+            tran_state=state,
+            commit_log_offset=offset,
+            msg_id=request.message_id,
+            transaction_id=request.message_id,
+            from_check=request.source == pb.TransactionSource.SOURCE_SERVER_CHECK,
+        )
         resp = await self.ctx.producer.remoting.invoke(
-            addr, Frame(RequestCode.END_TRANSACTION, fields=fields), self.ctx.config.send_timeout_s
+            addr, end.frame(), self.ctx.config.send_timeout_s
         )
         if resp.code != ResponseCode.SUCCESS:
             raise error_for(resp.code, resp.remark)
@@ -215,7 +221,7 @@ class TransactionRelay:
         body = encode_body(HeartbeatData(client_id=self.client_id, producer_groups=sorted(groups)))
         try:
             resp = await self.ctx.producer.remoting.invoke(
-                addr, Frame(RequestCode.HEART_BEAT, body=body), self.ctx.config.send_timeout_s
+                addr, HeartbeatRequest().frame(body), self.ctx.config.send_timeout_s
             )
         except MQError as exc:
             log.info("transaction heartbeat to %s failed: %s", addr, exc)
@@ -227,11 +233,9 @@ class TransactionRelay:
 
     async def _unregister(self, groups_by_addr: dict[str, set[str]]) -> None:
         async def one(addr: str, group: str) -> None:
-            fields = {"client_id": self.client_id, "group": group}
+            unregister = UnregisterClientRequest(client_id=self.client_id, group=group)
             try:
-                await self.ctx.producer.remoting.invoke(
-                    addr, Frame(RequestCode.UNREGISTER_CLIENT, fields=fields), 2.0
-                )
+                await self.ctx.producer.remoting.invoke(addr, unregister.frame(), 2.0)
             except MQError as exc:
                 log.info("unregistering %s from %s failed: %s", group, addr, exc)
             beaten = self._beaten.get(addr)
@@ -268,10 +272,11 @@ class TransactionRelay:
             raise ValueError(f"check-back carries {len(records)} records, not 1")
         half = _codec.plain(records[0])
         props = half.properties
-        topic = props.get(PROPERTY_REAL_TOPIC) or str(frame.fields.get("topic", half.topic))
-        offset = frame.fields.get("commit_log_offset", half.physical_offset)
-        if not isinstance(offset, int):
-            raise TypeError("commit_log_offset is not an integer")
+        check = CheckTransactionStateRequest.decode(frame)  # FieldError: malformed
+        topic = props.get(PROPERTY_REAL_TOPIC) or (check.topic or half.topic)
+        offset = (
+            half.physical_offset if check.commit_log_offset is None else check.commit_log_offset
+        )
         broker_name = self._broker_name(topic, peer)
         if broker_name is None:
             log.info("check-back from %s: no broker of %r has that address", peer, topic)
@@ -280,7 +285,7 @@ class TransactionRelay:
         if not candidates:
             log.info("check-back for %r: no client publishing it is connected", topic)
             return False
-        msg_id = half.msg_id or str(frame.fields.get("msg_id", ""))
+        msg_id = half.msg_id or check.msg_id or ""
         sender = self._senders.get(msg_id)
         chosen = next((s for s in candidates if s.client_id == sender), None)
         if chosen is None:

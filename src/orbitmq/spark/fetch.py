@@ -29,7 +29,7 @@ from orbitmq.client.offset_store import BrokerRequester, RemoteOffsetStore
 from orbitmq.client.route import MessageQueue, TopicRouteNotFoundError
 from orbitmq.common.codes import ResponseCode
 from orbitmq.common.errors import ClientError
-from orbitmq.protocol.codes import RequestCode
+from orbitmq.protocol.requests import PullMessageRequest
 
 log = logging.getLogger(__name__)
 
@@ -148,20 +148,20 @@ class Connection:
         self, mq: MessageQueue, offset: int, count: int, expr: tuple[str, str] | None
     ) -> Any:
         addr = await self.requester.addr(mq.broker_name, mq.topic)
-        fields: dict[str, Any] = {
-            "topic": mq.topic,
-            "queue_id": mq.queue_id,
-            "queue_offset": offset,
-            "max_msg_nums": count,
-            "max_bytes": PULL_MAX_BYTES,
-            "suspend_timeout_ms": 0,
-        }
-        if expr is not None:
-            fields["expression_type"], fields["expression"] = expr
+        expression_type, expression = expr if expr is not None else (None, None)
+        pull = PullMessageRequest(
+            topic=mq.topic,
+            queue_id=mq.queue_id,
+            queue_offset=offset,
+            max_msg_nums=count,
+            max_bytes=PULL_MAX_BYTES,
+            expression_type=expression_type,
+            expression=expression,
+        )
         return await self.requester.call(
             addr,
-            RequestCode.PULL_MESSAGE,
-            fields,
+            pull.code,
+            pull.to_header(),
             ok=frozenset(
                 {
                     ResponseCode.SUCCESS,
