@@ -52,6 +52,7 @@ from orbitmq.protocol.consumer import (
 )
 from orbitmq.protocol.frame import Buffer, Frame
 from orbitmq.protocol.group_config import SubscriptionGroupConfig
+from orbitmq.protocol.header import Header
 from tests.client.test_e2e import RealCluster, start_cluster, stop_cluster, wait_route
 from tests.client.test_process_queue import msg as stored
 
@@ -472,14 +473,13 @@ class FakeGroupBroker(BrokerRequester):
     async def call(
         self,
         addr: str,
-        code: int,
-        fields: dict[str, Any] | None = None,
+        header: Header,
         body: Buffer = b"",
         *,
         ok: frozenset[int] = frozenset({ResponseCode.SUCCESS}),
         timeout_s: float | None = None,
     ) -> Frame:
-        fields = fields or {}
+        code, fields = header.code, header.to_header()
         out_fields: dict[str, Any] = {}
         out_body = b""
         code_out: int = ResponseCode.SUCCESS

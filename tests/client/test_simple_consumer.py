@@ -57,7 +57,7 @@ from orbitmq.protocol.consumer import (
 from orbitmq.protocol.frame import Frame
 from orbitmq.protocol.group_config import SubscriptionGroupConfig
 from orbitmq.protocol.messages import encode_send_body
-from tests.client.fakes import FakeBroker, FakeNamesrv, StoredRecord
+from tests.client.fakes import FakeBroker, FakeNamesrv, StoredRecord, full_fields
 from tests.client.test_e2e import broker_config, wait_route
 
 pytestmark = pytest.mark.timeout(60)
@@ -109,7 +109,7 @@ class PopBroker(FakeBroker):
         return ResponseCode.RECEIPT_HANDLE_INVALID, f"{handle} was never issued"
 
     async def handle(self, frame: Frame, conn: Connection) -> Reply:
-        f = frame.fields
+        f = full_fields(frame)  # what the broker reads: defaults filled in
         if frame.code == RequestCode.HEART_BEAT:
             self.heartbeats.append(decode_body(bytes(frame.body), HeartbeatData))
             return frame.reply(*self.heartbeat_answer)

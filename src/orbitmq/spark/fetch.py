@@ -160,8 +160,7 @@ class Connection:
         )
         return await self.requester.call(
             addr,
-            pull.code,
-            pull.to_header(),
+            pull,
             ok=frozenset(
                 {
                     ResponseCode.SUCCESS,

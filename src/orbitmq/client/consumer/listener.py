@@ -15,14 +15,14 @@ import concurrent.futures
 import inspect
 import logging
 from collections.abc import Awaitable, Callable
-from typing import Any, cast
+from typing import cast
 
 from orbitmq.client.consumer_types import ConsumedMessage, ConsumeResult
 from orbitmq.client.offset_store import BrokerRequester
 from orbitmq.client.route import MessageQueue
 from orbitmq.common.errors import ClientError, MQError
 from orbitmq.common.record import StoredMessage
-from orbitmq.protocol.codes import RequestCode
+from orbitmq.protocol.requests import SendMessageBackRequest
 
 log = logging.getLogger(__name__)
 
@@ -128,20 +128,18 @@ class MessageSendBack:
     async def send(self, mq: MessageQueue, msg: StoredMessage, *, to_dlq: bool = False) -> bool:
         """True when the broker took the message back; ``to_dlq``: straight to the DLQ
         (orderly, retries used up)."""
-        fields: dict[str, Any] = {
-            "group": self.group,
-            "offset": msg.physical_offset,
-            "origin_topic": msg.properties.get("RETRY_TOPIC") or msg.topic,
-        }
-        if self.max_reconsume_times is not None:
-            fields["max_reconsume_times"] = self.max_reconsume_times
-        if to_dlq:
-            fields["to_dlq"] = True
-            fields["reconsume_times"] = msg.reconsume_times
+        header = SendMessageBackRequest(
+            group=self.group,
+            offset=msg.physical_offset,
+            origin_topic=msg.properties.get("RETRY_TOPIC") or msg.topic,
+            max_reconsume_times=(
+                -1 if self.max_reconsume_times is None else self.max_reconsume_times
+            ),
+            to_dlq=to_dlq,
+            reconsume_times=msg.reconsume_times if to_dlq else -1,
+        )
         try:
-            resp = await self._requester().call_queue(
-                mq, RequestCode.CONSUMER_SEND_MSG_BACK, fields
-            )
+            resp = await self._requester().call_queue(mq, header)
         except MQError as exc:
             log.warning(
                 "%s: send-back of %s offset %d failed: %s", self.group, mq, msg.queue_offset, exc

@@ -41,7 +41,6 @@ from orbitmq.client.process_queue import ProcessQueue
 from orbitmq.client.route import MessageQueue
 from orbitmq.common.errors import ClientError, OffsetIllegalError
 from orbitmq.common.record import StoredMessage
-from orbitmq.protocol.codes import RequestCode
 
 __all__ = ["AsyncLitePullConsumer", "LitePullConsumer"]
 
@@ -199,19 +198,19 @@ class AsyncLitePullConsumer(GroupMember):
         pq = self.rebalance.process_queues.get(mq)
         if pq is None or pq.dropped:
             raise ClientError(f"{mq} is not assigned to this consumer")
-        low = await self.requester.queue_offset(mq, RequestCode.GET_MIN_OFFSET)
-        high = await self.requester.queue_offset(mq, RequestCode.GET_MAX_OFFSET)
+        low = await self.requester.min_offset(mq)
+        high = await self.requester.max_offset(mq)
         if not low <= offset <= high:
             raise OffsetIllegalError(f"offset {offset} of {mq} is outside [{low}, {high}]")
         self._seek(pq, offset)
 
     async def seek_to_begin(self, mq: MessageQueue) -> None:
         self._check_running()
-        await self.seek(mq, await self.requester.queue_offset(mq, RequestCode.GET_MIN_OFFSET))
+        await self.seek(mq, await self.requester.min_offset(mq))
 
     async def seek_to_end(self, mq: MessageQueue) -> None:
         self._check_running()
-        await self.seek(mq, await self.requester.queue_offset(mq, RequestCode.GET_MAX_OFFSET))
+        await self.seek(mq, await self.requester.max_offset(mq))
 
     def _seek(self, pq: ProcessQueue, offset: int) -> None:
         pq.reset(offset)

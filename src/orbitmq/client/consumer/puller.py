@@ -16,7 +16,6 @@ import logging
 import random
 import time
 from collections.abc import Callable
-from typing import Any
 
 from orbitmq.client import _codec
 from orbitmq.client.consumer.config import ConsumerConfig
@@ -27,8 +26,8 @@ from orbitmq.client.route import MessageQueue
 from orbitmq.common.codes import ResponseCode
 from orbitmq.common.errors import MQError, ProtocolError
 from orbitmq.common.record import StoredMessage
-from orbitmq.protocol.codes import RequestCode
 from orbitmq.protocol.messages import decode_records
+from orbitmq.protocol.requests import PullMessageRequest
 
 log = logging.getLogger(__name__)
 
@@ -120,23 +119,22 @@ class PullMessageService:
         sub = self._subscription(mq.topic)
         generation = pq.generation
         offset = pq.next_offset
-        fields: dict[str, Any] = {
-            "topic": mq.topic,
-            "queue_id": mq.queue_id,
-            "queue_offset": offset,
-            "max_msg_nums": cfg.pull_batch_size,
-            "max_bytes": max(
+        header = PullMessageRequest(
+            topic=mq.topic,
+            queue_id=mq.queue_id,
+            queue_offset=offset,
+            max_msg_nums=cfg.pull_batch_size,
+            max_bytes=max(
                 1, min(_PULL_MAX_BYTES, cfg.max_cached_bytes_per_queue - pq.cached_bytes)
             ),
-            "suspend_timeout_ms": cfg.suspend_timeout_ms,
-            "group": self.group,
+            suspend_timeout_ms=cfg.suspend_timeout_ms,
+            group=self.group,
             **sub.pull_fields,
-        }
+        )
         pq.last_pull_at = time.monotonic()
         resp = await self.requester.call_queue(
             mq,
-            RequestCode.PULL_MESSAGE,
-            fields,
+            header,
             ok=_PULL_OK,
             timeout_s=cfg.request_timeout_s + cfg.suspend_timeout_ms / 1000.0,
         )

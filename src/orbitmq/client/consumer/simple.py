@@ -42,7 +42,6 @@ import logging
 import ssl
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import msgspec
 
@@ -66,7 +65,6 @@ from orbitmq.common.errors import (
 from orbitmq.net.client import RemotingClient
 from orbitmq.net.connection import Connection, Reply
 from orbitmq.protocol.bodies import decode_body, encode_body
-from orbitmq.protocol.codes import RequestCode
 from orbitmq.protocol.consumer import (
     AckResults,
     ConsumerData,
@@ -75,6 +73,12 @@ from orbitmq.protocol.consumer import (
 )
 from orbitmq.protocol.frame import Frame
 from orbitmq.protocol.messages import decode_records
+from orbitmq.protocol.requests import (
+    AckMessageRequest,
+    BatchAckRequest,
+    ChangeInvisibleTimeRequest,
+    PopMessageRequest,
+)
 
 log = logging.getLogger(__name__)
 
@@ -342,21 +346,21 @@ class AsyncSimpleConsumer:
         sub = self._subs.get(target.topic)
         if sub is None:  # unsubscribed meanwhile
             return []
-        fields: dict[str, Any] = {
-            "group": self.group,
-            "topic": target.topic,
-            "queue_id": -1,
-            "max_msg_nums": max_messages,
-            "invisible_time_ms": invisible_ms,
-            "poll_time_ms": poll_ms,
-            "expression_type": sub.expression_type,
-            "expression": sub.expression,
-            "consume_from_where": self.consume_from_where.value,
-            "client_id": self.client_id,
-        }
+        header = PopMessageRequest(
+            group=self.group,
+            topic=target.topic,
+            queue_id=-1,
+            max_msg_nums=max_messages,
+            invisible_time_ms=invisible_ms,
+            poll_time_ms=poll_ms,
+            expression_type=sub.expression_type,
+            expression=sub.expression,
+            consume_from_where=self.consume_from_where.value,
+            client_id=self.client_id,
+        )
         resp = await self.remoting.invoke(
             target.addr,
-            Frame(RequestCode.POP_MESSAGE, fields=fields),
+            header.frame(),
             poll_ms / 1000 + self.request_timeout_s,
         )
         if resp.code in _EMPTY:
@@ -382,10 +386,12 @@ class AsyncSimpleConsumer:
         """Mark ``msg`` consumed. ExpiredReceiptHandleError when its handle is no longer current
         (the message may then be delivered again, to this or another consumer)."""
         self._check_running()
-        fields = {"group": self.group, "topic": self._popped(msg), "handle": msg.receipt_handle}
+        header = AckMessageRequest(
+            group=self.group, topic=self._popped(msg), handle=msg.receipt_handle
+        )
         resp = await self.remoting.invoke(
             msg.broker_addr,
-            Frame(RequestCode.ACK_MESSAGE, fields=fields),
+            header.frame(),
             self.request_timeout_s,
         )
         if resp.code != ResponseCode.SUCCESS:
@@ -408,7 +414,7 @@ class AsyncSimpleConsumer:
             try:
                 resp = await self.remoting.invoke(
                     addr,
-                    Frame(RequestCode.BATCH_ACK_MESSAGE, body=encode_body(body)),
+                    BatchAckRequest().frame(encode_body(body)),
                     self.request_timeout_s,
                 )
                 if resp.code != ResponseCode.SUCCESS:
@@ -441,15 +447,15 @@ class AsyncSimpleConsumer:
         handle and deadline; the old handle is refused from now on (ack the returned one)."""
         self._check_running()
         invisible_ms = _invisible_ms(invisible_duration_s)
-        fields = {
-            "group": self.group,
-            "topic": self._popped(msg),
-            "handle": msg.receipt_handle,
-            "invisible_time_ms": invisible_ms,
-        }
+        header = ChangeInvisibleTimeRequest(
+            group=self.group,
+            topic=self._popped(msg),
+            handle=msg.receipt_handle,
+            invisible_time_ms=invisible_ms,
+        )
         resp = await self.remoting.invoke(
             msg.broker_addr,
-            Frame(RequestCode.CHANGE_MESSAGE_INVISIBLETIME, fields=fields),
+            header.frame(),
             self.request_timeout_s,
         )
         if resp.code != ResponseCode.SUCCESS:

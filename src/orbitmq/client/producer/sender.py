@@ -15,7 +15,6 @@ message went, and are never retried (a retry would store the message twice).
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import Sequence
 from itertools import accumulate
 
@@ -24,6 +23,7 @@ from orbitmq.client.producer.config import ProducerConfig
 from orbitmq.client.producer.prepare import PreparedMessage
 from orbitmq.client.producer.types import STATUS_BY_CODE, SendResult, SendStatus
 from orbitmq.client.route import MessageQueue, TopicPublishInfo, TopicRouteCache
+from orbitmq.common.clock import now_ms
 from orbitmq.common.errors import (
     ClientError,
     MQError,
@@ -35,9 +35,9 @@ from orbitmq.common.errors import (
 )
 from orbitmq.common.record import record_overhead
 from orbitmq.net.client import RemotingClient
-from orbitmq.protocol.codes import RequestCode
 from orbitmq.protocol.frame import Frame
 from orbitmq.protocol.messages import encode_send_body
+from orbitmq.protocol.requests import SendBatchMessageRequest, SendMessageRequest
 
 __all__ = ["Sender", "check_queue"]
 
@@ -74,16 +74,13 @@ class Sender:
         return addr
 
     @staticmethod
-    def _frame(code: int, mq: MessageQueue, sys_flag: int, flag: int, body: bytes) -> Frame:
-        fields = {
-            "topic": mq.topic,
-            "queue_id": mq.queue_id,
-            "flag": flag,
-            "sys_flag": sys_flag,
-            "born_ts": time.time_ns() // 1_000_000,
-            "reconsume_times": 0,
-        }
-        return Frame(code, fields=fields, body=body)
+    def _frame(
+        kind: type[SendMessageRequest], mq: MessageQueue, sys_flag: int, flag: int, body: bytes
+    ) -> Frame:
+        header = kind(
+            topic=mq.topic, queue_id=mq.queue_id, flag=flag, sys_flag=sys_flag, born_ts=now_ms()
+        )
+        return header.frame(body)
 
     async def send(
         self,
@@ -99,7 +96,7 @@ class Sender:
         """One send frame, tried up to 1 + retry_times_when_send_failed times before
         ``deadline`` (loop time); one SendResult per item ([] when ``oneway``)."""
         loop = asyncio.get_running_loop()
-        code = RequestCode.SEND_BATCH_MESSAGE if len(items) > 1 else RequestCode.SEND_MESSAGE
+        kind = SendBatchMessageRequest if len(items) > 1 else SendMessageRequest
         body = encode_send_body([i.body for i in items], [i.props for i in items])
         attempts = 1 + self.config.retry_times_when_send_failed
         last_broker: str | None = None
@@ -117,7 +114,7 @@ class Sender:
                 last_exc, last_broker = exc, mq.broker_name
                 tries.append(f"{mq}: {exc}")
                 continue
-            frame = self._frame(code, mq, sys_flag, flag, body)
+            frame = self._frame(kind, mq, sys_flag, flag, body)
             started = loop.time()
             try:
                 async with asyncio.timeout(remaining):
