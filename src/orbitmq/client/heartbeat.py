@@ -42,9 +42,8 @@ from orbitmq.common.errors import (
 )
 from orbitmq.net.client import RemotingClient
 from orbitmq.protocol.bodies import encode_body
-from orbitmq.protocol.codes import RequestCode
 from orbitmq.protocol.consumer import ConsumerData, HeartbeatData
-from orbitmq.protocol.frame import Frame
+from orbitmq.protocol.requests import HeartbeatRequest, UnregisterClientRequest
 
 log = logging.getLogger(__name__)
 
@@ -236,9 +235,7 @@ class HeartbeatService:
     async def _beat_one(self, addr: str, body: bytes, groups: set[str]) -> RemoteError | None:
         """Beat one broker; returns its refusal when it is one to raise."""
         try:
-            resp = await self.remoting.invoke(
-                addr, Frame(RequestCode.HEART_BEAT, body=body), self.timeout_s
-            )
+            resp = await self.remoting.invoke(addr, HeartbeatRequest().frame(body), self.timeout_s)
         except MQError as exc:
             log.warning("heartbeat to %s failed: %s", addr, exc)
             return None
@@ -254,15 +251,13 @@ class HeartbeatService:
     async def _unregister(self, addrs: list[str], groups: list[str]) -> None:
         if not addrs:
             return
-        frames = [{"client_id": self.client_id, "group": g} for g in groups] or [
-            {"client_id": self.client_id}
+        frames = [UnregisterClientRequest(client_id=self.client_id, group=g) for g in groups] or [
+            UnregisterClientRequest(client_id=self.client_id)
         ]
 
-        async def one(addr: str, fields: dict[str, str]) -> None:
+        async def one(addr: str, header: UnregisterClientRequest) -> None:
             try:
-                resp = await self.remoting.invoke(
-                    addr, Frame(RequestCode.UNREGISTER_CLIENT, fields=fields), self.timeout_s
-                )
+                resp = await self.remoting.invoke(addr, header.frame(), self.timeout_s)
             except MQError as exc:
                 log.info("unregistering %s from %s failed: %s", self.client_id, addr, exc)
                 return

@@ -14,8 +14,8 @@ import asyncio
 from orbitmq.client.admin.client import AsyncAdminClient
 from orbitmq.common.codes import ResponseCode
 from orbitmq.common.errors import ClientError, MQError, RemoteError, error_for
-from orbitmq.protocol.codes import RequestCode
 from orbitmq.protocol.frame import Frame
+from orbitmq.protocol.requests import RecallMessageRequest
 
 _MISSES = (ResponseCode.TIMER_MESSAGE_NOT_FOUND, ResponseCode.TIMER_MESSAGE_NOT_PENDING)
 
@@ -32,10 +32,10 @@ async def recall_message(
     names = sorted(info.broker_addrs) if broker_name is None else [broker_name]
     if broker_name is not None and broker_name not in info.broker_addrs:
         raise ClientError(f"broker {broker_name!r} serves no queue of {topic!r}")
-    frame_fields = {"topic": topic, "msg_id": msg_id}
+    header = RecallMessageRequest(topic=topic, msg_id=msg_id)
 
     async def one(name: str) -> Frame:
-        frame = Frame(RequestCode.RECALL_MESSAGE, fields=dict(frame_fields))
+        frame = header.frame()
         return await admin.remoting.invoke(info.broker_addrs[name], frame, admin.timeout_s)
 
     answers = await asyncio.gather(*(one(n) for n in names), return_exceptions=True)

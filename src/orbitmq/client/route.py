@@ -36,8 +36,9 @@ from orbitmq.protocol.bodies import (
     TopicRouteData,
     decode_body,
 )
-from orbitmq.protocol.codes import RequestCode
 from orbitmq.protocol.frame import Buffer, Frame
+from orbitmq.protocol.header import Header
+from orbitmq.protocol.requests import GetBrokerClusterInfoRequest, GetRouteInfoRequest
 
 log = logging.getLogger(__name__)
 
@@ -250,8 +251,7 @@ class TopicRouteCache:
         cached = self._routes.get(topic)
         try:
             resp = await self.request(
-                RequestCode.GET_ROUTEINFO_BY_TOPIC,
-                {"topic": topic},
+                GetRouteInfoRequest(topic=topic),
                 move_on=frozenset({ResponseCode.TOPIC_NOT_EXIST}),
             )
         except NameServerUnavailableError as exc:
@@ -280,7 +280,7 @@ class TopicRouteCache:
         return info
 
     async def cluster_info(self) -> ClusterInfo:
-        resp = await self.request(RequestCode.GET_BROKER_CLUSTER_INFO, {})
+        resp = await self.request(GetBrokerClusterInfoRequest())
         if resp.code != ResponseCode.SUCCESS:
             raise error_for(resp.code, resp.remark)
         return _decode(resp.body, ClusterInfo, "cluster info")
@@ -317,8 +317,7 @@ class TopicRouteCache:
 
     async def request(
         self,
-        code: int,
-        fields: dict[str, Any],
+        header: Header,
         body: Buffer = b"",
         *,
         move_on: frozenset[int] = frozenset(),
@@ -336,9 +335,7 @@ class TopicRouteCache:
         errors: list[str] = []
         for addr in self.namesrv_order():
             try:
-                resp = await self.remoting.invoke(
-                    addr, Frame(code, fields=fields, body=body), timeout
-                )
+                resp = await self.remoting.invoke(addr, header.frame(body), timeout)
             except (RemoteError, ClientError) as exc:
                 self._note_failure(addr)
                 errors.append(f"{addr}: {exc}")
@@ -363,14 +360,14 @@ class TopicRouteCache:
             self._preferred = None
 
     async def broadcast(
-        self, code: int, fields: dict[str, Any], *, timeout_s: float | None = None
+        self, header: Header, *, timeout_s: float | None = None
     ) -> dict[str, Frame | MQError]:
         """Send a request to every NameServer; each one's answer or error."""
         timeout = self.timeout_s if timeout_s is None else timeout_s
 
         async def one(addr: str) -> Frame | MQError:
             try:
-                return await self.remoting.invoke(addr, Frame(code, fields=fields), timeout)
+                return await self.remoting.invoke(addr, header.frame(), timeout)
             except (RemoteError, ClientError) as exc:
                 self._note_failure(addr)
                 return exc

@@ -32,6 +32,7 @@ from orbitmq.protocol.bodies import (
     decode_body,
 )
 from orbitmq.protocol.frame import Buffer, Frame
+from orbitmq.protocol.header import Header
 from orbitmq.protocol.messages import decode_records
 
 log = logging.getLogger(__name__)
@@ -87,23 +88,20 @@ class AdminBase:
     async def _call(
         self,
         addr: str,
-        code: int,
-        fields: dict[str, Any] | None = None,
+        header: Header,
         body: Buffer = b"",
         *,
         ok: frozenset[int] = frozenset({ResponseCode.SUCCESS}),
         timeout_s: float | None = None,
     ) -> Frame:
         timeout = self.timeout_s if timeout_s is None else timeout_s
-        resp = await self.remoting.invoke(
-            addr, Frame(code, fields=fields or {}, body=body), timeout
-        )
+        resp = await self.remoting.invoke(addr, header.frame(body), timeout)
         if resp.code not in ok:
             raise error_for(resp.code, resp.remark)
         return resp
 
-    async def _namesrv(self, code: int, fields: dict[str, Any] | None = None) -> Frame:
-        resp = await self.routes.request(code, fields or {})
+    async def _namesrv(self, header: Header) -> Frame:
+        resp = await self.routes.request(header)
         if resp.code != ResponseCode.SUCCESS:
             raise error_for(resp.code, resp.remark)
         return resp
@@ -158,7 +156,7 @@ class AdminBase:
         return out
 
     async def _each_master(
-        self, code: int, fields: dict[str, Any], *, ok: frozenset[int] = frozenset()
+        self, header: Header, *, ok: frozenset[int] = frozenset()
     ) -> dict[str, Frame | MQError]:
         """The same request to every master, concurrently: broker name -> answer or error.
 
@@ -169,7 +167,7 @@ class AdminBase:
         names = sorted(masters)
         accept = ok | {ResponseCode.SUCCESS}
         results = await asyncio.gather(
-            *(self._call(masters[n], code, fields, ok=accept) for n in names),
+            *(self._call(masters[n], header, ok=accept) for n in names),
             return_exceptions=True,
         )
         out: dict[str, Frame | MQError] = {}
@@ -184,12 +182,12 @@ class AdminBase:
         return await (self.masters(cluster) if cluster is not None else self._all_masters())
 
     async def _each_broker(
-        self, info: TopicPublishInfo, code: int, fields: dict[str, Any]
+        self, info: TopicPublishInfo, header: Header
     ) -> list[list[StoredMessage]]:
         addrs = [info.broker_addrs[n] for n in sorted(info.broker_addrs)]
         ok = frozenset({ResponseCode.SUCCESS, ResponseCode.QUERY_NOT_FOUND})
         results = await asyncio.gather(
-            *(self._call(a, code, fields, ok=ok) for a in addrs), return_exceptions=True
+            *(self._call(a, header, ok=ok) for a in addrs), return_exceptions=True
         )
         out: list[list[StoredMessage]] = []
         errors: list[str] = []

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any
 
 from orbitmq.client.admin.base import (
     AdminBase,
@@ -29,7 +28,6 @@ from orbitmq.common.errors import (
 from orbitmq.protocol.bodies import (
     encode_body,
 )
-from orbitmq.protocol.codes import RequestCode
 from orbitmq.protocol.consumer import (
     ConsumerConnection,
     ConsumeStats,
@@ -44,6 +42,16 @@ from orbitmq.protocol.group_config import (
     SubscriptionGroupConfig,
     SubscriptionGroupConfigList,
     validate_group_config,
+)
+from orbitmq.protocol.requests import (
+    DeleteSubscriptionGroupRequest,
+    GetAllSubscriptionGroupRequest,
+    GetConsumerConnectionListRequest,
+    GetConsumerGroupListRequest,
+    GetConsumeStatsRequest,
+    GetDlqMessagesRequest,
+    ResetOffsetRequest,
+    UpdateSubscriptionGroupRequest,
 )
 
 log = logging.getLogger(__name__)
@@ -62,7 +70,7 @@ class GroupAdmin(AdminBase):
         heartbeats every broker of its topics), types from the first broker that names them.
         Brokers that fail are logged and skipped; if none answers, ClientError.
         """
-        answers = await self._each_master(RequestCode.GET_CONSUMER_GROUP_LIST, {})
+        answers = await self._each_master(GetConsumerGroupListRequest())
         merged: dict[str, GroupSummary] = {}
         failures: list[str] = []
         for name, ans in answers.items():
@@ -109,12 +117,8 @@ class GroupAdmin(AdminBase):
     async def _consume_stats(
         self, group: str, topic: str | None
     ) -> tuple[list[QueueConsumeStats], dict[str, str], bool]:
-        fields: dict[str, Any] = {"group": group}
-        if topic is not None:
-            fields["topic"] = topic
         answers = await self._each_master(
-            RequestCode.GET_CONSUME_STATS,
-            fields,
+            GetConsumeStatsRequest(group=group, topic=topic or ""),
             ok=frozenset({ResponseCode.SUBSCRIPTION_GROUP_NOT_EXIST}),
         )
         queues: list[QueueConsumeStats] = []
@@ -139,8 +143,7 @@ class GroupAdmin(AdminBase):
         """
         conn_answers, (queues, errors, known) = await asyncio.gather(
             self._each_master(
-                RequestCode.GET_CONSUMER_CONNECTION_LIST,
-                {"group": group},
+                GetConsumerConnectionListRequest(group=group),
                 ok=frozenset(
                     {ResponseCode.CONSUMER_NOT_ONLINE, ResponseCode.SUBSCRIPTION_GROUP_NOT_EXIST}
                 ),
@@ -195,15 +198,15 @@ class GroupAdmin(AdminBase):
         info = await self._info(topic, fresh=True)
         if not info.broker_addrs:
             raise TopicRouteNotFoundError(topic)
-        fields: dict[str, Any] = {"group": group, "topic": topic, "position": position}
-        if position == "timestamp":
-            fields["timestamp_ms"] = timestamp_ms
+        header = ResetOffsetRequest(
+            group=group,
+            topic=topic,
+            position=position,
+            timestamp_ms=timestamp_ms if position == "timestamp" else None,
+        )
         names = sorted(info.broker_addrs)
         results = await asyncio.gather(
-            *(
-                self._call(info.broker_addrs[n], RequestCode.INVOKE_BROKER_TO_RESET_OFFSET, fields)
-                for n in names
-            ),
+            *(self._call(info.broker_addrs[n], header) for n in names),
             return_exceptions=True,
         )
         out: dict[str, list[QueueOffset]] = {}
@@ -242,9 +245,9 @@ class GroupAdmin(AdminBase):
         validate_group_config(config)
         masters = await self._masters_of(cluster)
         body = encode_body(config)
-        code = RequestCode.UPDATE_AND_CREATE_SUBSCRIPTIONGROUP
+        header = UpdateSubscriptionGroupRequest()
         await _all_or_raise(
-            {a: self._call(a, code, {}, body) for a in masters.values()},
+            {a: self._call(a, header, body) for a in masters.values()},
             f"update of group config {config.group_name!r}",
         )
         return sorted(masters)
@@ -252,9 +255,7 @@ class GroupAdmin(AdminBase):
     async def get_group_config(self, group: str) -> SubscriptionGroupConfig:
         """The group's config as the first master (by name) that answers has it; the
         defaults when it was never configured."""
-        answers = await self._each_master(
-            RequestCode.GET_ALL_SUBSCRIPTIONGROUP_CONFIG, {"group": group}
-        )
+        answers = await self._each_master(GetAllSubscriptionGroupRequest(group=group))
         errors: list[str] = []
         for name in sorted(answers):
             ans = answers[name]
@@ -268,7 +269,7 @@ class GroupAdmin(AdminBase):
 
     async def group_configs(self) -> dict[str, list[SubscriptionGroupConfig]]:
         """broker name -> the groups configured there (not the ones left at the defaults)."""
-        answers = await self._each_master(RequestCode.GET_ALL_SUBSCRIPTIONGROUP_CONFIG, {})
+        answers = await self._each_master(GetAllSubscriptionGroupRequest())
         out: dict[str, list[SubscriptionGroupConfig]] = {}
         for name, ans in sorted(answers.items()):
             if isinstance(ans, MQError):
@@ -282,10 +283,7 @@ class GroupAdmin(AdminBase):
         masters = await self._masters_of(cluster)
         names = sorted(masters)
         results = await asyncio.gather(
-            *(
-                self._call(masters[n], RequestCode.DELETE_SUBSCRIPTIONGROUP, {"group": group})
-                for n in names
-            ),
+            *(self._call(masters[n], DeleteSubscriptionGroupRequest(group=group)) for n in names),
             return_exceptions=True,
         )
         deleted: list[str] = []
@@ -316,15 +314,13 @@ class GroupAdmin(AdminBase):
         for name in sorted(masters):
             offset, moves = -1, 0
             while len(out) < max_messages:
-                fields = {
-                    "group": group,
-                    "queue_offset": offset,
-                    "max_msg_nums": min(256, max_messages - len(out)),
-                }
+                header = GetDlqMessagesRequest(
+                    group=group,
+                    queue_offset=offset,
+                    max_msg_nums=min(256, max_messages - len(out)),
+                )
                 try:
-                    resp = await self._call(
-                        masters[name], RequestCode.GET_DLQ_MESSAGES, fields, ok=ok
-                    )
+                    resp = await self._call(masters[name], header, ok=ok)
                 except MQError as exc:
                     failures.append(f"{name}: {exc}")
                     break

@@ -41,8 +41,25 @@ from orbitmq.protocol.bodies import (
     TopicStats,
     encode_body,
 )
-from orbitmq.protocol.codes import RequestCode
+from orbitmq.protocol.header import Header
 from orbitmq.protocol.messages import decode_records
+from orbitmq.protocol.requests import (
+    AddWritePermRequest,
+    DeleteTopicInBrokerRequest,
+    DeleteTopicInNamesrvRequest,
+    GetAllTopicConfigRequest,
+    GetAllTopicListRequest,
+    GetBrokerRuntimeInfoRequest,
+    GetMaxOffsetRequest,
+    GetMinOffsetRequest,
+    GetTopicStatsRequest,
+    PullMessageRequest,
+    QueryMessageRequest,
+    SearchOffsetRequest,
+    UpdateTopicRequest,
+    ViewMessageRequest,
+    WipeWritePermRequest,
+)
 
 log = logging.getLogger(__name__)
 
@@ -54,7 +71,7 @@ class TopicAdmin(AdminBase):
 
     async def list_topics(self) -> list[str]:
         """Every topic the NameServers know, sorted."""
-        resp = await self._namesrv(RequestCode.GET_ALL_TOPIC_LIST_FROM_NAMESERVER)
+        resp = await self._namesrv(GetAllTopicListRequest())
         return sorted(_decode(resp.body, TopicList).topics)
 
     async def topic_route(self, topic: str) -> TopicRouteData:
@@ -99,7 +116,7 @@ class TopicAdmin(AdminBase):
             raise ClientError(f"cluster {cluster!r} has no master broker")
         body = encode_body(config)
         await _all_or_raise(
-            {a: self._call(a, RequestCode.UPDATE_AND_CREATE_TOPIC, body=body) for a in addrs},
+            {a: self._call(a, UpdateTopicRequest(), body) for a in addrs},
             f"create/update topic {config.topic_name!r}",
         )
         self.routes.forget(config.topic_name)
@@ -124,14 +141,14 @@ class TopicAdmin(AdminBase):
         failures: list[str] = []
         targets = sorted(addrs)
         results = await asyncio.gather(
-            *(self._call(a, RequestCode.DELETE_TOPIC_IN_BROKER, {"topic": topic}) for a in targets),
+            *(self._call(a, DeleteTopicInBrokerRequest(topic=topic)) for a in targets),
             return_exceptions=True,
         )
         for addr, res in zip(targets, results, strict=True):
             absent = isinstance(res, RemoteError) and res.code == ResponseCode.TOPIC_NOT_EXIST
             if isinstance(res, BaseException) and not absent:  # absent already is deleted
                 failures.append(f"broker {addr}: {res}")
-        answers = await self.routes.broadcast(RequestCode.DELETE_TOPIC_IN_NAMESRV, {"topic": topic})
+        answers = await self.routes.broadcast(DeleteTopicInNamesrvRequest(topic=topic))
         for addr, ans in answers.items():
             if isinstance(ans, MQError):
                 failures.append(f"NameServer {addr}: {ans}")
@@ -152,10 +169,7 @@ class TopicAdmin(AdminBase):
             raise TopicRouteNotFoundError(topic)
         names = sorted(info.broker_addrs)
         results = await asyncio.gather(
-            *(
-                self._call(info.broker_addrs[n], RequestCode.GET_TOPIC_STATS, {"topic": topic})
-                for n in names
-            ),
+            *(self._call(info.broker_addrs[n], GetTopicStatsRequest(topic=topic)) for n in names),
             return_exceptions=True,
         )
         stats: list[TopicStats] = []
@@ -171,24 +185,24 @@ class TopicAdmin(AdminBase):
 
     async def topic_configs(self, broker_addr: str) -> list[TopicConfig]:
         """GET_ALL_TOPIC_CONFIG of one broker."""
-        resp = await self._call(broker_addr, RequestCode.GET_ALL_TOPIC_CONFIG)
+        resp = await self._call(broker_addr, GetAllTopicConfigRequest())
         return _decode(resp.body, TopicConfigList).topic_configs
 
     async def broker_runtime_info(self, broker_addr: str) -> dict[str, Any]:
         """GET_BROKER_RUNTIME_INFO: the broker's statistics fields."""
-        resp = await self._call(broker_addr, RequestCode.GET_BROKER_RUNTIME_INFO)
+        resp = await self._call(broker_addr, GetBrokerRuntimeInfoRequest())
         return dict(resp.fields)
 
     async def wipe_write_perm(self, broker_name: str) -> dict[str, int | MQError]:
         """WIPE_WRITE_PERM_OF_BROKER on every NameServer: NameServer -> topics changed."""
-        return await self._perm(RequestCode.WIPE_WRITE_PERM_OF_BROKER, broker_name, "wipe")
+        return await self._perm(WipeWritePermRequest(broker_name=broker_name), "wipe")
 
     async def add_write_perm(self, broker_name: str) -> dict[str, int | MQError]:
         """ADD_WRITE_PERM_OF_BROKER on every NameServer: NameServer -> topics changed."""
-        return await self._perm(RequestCode.ADD_WRITE_PERM_OF_BROKER, broker_name, "add")
+        return await self._perm(AddWritePermRequest(broker_name=broker_name), "add")
 
-    async def _perm(self, code: int, broker_name: str, verb: str) -> dict[str, int | MQError]:
-        answers = await self.routes.broadcast(code, {"broker_name": broker_name})
+    async def _perm(self, header: Header, verb: str) -> dict[str, int | MQError]:
+        answers = await self.routes.broadcast(header)
         out: dict[str, int | MQError] = {}
         for addr, ans in answers.items():
             if isinstance(ans, MQError):
@@ -209,21 +223,20 @@ class TopicAdmin(AdminBase):
         return list(info.write_queues if writable else info.read_queues)
 
     async def min_offset(self, mq: MessageQueue) -> int:
-        return await self._offset(mq, RequestCode.GET_MIN_OFFSET, {})
+        return await self._offset(mq, GetMinOffsetRequest(topic=mq.topic, queue_id=mq.queue_id))
 
     async def max_offset(self, mq: MessageQueue) -> int:
         """The offset the next message of the queue will get."""
-        return await self._offset(mq, RequestCode.GET_MAX_OFFSET, {})
+        return await self._offset(mq, GetMaxOffsetRequest(topic=mq.topic, queue_id=mq.queue_id))
 
     async def search_offset(self, mq: MessageQueue, timestamp_ms: int) -> int:
         """SEARCH_OFFSET_BY_TIMESTAMP: the first offset stored at or after ``timestamp_ms``."""
-        return await self._offset(
-            mq, RequestCode.SEARCH_OFFSET_BY_TIMESTAMP, {"timestamp": timestamp_ms}
-        )
+        header = SearchOffsetRequest(topic=mq.topic, queue_id=mq.queue_id, timestamp=timestamp_ms)
+        return await self._offset(mq, header)
 
-    async def _offset(self, mq: MessageQueue, code: int, extra: dict[str, Any]) -> int:
+    async def _offset(self, mq: MessageQueue, header: Header) -> int:
         addr = await self._addr_of(mq)
-        resp = await self._call(addr, code, {"topic": mq.topic, "queue_id": mq.queue_id, **extra})
+        resp = await self._call(addr, header)
         return _int_field(resp, "offset")
 
     async def pull(
@@ -243,19 +256,18 @@ class TopicAdmin(AdminBase):
         nothing new yet. Continue from ``next_begin_offset``.
         """
         addr = await self._addr_of(mq)
-        fields = {
-            "topic": mq.topic,
-            "queue_id": mq.queue_id,
-            "queue_offset": offset,
-            "max_msg_nums": max_nums,
-            "max_bytes": max_bytes,
-            "tags": list(tags) if tags else None,
-            "suspend_timeout_ms": suspend_timeout_ms,
-        }
+        header = PullMessageRequest(
+            topic=mq.topic,
+            queue_id=mq.queue_id,
+            queue_offset=offset,
+            max_msg_nums=max_nums,
+            max_bytes=max_bytes,
+            tags=list(tags) if tags else None,
+            suspend_timeout_ms=suspend_timeout_ms,
+        )
         resp = await self._call(
             addr,
-            RequestCode.PULL_MESSAGE,
-            fields,
+            header,
             ok=frozenset(_PULL_STATUS),
             timeout_s=self.timeout_s + max(0, suspend_timeout_ms) / 1000.0,
         )
@@ -280,9 +292,7 @@ class TopicAdmin(AdminBase):
     async def get_message_by_id(self, topic: str, msg_id: str) -> StoredMessage | None:
         """VIEW_MESSAGE_BY_ID on each broker of the topic; None when none has it."""
         info = await self._info(topic, fresh=True)
-        answers = await self._each_broker(
-            info, RequestCode.VIEW_MESSAGE_BY_ID, {"topic": topic, "msg_id": msg_id}
-        )
+        answers = await self._each_broker(info, ViewMessageRequest(topic=topic, msg_id=msg_id))
         for msgs in answers:
             if msgs:
                 return msgs[0]
@@ -292,8 +302,7 @@ class TopicAdmin(AdminBase):
         """VIEW_MESSAGE_BY_ID by CommitLog offset on one broker; None when there is none."""
         resp = await self._call(
             broker_addr,
-            RequestCode.VIEW_MESSAGE_BY_ID,
-            {"offset": offset},
+            ViewMessageRequest(offset=offset),
             ok=frozenset({ResponseCode.SUCCESS, ResponseCode.QUERY_NOT_FOUND}),
         )
         msgs = _records(resp)
@@ -311,14 +320,14 @@ class TopicAdmin(AdminBase):
         """QUERY_MESSAGE on each broker of the topic: messages with ``key`` among their keys (or
         that unique id), by store time."""
         info = await self._info(topic, fresh=True)
-        fields = {
-            "topic": topic,
-            "key": key,
-            "max_num": max_num,
-            "begin_ts": begin_ts_ms,
-            "end_ts": _END_OF_TIME_MS if end_ts_ms is None else end_ts_ms,
-        }
-        answers = await self._each_broker(info, RequestCode.QUERY_MESSAGE, fields)
+        header = QueryMessageRequest(
+            topic=topic,
+            key=key,
+            max_num=max_num,
+            begin_ts=begin_ts_ms,
+            end_ts=_END_OF_TIME_MS if end_ts_ms is None else end_ts_ms,
+        )
+        answers = await self._each_broker(info, header)
         found = [m for msgs in answers for m in msgs]
         found.sort(key=lambda m: (m.store_timestamp_ms, m.physical_offset))
         return found[:max_num] if max_num > 0 else found

@@ -88,6 +88,11 @@ from orbitmq.protocol.codes import RequestCode
 from orbitmq.protocol.consumer import HeartbeatData
 from orbitmq.protocol.frame import Frame
 from orbitmq.protocol.messages import encode_send_body
+from orbitmq.protocol.requests import (
+    EndTransactionRequest,
+    HeartbeatRequest,
+    UnregisterClientRequest,
+)
 
 log = logging.getLogger(__name__)
 
@@ -189,7 +194,7 @@ class AsyncTransactionProducer:
         body = encode_body(HeartbeatData(client_id=self.client_id, producer_groups=[self.group]))
         try:
             resp = await self.producer.remoting.invoke(
-                addr, Frame(RequestCode.HEART_BEAT, body=body), self.end_timeout_s
+                addr, HeartbeatRequest().frame(body), self.end_timeout_s
             )
         except MQError as exc:
             log.info("transaction producer heartbeat to %s failed: %s", addr, exc)
@@ -200,10 +205,10 @@ class AsyncTransactionProducer:
             log.warning("broker %s refused the heartbeat: %s", addr, resp.remark)
 
     async def _unregister(self) -> None:
-        fields = {"client_id": self.client_id, "group": self.group}
+        header = UnregisterClientRequest(client_id=self.client_id, group=self.group)
 
         async def one(addr: str) -> None:
-            frame = Frame(RequestCode.UNREGISTER_CLIENT, fields=fields)
+            frame = header.frame()
             try:
                 await self.producer.remoting.invoke(addr, frame, self.end_timeout_s)
             except MQError as exc:
@@ -442,15 +447,15 @@ class AsyncTransactionProducer:
     def _end_frame(
         self, offset: int, msg_id: str, state: LocalTransactionState, *, from_check: bool
     ) -> Frame:
-        fields = {
-            "producer_group": self.group,
-            "tran_state": state.value,
-            "commit_log_offset": offset,
-            "msg_id": msg_id,
-            "transaction_id": msg_id,
-            "from_check": from_check,
-        }
-        return Frame(RequestCode.END_TRANSACTION, fields=fields)
+        header = EndTransactionRequest(
+            producer_group=self.group,
+            tran_state=state.value,
+            commit_log_offset=offset,
+            msg_id=msg_id,
+            transaction_id=msg_id,
+            from_check=from_check,
+        )
+        return header.frame()
 
     # ------------------------------------------------------------------ check-backs
 
