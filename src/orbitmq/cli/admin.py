@@ -1,6 +1,8 @@
-"""Administration commands: ``orbitmq topic ...``, ``orbitmq cluster list``, ``orbitmq message ...``.
+"""Topic administration: ``orbitmq topic create|update|delete|list|describe``.
 
-Everything goes through :class:`orbitmq.client.AsyncAdminClient` (the Remoting protocol), never to a
+The other read-only views have modules of their own: :mod:`orbitmq.cli.cluster` (``orbitmq
+cluster list``) and :mod:`orbitmq.cli.message` (``orbitmq message get|query``). Everything goes
+through :class:`orbitmq.client.AsyncAdminClient` (the Remoting protocol), never to a
 store or broker object directly.
 """
 
@@ -11,8 +13,6 @@ from collections.abc import Sequence
 from typing import Annotated, Any
 
 import typer
-from rich import box
-from rich.console import Console
 from rich.markup import escape
 from rich.table import Column, Table
 
@@ -20,8 +20,6 @@ from orbitmq.cli.common import (
     DEFAULT_NAMESRV,
     NamesrvOpt,
     TopicOpt,
-    body_preview,
-    fail,
     human_bytes,
     out,
     parse_perm,
@@ -33,14 +31,11 @@ from orbitmq.cli.common import (
 from orbitmq.client import AsyncAdminClient
 from orbitmq.client.route import TopicRouteNotFoundError
 from orbitmq.common.errors import ClientError, MQError
-from orbitmq.common.record import StoredMessage
 from orbitmq.protocol.bodies import MESSAGE_TYPES, TopicConfig
 
 topic_app = typer.Typer(
     no_args_is_help=True, help="Create, change, delete, list and describe topics."
 )
-cluster_app = typer.Typer(no_args_is_help=True, help="Clusters and their brokers.")
-message_app = typer.Typer(no_args_is_help=True, help="Look messages up by id or key.")
 
 ClusterOpt = Annotated[
     str | None,
@@ -55,8 +50,6 @@ BrokerOpt = Annotated[
     ),
 ]
 ROUTE_WAIT_S = 5.0
-
-_HIDDEN_PROPERTIES = ("UNIQ_CLIENT_MESSAGE_ID_KEYIDX", "TAGS", "KEYS")
 
 
 # ---------------------------------------------------------------------------------- helpers
@@ -461,174 +454,5 @@ def topic_describe(topic: TopicOpt, namesrv: NamesrvOpt = DEFAULT_NAMESRV) -> No
         console.print(queues)
         for name, why in sorted(desc.errors.items()):
             console.print(f"[red]broker {escape(name)}: {escape(why)}[/]", soft_wrap=True)
-
-    run(go())
-
-
-# ---------------------------------------------------------------------------------- cluster
-
-
-@cluster_app.command("list")
-def cluster_list(namesrv: NamesrvOpt = DEFAULT_NAMESRV) -> None:
-    """List clusters, their brokers and each broker's runtime state.
-
-    Example: orbitmq cluster list
-    """
-
-    async def go() -> None:
-        async with AsyncAdminClient(namesrv) as admin:
-            info = await admin.cluster_info()
-            rows: list[tuple[str, str, int, str]] = []
-            for cluster in sorted(info.cluster_addr_table):
-                for name in sorted(info.cluster_addr_table[cluster]):
-                    bd = info.broker_addr_table.get(name)
-                    for bid, addr in sorted(bd.broker_addrs.items()) if bd else []:
-                        rows.append((cluster, name, bid, addr))
-            runtime = await asyncio.gather(
-                *(admin.broker_runtime_info(r[3]) for r in rows), return_exceptions=True
-            )
-        console = out()
-        if not rows:
-            console.print("no broker is registered with the NameServers")
-            return
-        problems: list[str] = []
-        for cluster in sorted({r[0] for r in rows}):
-            table = Table(
-                Column("broker", no_wrap=True),
-                Column("address", no_wrap=True),
-                Column("commit log", justify="right", no_wrap=True),
-                Column("lag", justify="right", no_wrap=True),
-                Column("disk", justify="right", no_wrap=True),
-                Column("flush", no_wrap=True),
-                Column("topics", justify="right", no_wrap=True),
-                title=f"cluster {escape(cluster)}",
-                box=box.SIMPLE_HEAD,
-                pad_edge=False,
-            )
-            for (c, name, bid, addr), rt in zip(rows, runtime, strict=True):
-                if c != cluster:
-                    continue
-                broker = escape(name) + ("" if bid == 0 else f" (slave {bid})")
-                if isinstance(rt, MQError):
-                    problems.append(f"{name} at {addr}: {rt}")
-                    table.add_row(broker, addr, "[red]unreachable[/]")
-                    continue
-                if isinstance(rt, BaseException):
-                    raise rt
-                table.add_row(
-                    broker,
-                    addr,
-                    _int_text(rt.get("commit_log_max_offset"), human_bytes),
-                    _int_text(rt.get("dispatch_lag_bytes"), human_bytes),
-                    _percent(rt.get("disk_used_percent")),
-                    str(rt.get("flush_disk_type", "?")),
-                    _int_text(rt.get("topics"), str),
-                )
-            console.print(table)
-        for line in problems:
-            console.print(f"[red]{escape(line)}[/]", soft_wrap=True)
-
-    run(go())
-
-
-def _int_text(value: Any, fmt: Any) -> str:
-    try:
-        return str(fmt(int(value)))
-    except (TypeError, ValueError):
-        return "?"
-
-
-def _percent(value: Any) -> str:
-    """The broker reports disk_used_percent (as the store's watermark settings)."""
-    try:
-        return f"{float(value):.0f}%"
-    except (TypeError, ValueError):
-        return "?"
-
-
-# ---------------------------------------------------------------------------------- message
-
-PreviewOpt = Annotated[
-    int, typer.Option("--preview", help="Body characters (or bytes as hex) to show; 0: all.")
-]
-
-
-def _host(host: tuple[str, int]) -> str:
-    return f"{host[0]}:{host[1]}" if host[1] else "-"
-
-
-def _describe_message(console: Console, msg: StoredMessage, limit: int) -> None:
-    table = Table(show_header=False, box=None, pad_edge=False)
-    table.add_column(style="bold")
-    table.add_column(overflow="fold")
-    user_props = {k: v for k, v in msg.properties.items() if k not in _HIDDEN_PROPERTIES}
-    rows = [
-        ("msg id", msg.msg_id or "-"),
-        ("topic", msg.topic),
-        ("tags", msg.tags or "-"),
-        ("keys", " ".join(msg.keys) or "-"),
-        ("queue id", str(msg.queue_id)),
-        ("queue offset", str(msg.queue_offset)),
-        ("commit log offset", str(msg.physical_offset)),
-        ("store time", timestamp(msg.store_timestamp_ms)),
-        ("born time", timestamp(msg.born_timestamp_ms)),
-        ("born host", _host(msg.born_host)),
-        ("store host", _host(msg.store_host)),
-        ("reconsume times", str(msg.reconsume_times)),
-        ("properties", ", ".join(f"{k}={v}" for k, v in sorted(user_props.items())) or "-"),
-        ("body", f"{len(msg.body)} bytes"),
-    ]
-    for key, value in rows:
-        table.add_row(key, escape(value))
-    console.print(table)
-    console.print(escape(body_preview(msg.body, limit)), soft_wrap=True)
-
-
-@message_app.command("get")
-def message_get(
-    topic: TopicOpt,
-    msg_id: Annotated[str, typer.Option("--id", help="The message id (as send prints it).")],
-    preview: PreviewOpt = 512,
-    namesrv: NamesrvOpt = DEFAULT_NAMESRV,
-) -> None:
-    """Show one message by its id.
-
-    Example: orbitmq message get -t Orders --id 7F0000011A2B18B4AAC2...
-    """
-
-    async def go() -> None:
-        async with AsyncAdminClient(namesrv) as admin:
-            msg = await admin.get_message_by_id(topic, msg_id)
-        if msg is None:
-            fail(f"no message {msg_id} in topic {topic!r}")
-        _describe_message(out(), msg, preview)
-
-    run(go())
-
-
-@message_app.command("query")
-def message_query(
-    topic: TopicOpt,
-    key: Annotated[str, typer.Option("--key", "-k", help="A message key (or unique id).")],
-    max_num: Annotated[int, typer.Option("--max", min=1, help="At most this many.")] = 32,
-    preview: PreviewOpt = 80,
-    namesrv: NamesrvOpt = DEFAULT_NAMESRV,
-) -> None:
-    """Find messages by key, oldest first.
-
-    Example: orbitmq message query -t Orders --key order-42
-    """
-
-    async def go() -> None:
-        async with AsyncAdminClient(namesrv) as admin:
-            found = await admin.query_by_key(topic, key, max_num=max_num)
-        if not found:
-            fail(f"no message with key {key!r} in topic {topic!r}")
-        console = out()
-        for i, msg in enumerate(found):
-            if i:
-                console.print()
-            _describe_message(console, msg, preview)
-        console.print(f"\n{len(found)} message{'s' if len(found) != 1 else ''}")
 
     run(go())

@@ -32,6 +32,8 @@ from orbitmq.cli import (
     proxy,
     tail,
 )
+from orbitmq.cli.cluster import cluster_app
+from orbitmq.cli.message import message_app
 from orbitmq.cli.runner import (
     ConfigOpt,
     LogLevel,
@@ -53,8 +55,8 @@ bench_app = typer.Typer(help="Benchmarks (figures go in docs/benchmarks.md).", n
 app.add_typer(config_app, name="config")
 app.add_typer(bench_app, name="bench")
 app.add_typer(admin.topic_app, name="topic")
-app.add_typer(admin.cluster_app, name="cluster")
-app.add_typer(admin.message_app, name="message")
+app.add_typer(cluster_app, name="cluster")
+app.add_typer(message_app, name="message")
 app.add_typer(group.group_app, name="group")
 app.add_typer(dlq.dlq_app, name="dlq")
 app.add_typer(pipeline.pipeline_app, name="pipeline")

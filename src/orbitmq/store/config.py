@@ -11,9 +11,8 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
-from orbitmq.common.config import at_least, between, check_settings, documented, setting
+from orbitmq.common.config import at_least, between, check_settings, setting
 from orbitmq.common.errors import ConfigError
 
 GiB = 1024**3
@@ -124,8 +123,3 @@ class StoreConfig:
         if any(not 0 <= h <= 23 for h in hours):
             raise ConfigError("delete_when hours must be 0..23")
         return hours
-
-    @classmethod
-    def documented(cls) -> list[tuple[str, Any, str]]:
-        """(name, default, doc) for every field (see :func:`orbitmq.common.config.documented`)."""
-        return [(d.name, d.default, d.doc) for d in documented(cls)]
