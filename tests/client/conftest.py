@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 
 from orbitmq.client import AsyncAdminClient, AsyncProducer
+from orbitmq.client.admin.config import AdminConfig
 from orbitmq.client.producer.config import ProducerConfig
 from tests.client.fakes import FakeBroker, FakeNamesrv
 
@@ -75,5 +76,5 @@ async def make_producer(cluster: FakeCluster) -> AsyncIterator[MakeProducer]:
 
 @pytest.fixture
 async def admin(cluster: FakeCluster) -> AsyncIterator[AsyncAdminClient]:
-    async with AsyncAdminClient([cluster.namesrv.addr], timeout_s=2.0) as client:
+    async with AsyncAdminClient([cluster.namesrv.addr], AdminConfig(timeout_s=2.0)) as client:
         yield client

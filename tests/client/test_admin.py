@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from orbitmq.client import AsyncAdminClient, Message, MessageQueue, PullStatus
+from orbitmq.client.admin.config import AdminConfig
 from orbitmq.client.producer.config import ProducerConfig
 from orbitmq.client.route import TopicRouteNotFoundError
 from orbitmq.common.codes import ResponseCode
@@ -131,7 +132,9 @@ async def test_pull_errors_raise(cluster: FakeCluster, admin: AsyncAdminClient) 
 
 
 async def test_namesrv_failover_and_broadcast(cluster: FakeCluster) -> None:
-    async with AsyncAdminClient([dead_addr(), cluster.namesrv.addr], timeout_s=1.0) as admin:
+    async with AsyncAdminClient(
+        [dead_addr(), cluster.namesrv.addr], AdminConfig(timeout_s=1.0)
+    ) as admin:
         for _ in range(3):
             assert "T" in await admin.list_topics()
         perms = await admin.wipe_write_perm("broker-a")
@@ -155,7 +158,7 @@ def test_blocking_admin_client() -> None:
             return ns, b
 
         ns, broker = servers.run(setup())
-        with AdminClient([ns.addr], timeout_s=2.0) as admin:
+        with AdminClient([ns.addr], AdminConfig(timeout_s=2.0)) as admin:
             assert admin.create_topic("B", write_queue_nums=2, read_queue_nums=2) == [broker.addr]
             ns.register([broker])
             with Producer([ns.addr], ProducerConfig(linger_ms=1)) as p:

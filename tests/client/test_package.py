@@ -29,6 +29,7 @@ def test_client_configs_document_every_setting_and_refuse_bad_values() -> None:
         client.LitePullConfig: {"poll_max": 0},
         client.SimpleConfig: {"await_duration_s": -1},
         client.TransactionConfig: {"check_concurrency": 0},
+        client.AdminConfig: {"timeout_s": 0},
     }
     for cls, values in bad.items():
         names = {f.name for f in dataclasses.fields(cls)}

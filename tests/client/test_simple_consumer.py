@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 
 from orbitmq.broker.controller import BrokerController
 from orbitmq.client import AsyncAdminClient, AsyncProducer, Message
+from orbitmq.client.admin.config import AdminConfig
 from orbitmq.client.consumer import simple as simple_consumer
 from orbitmq.client.consumer import subscription
 from orbitmq.client.consumer.config import SimpleConfig
@@ -505,7 +506,7 @@ async def real(tmp_path: Path) -> AsyncIterator[Real]:
     await ns.start()
     broker = BrokerController(broker_config(tmp_path / "broker-a", "broker-a", ns.address))
     await broker.start()
-    admin = AsyncAdminClient([ns.address], timeout_s=2.0)
+    admin = AsyncAdminClient([ns.address], AdminConfig(timeout_s=2.0))
     producer = AsyncProducer([ns.address], ProducerConfig(linger_ms=1))
     await producer.start()
     r = Real(ns, broker, admin, producer)

@@ -23,6 +23,7 @@ from orbitmq.client import (
     Message,
     TransactionProducer,
 )
+from orbitmq.client.admin.config import AdminConfig
 from orbitmq.client.producer.types import SendStatus
 from orbitmq.client.route import MessageQueue
 from orbitmq.client.transaction.types import (
@@ -109,7 +110,7 @@ async def env(tmp_path: Path) -> AsyncIterator[Env]:
     )
     broker = BrokerController(config)
     await broker.start()
-    admin = AsyncAdminClient([ns.address], timeout_s=2.0)
+    admin = AsyncAdminClient([ns.address], AdminConfig(timeout_s=2.0))
     e = Env(ns, broker, admin)
     await admin.create_topic(
         "TXC", read_queue_nums=2, write_queue_nums=2, broker_addr=broker.address

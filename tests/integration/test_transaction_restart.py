@@ -29,6 +29,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
+from orbitmq.client.admin.config import AdminConfig
 from orbitmq.client.transaction.types import TransactionConfig
 from tests.harness import ProcessCluster, ServerProcess
 
@@ -147,7 +148,7 @@ async def _visible_bodies(namesrv: str, want: int, timeout_s: float = 20.0) -> l
     from orbitmq.client import AsyncAdminClient
     from tests.client.test_e2e import read_all
 
-    async with AsyncAdminClient([namesrv], timeout_s=3.0) as admin:
+    async with AsyncAdminClient([namesrv], AdminConfig(timeout_s=3.0)) as admin:
         got = await read_all(admin, TOPIC, want, timeout_s)
         await asyncio.sleep(1.0)  # a late duplicate would show now
         got = await read_all(admin, TOPIC, len(got) + 1, 0.5)

@@ -6,7 +6,7 @@ is the blocking one, the async one on a private event loop thread (``AsyncProduc
 ``LitePullConsumer``, ``AsyncSimpleConsumer`` / ``SimpleConsumer``,
 ``AsyncTransactionProducer`` / ``TransactionProducer``, ``AsyncAdminClient`` / ``AdminClient``).
 Both take the same config object (``ProducerConfig``, ``PushConfig``, ``LitePullConfig``,
-``SimpleConfig``, ``TransactionConfig``).
+``SimpleConfig``, ``TransactionConfig``, ``AdminConfig``).
 
 Names are imported on first use (PEP 562): a process that needs only the route cache or the
 admin client (a Spark worker, the streaming runner Spark starts per query) does not pay for
@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from orbitmq.client.admin.client import AdminClient, AsyncAdminClient
+    from orbitmq.client.admin.config import AdminConfig
     from orbitmq.client.admin.types import PullResult, PullStatus, TopicDescription
     from orbitmq.client.allocate import (
         AllocateAveragely,
@@ -94,6 +95,7 @@ _WHERE: dict[str, str] = {
     "AsyncSimpleConsumer": "orbitmq.client.consumer.simple",
     "AsyncTransactionProducer": "orbitmq.client.transaction.producer",
     "AdminClient": "orbitmq.client.admin.client",
+    "AdminConfig": "orbitmq.client.admin.config",
     "ConsumeFromWhere": "orbitmq.client.consumer_types",
     "ConsumeResult": "orbitmq.client.consumer_types",
     "ConsumedMessage": "orbitmq.client.consumer_types",
@@ -148,6 +150,7 @@ _WHERE: dict[str, str] = {
 
 __all__ = [
     "AdminClient",
+    "AdminConfig",
     "AllocateAveragely",
     "AllocateAveragelyByCircle",
     "AllocateByConfig",

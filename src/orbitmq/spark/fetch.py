@@ -25,6 +25,7 @@ from typing import Any
 
 from orbitmq.client._loop_thread import LoopThread
 from orbitmq.client.admin.client import AsyncAdminClient
+from orbitmq.client.admin.config import AdminConfig
 from orbitmq.client.offset_store import BrokerRequester, RemoteOffsetStore
 from orbitmq.client.route import MessageQueue, TopicRouteNotFoundError
 from orbitmq.common.codes import ResponseCode
@@ -68,7 +69,7 @@ class Connection:
     def __init__(self, namesrv: str, timeout_s: float) -> None:
         self.timeout_s = timeout_s
         self.thread = LoopThread("orbitmq-spark")
-        self.admin = AsyncAdminClient(namesrv, timeout_s=timeout_s)
+        self.admin = AsyncAdminClient(namesrv, AdminConfig(timeout_s=timeout_s))
         self.requester = BrokerRequester(
             self.admin.routes, self.admin.remoting, timeout_s=timeout_s
         )

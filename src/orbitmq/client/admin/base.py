@@ -12,6 +12,7 @@ from typing import Any, Self, TypeVar
 import msgspec
 
 from orbitmq.client import _codec
+from orbitmq.client.admin.config import AdminConfig
 from orbitmq.client.route import (
     MessageQueue,
     TopicPublishInfo,
@@ -49,19 +50,21 @@ class AdminBase:
     def __init__(
         self,
         namesrv_addrs: str | Sequence[str],
+        config: AdminConfig | None = None,
         *,
-        timeout_s: float = 3.0,
-        connect_timeout_s: float = 3.0,
         ssl_context: ssl.SSLContext | None = None,
     ) -> None:
-        self.timeout_s = timeout_s
+        self.config = cfg = AdminConfig() if config is None else config
+        if not isinstance(cfg, AdminConfig):
+            raise ClientError(f"config must be an AdminConfig, not {type(cfg).__name__}")
+        self.timeout_s = cfg.timeout_s
         self.remoting = RemotingClient(
-            connect_timeout=connect_timeout_s, ssl_context=ssl_context, name="admin"
+            connect_timeout=cfg.connect_timeout_s, ssl_context=ssl_context, name="admin"
         )
         self.routes = TopicRouteCache(
             namesrv_addrs,
             self.remoting,
-            timeout_s=timeout_s,
+            timeout_s=cfg.timeout_s,
             refresh_interval_s=0,  # admin asks afresh where it matters
             auto_create_fallback=False,
         )

@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from orbitmq.client._loop_thread import BlockingFacade, LoopThread
+from orbitmq.client.admin.config import AdminConfig
 from orbitmq.client.admin.groups import GroupAdmin
 from orbitmq.client.admin.topics import TopicAdmin
 from orbitmq.client.admin.types import GroupDescription, PullResult, TopicDescription
@@ -56,18 +57,12 @@ class AdminClient(BlockingFacade[AsyncAdminClient]):
     def __init__(
         self,
         namesrv_addrs: str | Sequence[str],
+        config: AdminConfig | None = None,
         *,
-        timeout_s: float = 3.0,
-        connect_timeout_s: float = 3.0,
         ssl_context: ssl.SSLContext | None = None,
     ) -> None:
         self._thread = LoopThread("orbitmq-admin")
-        self._async = AsyncAdminClient(
-            namesrv_addrs,
-            timeout_s=timeout_s,
-            connect_timeout_s=connect_timeout_s,
-            ssl_context=ssl_context,
-        )
+        self._async = AsyncAdminClient(namesrv_addrs, config, ssl_context=ssl_context)
         self._closed = False
 
     @property
