@@ -56,6 +56,7 @@ from orbitmq.client.consumer_types import ConsumeFromWhere, MessageModel
 from orbitmq.client.offset_store import BrokerRequester, OffsetStore
 from orbitmq.client.process_queue import ProcessQueue
 from orbitmq.client.route import MessageQueue, TopicRouteCache, TopicRouteNotFoundError
+from orbitmq.common.clock import now_ms
 from orbitmq.common.errors import MQError, ProtocolError
 from orbitmq.protocol.bodies import decode_body, encode_body
 from orbitmq.protocol.consumer import (
@@ -340,7 +341,7 @@ class RebalanceService:
         if where is ConsumeFromWhere.TIMESTAMP:
             ts = self.consume_timestamp_ms
             if ts is None:
-                ts = int(time.time() * 1000) - 30 * 60 * 1000  # RocketMQ's default: 30 min ago
+                ts = now_ms() - 30 * 60 * 1000  # RocketMQ's default: 30 min ago
             return await self.requester.search_offset(mq, ts)
         return await self.requester.max_offset(mq)
 
