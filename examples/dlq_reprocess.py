@@ -35,7 +35,7 @@ import time
 from typing import Any
 
 from orbitmq.client import (
-    BlockingAdminClient,
+    AdminClient,
     ConsumedMessage,
     ConsumeFromWhere,
     ConsumeResult,
@@ -44,6 +44,7 @@ from orbitmq.client import (
     Producer,
     PushConsumer,
 )
+from orbitmq.client.consumer.config import PushConfig
 from orbitmq.client.route import TopicRouteNotFoundError
 from orbitmq.spark import pipelines
 from orbitmq.spark.session import SessionOptions, build_session
@@ -68,7 +69,7 @@ def dlq_end(namesrv: str, group: str) -> str:
     """Where the group's DLQ ends now, as ``startingOffsets`` JSON ("earliest" if it has none
     yet): reprocessing then takes only the dead letters this run makes."""
     topic = pipelines.dlq_topic(group)
-    with BlockingAdminClient(namesrv) as admin:
+    with AdminClient(namesrv) as admin:
         try:
             route = admin.topic_route(topic)
         except TopicRouteNotFoundError:
@@ -110,9 +111,11 @@ def reject_misspelt(namesrv: str, topic: str, group: str, expect: int, timeout_s
     consumer = PushConsumer(
         namesrv,
         group,
-        max_reconsume_times=0,
-        consume_from_where=ConsumeFromWhere.FIRST_OFFSET,
-        rebalance_interval_s=1.0,
+        PushConfig(
+            max_reconsume_times=0,
+            consume_from_where=ConsumeFromWhere.FIRST_OFFSET,
+            rebalance_interval_s=1.0,
+        ),
     )
     consumer.subscribe(topic)
     consumer.register_listener(listener)

@@ -331,7 +331,7 @@ async def test_due_while_down_delivered_at_restart(tmp_path: Path, client: Remot
 async def test_client_delay_helpers_and_recall(tmp_path: Path) -> None:
     """Producer-side helpers (Message.set_delay_ms / set_deliver_time_ms / set_delay_level)
     and recall_message through a NameServer route."""
-    from orbitmq.client import AdminClient, AsyncProducer, Message, recall_message
+    from orbitmq.client import AsyncAdminClient, AsyncProducer, Message, recall_message
     from orbitmq.common.errors import RemoteError
     from orbitmq.namesrv.config import NamesrvConfig
     from orbitmq.namesrv.controller import NamesrvController
@@ -341,7 +341,7 @@ async def test_client_delay_helpers_and_recall(tmp_path: Path) -> None:
     b = BrokerController(broker_config(tmp_path / "s", namesrv_addrs=(ns.address,)))
     await b.start()
     producer = AsyncProducer([ns.address])
-    admin = AdminClient([ns.address])
+    admin = AsyncAdminClient([ns.address])
     client = RemotingClient()
     try:
         make_topic(b)

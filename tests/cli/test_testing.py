@@ -6,7 +6,8 @@ import tomllib
 from pathlib import Path
 
 from orbitmq.cli.settings import load_settings
-from orbitmq.client import AdminClient
+from orbitmq.client import AsyncAdminClient
+from orbitmq.client.admin.config import AdminConfig
 from orbitmq.testing import (
     SMALL_STORE,
     run_broker,
@@ -47,6 +48,6 @@ def test_settings_toml_is_read_back_by_the_cli(tmp_path: Path) -> None:
 async def test_run_namesrv_and_run_broker_serve_for_the_block() -> None:
     async with run_namesrv() as ns, run_broker(namesrv=ns.address) as broker:
         assert broker.port > 0
-        async with AdminClient([ns.address], timeout_s=3.0) as admin:
+        async with AsyncAdminClient([ns.address], AdminConfig(timeout_s=3.0)) as admin:
             await admin.create_topic("TestingT", read_queue_nums=2, write_queue_nums=2)
             assert "TestingT" in await admin.list_topics()

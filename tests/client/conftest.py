@@ -7,7 +7,9 @@ from typing import Any
 
 import pytest
 
-from orbitmq.client import AdminClient, AsyncProducer
+from orbitmq.client import AsyncAdminClient, AsyncProducer
+from orbitmq.client.admin.config import AdminConfig
+from orbitmq.client.producer.config import ProducerConfig
 from tests.client.fakes import FakeBroker, FakeNamesrv
 
 
@@ -63,7 +65,7 @@ async def make_producer(cluster: FakeCluster) -> AsyncIterator[MakeProducer]:
     async def make(namesrv_addrs: list[str] | None = None, **opts: Any) -> AsyncProducer:
         opts.setdefault("send_timeout_s", 2.0)
         opts.setdefault("namesrv_timeout_s", 1.0)
-        p = AsyncProducer(namesrv_addrs or [cluster.namesrv.addr], **opts)
+        p = AsyncProducer(namesrv_addrs or [cluster.namesrv.addr], ProducerConfig(**opts))
         made.append(p)
         return await p.start()
 
@@ -73,6 +75,6 @@ async def make_producer(cluster: FakeCluster) -> AsyncIterator[MakeProducer]:
 
 
 @pytest.fixture
-async def admin(cluster: FakeCluster) -> AsyncIterator[AdminClient]:
-    async with AdminClient([cluster.namesrv.addr], timeout_s=2.0) as client:
+async def admin(cluster: FakeCluster) -> AsyncIterator[AsyncAdminClient]:
+    async with AsyncAdminClient([cluster.namesrv.addr], AdminConfig(timeout_s=2.0)) as client:
         yield client

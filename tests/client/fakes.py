@@ -12,6 +12,8 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
+import msgspec
+
 from orbitmq.common.codes import ResponseCode
 from orbitmq.common.message import decode_properties
 from orbitmq.common.record import BatchHeader, encode_batch, pack_host, record_sizes
@@ -33,6 +35,7 @@ from orbitmq.protocol.bodies import (
 from orbitmq.protocol.codes import RequestCode
 from orbitmq.protocol.frame import Frame
 from orbitmq.protocol.messages import decode_send_body
+from orbitmq.protocol.requests import request_class
 
 
 @dataclass
@@ -102,7 +105,7 @@ class FakeBroker:
         self.requests[frame.code] += 1
         if frame.code in (RequestCode.SEND_MESSAGE, RequestCode.SEND_BATCH_MESSAGE):
             return await self._send(frame)
-        f = frame.fields
+        f = full_fields(frame)
         if frame.code == RequestCode.PULL_MESSAGE:
             return self._pull(frame)
         if frame.code in (RequestCode.GET_MAX_OFFSET, RequestCode.GET_MIN_OFFSET):
@@ -158,7 +161,7 @@ class FakeBroker:
         return frame.reply(ResponseCode.REQUEST_CODE_NOT_SUPPORTED, "fake")
 
     async def _send(self, frame: Frame) -> Reply:
-        f = frame.fields
+        f = full_fields(frame)
         decoded = decode_send_body(bytes(frame.body))
         bodies, props = [bytes(b) for b in decoded.bodies], decoded.properties
         self.sends.append(
@@ -221,7 +224,7 @@ class FakeBroker:
         return frame.reply(code, fields=out)
 
     def _pull(self, frame: Frame) -> Reply:
-        f = frame.fields
+        f = full_fields(frame)
         if f["topic"] not in self.topics:
             return frame.reply(ResponseCode.TOPIC_NOT_EXIST, "no topic")
         q = self.queues.get((f["topic"], f["queue_id"]), [])
@@ -319,3 +322,14 @@ class FakeNamesrv:
             self.deleted.append(frame.fields["topic"])
             return frame.reply(ResponseCode.SUCCESS)
         return frame.reply(ResponseCode.REQUEST_CODE_NOT_SUPPORTED, "fake")
+
+
+def full_fields(frame: Frame) -> dict[str, Any]:
+    """The request's header fields with the defaults its typed header class fills in: clients
+    leave out fields at their default, as the real servers' readers allow."""
+    cls = request_class(frame.code)
+    if cls is None:
+        return dict(frame.fields)
+    header = cls.from_fields(dict(frame.fields))
+    out = {k: v for k, v in msgspec.structs.asdict(header).items() if v is not None}
+    return {**out, **frame.fields}

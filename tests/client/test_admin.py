@@ -1,10 +1,12 @@
-"""AdminClient against fake servers: topic admin, stats, offsets, pulls and lookups."""
+"""AsyncAdminClient against fake servers: topic admin, stats, offsets, pulls and lookups."""
 
 from __future__ import annotations
 
 import pytest
 
-from orbitmq.client import AdminClient, Message, MessageQueue, PullStatus
+from orbitmq.client import AsyncAdminClient, Message, MessageQueue, PullStatus
+from orbitmq.client.admin.config import AdminConfig
+from orbitmq.client.producer.config import ProducerConfig
 from orbitmq.client.route import TopicRouteNotFoundError
 from orbitmq.common.codes import ResponseCode
 from orbitmq.common.errors import ClientError, InvalidTopicError
@@ -14,7 +16,7 @@ from tests.client.conftest import FakeCluster, MakeProducer, dead_addr
 
 
 async def test_create_topic_on_every_master_then_delete(
-    cluster: FakeCluster, admin: AdminClient
+    cluster: FakeCluster, admin: AsyncAdminClient
 ) -> None:
     addrs = await admin.create_topic("New", read_queue_nums=3, write_queue_nums=3)
     assert addrs == sorted(b.addr for b in cluster.brokers)
@@ -38,7 +40,7 @@ async def test_create_topic_on_every_master_then_delete(
 
 
 async def test_delete_is_idempotent_and_reports_partial_failures(
-    cluster: FakeCluster, admin: AdminClient
+    cluster: FakeCluster, admin: AsyncAdminClient
 ) -> None:
     cluster.a.add_topic("Half", 1)  # only on broker-a, but the cluster has two masters
     cluster.reregister()
@@ -57,7 +59,7 @@ async def test_delete_is_idempotent_and_reports_partial_failures(
 
 
 async def test_cluster_and_describe(
-    cluster: FakeCluster, admin: AdminClient, make_producer: MakeProducer
+    cluster: FakeCluster, admin: AsyncAdminClient, make_producer: MakeProducer
 ) -> None:
     info = await admin.cluster_info()
     assert isinstance(info, ClusterInfo)
@@ -78,7 +80,7 @@ async def test_cluster_and_describe(
 
 
 async def test_offsets_pull_and_lookups(
-    cluster: FakeCluster, admin: AdminClient, make_producer: MakeProducer
+    cluster: FakeCluster, admin: AsyncAdminClient, make_producer: MakeProducer
 ) -> None:
     p = await make_producer()
     mq = MessageQueue("T", "broker-a", 2)
@@ -117,7 +119,7 @@ async def test_offsets_pull_and_lookups(
     assert await admin.query_by_key("T", "nothing") == []
 
 
-async def test_pull_errors_raise(cluster: FakeCluster, admin: AdminClient) -> None:
+async def test_pull_errors_raise(cluster: FakeCluster, admin: AsyncAdminClient) -> None:
     cluster.a.add_topic("OnlyA", 1)
     cluster.reregister()
     mq = MessageQueue("OnlyA", "broker-a", 0)
@@ -130,7 +132,9 @@ async def test_pull_errors_raise(cluster: FakeCluster, admin: AdminClient) -> No
 
 
 async def test_namesrv_failover_and_broadcast(cluster: FakeCluster) -> None:
-    async with AdminClient([dead_addr(), cluster.namesrv.addr], timeout_s=1.0) as admin:
+    async with AsyncAdminClient(
+        [dead_addr(), cluster.namesrv.addr], AdminConfig(timeout_s=1.0)
+    ) as admin:
         for _ in range(3):
             assert "T" in await admin.list_topics()
         perms = await admin.wipe_write_perm("broker-a")
@@ -140,7 +144,7 @@ async def test_namesrv_failover_and_broadcast(cluster: FakeCluster) -> None:
 
 
 def test_blocking_admin_client() -> None:
-    from orbitmq.client import BlockingAdminClient, Producer
+    from orbitmq.client import AdminClient, Producer
     from orbitmq.client._loop_thread import LoopThread
     from tests.client.fakes import FakeBroker, FakeNamesrv
 
@@ -154,10 +158,10 @@ def test_blocking_admin_client() -> None:
             return ns, b
 
         ns, broker = servers.run(setup())
-        with BlockingAdminClient([ns.addr], timeout_s=2.0) as admin:
+        with AdminClient([ns.addr], AdminConfig(timeout_s=2.0)) as admin:
             assert admin.create_topic("B", write_queue_nums=2, read_queue_nums=2) == [broker.addr]
             ns.register([broker])
-            with Producer([ns.addr], linger_ms=1) as p:
+            with Producer([ns.addr], ProducerConfig(linger_ms=1)) as p:
                 sent = [p.send_async(Message("B", f"{i}".encode())) for i in range(20)]
                 ids = {f.result(timeout=5).msg_id for f in sent}
             bodies: list[bytes] = []

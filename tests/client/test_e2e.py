@@ -1,5 +1,5 @@
 """End to end in one process: a real NameServer and two real brokers on loopback, the producer in
-every send mode, and everything read back with AdminClient.pull."""
+every send mode, and everything read back with AsyncAdminClient.pull."""
 
 from __future__ import annotations
 
@@ -17,8 +17,8 @@ from orbitmq.broker.config import BrokerConfig
 from orbitmq.broker.controller import BrokerController
 from orbitmq.client import (
     AdminClient,
+    AsyncAdminClient,
     AsyncProducer,
-    BlockingAdminClient,
     Message,
     MessageQueue,
     Producer,
@@ -27,6 +27,7 @@ from orbitmq.client import (
     hash_selector,
 )
 from orbitmq.client._loop_thread import LoopThread
+from orbitmq.client.producer.config import ProducerConfig
 from orbitmq.common.record import StoredMessage
 from orbitmq.namesrv.config import NamesrvConfig
 from orbitmq.namesrv.controller import NamesrvController
@@ -58,7 +59,7 @@ async def start_cluster(tmp_path: Path) -> RealCluster:
             b = BrokerController(broker_config(tmp_path / name, name, ns.address))
             await b.start()
             brokers.append(b)
-        async with AdminClient([ns.address]) as admin:
+        async with AsyncAdminClient([ns.address]) as admin:
             for _ in range(200):
                 info = await admin.cluster_info()
                 if len(info.broker_addr_table) == 2:
@@ -87,7 +88,7 @@ async def real(tmp_path: Path) -> AsyncIterator[RealCluster]:
         await stop_cluster(c)
 
 
-async def wait_route(admin: AdminClient, topic: str, queues: int) -> list[MessageQueue]:
+async def wait_route(admin: AsyncAdminClient, topic: str, queues: int) -> list[MessageQueue]:
     for _ in range(200):
         try:
             qs = await admin.queues(topic)
@@ -100,7 +101,7 @@ async def wait_route(admin: AdminClient, topic: str, queues: int) -> list[Messag
 
 
 async def read_all(
-    admin: AdminClient, topic: str, expect: int, timeout_s: float = 10.0
+    admin: AsyncAdminClient, topic: str, expect: int, timeout_s: float = 10.0
 ) -> list[StoredMessage]:
     """Pull every queue from its min offset until ``expect`` messages were read."""
     queues = await admin.queues(topic)
@@ -123,8 +124,8 @@ async def read_all(
 
 async def test_every_send_mode_end_to_end(real: RealCluster) -> None:
     async with (
-        AdminClient([real.addr]) as admin,
-        AsyncProducer([real.addr], linger_ms=5, compress_over_bytes=2048) as p,
+        AsyncAdminClient([real.addr]) as admin,
+        AsyncProducer([real.addr], ProducerConfig(linger_ms=5, compress_over_bytes=2048)) as p,
     ):
         created = await admin.create_topic("E2E", read_queue_nums=4, write_queue_nums=4)
         assert len(created) == 2
@@ -226,8 +227,8 @@ async def _eventually(fn: Any, timeout_s: float = 5.0) -> Any:
 
 async def test_broker_down_sends_fail_over(real: RealCluster) -> None:
     async with (
-        AdminClient([real.addr]) as admin,
-        AsyncProducer([real.addr], send_timeout_s=3.0) as p,
+        AsyncAdminClient([real.addr]) as admin,
+        AsyncProducer([real.addr], ProducerConfig(send_timeout_s=3.0)) as p,
     ):
         await admin.create_topic("FO", read_queue_nums=2, write_queue_nums=2)
         await wait_route(admin, "FO", 4)
@@ -254,7 +255,10 @@ def real_on_thread(tmp_path: Path) -> Iterator[tuple[LoopThread, RealCluster]]:
 
 def test_blocking_clients_end_to_end(real_on_thread: tuple[LoopThread, RealCluster]) -> None:
     _thread, real = real_on_thread
-    with BlockingAdminClient([real.addr]) as admin, Producer([real.addr], linger_ms=2) as p:
+    with (
+        AdminClient([real.addr]) as admin,
+        Producer([real.addr], ProducerConfig(linger_ms=2)) as p,
+    ):
         admin.create_topic("Blocking", read_queue_nums=2, write_queue_nums=2)
         p.send(Message("Blocking", b"s"))
         p.send_batch([Message("Blocking", b"b1"), Message("Blocking", b"b2")])

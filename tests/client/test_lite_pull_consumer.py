@@ -22,6 +22,7 @@ from orbitmq.client import (
     Producer,
 )
 from orbitmq.client._loop_thread import LoopThread
+from orbitmq.client.consumer.config import LitePullConfig
 from orbitmq.common.errors import ClientError, OffsetIllegalError
 from tests.client.test_e2e import RealCluster, start_cluster, stop_cluster
 from tests.client.test_push_consumer import create_topic
@@ -68,7 +69,7 @@ async def test_subscribe_poll_and_auto_commit_across_restart(real: RealCluster) 
     await create_topic(real.addr, "LP")
     first = [f"a{i}".encode() for i in range(50)]
     await send(real.addr, "LP", first)
-    c = AsyncLitePullConsumer([real.addr], "G-LP", poll_max=16, **FAST)
+    c = AsyncLitePullConsumer([real.addr], "G-LP", LitePullConfig(poll_max=16, **FAST))
     c.subscribe("LP")
     await c.start()
     try:
@@ -91,7 +92,7 @@ async def test_subscribe_poll_and_auto_commit_across_restart(real: RealCluster) 
 
     second = [f"b{i}".encode() for i in range(10)]
     await send(real.addr, "LP", second)
-    c2 = AsyncLitePullConsumer([real.addr], "G-LP", **FAST)
+    c2 = AsyncLitePullConsumer([real.addr], "G-LP", LitePullConfig(**FAST))
     c2.subscribe("LP")
     await c2.start()
     try:
@@ -108,7 +109,9 @@ async def test_assign_seek_and_manual_commit(real: RealCluster) -> None:
     async with AsyncProducer([real.addr]) as p:
         for i in range(20):
             await p.send(Message("AS", f"q{i}".encode()), queue=mq)
-    c = AsyncLitePullConsumer([real.addr], "G-AS", auto_commit=False, poll_max=3, **FAST)
+    c = AsyncLitePullConsumer(
+        [real.addr], "G-AS", LitePullConfig(auto_commit=False, poll_max=3, **FAST)
+    )
     c.assign([mq])
     with pytest.raises(ClientError):
         c.subscribe("AS")
@@ -135,7 +138,7 @@ async def test_assign_seek_and_manual_commit(real: RealCluster) -> None:
     finally:
         await c.close()
     # Without auto-commit, neither the seek nor close commits: the explicit commit stands.
-    c2 = AsyncLitePullConsumer([real.addr], "G-AS", auto_commit=False, **FAST)
+    c2 = AsyncLitePullConsumer([real.addr], "G-AS", LitePullConfig(auto_commit=False, **FAST))
     c2.assign([mq])
     await c2.start()
     try:
@@ -148,8 +151,8 @@ async def test_assign_seek_and_manual_commit(real: RealCluster) -> None:
 
 async def test_two_members_share_the_queues(real: RealCluster) -> None:
     await create_topic(real.addr, "LS", queues=2)
-    c1 = AsyncLitePullConsumer([real.addr], "G-LS", **FAST)
-    c2 = AsyncLitePullConsumer([real.addr], "G-LS", **FAST)
+    c1 = AsyncLitePullConsumer([real.addr], "G-LS", LitePullConfig(**FAST))
+    c2 = AsyncLitePullConsumer([real.addr], "G-LS", LitePullConfig(**FAST))
     for c in (c1, c2):
         c.subscribe("LS")
     await c1.start()
@@ -193,7 +196,7 @@ def test_blocking_lite_pull_consumer(real_on_thread: tuple[LoopThread, RealClust
     with Producer([real.addr]) as p:
         for i in range(10):
             p.send(Message("BLP", f"y{i}".encode()))
-    with LitePullConsumer([real.addr], "G-BLP", **FAST) as c:
+    with LitePullConsumer([real.addr], "G-BLP", LitePullConfig(**FAST)) as c:
         c.subscribe("BLP")
         c.start()
         got: list[ConsumedMessage] = []

@@ -16,6 +16,7 @@ from orbitmq.protocol.bodies import decode_body
 from orbitmq.protocol.codes import RequestCode
 from orbitmq.protocol.consumer import OffsetsBody
 from orbitmq.protocol.frame import Buffer, Frame
+from orbitmq.protocol.header import Header
 
 A0 = MessageQueue("T", "broker-a", 0)
 A1 = MessageQueue("T", "broker-a", 1)
@@ -76,14 +77,13 @@ class FakeRequester(BrokerRequester):
     async def call(
         self,
         addr: str,
-        code: int,
-        fields: dict[str, Any] | None = None,
+        header: Header,
         body: Buffer = b"",
         *,
         ok: frozenset[int] = frozenset({ResponseCode.SUCCESS}),
         timeout_s: float | None = None,
     ) -> Frame:
-        fields = fields or {}
+        code, fields = header.code, header.to_header()
         self.calls.append((addr, code, fields, bytes(body)))
         table = self.committed[addr]
         resp_code: int = ResponseCode.SUCCESS

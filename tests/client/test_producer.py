@@ -13,7 +13,7 @@ import pytest
 import zstandard
 
 from orbitmq.client import (
-    AdminClient,
+    AsyncAdminClient,
     Message,
     MessageQueue,
     Producer,
@@ -21,6 +21,7 @@ from orbitmq.client import (
     SendStatus,
     hash_selector,
 )
+from orbitmq.client.producer.config import ProducerConfig
 from orbitmq.client.route import AUTO_CREATE_QUEUE_ID
 from orbitmq.common.codes import ResponseCode
 from orbitmq.common.errors import (
@@ -467,7 +468,7 @@ async def test_send_oneway(cluster: FakeCluster, make_producer: MakeProducer) ->
 
 
 async def test_compression_round_trip(
-    cluster: FakeCluster, make_producer: MakeProducer, admin: AdminClient
+    cluster: FakeCluster, make_producer: MakeProducer, admin: AsyncAdminClient
 ) -> None:
     p = await make_producer(compress_over_bytes=1024)
     big = b"orbitmq " * 2000
@@ -513,7 +514,7 @@ def test_blocking_producer_against_fakes_on_own_thread() -> None:
             return ns, b
 
         ns, broker = server_thread.run(setup())
-        with Producer([ns.addr], linger_ms=5, send_timeout_s=2.0) as p:
+        with Producer([ns.addr], ProducerConfig(linger_ms=5, send_timeout_s=2.0)) as p:
             r = p.send(Message("T", b"sync"))
             assert r.status is SendStatus.SEND_OK
             assert p.send_batch([Message("T", b"b1"), Message("T", b"b2")]).msg_ids
@@ -587,10 +588,9 @@ def test_blocking_producer_buffer_limit_blocks_until_answered() -> None:
         ns, broker = server_thread.run(setup())
         with Producer(
             [ns.addr],
-            send_timeout_s=2.0,
-            max_buffered_bytes=10_000,
-            linger_ms=1,
-            compress_over_bytes=-1,
+            ProducerConfig(
+                send_timeout_s=2.0, max_buffered_bytes=10_000, linger_ms=1, compress_over_bytes=-1
+            ),
         ) as p:
             first = p.send_async(Message("T", b"x" * 6000))
             started = time.monotonic()

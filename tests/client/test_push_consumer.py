@@ -17,7 +17,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from orbitmq.client import (
-    AdminClient,
+    AsyncAdminClient,
     AsyncProducer,
     AsyncPushConsumer,
     ConsumedMessage,
@@ -32,9 +32,10 @@ from orbitmq.client import (
 )
 from orbitmq.client._loop_thread import LoopThread
 from orbitmq.client.allocate import resolve_strategy
+from orbitmq.client.consumer.config import PushConfig
+from orbitmq.client.consumer.member import State
 from orbitmq.client.offset_store import BrokerRequester, RemoteOffsetStore
 from orbitmq.client.process_queue import ProcessQueue
-from orbitmq.client.push_consumer import _State
 from orbitmq.client.rebalance import RebalanceService
 from orbitmq.client.route import TopicPublishInfo, TopicRouteCache
 from orbitmq.common.codes import ResponseCode
@@ -51,6 +52,7 @@ from orbitmq.protocol.consumer import (
 )
 from orbitmq.protocol.frame import Buffer, Frame
 from orbitmq.protocol.group_config import SubscriptionGroupConfig
+from orbitmq.protocol.header import Header
 from tests.client.test_e2e import RealCluster, start_cluster, stop_cluster, wait_route
 from tests.client.test_process_queue import msg as stored
 
@@ -78,7 +80,7 @@ async def real(tmp_path: Path) -> AsyncIterator[RealCluster]:
 
 
 async def create_topic(addr: str, topic: str, queues: int = 2) -> list[MessageQueue]:
-    async with AdminClient([addr]) as admin:
+    async with AsyncAdminClient([addr]) as admin:
         await admin.create_topic(topic, read_queue_nums=queues, write_queue_nums=queues)
         return await wait_route(admin, topic, 2 * queues)
 
@@ -129,7 +131,7 @@ async def test_concurrent_listener_filters_by_tag_and_commits(real: RealCluster)
         got.add(msgs)
         return ConsumeResult.SUCCESS
 
-    c = AsyncPushConsumer([real.addr], "G-PC", consume_batch_size=4, **FAST)
+    c = AsyncPushConsumer([real.addr], "G-PC", PushConfig(consume_batch_size=4, **FAST))
     c.subscribe("PC", "A || B")
     c.register_listener(listener)
     await c.start()
@@ -145,7 +147,7 @@ async def test_concurrent_listener_filters_by_tag_and_commits(real: RealCluster)
 
     # Offsets were committed at close: a new member of the group starts after them.
     again = Collector()
-    c2 = AsyncPushConsumer([real.addr], "G-PC", **FAST)
+    c2 = AsyncPushConsumer([real.addr], "G-PC", PushConfig(**FAST))
     c2.subscribe("PC", "A || B")
     c2.register_listener(lambda msgs: (again.add(msgs), ConsumeResult.SUCCESS)[1])
     await c2.start()
@@ -175,7 +177,7 @@ async def test_async_listener_calls_run_concurrently_up_to_consume_threads(
         got.add(msgs)
         return ConsumeResult.SUCCESS
 
-    c = AsyncPushConsumer([real.addr], "G-AC", consume_threads=3, **FAST)
+    c = AsyncPushConsumer([real.addr], "G-AC", PushConfig(consume_threads=3, **FAST))
     c.subscribe("AC")
     c.register_listener(listener)
     await c.start()
@@ -199,11 +201,11 @@ async def test_reconsume_later_goes_through_the_retry_topic(real: RealCluster) -
             raise RuntimeError("not yet")  # an exception counts as RECONSUME_LATER
         return ConsumeResult.SUCCESS if msgs[0].reconsume_times else ConsumeResult.RECONSUME_LATER
 
-    async with AdminClient([real.addr]) as admin:  # retried after 0.2 s, not the default 10 s
+    async with AsyncAdminClient([real.addr]) as admin:  # retried after 0.2 s, not the default 10 s
         await admin.update_group_config(
             SubscriptionGroupConfig(group_name="G-RL", retry_delays_ms=[200])
         )
-    c = AsyncPushConsumer([real.addr], "G-RL", **FAST)
+    c = AsyncPushConsumer([real.addr], "G-RL", PushConfig(**FAST))
     c.subscribe("RL")
     c.register_listener(listener)
     await c.start()
@@ -252,7 +254,7 @@ async def test_orderly_listener_keeps_queue_order(real: RealCluster) -> None:
             with got.lock:
                 running[mq] -= 1
 
-    c = AsyncPushConsumer([real.addr], "G-OR", orderly_suspend_s=0.05, **FAST)
+    c = AsyncPushConsumer([real.addr], "G-OR", PushConfig(orderly_retry_interval_s=0.05, **FAST))
     c.subscribe("OR")
     c.register_orderly_listener(listener)
     await c.start()
@@ -281,10 +283,12 @@ async def test_broadcasting_gives_every_member_everything(
         c = AsyncPushConsumer(
             [real.addr],
             "G-BC",
-            message_model=MessageModel.BROADCASTING,
-            instance_name=f"member{i}",
-            offset_store_dir=tmp_path / "offsets",
-            **FAST,
+            PushConfig(
+                message_model=MessageModel.BROADCASTING,
+                instance_name=f"member{i}",
+                offset_store_dir=tmp_path / "offsets",
+                **FAST,
+            ),
         )
         c.subscribe("BC")
         collector = got[i]
@@ -322,7 +326,7 @@ async def test_members_hand_queues_over_without_loss_or_duplicates(real: RealClu
         return listener
 
     def member(name: str) -> AsyncPushConsumer:
-        c = AsyncPushConsumer([real.addr], "G-HO", consume_threads=4, **FAST)
+        c = AsyncPushConsumer([real.addr], "G-HO", PushConfig(consume_threads=4, **FAST))
         c.subscribe("HO")
         c.register_listener(listener_for(name))
         return c
@@ -368,7 +372,7 @@ async def test_offset_reset_restarts_the_queues(real: RealCluster) -> None:
     bodies = [f"s{i}".encode() for i in range(10)]
     await send(real.addr, "RS", bodies)
     got = Collector()
-    c = AsyncPushConsumer([real.addr], "G-RS", **FAST)
+    c = AsyncPushConsumer([real.addr], "G-RS", PushConfig(**FAST))
     c.subscribe("RS")
     c.register_listener(lambda msgs: (got.add(msgs), ConsumeResult.SUCCESS)[1])
     await c.start()
@@ -393,7 +397,7 @@ async def test_offset_reset_restarts_the_queues(real: RealCluster) -> None:
 
 
 async def test_start_errors(real: RealCluster) -> None:
-    c = AsyncPushConsumer([real.addr], "G-ERR", **FAST)
+    c = AsyncPushConsumer([real.addr], "G-ERR", PushConfig(**FAST))
     with pytest.raises(ClientError, match="listener"):
         await c.start()
     c.register_listener(lambda msgs: ConsumeResult.SUCCESS)
@@ -404,7 +408,7 @@ async def test_start_errors(real: RealCluster) -> None:
     with pytest.raises(FilterExpressionError):
         c.subscribe("T", "||")
     with pytest.raises(ClientError):
-        AsyncPushConsumer([real.addr], "G", consume_threads=0)
+        AsyncPushConsumer([real.addr], "G", PushConfig(consume_threads=0))
     await c.close()
 
 
@@ -426,7 +430,7 @@ def test_blocking_push_consumer(real_on_thread: tuple[LoopThread, RealCluster]) 
     with Producer([real.addr]) as p:
         for i in range(20):
             p.send(Message("BL", f"x{i}".encode()))
-    with PushConsumer([real.addr], "G-BL", **FAST) as c:
+    with PushConsumer([real.addr], "G-BL", PushConfig(**FAST)) as c:
         c.subscribe("BL")
         c.register_listener(lambda msgs: (got.add(msgs), ConsumeResult.SUCCESS)[1])
         c.start()
@@ -469,14 +473,13 @@ class FakeGroupBroker(BrokerRequester):
     async def call(
         self,
         addr: str,
-        code: int,
-        fields: dict[str, Any] | None = None,
+        header: Header,
         body: Buffer = b"",
         *,
         ok: frozenset[int] = frozenset({ResponseCode.SUCCESS}),
         timeout_s: float | None = None,
     ) -> Frame:
-        fields = fields or {}
+        code, fields = header.code, header.to_header()
         out_fields: dict[str, Any] = {}
         out_body = b""
         code_out: int = ResponseCode.SUCCESS
@@ -579,9 +582,8 @@ async def test_batch_submitted_as_the_last_async_worker_ends_is_still_consumed()
     """Regression: an async listener's worker used to leave its slot in a done callback, a loop
     turn after it found no batch waiting. A batch submitted in that gap saw the one slot
     (consume_threads=1) still taken, and nobody ever consumed it (``orbitmq consume`` hung)."""
-    c = AsyncPushConsumer(["127.0.0.1:1"], "G", consume_threads=1)
+    c = AsyncPushConsumer(["127.0.0.1:1"], "G", PushConfig(consume_threads=1))
     loop = asyncio.get_running_loop()
-    c._loop = loop
     mq = MessageQueue("T", "broker-a", 0)
     pq = ProcessQueue(mq, 0)
     first, second = pq.put([stored(0)], 1), pq.put([stored(1)], 2)
@@ -592,24 +594,24 @@ async def test_batch_submitted_as_the_last_async_worker_ends_is_still_consumed()
         if len(seen) == 1:
             # Runs after this step of the worker (which then finds nothing waiting and ends)
             # and before the worker task's done callbacks: exactly the gap.
-            loop.call_soon(c._submit, pq, second, pq.generation)
+            loop.call_soon(c.concurrently.submit, pq, second, pq.generation)
         return ConsumeResult.SUCCESS  # returns without awaiting: same step as the worker's end
 
     c.register_listener(listener)
-    c._submit(pq, first, pq.generation)
+    c.concurrently.submit(pq, first, pq.generation)
     for _ in range(50):
-        if seen == [0, 1] and c._workers == 0:
+        if seen == [0, 1] and c.concurrently.workers == 0:
             break
         await asyncio.sleep(0.01)
     assert seen == [0, 1]
-    assert c._workers == 0 and pq.committable() == 2
+    assert c.concurrently.workers == 0 and pq.committable() == 2
 
 
 async def test_orderly_messages_pulled_as_its_task_ends_are_still_consumed() -> None:
     """Regression, the orderly twin of the one above: the queue's task was unregistered in a
     done callback, so messages pulled between its last step and that callback started no task."""
     c = AsyncPushConsumer(
-        ["127.0.0.1:1"], "G", message_model=MessageModel.BROADCASTING, consume_threads=1
+        ["127.0.0.1:1"], "G", PushConfig(message_model=MessageModel.BROADCASTING, consume_threads=1)
     )
     seen: list[int] = []
     mq = MessageQueue("T", "broker-a", 0)
@@ -627,17 +629,17 @@ async def test_orderly_messages_pulled_as_its_task_ends_are_still_consumed() -> 
     c.register_orderly_listener(listener)
     c.subscribe("T")
     c._make_clients()
-    c._semaphore = asyncio.Semaphore(1)
-    c._state = _State.RUNNING
+    c.runner.start(1)
+    c._state = State.RUNNING
     try:
         c._on_pulled(pq, pq.put([stored(0)], 1))
         for _ in range(50):
-            if seen == [0, 1] and not c._orderly_tasks:
+            if seen == [0, 1] and not c.orderly_service.tasks:
                 break
             await asyncio.sleep(0.01)
         assert seen == [0, 1] and pq.committable() == 2
     finally:
-        c._state = _State.CLOSED
+        c._state = State.CLOSED
         await c.remoting.close()
 
 

@@ -1,8 +1,8 @@
 """Retry with backoff and the dead-letter queue, end to end: a PushConsumer against a real
-NameServer and two real brokers on loopback, group configs set through the AdminClient.
+NameServer and two real brokers on loopback, group configs set through the AsyncAdminClient.
 
 - concurrent: RECONSUME_LATER is redelivered after the group's backoff with reconsume_times + 1;
-  after retry_max_times it goes to %DLQ%<group> (read back with AdminClient.dlq_messages);
+  after retry_max_times it goes to %DLQ%<group> (read back with AsyncAdminClient.dlq_messages);
 - orderly: the failing message is retried in place every orderly_retry_interval_s, up to
   max_reconsume_times, then dead-lettered, and the queue moves on in order.
 """
@@ -20,13 +20,14 @@ from pathlib import Path
 import pytest
 
 from orbitmq.client import (
-    AdminClient,
+    AsyncAdminClient,
     AsyncProducer,
     AsyncPushConsumer,
     ConsumedMessage,
     ConsumeResult,
     Message,
 )
+from orbitmq.client.consumer.config import PushConfig
 from orbitmq.common.errors import ClientError, MessageIllegalError
 from orbitmq.protocol.consumer import dlq_topic
 from orbitmq.protocol.group_config import SubscriptionGroupConfig
@@ -79,7 +80,7 @@ class Log:
 
 
 async def configure(addr: str, config: SubscriptionGroupConfig) -> None:
-    async with AdminClient([addr]) as admin:
+    async with AsyncAdminClient([addr]) as admin:
         assert await admin.update_group_config(config) == ["broker-a", "broker-b"]
         assert (await admin.get_group_config(config.group_name)) == config
 
@@ -101,7 +102,7 @@ async def test_reconsume_later_backs_off_then_dead_letters(real: RealCluster) ->
             return ConsumeResult.RECONSUME_LATER
         return ConsumeResult.SUCCESS
 
-    c = AsyncPushConsumer([real.addr], group, **FAST)
+    c = AsyncPushConsumer([real.addr], group, PushConfig(**FAST))
     c.subscribe("RB")
     c.register_listener(listener)
     await c.start()
@@ -122,7 +123,7 @@ async def test_reconsume_later_backs_off_then_dead_letters(real: RealCluster) ->
     finally:
         await c.close()
 
-    async with AdminClient([real.addr]) as admin:
+    async with AsyncAdminClient([real.addr]) as admin:
         [dead] = await admin.dlq_messages(group)
         assert dead.message.topic == dlq_topic(group) and dead.group == group
         assert dead.origin_topic == "RB" and dead.origin_msg_id == tries[0].msg_id
@@ -145,7 +146,7 @@ async def test_orderly_retries_in_place_then_dead_letters(real: RealCluster) -> 
         return ConsumeResult.RECONSUME_LATER if msgs[0].body == b"m1" else ConsumeResult.SUCCESS
 
     c = AsyncPushConsumer(
-        [real.addr], group, orderly_retry_interval_s=0.25, max_reconsume_times=2, **FAST
+        [real.addr], group, PushConfig(orderly_retry_interval_s=0.25, max_reconsume_times=2, **FAST)
     )
     c.subscribe("OB")
     c.register_orderly_listener(listener)
@@ -166,14 +167,14 @@ async def test_orderly_retries_in_place_then_dead_letters(real: RealCluster) -> 
         assert c.dead_lettered == 1
     finally:
         await c.close()
-    async with AdminClient([real.addr]) as admin:
+    async with AsyncAdminClient([real.addr]) as admin:
         [dead] = await admin.dlq_messages(group)
         assert dead.message.body == b"m1" and dead.origin_topic == "OB"
         assert dead.reason == "orderly" and dead.reconsume_times == 2
 
 
 async def test_bad_settings_are_refused(real: RealCluster) -> None:
-    async with AdminClient([real.addr]) as admin:
+    async with AsyncAdminClient([real.addr]) as admin:
         bad = SubscriptionGroupConfig(group_name="G-BAD", retry_delays_ms=[-5])
         with pytest.raises(MessageIllegalError, match=r"retry_delays_ms\[0\]"):
             await admin.update_group_config(bad)
@@ -181,4 +182,4 @@ async def test_bad_settings_are_refused(real: RealCluster) -> None:
             await admin.dlq_messages("G-BAD", max_messages=0)
     for options in ({"max_reconsume_times": -1}, {"orderly_retry_interval_s": -1.0}):
         with pytest.raises(ClientError):
-            AsyncPushConsumer([real.addr], "G-BAD", **options)  # type: ignore[arg-type]
+            AsyncPushConsumer([real.addr], "G-BAD", PushConfig(**options))  # type: ignore[arg-type]

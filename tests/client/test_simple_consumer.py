@@ -17,16 +17,21 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from orbitmq.broker.controller import BrokerController
-from orbitmq.client import AdminClient, AsyncProducer, Message, simple_consumer
-from orbitmq.client.consumer_types import ConsumeFromWhere, ReceivedMessage
-from orbitmq.client.heartbeat import InvalidSubscriptionError
-from orbitmq.client.route import MessageQueue, TopicRouteNotFoundError
-from orbitmq.client.simple_consumer import (
+from orbitmq.client import AsyncAdminClient, AsyncProducer, Message
+from orbitmq.client.admin.config import AdminConfig
+from orbitmq.client.consumer import simple as simple_consumer
+from orbitmq.client.consumer import subscription
+from orbitmq.client.consumer.config import SimpleConfig
+from orbitmq.client.consumer.simple import (
     AsyncSimpleConsumer,
     ExpiredReceiptHandleError,
     InvalidReceiptHandleError,
     SimpleConsumer,
 )
+from orbitmq.client.consumer_types import ConsumeFromWhere, ReceivedMessage
+from orbitmq.client.heartbeat import InvalidSubscriptionError
+from orbitmq.client.producer.config import ProducerConfig
+from orbitmq.client.route import MessageQueue, TopicRouteNotFoundError
 from orbitmq.common.codes import ResponseCode
 from orbitmq.common.errors import (
     ClientError,
@@ -53,7 +58,7 @@ from orbitmq.protocol.consumer import (
 from orbitmq.protocol.frame import Frame
 from orbitmq.protocol.group_config import SubscriptionGroupConfig
 from orbitmq.protocol.messages import encode_send_body
-from tests.client.fakes import FakeBroker, FakeNamesrv, StoredRecord
+from tests.client.fakes import FakeBroker, FakeNamesrv, StoredRecord, full_fields
 from tests.client.test_e2e import broker_config, wait_route
 
 pytestmark = pytest.mark.timeout(60)
@@ -105,7 +110,7 @@ class PopBroker(FakeBroker):
         return ResponseCode.RECEIPT_HANDLE_INVALID, f"{handle} was never issued"
 
     async def handle(self, frame: Frame, conn: Connection) -> Reply:
-        f = frame.fields
+        f = full_fields(frame)  # what the broker reads: defaults filled in
         if frame.code == RequestCode.HEART_BEAT:
             self.heartbeats.append(decode_body(bytes(frame.body), HeartbeatData))
             return frame.reply(*self.heartbeat_answer)
@@ -168,12 +173,14 @@ class Env:
     made: list[AsyncSimpleConsumer] = field(default_factory=list)
 
     def consumer(self, group: str = "G", **opts: Any) -> AsyncSimpleConsumer:
-        opts.setdefault("subscriptions", {"T": "*"})
+        subscriptions = opts.pop("subscriptions", {"T": "*"})
         opts.setdefault("await_duration_s", 0.2)
         opts.setdefault("request_timeout_s", 1.0)
         opts.setdefault("namesrv_timeout_s", 1.0)
         opts.setdefault("connect_timeout_s", 1.0)
-        c = AsyncSimpleConsumer([self.namesrv.addr], group, **opts)
+        c = AsyncSimpleConsumer(
+            [self.namesrv.addr], group, SimpleConfig(**opts), subscriptions=subscriptions
+        )
         self.made.append(c)
         return c
 
@@ -436,7 +443,7 @@ async def test_blocking_consumer(env: Env) -> None:
 
     def run() -> None:
         with SimpleConsumer(
-            [env.namesrv.addr], "GB", subscriptions={"U": "*"}, await_duration_s=0.1
+            [env.namesrv.addr], "GB", SimpleConfig(await_duration_s=0.1), subscriptions={"U": "*"}
         ) as c:
             assert c.group == "GB" and c.client_id
             c.start()
@@ -461,16 +468,18 @@ async def test_blocking_consumer(env: Env) -> None:
 class Real:
     namesrv: NamesrvController
     broker: BrokerController
-    admin: AdminClient
+    admin: AsyncAdminClient
     producer: AsyncProducer
     made: list[AsyncSimpleConsumer] = field(default_factory=list)
 
     def consumer(self, group: str, topic: str, **opts: Any) -> AsyncSimpleConsumer:
-        opts.setdefault("subscriptions", {topic: "*"})
+        subscriptions = opts.pop("subscriptions", {topic: "*"})
         opts.setdefault("await_duration_s", 0.3)
         opts.setdefault("request_timeout_s", 2.0)
         opts.setdefault("consume_from_where", ConsumeFromWhere.FIRST_OFFSET)
-        c = AsyncSimpleConsumer([self.namesrv.address], group, **opts)
+        c = AsyncSimpleConsumer(
+            [self.namesrv.address], group, SimpleConfig(**opts), subscriptions=subscriptions
+        )
         self.made.append(c)
         return c
 
@@ -497,8 +506,8 @@ async def real(tmp_path: Path) -> AsyncIterator[Real]:
     await ns.start()
     broker = BrokerController(broker_config(tmp_path / "broker-a", "broker-a", ns.address))
     await broker.start()
-    admin = AdminClient([ns.address], timeout_s=2.0)
-    producer = AsyncProducer([ns.address], linger_ms=1)
+    admin = AsyncAdminClient([ns.address], AdminConfig(timeout_s=2.0))
+    producer = AsyncProducer([ns.address], ProducerConfig(linger_ms=1))
     await producer.start()
     r = Real(ns, broker, admin, producer)
     try:
@@ -600,7 +609,7 @@ async def test_real_invalid_sql_refused_at_start(
     with pytest.raises(FilterExpressionError):
         real.consumer("G_E", "SC_E", subscriptions={"SC_E": ("SQL92", "a >")})
     # Without the client's own check, the broker refuses it at the first heartbeat.
-    monkeypatch.setattr(simple_consumer, "compile_filter", _no_check)
+    monkeypatch.setattr(subscription, "compile_filter", _no_check)
     c = real.consumer("G_E", "SC_E", subscriptions={"SC_E": ("SQL92", "a >")})
     with pytest.raises(InvalidSubscriptionError, match="a >"):
         await c.start()

@@ -17,17 +17,19 @@ from hypothesis import strategies as st
 
 from orbitmq.broker.controller import BrokerController
 from orbitmq.client import (
-    AdminClient,
+    AsyncAdminClient,
     AsyncTransactionProducer,
     LocalTransactionState,
     Message,
     TransactionProducer,
 )
-from orbitmq.client.producer import SendStatus
+from orbitmq.client.admin.config import AdminConfig
+from orbitmq.client.producer.types import SendStatus
 from orbitmq.client.route import MessageQueue
-from orbitmq.client.transaction import (
+from orbitmq.client.transaction.types import (
     EndResult,
     HalfBatchResult,
+    TransactionConfig,
     half_batch_count,
     unpack_half_batch,
 )
@@ -75,13 +77,16 @@ class Listener:
 class Env:
     namesrv: NamesrvController
     broker: BrokerController
-    admin: AdminClient
+    admin: AsyncAdminClient
     made: list[AsyncTransactionProducer] = field(default_factory=list)
 
     async def producer(self, listener: Any, **opts: Any) -> AsyncTransactionProducer:
         opts.setdefault("send_timeout_s", 2.0)
         opts.setdefault("heartbeat_interval_s", 0.2)
-        p = AsyncTransactionProducer([self.namesrv.address], GROUP, listener, **opts)
+        topics = opts.pop("topics", ())
+        p = AsyncTransactionProducer(
+            [self.namesrv.address], GROUP, listener, TransactionConfig(**opts), topics=topics
+        )
         self.made.append(p)
         return await p.start()
 
@@ -105,7 +110,7 @@ async def env(tmp_path: Path) -> AsyncIterator[Env]:
     )
     broker = BrokerController(config)
     await broker.start()
-    admin = AdminClient([ns.address], timeout_s=2.0)
+    admin = AsyncAdminClient([ns.address], AdminConfig(timeout_s=2.0))
     e = Env(ns, broker, admin)
     await admin.create_topic(
         "TXC", read_queue_nums=2, write_queue_nums=2, broker_addr=broker.address
@@ -220,7 +225,9 @@ def test_bad_arguments() -> None:
     with pytest.raises(MQError):
         AsyncTransactionProducer(["127.0.0.1:1"], "bad group!", Listener())
     with pytest.raises(ClientError):
-        AsyncTransactionProducer(["127.0.0.1:1"], GROUP, Listener(), check_concurrency=0)
+        AsyncTransactionProducer(
+            ["127.0.0.1:1"], GROUP, Listener(), TransactionConfig(check_concurrency=0)
+        )
 
 
 # ------------------------------------------------------------------ transactional batches

@@ -19,6 +19,7 @@ from orbitmq.client import (
     ReceivedMessage,
     SimpleConsumer,
 )
+from orbitmq.client.consumer.config import SimpleConfig
 from orbitmq.common.record import StoredMessage
 from tests.compat.conftest import Orbit, unique
 
@@ -59,9 +60,8 @@ def native_receive(orbit: Orbit, topic: str, expect: int) -> list[ReceivedMessag
     with SimpleConsumer(
         orbit.namesrv,
         unique("CompatNativeG"),
+        SimpleConfig(consume_from_where=ConsumeFromWhere.FIRST_OFFSET, await_duration_s=1.0),
         subscriptions={topic: "*"},
-        consume_from_where=ConsumeFromWhere.FIRST_OFFSET,
-        await_duration_s=1.0,
     ) as consumer:
         consumer.start()
         deadline = time.monotonic() + 15

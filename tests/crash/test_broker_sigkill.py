@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 import pytest
 
 from orbitmq.client import (
-    AdminClient,
+    AsyncAdminClient,
     AsyncProducer,
     Message,
     MessageQueue,
@@ -35,6 +35,7 @@ from orbitmq.client import (
     SendResult,
     SendStatus,
 )
+from orbitmq.client.producer.config import ProducerConfig
 from orbitmq.common.codes import ResponseCode
 from orbitmq.common.errors import MQError
 from orbitmq.common.record import StoredMessage
@@ -218,7 +219,7 @@ async def wait_until(
 
 
 async def read_queue(
-    admin: AdminClient, mq: MessageQueue, first: int, end: int
+    admin: AsyncAdminClient, mq: MessageQueue, first: int, end: int
 ) -> dict[int, StoredMessage]:
     """Messages at offsets [first, end) of one queue (all present: they were acknowledged)."""
     found: dict[int, StoredMessage] = {}
@@ -236,7 +237,7 @@ async def read_queue(
     return found
 
 
-async def verify(admin: AdminClient, acks: Sequence[Acked]) -> int:
+async def verify(admin: AsyncAdminClient, acks: Sequence[Acked]) -> int:
     """Every ack readable at its queue and offset, same id and body digest; returns the count."""
     by_queue: dict[tuple[str, int], list[Acked]] = {}
     for a in acks:
@@ -266,10 +267,13 @@ async def test_broker_sigkill_keeps_every_acknowledged_message(
     ns = cluster.namesrv()
     broker = cluster.broker("crash-broker", [ns.address], flush="SYNC_FLUSH")
     client = RemotingClient()
-    admin = AdminClient([ns.address])
+    admin = AsyncAdminClient([ns.address])
     ledger = Ledger()
     producers = [
-        AsyncProducer([ns.address], send_timeout_s=2.0, linger_ms=2, route_refresh_interval_s=1.0)
+        AsyncProducer(
+            [ns.address],
+            ProducerConfig(send_timeout_s=2.0, linger_ms=2, route_refresh_interval_s=1.0),
+        )
         for _ in range(2)
     ]
     workers = Workers(producers, crash_seed, ledger)

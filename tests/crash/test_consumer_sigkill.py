@@ -32,13 +32,14 @@ from pathlib import Path
 import pytest
 
 from orbitmq.client import (
-    AdminClient,
+    AsyncAdminClient,
     AsyncProducer,
     Message,
     SendResult,
     SendStatus,
     hash_selector,
 )
+from orbitmq.client.producer.config import ProducerConfig
 from orbitmq.client.route import TopicRouteNotFoundError
 from orbitmq.common.errors import MQError
 from tests import harness
@@ -207,8 +208,8 @@ async def test_consumer_sigkill_loses_no_acknowledged_message(
     started = time.monotonic()
     ns = cluster.namesrv()
     broker = cluster.broker("crash-broker", [ns.address])
-    admin = AdminClient([ns.address])
-    producer = AsyncProducer([ns.address], linger_ms=2)
+    admin = AsyncAdminClient([ns.address])
+    producer = AsyncProducer([ns.address], ProducerConfig(linger_ms=2))
     sender = Sender(producer, random.Random(crash_seed + 1))
     members = Members(cluster, tmp_path, ns.address)
     kills: list[str] = []

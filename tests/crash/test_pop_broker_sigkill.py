@@ -29,7 +29,8 @@ from pathlib import Path
 
 import pytest
 
-from orbitmq.client import AdminClient, AsyncProducer, Message, SendResult, SendStatus
+from orbitmq.client import AsyncAdminClient, AsyncProducer, Message, SendResult, SendStatus
+from orbitmq.client.producer.config import ProducerConfig
 from orbitmq.client.route import TopicRouteNotFoundError
 from orbitmq.common.errors import MQError
 from tests import harness
@@ -133,9 +134,9 @@ async def test_pop_survives_broker_sigkill(
     started = time.monotonic()
     ns = cluster.namesrv()
     broker = cluster.broker("crash-broker", [ns.address], flush="SYNC_FLUSH")
-    admin = AdminClient([ns.address])
+    admin = AsyncAdminClient([ns.address])
     producer = AsyncProducer(
-        [ns.address], linger_ms=2, send_timeout_s=2.0, route_refresh_interval_s=1.0
+        [ns.address], ProducerConfig(linger_ms=2, send_timeout_s=2.0, route_refresh_interval_s=1.0)
     )
     sender = Sender(producer, random.Random(crash_seed + 1))
     paths: dict[str, Path] = {}

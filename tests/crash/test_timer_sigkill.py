@@ -22,7 +22,8 @@ from pathlib import Path
 
 import pytest
 
-from orbitmq.client import AdminClient, AsyncProducer, Message, SendResult, SendStatus
+from orbitmq.client import AsyncAdminClient, AsyncProducer, Message, SendResult, SendStatus
+from orbitmq.client.producer.config import ProducerConfig
 from orbitmq.client.route import MessageQueue, TopicRouteNotFoundError
 from orbitmq.common.errors import MQError
 from tests import harness
@@ -94,7 +95,7 @@ class Sender:
             await asyncio.sleep(0.1 if failed else self.rng.uniform(0.01, 0.05))
 
 
-async def read_topic(admin: AdminClient, broker_name: str) -> list[tuple[str, int, int]]:
+async def read_topic(admin: AsyncAdminClient, broker_name: str) -> list[tuple[str, int, int]]:
     """(body, TIMER_OUT_MS, store timestamp) of every message in the topic."""
     out: list[tuple[str, int, int]] = []
     for q in range(QUEUES):
@@ -117,9 +118,9 @@ async def test_timers_survive_broker_sigkill(
     rng = random.Random(crash_seed)
     ns = cluster.namesrv()
     broker = cluster.broker("timer-broker", [ns.address], flush="SYNC_FLUSH")
-    admin = AdminClient([ns.address])
+    admin = AsyncAdminClient([ns.address])
     producer = AsyncProducer(
-        [ns.address], linger_ms=2, send_timeout_s=2.0, route_refresh_interval_s=1.0
+        [ns.address], ProducerConfig(linger_ms=2, send_timeout_s=2.0, route_refresh_interval_s=1.0)
     )
     sender = Sender(producer, random.Random(crash_seed + 1))
     kills: list[str] = []

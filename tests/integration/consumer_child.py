@@ -264,8 +264,9 @@ class Child:
                 last = now
 
     def run_push(self) -> None:
+        from orbitmq.client.consumer.config import PushConfig
+        from orbitmq.client.consumer.push import PushConsumer
         from orbitmq.client.consumer_types import ConsumeFromWhere, ConsumeResult, MessageModel
-        from orbitmq.client.push_consumer import PushConsumer
 
         self.success = ConsumeResult.SUCCESS
         a = self.args
@@ -276,15 +277,17 @@ class Child:
         consumer = PushConsumer(
             a.namesrv.split(";"),
             a.group,
-            message_model=model,
-            consume_from_where=from_where(a.from_where, ConsumeFromWhere),
-            consume_threads=a.threads,
-            pull_batch_size=a.pull_batch,
-            client_id=a.client_id,
-            heartbeat_interval_s=a.heartbeat_interval_s,
-            rebalance_interval_s=a.rebalance_interval_s,
-            auto_commit_interval_s=a.commit_interval_s,
-            **options,
+            PushConfig(
+                message_model=model,
+                consume_from_where=from_where(a.from_where, ConsumeFromWhere),
+                consume_threads=a.threads,
+                pull_batch_size=a.pull_batch,
+                client_id=a.client_id,
+                heartbeat_interval_s=a.heartbeat_interval_s,
+                rebalance_interval_s=a.rebalance_interval_s,
+                auto_commit_interval_s=a.commit_interval_s,
+                **options,
+            ),
         )
         consumer.subscribe(a.topic, a.expression)
         if a.mode == "orderly":
@@ -299,18 +302,21 @@ class Child:
             consumer.shutdown()
 
     def run_lite_pull(self) -> None:
+        from orbitmq.client.consumer.config import LitePullConfig
+        from orbitmq.client.consumer.lite_pull import LitePullConsumer
         from orbitmq.client.consumer_types import ConsumeFromWhere
-        from orbitmq.client.lite_pull_consumer import LitePullConsumer
 
         a = self.args
         consumer = LitePullConsumer(
             a.namesrv.split(";"),
             a.group,
-            auto_commit=False,  # commit only what is on file: at-least-once across a kill
-            pull_batch_size=a.pull_batch,
-            poll_max=a.pull_batch,
-            consume_from_where=from_where(a.from_where, ConsumeFromWhere),
-            client_id=a.client_id,
+            LitePullConfig(
+                auto_commit=False,  # commit only what is on file: at-least-once across a kill
+                pull_batch_size=a.pull_batch,
+                poll_max=a.pull_batch,
+                consume_from_where=from_where(a.from_where, ConsumeFromWhere),
+                client_id=a.client_id,
+            ),
         )
         consumer.subscribe(a.topic, a.expression)
         consumer.start()
@@ -334,18 +340,21 @@ class Child:
             consumer.close()
 
     def run_pop(self) -> None:
+        from orbitmq.client.consumer.config import SimpleConfig
+        from orbitmq.client.consumer.simple import SimpleConsumer
         from orbitmq.client.consumer_types import ConsumeFromWhere
-        from orbitmq.client.simple_consumer import SimpleConsumer
 
         a = self.args
         consumer = SimpleConsumer(
             a.namesrv.split(";"),
             a.group,
+            SimpleConfig(
+                await_duration_s=a.await_s,
+                client_id=a.client_id,
+                consume_from_where=from_where(a.from_where, ConsumeFromWhere),
+                heartbeat_interval_s=a.heartbeat_interval_s,
+            ),
             subscriptions={a.topic: a.expression},
-            await_duration_s=a.await_s,
-            client_id=a.client_id,
-            consume_from_where=from_where(a.from_where, ConsumeFromWhere),
-            heartbeat_interval_s=a.heartbeat_interval_s,
         )
         consumer.start()
         seen_errors: set[type[BaseException]] = set()

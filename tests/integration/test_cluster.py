@@ -18,7 +18,7 @@ import pytest
 
 from orbitmq.broker.config import BrokerConfig
 from orbitmq.client import (
-    AdminClient,
+    AsyncAdminClient,
     AsyncProducer,
     FaultStrategy,
     Message,
@@ -30,6 +30,7 @@ from orbitmq.client import (
     hash_selector,
 )
 from orbitmq.client.fault import LATENCY_MAX_MS
+from orbitmq.client.producer.config import ProducerConfig
 from orbitmq.common.codes import ResponseCode
 from orbitmq.common.errors import MQError
 from orbitmq.common.record import StoredMessage
@@ -120,7 +121,7 @@ def start_cluster(cluster: ProcessCluster) -> tuple[list[ServerProcess], dict[st
 
 
 async def create_topic(
-    admin: AdminClient, client: RemotingClient, brokers: dict[str, ServerProcess], topic: str
+    admin: AsyncAdminClient, client: RemotingClient, brokers: dict[str, ServerProcess], topic: str
 ) -> None:
     """The topic on every broker (asked directly), then routed by every NameServer."""
     for proc in brokers.values():
@@ -132,7 +133,7 @@ async def create_topic(
 
 
 async def pull_range(
-    admin: AdminClient, mq: MessageQueue, first: int, end: int, timeout: float = 10.0
+    admin: AsyncAdminClient, mq: MessageQueue, first: int, end: int, timeout: float = 10.0
 ) -> dict[int, StoredMessage]:
     """Messages of ``mq`` at offsets [first, end), waiting for the broker to dispatch them."""
     found: dict[int, StoredMessage] = {}
@@ -152,7 +153,7 @@ async def pull_range(
     return found
 
 
-async def verify_acks(admin: AdminClient, acks: Sequence[Ack], *, by_id: bool = True) -> None:
+async def verify_acks(admin: AsyncAdminClient, acks: Sequence[Ack], *, by_id: bool = True) -> None:
     """Every ack is readable at its queue and offset, same id and body; and by id."""
     by_queue: dict[MessageQueue, list[Ack]] = {}
     for ack in acks:
@@ -178,7 +179,7 @@ async def verify_acks(admin: AdminClient, acks: Sequence[Ack], *, by_id: bool = 
             ), ack
 
 
-async def read_topic(admin: AdminClient, topic: str) -> list[StoredMessage]:
+async def read_topic(admin: AsyncAdminClient, topic: str) -> list[StoredMessage]:
     """Every message of every queue of the topic, from offset 0."""
     out: list[StoredMessage] = []
     for mq in await admin.queues(topic):
@@ -188,7 +189,7 @@ async def read_topic(admin: AdminClient, topic: str) -> list[StoredMessage]:
 
 
 async def verify_by_offset(
-    admin: AdminClient, brokers: dict[str, ServerProcess], acks: Sequence[Ack]
+    admin: AsyncAdminClient, brokers: dict[str, ServerProcess], acks: Sequence[Ack]
 ) -> None:
     """Check acks without any NameServer: VIEW_MESSAGE_BY_ID by CommitLog offset, per broker."""
     for ack in acks:
@@ -206,7 +207,7 @@ def blocking_sends(namesrvs: list[str], topic: str) -> tuple[list[Ack], list[byt
     """The blocking Producer in each mode; returns the acks and the oneway bodies."""
     acks: list[Ack] = []
     callbacks: list[tuple[SendResult | None, BaseException | None]] = []
-    with Producer(namesrvs, linger_ms=2, latency_fault_tolerance=False) as p:
+    with Producer(namesrvs, ProducerConfig(linger_ms=2, latency_fault_tolerance=False)) as p:
         for i in range(10):
             body = f"blocking-sync-{i}".encode()
             acks += acks_of(p.send(Message(topic, body)), [body])
@@ -239,10 +240,10 @@ async def test_every_send_mode_lands_where_reported(cluster: ProcessCluster) -> 
     ns_addrs = [ns.address for ns in namesrvs]
     topic = "EveryMode"
     client = RemotingClient()
-    admin = AdminClient(ns_addrs)
+    admin = AsyncAdminClient(ns_addrs)
     # Plain round robin: a slow first answer on a loaded machine must not steer every send away
     # from one broker (the latency table would), the test checks both brokers get some.
-    producer = AsyncProducer(ns_addrs, linger_ms=2, latency_fault_tolerance=False)
+    producer = AsyncProducer(ns_addrs, ProducerConfig(linger_ms=2, latency_fault_tolerance=False))
     try:
         await create_topic(admin, client, brokers, topic)
         await producer.start()
@@ -365,12 +366,16 @@ async def test_namesrv_failover_and_cached_routes(cluster: ProcessCluster) -> No
     ns_addrs = [ns.address for ns in namesrvs]
     topic = "NsFailover"
     client = RemotingClient()
-    admin = AdminClient(ns_addrs)
+    admin = AsyncAdminClient(ns_addrs)
     # A short refresh interval, so the producers really ask the (dead) NameServers meanwhile.
     # Plain round robin (no latency table), so every few sends reach both brokers.
-    p1 = AsyncProducer(ns_addrs, route_refresh_interval_s=0.2, latency_fault_tolerance=False)
-    p2 = AsyncProducer(ns_addrs, route_refresh_interval_s=0.2, latency_fault_tolerance=False)
-    p3 = AsyncProducer(ns_addrs, send_timeout_s=2)
+    p1 = AsyncProducer(
+        ns_addrs, ProducerConfig(route_refresh_interval_s=0.2, latency_fault_tolerance=False)
+    )
+    p2 = AsyncProducer(
+        ns_addrs, ProducerConfig(route_refresh_interval_s=0.2, latency_fault_tolerance=False)
+    )
+    p3 = AsyncProducer(ns_addrs, ProducerConfig(send_timeout_s=2))
     try:
         await create_topic(admin, client, brokers, topic)
         await p1.start()
@@ -389,7 +394,7 @@ async def test_namesrv_failover_and_cached_routes(cluster: ProcessCluster) -> No
         acks += await send_some(p2, topic, "new-producer", 20)
         assert {a.mq.broker_name for a in acks[-20:]} == set(BROKERS)
         # So does the admin client, and the route is still complete.
-        fresh = AdminClient(ns_addrs)
+        fresh = AsyncAdminClient(ns_addrs)
         try:
             assert len(await fresh.queues(topic)) == QUEUES * len(BROKERS)
         finally:
@@ -491,9 +496,10 @@ async def test_broker_sigkill_graceful_stop_and_restart(cluster: ProcessCluster)
     topic = "BrokerFailover"
     everyone = dict.fromkeys(BROKERS, QUEUES)
     client = RemotingClient()
-    admin = AdminClient(ns_addrs)
+    admin = AsyncAdminClient(ns_addrs)
     producers = [
-        AsyncProducer(ns_addrs, route_refresh_interval_s=0.5, linger_ms=1) for _ in range(2)
+        AsyncProducer(ns_addrs, ProducerConfig(route_refresh_interval_s=0.5, linger_ms=1))
+        for _ in range(2)
     ]
     for p in producers:
         # Failures isolate a broker (30 s), as by default; slow answers do not, so a loaded

@@ -35,10 +35,12 @@ from pathlib import Path
 
 import pytest
 
-from orbitmq.client import AdminClient, AsyncProducer, Message, SendStatus, hash_selector
+from orbitmq.client import AsyncAdminClient, AsyncProducer, Message, SendStatus, hash_selector
+from orbitmq.client.consumer.config import SimpleConfig
+from orbitmq.client.consumer.simple import AsyncSimpleConsumer
 from orbitmq.client.consumer_types import ConsumeFromWhere, ReceivedMessage
+from orbitmq.client.producer.config import ProducerConfig
 from orbitmq.client.route import TopicRouteNotFoundError
-from orbitmq.client.simple_consumer import AsyncSimpleConsumer
 from orbitmq.common.codes import ResponseCode
 from orbitmq.common.errors import (
     MQError,
@@ -190,7 +192,7 @@ async def wait_for(
 
 
 async def create_topic(
-    admin: AdminClient, broker: ServerProcess, topic: str, queues: int
+    admin: AsyncAdminClient, broker: ServerProcess, topic: str, queues: int
 ) -> frozenset[str]:
     """The topic on the broker, routed by the NameServer; its queues as the children name them."""
     await admin.create_topic(
@@ -254,7 +256,7 @@ async def committed_offsets(
     return out
 
 
-async def max_offsets(admin: AdminClient, topic: str) -> list[int]:
+async def max_offsets(admin: AsyncAdminClient, topic: str) -> list[int]:
     return [await admin.max_offset(mq) for mq in sorted(await admin.queues(topic))]
 
 
@@ -267,8 +269,8 @@ async def test_push_group_consumes_every_message_once(
     ns = cluster.namesrv()
     broker = cluster.broker(BROKER, [ns.address])
     topic, n = "PushOnce", 3000
-    admin = AdminClient([ns.address])
-    producer = AsyncProducer([ns.address], linger_ms=2)
+    admin = AsyncAdminClient([ns.address])
+    producer = AsyncProducer([ns.address], ProducerConfig(linger_ms=2))
     try:
         queues = await create_topic(admin, broker, topic, 8)
         group = Group(
@@ -322,8 +324,8 @@ async def test_push_member_sigkilled_mid_stream(
     ns = cluster.namesrv()
     broker = cluster.broker(BROKER, [ns.address])
     topic, n = "PushKill", 2400
-    admin = AdminClient([ns.address])
-    producer = AsyncProducer([ns.address], linger_ms=2)
+    admin = AsyncAdminClient([ns.address])
+    producer = AsyncProducer([ns.address], ProducerConfig(linger_ms=2))
     try:
         queues = await create_topic(admin, broker, topic, 8)
         # Paced (2 threads x 10 ms a message, about 200 a second per member), so the kill
@@ -417,8 +419,8 @@ async def test_orderly_group_keeps_key_order_through_rebalances(
     ns = cluster.namesrv()
     broker = cluster.broker(BROKER, [ns.address])
     topic, keys, per_key = "Orderly", 24, 50
-    admin = AdminClient([ns.address])
-    producer = AsyncProducer([ns.address], linger_ms=1)
+    admin = AsyncAdminClient([ns.address])
+    producer = AsyncProducer([ns.address], ProducerConfig(linger_ms=1))
     try:
         queues = await create_topic(admin, broker, topic, 8)
         group = Group(
@@ -474,8 +476,8 @@ async def test_broadcast_members_each_get_every_message(
     ns = cluster.namesrv()
     broker = cluster.broker(BROKER, [ns.address])
     topic, n = "Broadcast", 600
-    admin = AdminClient([ns.address])
-    producer = AsyncProducer([ns.address], linger_ms=2)
+    admin = AsyncAdminClient([ns.address])
+    producer = AsyncProducer([ns.address], ProducerConfig(linger_ms=2))
     try:
         queues = await create_topic(admin, broker, topic, 4)
         group = Group(
@@ -521,8 +523,8 @@ async def test_pop_consumers_share_and_unacked_come_back(
     ns = cluster.namesrv()
     broker = cluster.broker(BROKER, [ns.address])
     topic, rounds, per_round, invisible_s = "PopShare", 20, 20, 3.0
-    admin = AdminClient([ns.address])
-    producer = AsyncProducer([ns.address], linger_ms=1)
+    admin = AsyncAdminClient([ns.address])
+    producer = AsyncProducer([ns.address], ProducerConfig(linger_ms=1))
     try:
         await create_topic(admin, broker, topic, 2)
         group = Group(
@@ -591,9 +593,9 @@ async def test_broker_restart_keeps_committed_offsets(
     ns = cluster.namesrv()
     broker = cluster.broker(BROKER, [ns.address], flush="SYNC_FLUSH")
     topic, queues, group_name = "OffsetsKept", 4, "GKept"
-    admin = AdminClient([ns.address])
+    admin = AsyncAdminClient([ns.address])
     client = RemotingClient()
-    producer = AsyncProducer([ns.address], linger_ms=2, send_timeout_s=5.0)
+    producer = AsyncProducer([ns.address], ProducerConfig(linger_ms=2, send_timeout_s=5.0))
     try:
         await create_topic(admin, broker, topic, queues)
         group = Group(
@@ -701,15 +703,17 @@ async def test_broker_restart_keeps_pop_state(cluster: ProcessCluster, tmp_path:
     ns = cluster.namesrv()
     broker = cluster.broker(BROKER, [ns.address], flush="SYNC_FLUSH")
     topic, group_name, short_s = "PopKept", "GPopKept", 3.0
-    admin = AdminClient([ns.address])
-    producer = AsyncProducer([ns.address], linger_ms=2, send_timeout_s=5.0)
+    admin = AsyncAdminClient([ns.address])
+    producer = AsyncProducer([ns.address], ProducerConfig(linger_ms=2, send_timeout_s=5.0))
     consumer = AsyncSimpleConsumer(
         [ns.address],
         group_name,
+        SimpleConfig(
+            await_duration_s=0.5,
+            consume_from_where=ConsumeFromWhere.FIRST_OFFSET,
+            heartbeat_interval_s=1.0,
+        ),
         subscriptions={topic: "*"},
-        await_duration_s=0.5,
-        consume_from_where=ConsumeFromWhere.FIRST_OFFSET,
-        heartbeat_interval_s=1.0,
     )
     try:
         await create_topic(admin, broker, topic, 2)

@@ -29,15 +29,17 @@ from pathlib import Path
 import pytest
 
 from orbitmq.client import (
-    AdminClient,
+    AsyncAdminClient,
     AsyncProducer,
     ConsumeResult,
     PushConsumer,
     fifo_message,
 )
+from orbitmq.client.consumer.config import PushConfig, SimpleConfig
+from orbitmq.client.consumer.simple import AsyncSimpleConsumer
 from orbitmq.client.consumer_types import ConsumedMessage, ConsumeFromWhere, ReceivedMessage
+from orbitmq.client.producer.config import ProducerConfig
 from orbitmq.client.route import TopicRouteNotFoundError
-from orbitmq.client.simple_consumer import AsyncSimpleConsumer
 from orbitmq.common.errors import MQError
 from orbitmq.common.message import PROPERTY_SHARDING_KEY
 from tests.harness import ProcessCluster, ServerProcess
@@ -60,7 +62,7 @@ def seed() -> int:
 
 
 async def create_fifo_topic(
-    admin: AdminClient, broker: ServerProcess, topic: str, queues: int
+    admin: AsyncAdminClient, broker: ServerProcess, topic: str, queues: int
 ) -> None:
     await admin.create_topic(
         topic,
@@ -124,8 +126,8 @@ async def test_ten_simple_consumers_keep_group_order_with_failures(
     ns = cluster.namesrv()
     broker = cluster.broker(BROKER, [ns.address])
     topic, group_name, groups, per_group = "FifoT", "GFifo", 30, 15
-    admin = AdminClient([ns.address])
-    producer = AsyncProducer([ns.address], linger_ms=1)
+    admin = AsyncAdminClient([ns.address])
+    producer = AsyncProducer([ns.address], ProducerConfig(linger_ms=1))
     book = Book()
     consumers: dict[str, tuple[AsyncSimpleConsumer, asyncio.Task[None]]] = {}
     stop = asyncio.Event()
@@ -166,9 +168,15 @@ async def test_ten_simple_consumers_keep_group_order_with_failures(
     async def spawn() -> None:
         name = next(names)
         consumer = AsyncSimpleConsumer(
-            [ns.address], group_name, subscriptions={topic: "*"}, await_duration_s=0.5,
-            consume_from_where=ConsumeFromWhere.FIRST_OFFSET, heartbeat_interval_s=1.0,
-        )  # fmt: skip
+            [ns.address],
+            group_name,
+            SimpleConfig(
+                await_duration_s=0.5,
+                consume_from_where=ConsumeFromWhere.FIRST_OFFSET,
+                heartbeat_interval_s=1.0,
+            ),
+            subscriptions={topic: "*"},
+        )
         await consumer.start()
         consumers[name] = (consumer, asyncio.create_task(run(name, consumer)))
 
@@ -245,8 +253,8 @@ async def test_push_orderly_consumers_keep_group_order(
     ns = cluster.namesrv()
     broker = cluster.broker(BROKER, [ns.address])
     topic, groups, per_group = "FifoPush", 12, 20
-    admin = AdminClient([ns.address])
-    producer = AsyncProducer([ns.address], linger_ms=1)
+    admin = AsyncAdminClient([ns.address])
+    producer = AsyncProducer([ns.address], ProducerConfig(linger_ms=1))
     seen: dict[str, list[str]] = defaultdict(list)
     lock = threading.Lock()
 
@@ -261,9 +269,15 @@ async def test_push_orderly_consumers_keep_group_order(
         await create_fifo_topic(admin, broker, topic, 4)
         for i in range(2):
             c = PushConsumer(
-                [ns.address], "GFifoPush", consume_from_where=ConsumeFromWhere.FIRST_OFFSET,
-                rebalance_interval_s=1.0, heartbeat_interval_s=1.0, instance_name=f"p{i}",
-            )  # fmt: skip
+                [ns.address],
+                "GFifoPush",
+                PushConfig(
+                    consume_from_where=ConsumeFromWhere.FIRST_OFFSET,
+                    rebalance_interval_s=1.0,
+                    heartbeat_interval_s=1.0,
+                    instance_name=f"p{i}",
+                ),
+            )
             c.subscribe(topic)
             c.register_orderly_listener(listener)
             await asyncio.to_thread(c.start)

@@ -29,6 +29,8 @@ import threading
 from pathlib import Path
 from typing import Any
 
+from orbitmq.client.admin.config import AdminConfig
+from orbitmq.client.transaction.types import TransactionConfig
 from tests.harness import ProcessCluster, ServerProcess
 
 MODULE = "tests.integration.test_transaction_restart"
@@ -93,7 +95,11 @@ def _producer_main(argv: list[str]) -> None:
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     producer = TransactionProducer(
-        [a.namesrv], GROUP, Listener(), topics=[a.topic], heartbeat_interval_s=0.3
+        [a.namesrv],
+        GROUP,
+        Listener(),
+        TransactionConfig(heartbeat_interval_s=0.3),
+        topics=[a.topic],
     )
     try:
         if a.mode == "send":
@@ -139,10 +145,10 @@ def _producer(cluster: ProcessCluster, namesrv: str, ledger: Path, mode: str) ->
 async def _visible_bodies(namesrv: str, want: int, timeout_s: float = 20.0) -> list[str]:
     """Pull the topic until ``want`` messages came (or the time is up), then once more after a
     pause: every message read, duplicates included."""
-    from orbitmq.client import AdminClient
+    from orbitmq.client import AsyncAdminClient
     from tests.client.test_e2e import read_all
 
-    async with AdminClient([namesrv], timeout_s=3.0) as admin:
+    async with AsyncAdminClient([namesrv], AdminConfig(timeout_s=3.0)) as admin:
         got = await read_all(admin, TOPIC, want, timeout_s)
         await asyncio.sleep(1.0)  # a late duplicate would show now
         got = await read_all(admin, TOPIC, len(got) + 1, 0.5)

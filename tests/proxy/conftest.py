@@ -23,7 +23,7 @@ import grpc
 import pytest
 
 from orbitmq.broker.controller import BrokerController
-from orbitmq.client import AdminClient
+from orbitmq.client import AsyncAdminClient
 from orbitmq.client._loop_thread import LoopThread
 from orbitmq.namesrv.config import NamesrvConfig
 from orbitmq.namesrv.controller import NamesrvController
@@ -54,7 +54,7 @@ class ProxyEnv:
         return self.thread.run(coro, timeout=timeout)
 
 
-async def _wait_routes(admin: AdminClient, topics: Mapping[str, str], want: int) -> None:
+async def _wait_routes(admin: AsyncAdminClient, topics: Mapping[str, str], want: int) -> None:
     deadline = time.monotonic() + 20
     for topic in topics:
         while True:
@@ -92,7 +92,7 @@ async def _start(
             )
             await b.start()
             started.append(b)
-        async with AdminClient([ns.address]) as admin:
+        async with AsyncAdminClient([ns.address]) as admin:
             for topic, kind in topics.items():
                 await admin.create_topic(
                     topic, read_queue_nums=queues, write_queue_nums=queues, message_type=kind

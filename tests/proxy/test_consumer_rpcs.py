@@ -19,7 +19,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from orbitmq.client import AdminClient, AsyncProducer, Message, MessageQueue
+from orbitmq.client import AsyncAdminClient, AsyncProducer, Message, MessageQueue
+from orbitmq.client.producer.config import ProducerConfig
 from orbitmq.common.codes import ResponseCode
 from orbitmq.protocol.group_config import SubscriptionGroupConfig
 from orbitmq.proxy import receipt
@@ -69,7 +70,7 @@ def rpcs_of(env: ProxyEnv) -> ConsumerRpcs:
 
 @pytest.fixture
 async def producer(env: ProxyEnv) -> AsyncIterator[AsyncProducer]:
-    p = AsyncProducer([env.ns], send_timeout_s=3.0)
+    p = AsyncProducer([env.ns], ProducerConfig(send_timeout_s=3.0))
     await p.start()
     try:
         yield p
@@ -135,7 +136,7 @@ async def receive(
 async def no_backoff(env: ProxyEnv, group: str) -> None:
     """RocketMQ 5's simple consumer behaviour: visible again right when the invisible time ends
     (OrbitMQ's default adds the group's Pop backoff, 10 s first)."""
-    async with AdminClient([env.ns]) as admin:
+    async with AsyncAdminClient([env.ns]) as admin:
         await admin.update_group_config(
             SubscriptionGroupConfig(group_name=group, pop_retry_delays_ms=[])
         )
@@ -495,7 +496,7 @@ async def test_forward_to_dlq_and_max_attempts(
     assert [m.system_properties.message_id for m in got.messages] == [second_id]
     again = await receive(stub, group, topic, poll_s=5, client_id="push-dlq")
     assert again.status.code == pb.MESSAGE_NOT_FOUND
-    async with AdminClient([env.ns]) as admin:
+    async with AsyncAdminClient([env.ns]) as admin:
         deadline = time.monotonic() + 5
         while True:
             dead = {d.origin_msg_id for d in await admin.dlq_messages(group)}

@@ -11,7 +11,7 @@ from typing import Any
 import grpc
 import pytest
 
-from orbitmq.client import AdminClient
+from orbitmq.client import AsyncAdminClient
 from orbitmq.common.record import StoredMessage
 from orbitmq.proxy.grpc_v2 import definition_pb2 as pb
 from orbitmq.proxy.grpc_v2 import service_pb2 as svc
@@ -70,7 +70,7 @@ async def send(
 async def stored(env: ProxyEnv, topic: str, msg_id: str, wait_s: float = 5.0) -> StoredMessage:
     """The message as the broker stores it, looked up natively by its id."""
     deadline = time.monotonic() + wait_s
-    async with AdminClient([env.ns]) as admin:
+    async with AsyncAdminClient([env.ns]) as admin:
         while True:
             found = await admin.get_message_by_id(topic, msg_id)
             if found is not None or time.monotonic() > deadline:
@@ -88,7 +88,7 @@ async def wait_count(env: ProxyEnv, topic: str, want: int, wait_s: float = 5.0) 
 
 
 async def visible_count(env: ProxyEnv, topic: str) -> int:
-    async with AdminClient([env.ns]) as admin:
+    async with AsyncAdminClient([env.ns]) as admin:
         total = 0
         for mq in await admin.queues(topic):
             total += await admin.max_offset(mq) - await admin.min_offset(mq)

@@ -11,7 +11,7 @@ from typing import Any
 import grpc
 import pytest
 
-from orbitmq.client.admin import AdminClient
+from orbitmq.client.admin.client import AsyncAdminClient
 from orbitmq.common.errors import SubscriptionGroupNotExistError
 from orbitmq.protocol.group_config import DEFAULT_RETRY_DELAYS_MS
 from orbitmq.proxy.config import ProxyConfig
@@ -240,7 +240,7 @@ def _consumer_settings(group: str, *entries: tuple[str, int, str]) -> pb.Setting
     )
 
 
-async def _member_ids(admin: AdminClient, group: str) -> set[str]:
+async def _member_ids(admin: AsyncAdminClient, group: str) -> set[str]:
     """The group's members as the brokers list them (a group nobody knows has none)."""
     try:
         return {m.client_id for m in (await admin.describe_group(group)).members}
@@ -249,7 +249,7 @@ async def _member_ids(admin: AdminClient, group: str) -> set[str]:
 
 
 async def _members_become(
-    admin: AdminClient, group: str, want: set[str], timeout_s: float = 10.0
+    admin: AsyncAdminClient, group: str, want: set[str], timeout_s: float = 10.0
 ) -> None:
     deadline = asyncio.get_running_loop().time() + timeout_s
     while (have := await _member_ids(admin, group)) != want:
@@ -263,7 +263,7 @@ async def test_grpc_consumers_are_members_of_their_group_on_the_brokers(
     """The proxy beats for its consumers: `orbitmq group describe` lists them, with their
     language, version and subscriptions, and drops them when their Telemetry stream ends."""
     t = _Telemetry(stub, "member-java-1")
-    async with AdminClient([env.ns]) as admin:
+    async with AsyncAdminClient([env.ns]) as admin:
         try:
             reply = await t.exchange(
                 _consumer_settings("PsMembers", ("PsNormal", pb.TAG, "TagA || TagB"))
@@ -311,7 +311,7 @@ async def test_a_terminated_consumer_leaves_its_group_at_once(
     env: ProxyEnv, stub: service_pb2_grpc.MessagingServiceStub
 ) -> None:
     t = _Telemetry(stub, "member-bye")
-    async with AdminClient([env.ns]) as admin:
+    async with AsyncAdminClient([env.ns]) as admin:
         try:
             await t.exchange(_consumer_settings("PsMembersBye", ("PsFifo", pb.TAG, "*")))
             await _members_become(admin, "PsMembersBye", {"member-bye"})

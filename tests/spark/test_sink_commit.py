@@ -20,8 +20,9 @@ from typing import Any
 import pytest
 
 from orbitmq.broker.controller import BrokerController
-from orbitmq.client import AdminClient, Message
-from orbitmq.client.transaction import AsyncTransactionProducer, EndResult, LocalTransactionState
+from orbitmq.client import AsyncAdminClient, Message
+from orbitmq.client.transaction.producer import AsyncTransactionProducer
+from orbitmq.client.transaction.types import EndResult, LocalTransactionState, TransactionConfig
 from orbitmq.common.codes import ResponseCode
 from orbitmq.common.errors import RemoteError, error_for
 from orbitmq.common.record import StoredMessage
@@ -39,7 +40,7 @@ MARKERS = "SinkTestMarkers"
 class Env:
     ns: NamesrvController
     broker: BrokerController
-    admin: AdminClient
+    admin: AsyncAdminClient
     tx: AsyncTransactionProducer
     checker: MarkerChecker
     stores: MarkerStoreFactory
@@ -97,10 +98,10 @@ async def env(tmp_path: Path, request: pytest.FixtureRequest) -> AsyncIterator[E
         )
     )
     await broker.start()
-    admin = AdminClient([ns.address])
+    admin = AsyncAdminClient([ns.address])
     checker = MarkerChecker()
     tx = AsyncTransactionProducer(
-        [ns.address], GROUP, checker, topics=[MARKERS], heartbeat_interval_s=0.3
+        [ns.address], GROUP, checker, TransactionConfig(heartbeat_interval_s=0.3), topics=[MARKERS]
     )
     stores = MarkerStoreFactory(admin, tx.producer, MARKERS)
     checker.stores = stores

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from orbitmq.client import BlockingAdminClient, Producer
+from orbitmq.client import AdminClient, Producer
 from orbitmq.client.route import MessageQueue
 from orbitmq.common.message import Message
 from tests.spark.conftest import OrbitCluster
@@ -67,7 +67,7 @@ def test_batch_read_equals_native_client(
     rows = read(spark, orbit_cluster.namesrv, loaded).collect()
     assert len(rows) == 100
     got = {(r.queue_id, r.queue_offset): r for r in rows}
-    with BlockingAdminClient(orbit_cluster.namesrv) as admin:
+    with AdminClient(orbit_cluster.namesrv) as admin:
         for q, n in ((0, 60), (1, 40)):
             msgs = admin.pull(MessageQueue(loaded, BROKER, q), 0, max_nums=n).messages
             assert len(msgs) == n

@@ -23,13 +23,15 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from orbitmq.client.push_consumer import PushConsumer
+    from orbitmq.client.consumer.push import PushConsumer
 
 
 from orbitmq.bench._child import ServerChild
 from orbitmq.bench.machine import cpu_model, loadavg
-from orbitmq.client import AdminClient, AsyncProducer, Message, MessageQueue
+from orbitmq.client import AsyncAdminClient, AsyncProducer, Message, MessageQueue
+from orbitmq.client.consumer.config import PushConfig
 from orbitmq.client.consumer_types import ConsumedMessage, ConsumeFromWhere, ConsumeResult
+from orbitmq.client.producer.config import ProducerConfig
 from orbitmq.common.clock import now_ms
 from orbitmq.common.errors import ClientError, MQError
 from orbitmq.common.tasks import TaskSet
@@ -106,7 +108,7 @@ def target_cluster(namesrv: str | None, data_dir: Path | None, say: Say) -> Iter
 # ---------------------------------------------------------------------------- topic + load
 
 
-async def ensure_topic(admin: AdminClient, topic: str, queues: int, say: Say) -> int:
+async def ensure_topic(admin: AsyncAdminClient, topic: str, queues: int, say: Say) -> int:
     """Create the topic with ``queues`` queues per broker unless it exists; its read queues."""
     if topic not in await admin.list_topics():
         addrs = await admin.create_topic(topic, read_queue_nums=queues, write_queue_nums=queues)
@@ -125,14 +127,14 @@ async def ensure_topic(admin: AdminClient, topic: str, queues: int, say: Say) ->
         await asyncio.sleep(0.1)
 
 
-async def kept_messages(admin: AdminClient, topic: str) -> tuple[int, int]:
+async def kept_messages(admin: AsyncAdminClient, topic: str) -> tuple[int, int]:
     """(messages kept in the topic's queues, sum of max offsets)."""
     desc = await admin.describe_topic(topic)
     kept = sum(max(0, q.max_offset - q.min_offset) for s in desc.stats for q in s.queues)
     return kept, sum(q.max_offset for s in desc.stats for q in s.queues)
 
 
-async def flush_types(admin: AdminClient, topic: str) -> dict[str, str]:
+async def flush_types(admin: AsyncAdminClient, topic: str) -> dict[str, str]:
     info = await admin.routes.refresh(topic)
     names = sorted(info.broker_addrs)
     runtime = await asyncio.gather(
@@ -167,7 +169,7 @@ async def load_topic(
     """Send ``count`` bodies of ``size`` bytes with explicit send_batch calls, queues in turn,
     LOAD_IN_FLIGHT at once. Returns the seconds it took."""
     body = (b"bench-consume " + b"x" * size)[:size]
-    async with AsyncProducer(namesrv, compress_over_bytes=-1) as producer:
+    async with AsyncProducer(namesrv, ProducerConfig(compress_over_bytes=-1)) as producer:
         info = await producer.routes.get(topic)
         queues = list(info.write_queues)
         if not queues:
@@ -213,7 +215,7 @@ async def load_topic(
     return seconds
 
 
-async def wait_dispatched(admin: AdminClient, topic: str, at_least: int) -> int:
+async def wait_dispatched(admin: AsyncAdminClient, topic: str, at_least: int) -> int:
     """Wait until the topic's queues hold ``at_least`` messages (dispatch runs behind)."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + DISPATCH_WAIT_S
@@ -255,15 +257,17 @@ def new_push_consumer(
 ) -> PushConsumer:
     """A push consumer of ``options.topic`` whose listener (async or thread, as the options
     say) hands every batch to ``sink``; not started. Shared by bench consume and bench e2e."""
-    from orbitmq.client.push_consumer import PushConsumer
+    from orbitmq.client.consumer.push import PushConsumer
 
     consumer = PushConsumer(
         namesrv,
         group,
-        consume_from_where=where,
-        consume_batch_size=options.batch,
-        pull_batch_size=options.pull_batch,
-        consume_threads=options.threads,
+        PushConfig(
+            consume_from_where=where,
+            consume_batch_size=options.batch,
+            pull_batch_size=options.pull_batch,
+            consume_threads=options.threads,
+        ),
     )
     consumer.subscribe(options.topic, "*")
     if options.listener == "async":

@@ -51,7 +51,8 @@ from orbitmq.bench.cluster import (
     target_text,
     wait_dispatched,
 )
-from orbitmq.client import AdminClient
+from orbitmq.client import AsyncAdminClient
+from orbitmq.client.consumer.config import LitePullConfig, SimpleConfig
 from orbitmq.client.consumer_types import ConsumedMessage, ConsumeFromWhere
 from orbitmq.common.errors import ClientError
 from orbitmq.net.loop import run as run_loop
@@ -236,7 +237,7 @@ def run_consume_bench(
 async def _prepare_consume(
     namesrv: str, options: ConsumeBenchOptions, say: Say, meter: Meter
 ) -> tuple[int, LoadResult, dict[str, str]]:
-    async with AdminClient(namesrv) as admin:
+    async with AsyncAdminClient(namesrv) as admin:
         await ensure_topic(admin, options.topic, options.queues, say)
         kept, _ = await kept_messages(admin, options.topic)
         if options.skip_load:
@@ -337,15 +338,17 @@ def _lite_pull_consumer(
 ) -> tuple[Callable[[], None], Callable[[], None]]:
     """``poll()`` in a loop on an AsyncLitePullConsumer, on an event loop of the bench thread
     (no blocking facade in between: one poll is not a thread hop)."""
-    from orbitmq.client.lite_pull_consumer import AsyncLitePullConsumer
+    from orbitmq.client.consumer.lite_pull import AsyncLitePullConsumer
 
     async def main() -> None:
         consumer = AsyncLitePullConsumer(
             namesrv,
             group,
-            consume_from_where=ConsumeFromWhere.FIRST_OFFSET,
-            pull_batch_size=options.pull_batch,
-            poll_max=options.batch,
+            LitePullConfig(
+                consume_from_where=ConsumeFromWhere.FIRST_OFFSET,
+                pull_batch_size=options.pull_batch,
+                poll_max=options.batch,
+            ),
         )
         consumer.subscribe(options.topic, "*")
         async with consumer:
@@ -362,15 +365,14 @@ def _pop_consumer(
 ) -> tuple[Callable[[], None], Callable[[], None]]:
     """``pop_workers`` receive + ack_many loops as tasks of one AsyncSimpleConsumer, on an
     event loop of the bench thread (no blocking facade in between)."""
-    from orbitmq.client.simple_consumer import AsyncSimpleConsumer
+    from orbitmq.client.consumer.simple import AsyncSimpleConsumer
 
     async def main() -> None:
         async with AsyncSimpleConsumer(
             namesrv,
             group,
+            SimpleConfig(await_duration_s=1.0, consume_from_where=ConsumeFromWhere.FIRST_OFFSET),
             subscriptions={options.topic: "*"},
-            await_duration_s=1.0,
-            consume_from_where=ConsumeFromWhere.FIRST_OFFSET,
         ) as consumer:
 
             async def receive_loop() -> None:

@@ -51,8 +51,9 @@ from orbitmq.bench.cluster import (
     target_cluster,
     target_text,
 )
-from orbitmq.client import AdminClient, AsyncProducer, Message
+from orbitmq.client import AsyncAdminClient, AsyncProducer, Message
 from orbitmq.client.consumer_types import ConsumedMessage, ConsumeFromWhere
+from orbitmq.client.producer.config import ProducerConfig
 from orbitmq.common.errors import ClientError, MQError
 from orbitmq.common.tasks import TaskSet
 from orbitmq.net.loop import run as run_loop
@@ -269,7 +270,7 @@ async def _e2e_produce(
     first_error: str | None = None
     slots = asyncio.Semaphore(E2E_IN_FLIGHT)
     tasks = TaskSet("bench e2e producer")
-    async with AsyncProducer(namesrv, compress_over_bytes=-1) as producer:
+    async with AsyncProducer(namesrv, ProducerConfig(compress_over_bytes=-1)) as producer:
         await producer.routes.get(topic)
 
         async def one(msgs: list[Message], measured: bool) -> None:
@@ -347,7 +348,7 @@ def run_e2e_bench(
 async def _prepare_e2e(
     namesrv: str, options: E2EBenchOptions, say: Say
 ) -> tuple[int, dict[str, str]]:
-    async with AdminClient(namesrv) as admin:
+    async with AsyncAdminClient(namesrv) as admin:
         queues = await ensure_topic(admin, options.topic, options.queues, say)
         return queues, await flush_types(admin, options.topic)
 

@@ -28,7 +28,8 @@ from pathlib import Path
 from typing import Any
 
 from orbitmq.bench.cluster import target_cluster
-from orbitmq.client import AdminClient, AsyncProducer
+from orbitmq.client import AsyncAdminClient, AsyncProducer
+from orbitmq.client.producer.config import ProducerConfig
 from orbitmq.common.errors import ClientError, MQError
 from orbitmq.common.message import Message
 from orbitmq.common.tasks import TaskSet
@@ -88,7 +89,7 @@ class SparkBenchResult:
 
 
 async def _prepare_topic(namesrv: str, topic: str, queues: int) -> None:
-    async with AdminClient(namesrv) as admin:
+    async with AsyncAdminClient(namesrv) as admin:
         await admin.create_topic(topic, read_queue_nums=queues, write_queue_nums=queues)
         loop = asyncio.get_running_loop()
         deadline = loop.time() + 15
@@ -105,7 +106,7 @@ async def _prepare_topic(namesrv: str, topic: str, queues: int) -> None:
 async def _load(namesrv: str, topic: str, count: int, size: int) -> float:
     """``count`` bodies of ``size`` bytes, send_batch calls in flight, queues in turn; seconds."""
     body = (b"bench-spark " + b"x" * size)[:size]
-    async with AsyncProducer(namesrv, compress_over_bytes=-1) as producer:
+    async with AsyncProducer(namesrv, ProducerConfig(compress_over_bytes=-1)) as producer:
         queues = list((await producer.routes.get(topic)).write_queues)
         slots = asyncio.Semaphore(LOAD_IN_FLIGHT)
         failures: list[BaseException] = []

@@ -2,7 +2,7 @@
 
 The other read-only views have modules of their own: :mod:`orbitmq.cli.cluster` (``orbitmq
 cluster list``) and :mod:`orbitmq.cli.message` (``orbitmq message get|query``). Everything goes
-through :class:`orbitmq.client.AdminClient` (the Remoting protocol), never to a
+through :class:`orbitmq.client.AsyncAdminClient` (the Remoting protocol), never to a
 store or broker object directly.
 """
 
@@ -28,7 +28,7 @@ from orbitmq.cli.common import (
     split_list,
     timestamp,
 )
-from orbitmq.client import AdminClient
+from orbitmq.client import AsyncAdminClient
 from orbitmq.client.route import TopicRouteNotFoundError
 from orbitmq.common.errors import ClientError, MQError
 from orbitmq.protocol.bodies import MESSAGE_TYPES, TopicConfig
@@ -66,7 +66,7 @@ def _message_type(value: str | None) -> str | None:
     return upper
 
 
-async def _broker_addrs(admin: AdminClient, brokers: Sequence[str]) -> list[str]:
+async def _broker_addrs(admin: AsyncAdminClient, brokers: Sequence[str]) -> list[str]:
     """Broker names or addresses -> master addresses (names are looked up in the cluster)."""
     out_addrs: list[str] = []
     names = [b for b in brokers if ":" not in b]
@@ -88,7 +88,7 @@ async def _broker_addrs(admin: AdminClient, brokers: Sequence[str]) -> list[str]
     return list(dict.fromkeys(out_addrs))
 
 
-async def _wait_for_route(admin: AdminClient, config: TopicConfig, brokers: int) -> bool:
+async def _wait_for_route(admin: AsyncAdminClient, config: TopicConfig, brokers: int) -> bool:
     """Wait (up to ROUTE_WAIT_S) until the NameServers route the topic to ``brokers`` brokers
     with the config's queue counts. Brokers re-register right after a change."""
     loop = asyncio.get_running_loop()
@@ -112,7 +112,7 @@ async def _wait_for_route(admin: AdminClient, config: TopicConfig, brokers: int)
         await asyncio.sleep(0.1)
 
 
-async def _wait_for_absence(admin: AdminClient, topic: str) -> bool:
+async def _wait_for_absence(admin: AsyncAdminClient, topic: str) -> bool:
     loop = asyncio.get_running_loop()
     deadline = loop.time() + ROUTE_WAIT_S
     while topic in await admin.list_topics():
@@ -122,7 +122,9 @@ async def _wait_for_absence(admin: AdminClient, topic: str) -> bool:
     return True
 
 
-async def _current_config(admin: AdminClient, topic: str) -> tuple[TopicConfig, dict[str, str]]:
+async def _current_config(
+    admin: AsyncAdminClient, topic: str
+) -> tuple[TopicConfig, dict[str, str]]:
     """The topic's config as its first broker has it, and broker name -> master address."""
     missing = ClientError(f"topic {topic!r} does not exist (create it with `orbitmq topic create`)")
     try:
@@ -186,7 +188,7 @@ def topic_create(
     )
 
     async def go() -> None:
-        async with AdminClient(namesrv) as admin:
+        async with AsyncAdminClient(namesrv) as admin:
             if topic in await admin.list_topics():
                 raise ClientError(
                     f"topic {topic!r} already exists (change it with `orbitmq topic update`)"
@@ -197,7 +199,7 @@ def topic_create(
 
 
 async def _apply(
-    admin: AdminClient, config: TopicConfig, cluster: str | None, broker: str | None, verb: str
+    admin: AsyncAdminClient, config: TopicConfig, cluster: str | None, broker: str | None, verb: str
 ) -> None:
     addrs: list[str] = []
     if broker:
@@ -253,7 +255,7 @@ def topic_update(
     new_type = _message_type(message_type)
 
     async def go() -> None:
-        async with AdminClient(namesrv) as admin:
+        async with AsyncAdminClient(namesrv) as admin:
             current, holders = await _current_config(admin, topic)
             changes: dict[str, Any] = {}
             if queues is not None:
@@ -293,7 +295,7 @@ def topic_delete(
     """
 
     async def go() -> None:
-        async with AdminClient(namesrv) as admin:
+        async with AsyncAdminClient(namesrv) as admin:
             addrs = await admin.delete_topic(topic, cluster=cluster)
             gone = await _wait_for_absence(admin, topic)
         console = out()
@@ -318,7 +320,7 @@ def topic_list(
     """
 
     async def go() -> None:
-        async with AdminClient(namesrv) as admin:
+        async with AsyncAdminClient(namesrv) as admin:
             names = await admin.list_topics()
             if quiet:
                 for name in names:
@@ -380,7 +382,7 @@ def topic_describe(topic: TopicOpt, namesrv: NamesrvOpt = DEFAULT_NAMESRV) -> No
     """
 
     async def go() -> None:
-        async with AdminClient(namesrv) as admin:
+        async with AsyncAdminClient(namesrv) as admin:
             desc = await admin.describe_topic(topic)
             addrs = {
                 bd.broker_name: bd.master_addr() or ""

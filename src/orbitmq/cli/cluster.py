@@ -1,7 +1,7 @@
 """``orbitmq cluster list``: the clusters the NameServers know, their brokers and each broker's
 runtime state (commit log size, dispatch lag, disk use), asked of every broker at once.
 
-Through :class:`orbitmq.client.AdminClient` only; an unreachable broker is a red row, not a
+Through :class:`orbitmq.client.AsyncAdminClient` only; an unreachable broker is a red row, not a
 failure of the command.
 """
 
@@ -16,7 +16,7 @@ from rich.markup import escape
 from rich.table import Column, Table
 
 from orbitmq.cli.common import DEFAULT_NAMESRV, NamesrvOpt, human_bytes, out, run
-from orbitmq.client import AdminClient
+from orbitmq.client import AsyncAdminClient
 from orbitmq.common.errors import MQError
 
 cluster_app = typer.Typer(no_args_is_help=True, help="Clusters and their brokers.")
@@ -30,7 +30,7 @@ def cluster_list(namesrv: NamesrvOpt = DEFAULT_NAMESRV) -> None:
     """
 
     async def go() -> None:
-        async with AdminClient(namesrv) as admin:
+        async with AsyncAdminClient(namesrv) as admin:
             info = await admin.cluster_info()
             rows: list[tuple[str, str, int, str]] = []
             for cluster in sorted(info.cluster_addr_table):

@@ -38,13 +38,14 @@ from orbitmq.cli.common import (
     quiet_library_logs,
     split_list,
 )
-from orbitmq.client import AdminClient
+from orbitmq.client import AsyncAdminClient
+from orbitmq.client.consumer.config import PushConfig
 from orbitmq.client.consumer_types import ConsumedMessage, ConsumeFromWhere, ConsumeResult
 from orbitmq.common.codes import ResponseCode
 from orbitmq.common.errors import FilterExpressionError, RemoteError
 
 if TYPE_CHECKING:
-    from orbitmq.client.push_consumer import PushConsumer
+    from orbitmq.client.consumer.push import PushConsumer
 
 HOLD_RELEASE_S = 0.5
 """removal_timeout_s of the consumer: how long shutdown waits for the call held past --count."""
@@ -183,19 +184,21 @@ def _start(
     from_beginning: bool,
     printer: _Printer,
 ) -> PushConsumer:
-    from orbitmq.client.push_consumer import PushConsumer
+    from orbitmq.client.consumer.push import PushConsumer
     from orbitmq.net.loop import run as run_loop
 
     run_loop(_check_topic(namesrv, topic))
     consumer = PushConsumer(
         namesrv,
         group,
-        consume_from_where=(
-            ConsumeFromWhere.FIRST_OFFSET if from_beginning else ConsumeFromWhere.LAST_OFFSET
+        PushConfig(
+            consume_from_where=ConsumeFromWhere.FIRST_OFFSET
+            if from_beginning
+            else ConsumeFromWhere.LAST_OFFSET,
+            consume_threads=1,
+            consume_batch_size=1,
+            removal_timeout_s=HOLD_RELEASE_S,
         ),
-        consume_threads=1,
-        consume_batch_size=1,
-        removal_timeout_s=HOLD_RELEASE_S,
     )
 
     async def listener(msgs: list[ConsumedMessage]) -> ConsumeResult:
@@ -214,7 +217,7 @@ def _start(
 
 async def _check_topic(namesrv: str, topic: str) -> None:
     """A topic no NameServer routes is an error here (a consumer would wait for it quietly)."""
-    async with AdminClient(namesrv) as admin:
+    async with AsyncAdminClient(namesrv) as admin:
         await admin.queues(topic)
 
 

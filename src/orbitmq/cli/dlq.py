@@ -18,7 +18,7 @@ from rich.markup import escape
 from rich.table import Column, Table
 
 from orbitmq.cli.common import DEFAULT_NAMESRV, NamesrvOpt, body_preview, fail, out, run, timestamp
-from orbitmq.client import AdminClient, AsyncProducer
+from orbitmq.client import AsyncAdminClient, AsyncProducer
 from orbitmq.client.dlq import DlqMessage
 from orbitmq.common.errors import MQError
 
@@ -34,7 +34,7 @@ MaxOpt = Annotated[
 
 
 async def _read(namesrv: str, group: str, limit: int) -> list[DlqMessage]:
-    async with AdminClient(namesrv) as admin:
+    async with AsyncAdminClient(namesrv) as admin:
         return await admin.dlq_messages(group, max_messages=limit)
 
 

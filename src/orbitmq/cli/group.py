@@ -2,7 +2,7 @@
 ``orbitmq group reset-offset G --topic T --to-earliest|--to-latest|--to-timestamp X``,
 ``orbitmq group config show|set|delete G`` (retry policy and DLQ limit).
 
-Everything goes through :class:`orbitmq.client.AdminClient`: the brokers are the source of
+Everything goes through :class:`orbitmq.client.AsyncAdminClient`: the brokers are the source of
 truth for who is in a group (its members' heartbeats) and how far it got (committed offsets).
 """
 
@@ -26,8 +26,8 @@ from orbitmq.cli.common import (
     run,
     timestamp,
 )
-from orbitmq.client import AdminClient
-from orbitmq.client.admin import GroupDescription
+from orbitmq.client import AsyncAdminClient
+from orbitmq.client.admin.types import GroupDescription
 from orbitmq.protocol.consumer import is_system_group_topic
 from orbitmq.protocol.group_config import SubscriptionGroupConfig
 
@@ -75,7 +75,7 @@ def group_list(
     """
 
     async def go() -> None:
-        async with AdminClient(namesrv) as admin:
+        async with AsyncAdminClient(namesrv) as admin:
             groups = await admin.list_groups()
         if quiet:
             for g in groups:
@@ -113,7 +113,7 @@ def group_describe(group: GroupArg, namesrv: NamesrvOpt = DEFAULT_NAMESRV) -> No
     """
 
     async def go() -> GroupDescription:
-        async with AdminClient(namesrv) as admin:
+        async with AsyncAdminClient(namesrv) as admin:
             return await admin.describe_group(group)
 
     desc = run(go())
@@ -232,7 +232,7 @@ def group_reset_offset(
         where = position
 
     async def go() -> dict[str, list[tuple[int, int]]]:
-        async with AdminClient(namesrv) as admin:
+        async with AsyncAdminClient(namesrv) as admin:
             result = await admin.reset_offset(group, topic, position, ts_ms)
         return {b: [(o.queue_id, o.offset) for o in offs] for b, offs in result.items()}
 
@@ -335,7 +335,7 @@ def group_config_show(group: GroupArg, namesrv: NamesrvOpt = DEFAULT_NAMESRV) ->
     """
 
     async def go() -> SubscriptionGroupConfig:
-        async with AdminClient(namesrv) as admin:
+        async with AsyncAdminClient(namesrv) as admin:
             return await admin.get_group_config(group)
 
     print_group_config(run(go()))
@@ -403,7 +403,7 @@ def group_config_set(
         raise typer.BadParameter("give at least one setting to change", param_hint="options")
 
     async def go() -> tuple[SubscriptionGroupConfig, list[str]]:
-        async with AdminClient(namesrv) as admin:
+        async with AsyncAdminClient(namesrv) as admin:
             current = await admin.get_group_config(group)
             updated = msgspec.structs.replace(current, **changes)
             return updated, await admin.update_group_config(updated)
@@ -418,7 +418,7 @@ def group_config_delete(group: GroupArg, namesrv: NamesrvOpt = DEFAULT_NAMESRV) 
     """Forget a group's config on every broker: it is back to RocketMQ's defaults."""
 
     async def go() -> list[str]:
-        async with AdminClient(namesrv) as admin:
+        async with AsyncAdminClient(namesrv) as admin:
             return await admin.delete_group_config(group)
 
     brokers = run(go())

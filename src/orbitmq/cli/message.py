@@ -21,7 +21,7 @@ from orbitmq.cli.common import (
     run,
     timestamp,
 )
-from orbitmq.client import AdminClient
+from orbitmq.client import AsyncAdminClient
 from orbitmq.common.record import StoredMessage
 
 message_app = typer.Typer(no_args_is_help=True, help="Look messages up by id or key.")
@@ -79,7 +79,7 @@ def message_get(
     """
 
     async def go() -> None:
-        async with AdminClient(namesrv) as admin:
+        async with AsyncAdminClient(namesrv) as admin:
             msg = await admin.get_message_by_id(topic, msg_id)
         if msg is None:
             fail(f"no message {msg_id} in topic {topic!r}")
@@ -102,7 +102,7 @@ def message_query(
     """
 
     async def go() -> None:
-        async with AdminClient(namesrv) as admin:
+        async with AsyncAdminClient(namesrv) as admin:
             found = await admin.query_by_key(topic, key, max_num=max_num)
         if not found:
             fail(f"no message with key {key!r} in topic {topic!r}")

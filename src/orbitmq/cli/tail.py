@@ -1,6 +1,6 @@
 """``orbitmq tail``: follow a topic by offset, one line per message.
 
-Reads every readable queue of the topic with :meth:`AdminClient.pull` (long polling), one pull
+Reads every readable queue of the topic with :meth:`AsyncAdminClient.pull` (long polling), one pull
 in flight per queue so a busy queue cannot starve a quiet one; queues take turns on the output
 a pull (up to ``--batch`` messages) at a time. Starts at each queue's max offset (only what
 comes next) or, with ``--from-beginning``, at its min offset. Queues added to the topic while it
@@ -29,7 +29,7 @@ from orbitmq.cli.common import (
     run,
     split_list,
 )
-from orbitmq.client import AdminClient, MessageQueue, PullStatus
+from orbitmq.client import AsyncAdminClient, MessageQueue, PullStatus
 from orbitmq.common.errors import MQError
 
 LONG_POLL_MS = 5_000
@@ -91,7 +91,7 @@ async def _tail(
     warn = err()
     turn = asyncio.Lock()  # one queue prints at a time: lines of a pull stay together
     done = asyncio.Event()
-    async with AdminClient(namesrv) as admin:
+    async with AsyncAdminClient(namesrv) as admin:
         queues = await admin.queues(topic)
         starts = await asyncio.gather(
             *(admin.min_offset(mq) if from_beginning else admin.max_offset(mq) for mq in queues)
@@ -127,7 +127,7 @@ async def _tail(
 
 
 async def _follow(
-    admin: AdminClient,
+    admin: AsyncAdminClient,
     mq: MessageQueue,
     offset: int,
     tags: list[str] | None,

@@ -1,9 +1,12 @@
 """Producer, consumers and admin client. Talks to services only through protocol and net.
 
-The blocking classes (:class:`Producer`, :class:`PushConsumer`, :class:`LitePullConsumer`,
-:class:`SimpleConsumer`, :class:`BlockingAdminClient`) run their async counterparts
-(:class:`AsyncProducer`, :class:`AsyncPushConsumer`, :class:`AsyncLitePullConsumer`,
-:class:`AsyncSimpleConsumer`, :class:`AdminClient`) on a private event loop thread.
+Every client comes as a pair named one way: ``AsyncX`` runs on the caller's event loop and ``X``
+is the blocking one, the async one on a private event loop thread (``AsyncProducer`` /
+``Producer``, ``AsyncPushConsumer`` / ``PushConsumer``, ``AsyncLitePullConsumer`` /
+``LitePullConsumer``, ``AsyncSimpleConsumer`` / ``SimpleConsumer``,
+``AsyncTransactionProducer`` / ``TransactionProducer``, ``AsyncAdminClient`` / ``AdminClient``).
+Both take the same config object (``ProducerConfig``, ``PushConfig``, ``LitePullConfig``,
+``SimpleConfig``, ``TransactionConfig``, ``AdminConfig``).
 
 Names are imported on first use (PEP 562): a process that needs only the route cache or the
 admin client (a Spark worker, the streaming runner Spark starts per query) does not pay for
@@ -16,13 +19,9 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from orbitmq.client.admin import (
-        AdminClient,
-        BlockingAdminClient,
-        PullResult,
-        PullStatus,
-        TopicDescription,
-    )
+    from orbitmq.client.admin.client import AdminClient, AsyncAdminClient
+    from orbitmq.client.admin.config import AdminConfig
+    from orbitmq.client.admin.types import PullResult, PullStatus, TopicDescription
     from orbitmq.client.allocate import (
         AllocateAveragely,
         AllocateAveragelyByCircle,
@@ -30,6 +29,21 @@ if TYPE_CHECKING:
         AllocateConsistentHash,
         AllocateStrategy,
     )
+    from orbitmq.client.consumer.config import (
+        ConsumerConfig,
+        LitePullConfig,
+        PushConfig,
+        SimpleConfig,
+    )
+    from orbitmq.client.consumer.lite_pull import AsyncLitePullConsumer, LitePullConsumer
+    from orbitmq.client.consumer.push import AsyncPushConsumer, PushConsumer
+    from orbitmq.client.consumer.simple import (
+        AsyncSimpleConsumer,
+        ExpiredReceiptHandleError,
+        InvalidReceiptHandleError,
+        SimpleConsumer,
+    )
+    from orbitmq.client.consumer.subscription import Subscription
     from orbitmq.client.consumer_types import (
         ConsumedMessage,
         ConsumeFromWhere,
@@ -41,92 +55,92 @@ if TYPE_CHECKING:
     from orbitmq.client.fault import FaultStrategy
     from orbitmq.client.fifo import fifo_message, message_group_selector, set_message_group
     from orbitmq.client.heartbeat import HeartbeatService, InvalidSubscriptionError
-    from orbitmq.client.lite_pull_consumer import AsyncLitePullConsumer, LitePullConsumer
     from orbitmq.client.offset_store import LocalOffsetStore, OffsetStore, RemoteOffsetStore
     from orbitmq.client.process_queue import ProcessQueue
-    from orbitmq.client.producer import (
-        AsyncProducer,
+    from orbitmq.client.producer.blocking import Producer
+    from orbitmq.client.producer.config import ProducerConfig
+    from orbitmq.client.producer.producer import AsyncProducer
+    from orbitmq.client.producer.types import (
         MessageQueueSelector,
-        Producer,
-        ProducerConfig,
         SendCallback,
         SendResult,
         SendStatus,
         hash_selector,
     )
-    from orbitmq.client.push_consumer import AsyncPushConsumer, PushConsumer
     from orbitmq.client.rebalance import RebalanceService
     from orbitmq.client.recall import recall_message
     from orbitmq.client.route import MessageQueue, TopicPublishInfo, TopicRouteCache
-    from orbitmq.client.simple_consumer import (
-        AsyncSimpleConsumer,
-        ExpiredReceiptHandleError,
-        InvalidReceiptHandleError,
-        SimpleConsumer,
-    )
-    from orbitmq.client.transaction import (
-        AsyncTransactionProducer,
+    from orbitmq.client.transaction.blocking import TransactionProducer
+    from orbitmq.client.transaction.producer import AsyncTransactionProducer
+    from orbitmq.client.transaction.types import (
         EndResult,
         HalfBatchResult,
         LocalTransactionState,
+        TransactionConfig,
         TransactionListener,
-        TransactionProducer,
         TransactionSendResult,
     )
     from orbitmq.common.message import Message
 
 _WHERE: dict[str, str] = {
-    "AdminClient": "orbitmq.client.admin",
+    "AsyncAdminClient": "orbitmq.client.admin.client",
     "AllocateAveragely": "orbitmq.client.allocate",
     "AllocateAveragelyByCircle": "orbitmq.client.allocate",
     "AllocateByConfig": "orbitmq.client.allocate",
     "AllocateConsistentHash": "orbitmq.client.allocate",
     "AllocateStrategy": "orbitmq.client.allocate",
-    "AsyncLitePullConsumer": "orbitmq.client.lite_pull_consumer",
-    "AsyncProducer": "orbitmq.client.producer",
-    "AsyncPushConsumer": "orbitmq.client.push_consumer",
-    "AsyncSimpleConsumer": "orbitmq.client.simple_consumer",
-    "AsyncTransactionProducer": "orbitmq.client.transaction",
-    "BlockingAdminClient": "orbitmq.client.admin",
+    "AsyncLitePullConsumer": "orbitmq.client.consumer.lite_pull",
+    "AsyncProducer": "orbitmq.client.producer.producer",
+    "AsyncPushConsumer": "orbitmq.client.consumer.push",
+    "AsyncSimpleConsumer": "orbitmq.client.consumer.simple",
+    "AsyncTransactionProducer": "orbitmq.client.transaction.producer",
+    "AdminClient": "orbitmq.client.admin.client",
+    "AdminConfig": "orbitmq.client.admin.config",
     "ConsumeFromWhere": "orbitmq.client.consumer_types",
     "ConsumeResult": "orbitmq.client.consumer_types",
     "ConsumedMessage": "orbitmq.client.consumer_types",
-    "EndResult": "orbitmq.client.transaction",
-    "ExpiredReceiptHandleError": "orbitmq.client.simple_consumer",
+    "ConsumerConfig": "orbitmq.client.consumer.config",
+    "EndResult": "orbitmq.client.transaction.types",
+    "ExpiredReceiptHandleError": "orbitmq.client.consumer.simple",
     "FaultStrategy": "orbitmq.client.fault",
-    "HalfBatchResult": "orbitmq.client.transaction",
+    "HalfBatchResult": "orbitmq.client.transaction.types",
     "HeartbeatService": "orbitmq.client.heartbeat",
-    "InvalidReceiptHandleError": "orbitmq.client.simple_consumer",
+    "InvalidReceiptHandleError": "orbitmq.client.consumer.simple",
     "InvalidSubscriptionError": "orbitmq.client.heartbeat",
-    "LitePullConsumer": "orbitmq.client.lite_pull_consumer",
+    "LitePullConfig": "orbitmq.client.consumer.config",
+    "LitePullConsumer": "orbitmq.client.consumer.lite_pull",
     "LocalOffsetStore": "orbitmq.client.offset_store",
-    "LocalTransactionState": "orbitmq.client.transaction",
+    "LocalTransactionState": "orbitmq.client.transaction.types",
     "Message": "orbitmq.common.message",
     "MessageModel": "orbitmq.client.consumer_types",
     "MessageQueue": "orbitmq.client.route",
-    "MessageQueueSelector": "orbitmq.client.producer",
+    "MessageQueueSelector": "orbitmq.client.producer.types",
     "OffsetStore": "orbitmq.client.offset_store",
     "ProcessQueue": "orbitmq.client.process_queue",
-    "Producer": "orbitmq.client.producer",
-    "ProducerConfig": "orbitmq.client.producer",
-    "PullResult": "orbitmq.client.admin",
-    "PullStatus": "orbitmq.client.admin",
-    "PushConsumer": "orbitmq.client.push_consumer",
+    "Producer": "orbitmq.client.producer.blocking",
+    "ProducerConfig": "orbitmq.client.producer.config",
+    "PullResult": "orbitmq.client.admin.types",
+    "PullStatus": "orbitmq.client.admin.types",
+    "PushConfig": "orbitmq.client.consumer.config",
+    "PushConsumer": "orbitmq.client.consumer.push",
     "RebalanceService": "orbitmq.client.rebalance",
     "ReceivedMessage": "orbitmq.client.consumer_types",
     "RemoteOffsetStore": "orbitmq.client.offset_store",
-    "SendCallback": "orbitmq.client.producer",
-    "SendResult": "orbitmq.client.producer",
-    "SendStatus": "orbitmq.client.producer",
-    "SimpleConsumer": "orbitmq.client.simple_consumer",
-    "TopicDescription": "orbitmq.client.admin",
+    "SendCallback": "orbitmq.client.producer.types",
+    "SendResult": "orbitmq.client.producer.types",
+    "SendStatus": "orbitmq.client.producer.types",
+    "SimpleConfig": "orbitmq.client.consumer.config",
+    "SimpleConsumer": "orbitmq.client.consumer.simple",
+    "Subscription": "orbitmq.client.consumer.subscription",
+    "TopicDescription": "orbitmq.client.admin.types",
     "TopicPublishInfo": "orbitmq.client.route",
     "TopicRouteCache": "orbitmq.client.route",
-    "TransactionListener": "orbitmq.client.transaction",
-    "TransactionProducer": "orbitmq.client.transaction",
-    "TransactionSendResult": "orbitmq.client.transaction",
+    "TransactionConfig": "orbitmq.client.transaction.types",
+    "TransactionListener": "orbitmq.client.transaction.types",
+    "TransactionProducer": "orbitmq.client.transaction.blocking",
+    "TransactionSendResult": "orbitmq.client.transaction.types",
     "fifo_message": "orbitmq.client.fifo",
-    "hash_selector": "orbitmq.client.producer",
+    "hash_selector": "orbitmq.client.producer.types",
     "message_group_selector": "orbitmq.client.fifo",
     "new_client_id": "orbitmq.client.consumer_types",
     "recall_message": "orbitmq.client.recall",
@@ -136,20 +150,22 @@ _WHERE: dict[str, str] = {
 
 __all__ = [
     "AdminClient",
+    "AdminConfig",
     "AllocateAveragely",
     "AllocateAveragelyByCircle",
     "AllocateByConfig",
     "AllocateConsistentHash",
     "AllocateStrategy",
+    "AsyncAdminClient",
     "AsyncLitePullConsumer",
     "AsyncProducer",
     "AsyncPushConsumer",
     "AsyncSimpleConsumer",
     "AsyncTransactionProducer",
-    "BlockingAdminClient",
     "ConsumeFromWhere",
     "ConsumeResult",
     "ConsumedMessage",
+    "ConsumerConfig",
     "EndResult",
     "ExpiredReceiptHandleError",
     "FaultStrategy",
@@ -157,6 +173,7 @@ __all__ = [
     "HeartbeatService",
     "InvalidReceiptHandleError",
     "InvalidSubscriptionError",
+    "LitePullConfig",
     "LitePullConsumer",
     "LocalOffsetStore",
     "LocalTransactionState",
@@ -170,6 +187,7 @@ __all__ = [
     "ProducerConfig",
     "PullResult",
     "PullStatus",
+    "PushConfig",
     "PushConsumer",
     "RebalanceService",
     "ReceivedMessage",
@@ -177,10 +195,13 @@ __all__ = [
     "SendCallback",
     "SendResult",
     "SendStatus",
+    "SimpleConfig",
     "SimpleConsumer",
+    "Subscription",
     "TopicDescription",
     "TopicPublishInfo",
     "TopicRouteCache",
+    "TransactionConfig",
     "TransactionListener",
     "TransactionProducer",
     "TransactionSendResult",

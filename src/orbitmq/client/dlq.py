@@ -1,7 +1,7 @@
 """Dead-letter messages as the admin client reads them, and how one is sent back.
 
 A message lands in ``%DLQ%<group>`` when a consumer group failed it ``retry_max_times`` times
-over (docs/retry-dlq.md). :meth:`orbitmq.client.AdminClient.dlq_messages` reads the DLQs of
+over (docs/retry-dlq.md). :meth:`orbitmq.client.AsyncAdminClient.dlq_messages` reads the DLQs of
 every master; :meth:`DlqMessage.resend_message` is the message to send to its original topic
 (what ``orbitmq dlq resend`` does with a producer).
 """

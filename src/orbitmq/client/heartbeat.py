@@ -33,33 +33,30 @@ from collections.abc import Callable, Iterable
 from orbitmq import __version__
 from orbitmq.client.route import TopicRouteCache, TopicRouteNotFoundError
 from orbitmq.common.codes import ResponseCode
-from orbitmq.common.errors import ClientError, FilterExpressionError, MQError, RemoteError
+from orbitmq.common.errors import (
+    ClientError,
+    MQError,
+    RemoteError,
+    error_for,
+    remote_class,
+)
 from orbitmq.net.client import RemotingClient
 from orbitmq.protocol.bodies import encode_body
-from orbitmq.protocol.codes import RequestCode
 from orbitmq.protocol.consumer import ConsumerData, HeartbeatData
-from orbitmq.protocol.frame import Frame
+from orbitmq.protocol.requests import HeartbeatRequest, UnregisterClientRequest
 
 log = logging.getLogger(__name__)
 
-__all__ = ["ConsumerDataProvider", "HeartbeatService", "InvalidSubscriptionError", "remote_error"]
+__all__ = ["ConsumerDataProvider", "HeartbeatService", "InvalidSubscriptionError"]
 
 ConsumerDataProvider = Callable[[], ConsumerData]
 """Returns a consumer's current group settings and subscriptions; called on every beat."""
 
 
-class InvalidSubscriptionError(RemoteError, FilterExpressionError):
-    """A broker refused a subscription expression (SUBSCRIPTION_PARSE_FAILED).
-
-    Both a :class:`RemoteError` (``response_code``, ``remark`` say what the broker answered) and a
-    :class:`FilterExpressionError`, so it is caught as either."""
-
-
-def remote_error(code: int, remark: str = "") -> RemoteError:
-    """The RemoteError for a broker's answer, as its dedicated subclass when there is one."""
-    if code == ResponseCode.SUBSCRIPTION_PARSE_FAILED:
-        return InvalidSubscriptionError(code, remark)
-    return RemoteError(code, remark)
+InvalidSubscriptionError = remote_class(ResponseCode.SUBSCRIPTION_PARSE_FAILED)
+"""A broker refused a subscription expression (SUBSCRIPTION_PARSE_FAILED): what
+``error_for`` makes of that answer, both a :class:`RemoteError` (``code``, ``remark`` say what
+the broker answered) and a :class:`FilterExpressionError`, so it is caught as either."""
 
 
 class HeartbeatService:
@@ -238,9 +235,7 @@ class HeartbeatService:
     async def _beat_one(self, addr: str, body: bytes, groups: set[str]) -> RemoteError | None:
         """Beat one broker; returns its refusal when it is one to raise."""
         try:
-            resp = await self.remoting.invoke(
-                addr, Frame(RequestCode.HEART_BEAT, body=body), self.timeout_s
-            )
+            resp = await self.remoting.invoke(addr, HeartbeatRequest().frame(body), self.timeout_s)
         except MQError as exc:
             log.warning("heartbeat to %s failed: %s", addr, exc)
             return None
@@ -249,22 +244,20 @@ class HeartbeatService:
             self._groups |= groups
             self.beats += 1
             return None
-        err = remote_error(resp.code, resp.remark)
+        err = error_for(resp.code, resp.remark)
         log.warning("broker %s refused the heartbeat of %s: %s", addr, self.client_id, err)
-        return None if err.can_retry else err
+        return None if err.retriable else err
 
     async def _unregister(self, addrs: list[str], groups: list[str]) -> None:
         if not addrs:
             return
-        frames = [{"client_id": self.client_id, "group": g} for g in groups] or [
-            {"client_id": self.client_id}
+        frames = [UnregisterClientRequest(client_id=self.client_id, group=g) for g in groups] or [
+            UnregisterClientRequest(client_id=self.client_id)
         ]
 
-        async def one(addr: str, fields: dict[str, str]) -> None:
+        async def one(addr: str, header: UnregisterClientRequest) -> None:
             try:
-                resp = await self.remoting.invoke(
-                    addr, Frame(RequestCode.UNREGISTER_CLIENT, fields=fields), self.timeout_s
-                )
+                resp = await self.remoting.invoke(addr, header.frame(), self.timeout_s)
             except MQError as exc:
                 log.info("unregistering %s from %s failed: %s", self.client_id, addr, exc)
                 return
@@ -273,7 +266,7 @@ class HeartbeatService:
                     "broker %s refused to unregister %s: %s",
                     addr,
                     self.client_id,
-                    RemoteError(resp.code, resp.remark),
+                    error_for(resp.code, resp.remark),
                 )
 
         try:

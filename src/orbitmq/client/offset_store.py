@@ -27,19 +27,26 @@ import logging
 import re
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Protocol
 
 import msgspec
 
 from orbitmq.client.route import MessageQueue, TopicRouteCache, TopicRouteNotFoundError
 from orbitmq.common.codes import ResponseCode
-from orbitmq.common.errors import ClientError, MQError, ProtocolError, RemoteError
+from orbitmq.common.errors import ClientError, MQError, ProtocolError, RemoteError, error_for
 from orbitmq.common.files import write_atomically
 from orbitmq.net.client import RemotingClient
 from orbitmq.protocol.bodies import encode_body
-from orbitmq.protocol.codes import RequestCode
 from orbitmq.protocol.consumer import OffsetsBody, QueueOffset
 from orbitmq.protocol.frame import Buffer, Frame
+from orbitmq.protocol.header import Header
+from orbitmq.protocol.requests import (
+    GetMaxOffsetRequest,
+    GetMinOffsetRequest,
+    QueryConsumerOffsetRequest,
+    SearchOffsetRequest,
+    UpdateConsumerOffsetRequest,
+)
 
 log = logging.getLogger(__name__)
 
@@ -75,27 +82,24 @@ class BrokerRequester:
     async def call(
         self,
         addr: str,
-        code: int,
-        fields: dict[str, Any] | None = None,
+        header: Header,
         body: Buffer = b"",
         *,
         ok: frozenset[int] = _OK,
         timeout_s: float | None = None,
     ) -> Frame:
-        """One request; RemoteError unless the answer's code is in ``ok``."""
+        """One request (``header``, a typed request header, and ``body``); RemoteError unless
+        the answer's code is in ``ok``."""
         timeout = self.timeout_s if timeout_s is None else timeout_s
-        resp = await self.remoting.invoke(
-            addr, Frame(code, fields=fields or {}, body=body), timeout
-        )
+        resp = await self.remoting.invoke(addr, header.frame(body), timeout)
         if resp.code not in ok:
-            raise RemoteError(resp.code, resp.remark)
+            raise error_for(resp.code, resp.remark)
         return resp
 
     async def call_queue(
         self,
         mq: MessageQueue,
-        code: int,
-        fields: dict[str, Any] | None = None,
+        header: Header,
         body: Buffer = b"",
         *,
         ok: frozenset[int] = _OK,
@@ -103,14 +107,21 @@ class BrokerRequester:
     ) -> Frame:
         """One request to the master of ``mq``'s broker."""
         addr = await self.addr(mq.broker_name, mq.topic)
-        return await self.call(addr, code, fields, body, ok=ok, timeout_s=timeout_s)
+        return await self.call(addr, header, body, ok=ok, timeout_s=timeout_s)
 
-    async def queue_offset(self, mq: MessageQueue, code: int, **extra: Any) -> int:
-        """GET_MIN_OFFSET / GET_MAX_OFFSET / SEARCH_OFFSET_BY_TIMESTAMP of ``mq``."""
-        resp = await self.call_queue(
-            mq, code, {"topic": mq.topic, "queue_id": mq.queue_id, **extra}
-        )
-        return int_field(resp, "offset")
+    async def min_offset(self, mq: MessageQueue) -> int:
+        return await self._offset(mq, GetMinOffsetRequest(topic=mq.topic, queue_id=mq.queue_id))
+
+    async def max_offset(self, mq: MessageQueue) -> int:
+        return await self._offset(mq, GetMaxOffsetRequest(topic=mq.topic, queue_id=mq.queue_id))
+
+    async def search_offset(self, mq: MessageQueue, timestamp_ms: int) -> int:
+        """The first offset of ``mq`` stored at or after ``timestamp_ms``."""
+        header = SearchOffsetRequest(topic=mq.topic, queue_id=mq.queue_id, timestamp=timestamp_ms)
+        return await self._offset(mq, header)
+
+    async def _offset(self, mq: MessageQueue, header: Header) -> int:
+        return int_field(await self.call_queue(mq, header), "offset")
 
 
 def int_field(resp: Frame, name: str) -> int:
@@ -193,8 +204,7 @@ class RemoteOffsetStore(_MemoryTable):
     async def query(self, mq: MessageQueue) -> int | None:
         resp = await self.requester.call_queue(
             mq,
-            RequestCode.QUERY_CONSUMER_OFFSET,
-            {"group": self.group, "topic": mq.topic, "queue_id": mq.queue_id},
+            QueryConsumerOffsetRequest(group=self.group, topic=mq.topic, queue_id=mq.queue_id),
             ok=frozenset({ResponseCode.SUCCESS, ResponseCode.QUERY_NOT_FOUND}),
         )
         if resp.code == ResponseCode.QUERY_NOT_FOUND:
@@ -232,11 +242,9 @@ class RemoteOffsetStore(_MemoryTable):
             ],
         )
         try:
-            await self.requester.call(
-                addr, RequestCode.UPDATE_CONSUMER_OFFSET, {}, encode_body(body)
-            )
+            await self.requester.call(addr, UpdateConsumerOffsetRequest(), encode_body(body))
         except RemoteError as exc:
-            if exc.response_code != ResponseCode.OFFSET_ILLEGAL:
+            if exc.code != ResponseCode.OFFSET_ILLEGAL:
                 raise
             # One bad entry refuses the whole batch: commit one by one so the others land.
             errors: list[MQError] = []
@@ -253,13 +261,12 @@ class RemoteOffsetStore(_MemoryTable):
 
     async def _commit_one(self, addr: str, mq: MessageQueue, offset: int) -> None:
         try:
-            await self.requester.call(
-                addr,
-                RequestCode.UPDATE_CONSUMER_OFFSET,
-                {"group": self.group, "topic": mq.topic, "queue_id": mq.queue_id, "offset": offset},
+            header = UpdateConsumerOffsetRequest(
+                group=self.group, topic=mq.topic, queue_id=mq.queue_id, offset=offset
             )
+            await self.requester.call(addr, header)
         except RemoteError as exc:
-            if exc.response_code == ResponseCode.OFFSET_ILLEGAL:
+            if exc.code == ResponseCode.OFFSET_ILLEGAL:
                 log.warning("broker refused offset %d of %s: %s", offset, mq, exc.remark)
                 self.persisted[mq] = offset  # not worth retrying every interval
             raise

@@ -56,9 +56,9 @@ from orbitmq.client.consumer_types import ConsumeFromWhere, MessageModel
 from orbitmq.client.offset_store import BrokerRequester, OffsetStore
 from orbitmq.client.process_queue import ProcessQueue
 from orbitmq.client.route import MessageQueue, TopicRouteCache, TopicRouteNotFoundError
+from orbitmq.common.clock import now_ms
 from orbitmq.common.errors import MQError, ProtocolError
 from orbitmq.protocol.bodies import decode_body, encode_body
-from orbitmq.protocol.codes import RequestCode
 from orbitmq.protocol.consumer import (
     RETRY_GROUP_TOPIC_PREFIX,
     ConsumerIdList,
@@ -67,6 +67,7 @@ from orbitmq.protocol.consumer import (
     SubscriptionData,
 )
 from orbitmq.protocol.frame import Frame
+from orbitmq.protocol.requests import GetConsumerListRequest, LockBatchRequest, UnlockBatchRequest
 
 log = logging.getLogger(__name__)
 
@@ -285,9 +286,7 @@ class RebalanceService:
                     return cached
                 continue
             try:
-                resp = await self.requester.call(
-                    addr, RequestCode.GET_CONSUMER_LIST_BY_GROUP, {"group": self.group}
-                )
+                resp = await self.requester.call(addr, GetConsumerListRequest(group=self.group))
                 ids = sorted(set(_decode(resp, ConsumerIdList).client_ids))
             except MQError as exc:
                 cache[addr] = None
@@ -335,18 +334,16 @@ class RebalanceService:
         if offset is not None and offset >= 0:
             return offset
         if mq.topic.startswith(RETRY_GROUP_TOPIC_PREFIX):
-            return await self.requester.queue_offset(mq, RequestCode.GET_MIN_OFFSET)
+            return await self.requester.min_offset(mq)
         where = self.consume_from_where
         if where is ConsumeFromWhere.FIRST_OFFSET:
-            return await self.requester.queue_offset(mq, RequestCode.GET_MIN_OFFSET)
+            return await self.requester.min_offset(mq)
         if where is ConsumeFromWhere.TIMESTAMP:
             ts = self.consume_timestamp_ms
             if ts is None:
-                ts = int(time.time() * 1000) - 30 * 60 * 1000  # RocketMQ's default: 30 min ago
-            return await self.requester.queue_offset(
-                mq, RequestCode.SEARCH_OFFSET_BY_TIMESTAMP, timestamp=ts
-            )
-        return await self.requester.queue_offset(mq, RequestCode.GET_MAX_OFFSET)
+                ts = now_ms() - 30 * 60 * 1000  # RocketMQ's default: 30 min ago
+            return await self.requester.search_offset(mq, ts)
+        return await self.requester.max_offset(mq)
 
     # ------------------------------------------------------------------ removing
 
@@ -423,9 +420,7 @@ class RebalanceService:
     async def _lock_broker(self, mqs: list[MessageQueue]) -> set[MessageQueue]:
         body = LockBatchBody(group=self.group, client_id=self.client_id, queues=_refs(mqs))
         try:
-            resp = await self.requester.call_queue(
-                mqs[0], RequestCode.LOCK_BATCH_MQ, {"group": self.group}, encode_body(body)
-            )
+            resp = await self.requester.call_queue(mqs[0], LockBatchRequest(), encode_body(body))
             held = _decode(resp, LockBatchBody).queues
         except MQError as exc:
             log.warning(
@@ -450,9 +445,7 @@ class RebalanceService:
         async def one(qs: list[MessageQueue]) -> None:
             body = LockBatchBody(group=self.group, client_id=self.client_id, queues=_refs(qs))
             try:
-                await self.requester.call_queue(
-                    qs[0], RequestCode.UNLOCK_BATCH_MQ, {"group": self.group}, encode_body(body)
-                )
+                await self.requester.call_queue(qs[0], UnlockBatchRequest(), encode_body(body))
             except MQError as exc:
                 log.warning("%s: unlocking %s failed: %s", self.client_id, qs[0].broker_name, exc)
 

@@ -11,17 +11,17 @@ from __future__ import annotations
 
 import asyncio
 
-from orbitmq.client.admin import AdminClient
+from orbitmq.client.admin.client import AsyncAdminClient
 from orbitmq.common.codes import ResponseCode
-from orbitmq.common.errors import ClientError, MQError, RemoteError
-from orbitmq.protocol.codes import RequestCode
+from orbitmq.common.errors import ClientError, MQError, RemoteError, error_for
 from orbitmq.protocol.frame import Frame
+from orbitmq.protocol.requests import RecallMessageRequest
 
 _MISSES = (ResponseCode.TIMER_MESSAGE_NOT_FOUND, ResponseCode.TIMER_MESSAGE_NOT_PENDING)
 
 
 async def recall_message(
-    admin: AdminClient, topic: str, msg_id: str, *, broker_name: str | None = None
+    admin: AsyncAdminClient, topic: str, msg_id: str, *, broker_name: str | None = None
 ) -> str:
     """RECALL_MESSAGE: the message is not delivered. Returns the broker that held it.
 
@@ -32,10 +32,10 @@ async def recall_message(
     names = sorted(info.broker_addrs) if broker_name is None else [broker_name]
     if broker_name is not None and broker_name not in info.broker_addrs:
         raise ClientError(f"broker {broker_name!r} serves no queue of {topic!r}")
-    frame_fields = {"topic": topic, "msg_id": msg_id}
+    header = RecallMessageRequest(topic=topic, msg_id=msg_id)
 
     async def one(name: str) -> Frame:
-        frame = Frame(RequestCode.RECALL_MESSAGE, fields=dict(frame_fields))
+        frame = header.frame()
         return await admin.remoting.invoke(info.broker_addrs[name], frame, admin.timeout_s)
 
     answers = await asyncio.gather(*(one(n) for n in names), return_exceptions=True)
@@ -49,10 +49,10 @@ async def recall_message(
         elif resp.code == ResponseCode.SUCCESS:
             return name
         elif resp.code in _MISSES:
-            misses.append(RemoteError(resp.code, resp.remark))
+            misses.append(error_for(resp.code, resp.remark))
         else:
-            raise RemoteError(resp.code, resp.remark)
+            raise error_for(resp.code, resp.remark)
     if failures and not misses:
         raise ClientError("no broker answered the recall: " + "; ".join(failures))
-    misses.sort(key=lambda e: e.response_code != ResponseCode.TIMER_MESSAGE_NOT_PENDING)
+    misses.sort(key=lambda e: e.code != ResponseCode.TIMER_MESSAGE_NOT_PENDING)
     raise misses[0]

@@ -27,7 +27,7 @@ from typing import Any, TypeVar
 import msgspec
 
 from orbitmq.common.codes import ResponseCode
-from orbitmq.common.errors import ClientError, MQError, RemoteError
+from orbitmq.common.errors import ClientError, MQError, RemoteError, error_class, error_for
 from orbitmq.net.client import RemotingClient
 from orbitmq.protocol.bodies import (
     PERM_READ,
@@ -36,8 +36,9 @@ from orbitmq.protocol.bodies import (
     TopicRouteData,
     decode_body,
 )
-from orbitmq.protocol.codes import RequestCode
 from orbitmq.protocol.frame import Buffer, Frame
+from orbitmq.protocol.header import Header
+from orbitmq.protocol.requests import GetBrokerClusterInfoRequest, GetRouteInfoRequest
 
 log = logging.getLogger(__name__)
 
@@ -45,7 +46,6 @@ AUTO_CREATE_QUEUE_ID = -1
 """Queue id of the stand-in queues of a topic no NameServer knows yet: the broker picks one."""
 
 _NAMESRV_FAILURE_MEMORY_S = 30.0
-_NAMESRV_RETRY_CODES = frozenset({ResponseCode.SYSTEM_BUSY, ResponseCode.SYSTEM_ERROR})
 
 
 @dataclass(frozen=True, slots=True, order=True)
@@ -251,8 +251,7 @@ class TopicRouteCache:
         cached = self._routes.get(topic)
         try:
             resp = await self.request(
-                RequestCode.GET_ROUTEINFO_BY_TOPIC,
-                {"topic": topic},
+                GetRouteInfoRequest(topic=topic),
                 move_on=frozenset({ResponseCode.TOPIC_NOT_EXIST}),
             )
         except NameServerUnavailableError as exc:
@@ -267,7 +266,7 @@ class TopicRouteCache:
             self._routes[topic] = info
             return info
         if resp.code != ResponseCode.TOPIC_NOT_EXIST:
-            raise RemoteError(resp.code, resp.remark)
+            raise error_for(resp.code, resp.remark)
         if cached is not None and not cached.auto_create:
             log.info("no NameServer knows %r now; keeping its cached route", topic)
             return cached
@@ -281,9 +280,9 @@ class TopicRouteCache:
         return info
 
     async def cluster_info(self) -> ClusterInfo:
-        resp = await self.request(RequestCode.GET_BROKER_CLUSTER_INFO, {})
+        resp = await self.request(GetBrokerClusterInfoRequest())
         if resp.code != ResponseCode.SUCCESS:
-            raise RemoteError(resp.code, resp.remark)
+            raise error_for(resp.code, resp.remark)
         return _decode(resp.body, ClusterInfo, "cluster info")
 
     def master_addr(self, broker_name: str) -> str | None:
@@ -318,8 +317,7 @@ class TopicRouteCache:
 
     async def request(
         self,
-        code: int,
-        fields: dict[str, Any],
+        header: Header,
         body: Buffer = b"",
         *,
         move_on: frozenset[int] = frozenset(),
@@ -337,16 +335,14 @@ class TopicRouteCache:
         errors: list[str] = []
         for addr in self.namesrv_order():
             try:
-                resp = await self.remoting.invoke(
-                    addr, Frame(code, fields=fields, body=body), timeout
-                )
+                resp = await self.remoting.invoke(addr, header.frame(body), timeout)
             except (RemoteError, ClientError) as exc:
                 self._note_failure(addr)
                 errors.append(f"{addr}: {exc}")
                 continue
-            if resp.code in _NAMESRV_RETRY_CODES:
+            if _namesrv_unwell(resp.code):
                 self._note_failure(addr)
-                errors.append(f"{addr}: {RemoteError(resp.code, resp.remark)}")
+                errors.append(f"{addr}: {error_for(resp.code, resp.remark)}")
                 continue
             self._failed_at.pop(addr, None)
             self._preferred = addr
@@ -364,14 +360,14 @@ class TopicRouteCache:
             self._preferred = None
 
     async def broadcast(
-        self, code: int, fields: dict[str, Any], *, timeout_s: float | None = None
+        self, header: Header, *, timeout_s: float | None = None
     ) -> dict[str, Frame | MQError]:
         """Send a request to every NameServer; each one's answer or error."""
         timeout = self.timeout_s if timeout_s is None else timeout_s
 
         async def one(addr: str) -> Frame | MQError:
             try:
-                return await self.remoting.invoke(addr, Frame(code, fields=fields), timeout)
+                return await self.remoting.invoke(addr, header.frame(), timeout)
             except (RemoteError, ClientError) as exc:
                 self._note_failure(addr)
                 return exc
@@ -388,3 +384,13 @@ def _decode(body: Buffer, typ: type[_T], what: str) -> _T:
         return decode_body(bytes(body) if isinstance(body, bytearray) else body, typ)
     except (msgspec.DecodeError, msgspec.ValidationError) as exc:
         raise ClientError(f"NameServer sent a malformed {what}: {exc}") from exc
+
+
+def _namesrv_unwell(code: int) -> bool:
+    """An answer that says "try again" (its error class is retriable: SYSTEM_BUSY, SYSTEM_ERROR,
+    ...) without saying the route is stale (refresh_route, as TOPIC_NOT_EXIST does, a real
+    answer about the topic): ask the next NameServer."""
+    if code == ResponseCode.SUCCESS:
+        return False
+    cls = error_class(code)
+    return cls.retriable and not cls.refresh_route

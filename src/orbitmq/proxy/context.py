@@ -1,7 +1,7 @@
 """ProxyContext: what every RPC handler of the proxy shares.
 
 The proxy is a client of the brokers, like RocketMQ's cluster-mode proxy: one started
-AsyncProducer (its route cache and connections serve every send), an AdminClient for queries,
+AsyncProducer (its route cache and connections serve every send), an AsyncAdminClient for queries,
 the topic-type cache, and the per-client sessions. Nothing else is stateful, so any number of
 proxies can front the same cluster.
 """
@@ -13,8 +13,9 @@ from dataclasses import dataclass
 
 import grpc
 
-from orbitmq.client.admin import AdminClient
-from orbitmq.client.producer import AsyncProducer
+from orbitmq.client.admin.client import AsyncAdminClient
+from orbitmq.client.producer.config import ProducerConfig
+from orbitmq.client.producer.producer import AsyncProducer
 from orbitmq.client.route import MessageQueue, TopicRouteCache
 from orbitmq.common.errors import ClientError
 from orbitmq.proxy.auth import Authenticator
@@ -32,7 +33,7 @@ PRODUCER_GROUP = "ORBITMQ_PROXY_PRODUCER"
 class ProxyContext:
     config: ProxyConfig
     producer: AsyncProducer
-    admin: AdminClient
+    admin: AsyncAdminClient
     routes: TopicRouteCache
     sessions: ClientSessions
     topic_types: TopicTypes
@@ -43,19 +44,21 @@ class ProxyContext:
         """Build and start the broker-side clients (call on the proxy's event loop)."""
         producer = AsyncProducer(
             config.namesrv_addrs,
-            group=PRODUCER_GROUP,
-            send_timeout_s=config.send_timeout_s,
-            # Bodies go to the brokers as the client sent them: no compression on the proxy's
-            # time (the send path is latency-bound), and receive never has to undo it.
-            compress_over_bytes=-1,
-            max_message_size=config.max_message_size,
-            linger_ms=0.0,  # batch only what arrives in the same loop iteration
-            # A topic no NameServer knows is TOPIC_NOT_FOUND for gRPC clients (as in RocketMQ 5),
-            # not a guess at brokers that might auto-create it.
-            auto_create_fallback=False,
+            ProducerConfig(
+                group=PRODUCER_GROUP,
+                send_timeout_s=config.send_timeout_s,
+                # Bodies go to the brokers as the client sent them: no compression on the
+                # proxy's time (the send path is latency-bound), and receive never has to undo it.
+                compress_over_bytes=-1,
+                max_message_size=config.max_message_size,
+                linger_ms=0.0,  # batch only what arrives in the same loop iteration
+                # A topic no NameServer knows is TOPIC_NOT_FOUND for gRPC clients (as in
+                # RocketMQ 5), not a guess at brokers that might auto-create it.
+                auto_create_fallback=False,
+            ),
         )
         await producer.start()
-        admin = AdminClient(config.namesrv_addrs)
+        admin = AsyncAdminClient(config.namesrv_addrs)
         try:
             await admin.start()
         except BaseException:

@@ -35,7 +35,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from orbitmq.client.transaction import EndResult, LocalTransactionState
+from orbitmq.client.transaction.types import EndResult, LocalTransactionState
 from orbitmq.common.clock import now_ms
 from orbitmq.common.errors import (
     MQError,

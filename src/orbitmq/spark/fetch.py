@@ -24,7 +24,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from orbitmq.client._loop_thread import LoopThread
-from orbitmq.client.admin import AdminClient
+from orbitmq.client.admin.client import AsyncAdminClient
+from orbitmq.client.admin.config import AdminConfig
 from orbitmq.client.offset_store import BrokerRequester, RemoteOffsetStore
 from orbitmq.client.route import MessageQueue, TopicRouteNotFoundError
 from orbitmq.common.codes import ResponseCode
@@ -63,12 +64,12 @@ class QueueBounds:
 
 
 class Connection:
-    """An :class:`AdminClient` on a private loop thread, shared by a process's readers."""
+    """An :class:`AsyncAdminClient` on a private loop thread, shared by a process's readers."""
 
     def __init__(self, namesrv: str, timeout_s: float) -> None:
         self.timeout_s = timeout_s
         self.thread = LoopThread("orbitmq-spark")
-        self.admin = AdminClient(namesrv, timeout_s=timeout_s)
+        self.admin = AsyncAdminClient(namesrv, AdminConfig(timeout_s=timeout_s))
         self.requester = BrokerRequester(
             self.admin.routes, self.admin.remoting, timeout_s=timeout_s
         )
@@ -160,8 +161,7 @@ class Connection:
         )
         return await self.requester.call(
             addr,
-            pull.code,
-            pull.to_header(),
+            pull,
             ok=frozenset(
                 {
                     ResponseCode.SUCCESS,

@@ -22,9 +22,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from orbitmq.client import _codec
-from orbitmq.client.admin import AdminClient
-from orbitmq.client.producer import AsyncProducer, SendStatus
-from orbitmq.client.transaction import HalfBatchResult, LocalTransactionState
+from orbitmq.client.admin.client import AsyncAdminClient
+from orbitmq.client.producer.producer import AsyncProducer
+from orbitmq.client.producer.types import SendStatus
+from orbitmq.client.transaction.types import HalfBatchResult, LocalTransactionState
 from orbitmq.common.codes import ResponseCode
 from orbitmq.common.errors import ClientError, MQError, error_for
 from orbitmq.common.message import Message
@@ -198,7 +199,7 @@ class Marker:
 class MarkerStore:
     """Markers as keyed messages of ``topic``, looked up through the key index."""
 
-    def __init__(self, admin: AdminClient, producer: AsyncProducer, topic: str) -> None:
+    def __init__(self, admin: AsyncAdminClient, producer: AsyncProducer, topic: str) -> None:
         self.admin = admin
         self.producer = producer
         self.topic = topic
@@ -364,7 +365,9 @@ class MarkerStoreFactory:
     """Marker stores by topic (a check-back names its batch's marker topic), sharing one admin
     client and producer."""
 
-    def __init__(self, admin: AdminClient, producer: AsyncProducer, default_topic: str) -> None:
+    def __init__(
+        self, admin: AsyncAdminClient, producer: AsyncProducer, default_topic: str
+    ) -> None:
         self.admin = admin
         self.producer = producer
         self._stores: dict[str, MarkerStore] = {}

@@ -68,11 +68,9 @@ from pyspark.sql.types import (
 )
 
 from orbitmq.client._loop_thread import LoopThread
-from orbitmq.client.admin import AdminClient
-from orbitmq.client.transaction import (
-    AsyncTransactionProducer,
-    HalfBatchResult,
-)
+from orbitmq.client.admin.client import AsyncAdminClient
+from orbitmq.client.transaction.producer import AsyncTransactionProducer
+from orbitmq.client.transaction.types import HalfBatchResult, TransactionConfig
 from orbitmq.common.clock import now_ms
 from orbitmq.common.errors import ClientError, MQError
 from orbitmq.spark import commit as protocol
@@ -170,7 +168,7 @@ class _Clients:
 
     thread: LoopThread
     tx: AsyncTransactionProducer
-    admin: AdminClient
+    admin: AsyncAdminClient
     stores: MarkerStoreFactory
     checker: MarkerChecker
     next_queue: itertools.count[int]
@@ -211,11 +209,13 @@ async def _make_clients(opts: SinkOptions, thread: LoopThread) -> _Clients:
         opts.namesrv,
         opts.group,
         checker,
+        TransactionConfig(
+            send_timeout_s=opts.send_timeout_s,
+            batch_max_bytes=max(opts.max_batch_bytes, 1024 * 1024),
+        ),
         topics=[opts.marker_topic],
-        send_timeout_s=opts.send_timeout_s,
-        batch_max_bytes=max(opts.max_batch_bytes, 1024 * 1024),
     )
-    admin = AdminClient(opts.namesrv)
+    admin = AsyncAdminClient(opts.namesrv)
     stores = MarkerStoreFactory(admin, tx.producer, opts.marker_topic)
     checker.stores = stores
     try:

@@ -30,6 +30,8 @@ from orbitmq.bench.grpc.model import (
     percentiles,
 )
 from orbitmq.client import Message, Producer, SimpleConsumer
+from orbitmq.client.consumer.config import SimpleConfig
+from orbitmq.client.producer.config import ProducerConfig
 from orbitmq.common.errors import ClientError
 
 
@@ -126,11 +128,13 @@ def _receive_threads(
 def run_native_side(namesrv: str, topic: str, group: str, options: GrpcBenchOptions) -> SideResult:
     """The workload with the native SDK (Remoting to the broker), in this process."""
     body = (b"native " + b"x" * options.size)[: options.size]
-    consumer = SimpleConsumer(namesrv, group, subscriptions={topic: "*"}, await_duration_s=AWAIT_S)
+    consumer = SimpleConsumer(
+        namesrv, group, SimpleConfig(await_duration_s=AWAIT_S), subscriptions={topic: "*"}
+    )
     consumer.start()
     try:
         consumer.receive(RECEIVE_BATCH, INVISIBLE_S)  # fixes the group's start: the end
-        with Producer(namesrv, compress_over_bytes=-1) as producer:
+        with Producer(namesrv, ProducerConfig(compress_over_bytes=-1)) as producer:
 
             def send() -> object:
                 return producer.send(Message(topic, body))

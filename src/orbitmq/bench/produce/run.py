@@ -29,12 +29,12 @@ from orbitmq.bench.produce.model import (
     new_histogram,
 )
 from orbitmq.bench.produce.worker import produce, run_processes
-from orbitmq.client import AdminClient
+from orbitmq.client import AsyncAdminClient
 from orbitmq.common.errors import ClientError, MQError
 from orbitmq.net.loop import run as run_loop
 
 
-async def _queue_total(admin: AdminClient, topic: str) -> int:
+async def _queue_total(admin: AsyncAdminClient, topic: str) -> int:
     desc = await admin.describe_topic(topic)
     return sum(q.max_offset for s in desc.stats for q in s.queues)
 
@@ -43,7 +43,7 @@ async def _prepare_topic(
     options: ProduceBenchOptions, progress: Progress
 ) -> tuple[dict[str, str], int]:
     """Create the topic if asked or missing; return the flush mode per broker and queue total."""
-    async with AdminClient(options.namesrv) as admin:
+    async with AsyncAdminClient(options.namesrv) as admin:
         exists = options.topic in await admin.list_topics()
         if options.queues is not None or not exists:
             queues = options.queues or DEFAULT_QUEUES
@@ -66,7 +66,7 @@ async def _prepare_topic(
         return flush, await _queue_total(admin, options.topic)
 
 
-async def _wait_for_queues(admin: AdminClient, topic: str, queues: int, brokers: int) -> None:
+async def _wait_for_queues(admin: AsyncAdminClient, topic: str, queues: int, brokers: int) -> None:
     loop = asyncio.get_running_loop()
     deadline = loop.time() + 10.0
     while loop.time() < deadline:
@@ -85,7 +85,7 @@ async def _wait_for_queues(admin: AdminClient, topic: str, queues: int, brokers:
 async def _stored_after(options: ProduceBenchOptions, before: int, expected: int) -> int | None:
     """Queue growth since ``before``, waiting a little for dispatch to catch up."""
     try:
-        async with AdminClient(options.namesrv) as admin:
+        async with AsyncAdminClient(options.namesrv) as admin:
             loop = asyncio.get_running_loop()
             deadline = loop.time() + STORED_WAIT_S
             grown = await _queue_total(admin, options.topic) - before

@@ -28,6 +28,7 @@ from orbitmq.bench.produce.model import (
     new_histogram,
 )
 from orbitmq.client import AsyncProducer, Message, MessageQueue, SendResult
+from orbitmq.client.producer.config import ProducerConfig
 from orbitmq.common.errors import ClientError, MQError
 from orbitmq.common.tasks import TaskSet
 from orbitmq.net.loop import run as run_loop
@@ -89,7 +90,7 @@ async def produce(
     body = (f"bench {index} ".encode() + b"x" * options.size)[: options.size]
     msg = Message(options.topic, body)
     rec = _Recorder()
-    async with AsyncProducer(options.namesrv, compress_over_bytes=-1) as producer:
+    async with AsyncProducer(options.namesrv, ProducerConfig(compress_over_bytes=-1)) as producer:
         info = await producer.routes.get(options.topic)
         first: dict[str, MessageQueue] = {}
         for mq in info.write_queues:

@@ -76,11 +76,11 @@ def dlq_topic(group: str) -> str:
 async def _grant_read(namesrv: str, topic: str, wait_s: float) -> bool:
     """Add read permission to ``topic`` on every broker holding it; wait until the
     NameServers route reads to it. False if the topic does not exist (no dead letter yet)."""
-    from orbitmq.client import AdminClient
+    from orbitmq.client import AsyncAdminClient
     from orbitmq.client.route import TopicRouteNotFoundError
     from orbitmq.protocol.bodies import PERM_READ, TopicConfig
 
-    async with AdminClient(namesrv) as admin:
+    async with AsyncAdminClient(namesrv) as admin:
         try:
             if await admin.queues(topic):
                 return True
@@ -123,9 +123,9 @@ def ensure_dlq_readable(namesrv: str, group: str, *, wait_s: float = 40.0) -> bo
 
 
 async def _queue_ends(namesrv: str, topic: str) -> dict[str, int]:
-    from orbitmq.client import AdminClient
+    from orbitmq.client import AsyncAdminClient
 
-    async with AdminClient(namesrv) as admin:
+    async with AsyncAdminClient(namesrv) as admin:
         return {
             f"{q.broker_name}/{q.queue_id}": await admin.max_offset(q)
             for q in await admin.queues(topic)

@@ -40,43 +40,45 @@ import asyncio
 import dataclasses
 import logging
 import ssl
-import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import msgspec
 
 from orbitmq.client import _codec
 from orbitmq.client._loop_thread import BlockingFacade, LoopThread
-from orbitmq.client.consumer_types import ConsumeFromWhere, ReceivedMessage, new_client_id
-from orbitmq.client.heartbeat import HeartbeatService, remote_error
+from orbitmq.client.consumer.config import SimpleConfig
+from orbitmq.client.consumer.subscription import Subscription
+from orbitmq.client.consumer_types import ReceivedMessage, new_client_id
+from orbitmq.client.heartbeat import HeartbeatService
 from orbitmq.client.route import MessageQueue, TopicRouteCache
+from orbitmq.common.clock import now_ms
 from orbitmq.common.codes import ResponseCode
 from orbitmq.common.errors import (
     ClientError,
     FilterExpressionError,
     MQError,
     ProtocolError,
-    ReceiptHandleExpiredError,
-    ReceiptHandleInvalidError,
-    RemoteError,
+    error_for,
+    remote_class,
 )
-from orbitmq.common.filter import compile_filter
-from orbitmq.common.validation import validate_topic
 from orbitmq.net.client import RemotingClient
 from orbitmq.net.connection import Connection, Reply
 from orbitmq.protocol.bodies import decode_body, encode_body
-from orbitmq.protocol.codes import RequestCode
 from orbitmq.protocol.consumer import (
     AckResults,
     ConsumerData,
     ReceiptHandleList,
-    SubscriptionData,
     pop_retry_topic,
 )
 from orbitmq.protocol.frame import Frame
 from orbitmq.protocol.messages import decode_records
+from orbitmq.protocol.requests import (
+    AckMessageRequest,
+    BatchAckRequest,
+    ChangeInvisibleTimeRequest,
+    PopMessageRequest,
+)
 
 log = logging.getLogger(__name__)
 
@@ -85,7 +87,6 @@ __all__ = [
     "ExpiredReceiptHandleError",
     "InvalidReceiptHandleError",
     "SimpleConsumer",
-    "Subscription",
 ]
 
 MIN_INVISIBLE_S = 0.1
@@ -98,35 +99,14 @@ _EMPTY = frozenset(
         ResponseCode.PULL_RETRY_IMMEDIATELY,
     }
 )
-_ROUTE_CODES = frozenset({ResponseCode.TOPIC_NOT_EXIST, ResponseCode.NO_PERMISSION})
 
-
-class ExpiredReceiptHandleError(RemoteError, ReceiptHandleExpiredError):
-    """RECEIPT_HANDLE_EXPIRED: the handle is no longer current (acked, replaced by
-    change_invisible_duration, or its invisible time passed and the message is out again)."""
-
-
-class InvalidReceiptHandleError(RemoteError, ReceiptHandleInvalidError):
-    """RECEIPT_HANDLE_INVALID: the broker cannot read the handle or never issued it."""
-
-
-def _error(code: int, remark: str) -> RemoteError:
-    if code == ResponseCode.RECEIPT_HANDLE_EXPIRED:
-        return ExpiredReceiptHandleError(code, remark)
-    if code == ResponseCode.RECEIPT_HANDLE_INVALID:
-        return InvalidReceiptHandleError(code, remark)
-    return remote_error(code, remark)
-
-
-@dataclass(frozen=True, slots=True)
-class Subscription:
-    """What a consumer takes from a topic."""
-
-    expression_type: str = "TAG"
-    """"TAG" or "SQL92"."""
-    expression: str = "*"
-    sub_version: int = 0
-    """When it was made (ms), so a broker keeps the newest."""
+ExpiredReceiptHandleError = remote_class(ResponseCode.RECEIPT_HANDLE_EXPIRED)
+"""RECEIPT_HANDLE_EXPIRED from a broker: the handle is no longer current (acked, replaced by
+change_invisible_duration, or its invisible time passed and the message is out again). A
+RemoteError and a ReceiptHandleExpiredError."""
+InvalidReceiptHandleError = remote_class(ResponseCode.RECEIPT_HANDLE_INVALID)
+"""RECEIPT_HANDLE_INVALID from a broker: it cannot read the handle or never issued it. A
+RemoteError and a ReceiptHandleInvalidError."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -136,13 +116,12 @@ class _Target:
     addr: str
 
 
-def _subscription(expression: str, expression_type: str) -> Subscription:
+def _subscription(topic: str, expression: str, expression_type: str) -> Subscription:
     """Compiles the expression here, so a typo fails where it was made; the brokers compile it
     again at every heartbeat (and refuse a bad one with SUBSCRIPTION_PARSE_FAILED)."""
     if not isinstance(expression, str) or not expression.strip():
         raise FilterExpressionError("empty subscription expression (use '*' for every message)")
-    flt = compile_filter(expression_type, expression)
-    return Subscription(flt.expression_type, expression, int(time.time() * 1000))
+    return Subscription.parse(topic, expression, expression_type)
 
 
 async def _ignore_server_requests(frame: Frame, _conn: Connection) -> Reply:
@@ -165,36 +144,28 @@ class AsyncSimpleConsumer:
         self,
         namesrv_addrs: str | Sequence[str],
         group: str,
+        config: SimpleConfig | None = None,
         *,
         subscriptions: Mapping[str, str | tuple[str, str]] | None = None,
-        await_duration_s: float = 5.0,
-        client_id: str | None = None,
-        consume_from_where: ConsumeFromWhere = ConsumeFromWhere.LAST_OFFSET,
-        request_timeout_s: float = 3.0,
-        heartbeat_interval_s: float = 10.0,
-        namesrv_timeout_s: float = 3.0,
-        route_refresh_interval_s: float = 30.0,
-        connect_timeout_s: float = 3.0,
         ssl_context: ssl.SSLContext | None = None,
     ) -> None:
         if not group:
             raise ClientError("a consumer group is required")
-        if await_duration_s < 0:
-            raise ClientError(f"await_duration_s must be >= 0, not {await_duration_s}")
-        if consume_from_where is ConsumeFromWhere.TIMESTAMP:
-            raise ClientError("a simple consumer starts at LAST_OFFSET or FIRST_OFFSET")
+        cfg = SimpleConfig() if config is None else config
+        if not isinstance(cfg, SimpleConfig):
+            raise ClientError(f"config must be a SimpleConfig, not {type(cfg).__name__}")
+        self.config = cfg
         self.group = group
-        self.client_id = client_id or new_client_id()
-        self.await_duration_s = await_duration_s
-        self.consume_from_where = consume_from_where
-        self.request_timeout_s = request_timeout_s
+        self.client_id = cfg.client_id or new_client_id()
+        self.await_duration_s = cfg.await_duration_s
+        self.consume_from_where = cfg.consume_from_where
+        self.request_timeout_s = cfg.request_timeout_s
         self._subs: dict[str, Subscription] = {}
         for topic, expr in (subscriptions or {}).items():
-            validate_topic(topic)
             kind, text = ("TAG", expr) if isinstance(expr, str) else expr
-            self._subs[topic] = _subscription(text, kind)
+            self._subs[topic] = _subscription(topic, text, kind)
         self.remoting = RemotingClient(
-            connect_timeout=connect_timeout_s,
+            connect_timeout=cfg.connect_timeout_s,
             ssl_context=ssl_context,
             handler=_ignore_server_requests,
             name="simple-consumer",
@@ -202,16 +173,16 @@ class AsyncSimpleConsumer:
         self.routes = TopicRouteCache(
             namesrv_addrs,
             self.remoting,
-            timeout_s=namesrv_timeout_s,
-            refresh_interval_s=route_refresh_interval_s,
+            timeout_s=cfg.namesrv_timeout_s,
+            refresh_interval_s=cfg.route_refresh_interval_s,
             auto_create_fallback=False,
         )
         self.heartbeat = HeartbeatService(
             self.routes,
             self.remoting,
             self.client_id,
-            interval_s=heartbeat_interval_s,
-            timeout_s=request_timeout_s,
+            interval_s=cfg.heartbeat_interval_s,
+            timeout_s=cfg.request_timeout_s,
         )
         self._started = False
         self._closed = False
@@ -277,15 +248,7 @@ class AsyncSimpleConsumer:
             consume_type="POP",
             message_model="CLUSTERING",
             consume_from_where=self.consume_from_where.value,
-            subscriptions=[
-                SubscriptionData(
-                    topic=topic,
-                    expression_type=s.expression_type,
-                    expression=s.expression,
-                    sub_version=s.sub_version,
-                )
-                for topic, s in sorted(self._subs.items())
-            ],
+            subscriptions=[s.data for _, s in sorted(self._subs.items())],
         )
 
     async def subscribe(
@@ -293,8 +256,7 @@ class AsyncSimpleConsumer:
     ) -> None:
         """Add or replace the subscription to ``topic``. Once started, this looks up the route
         and beats at once, so a bad expression raises here (and the old subscription stays)."""
-        validate_topic(topic)
-        sub = _subscription(expression, expression_type)
+        sub = _subscription(topic, expression, expression_type)
         if not self._started:
             if self._closed:
                 raise ClientError("consumer is closed")
@@ -384,29 +346,30 @@ class AsyncSimpleConsumer:
         sub = self._subs.get(target.topic)
         if sub is None:  # unsubscribed meanwhile
             return []
-        fields: dict[str, Any] = {
-            "group": self.group,
-            "topic": target.topic,
-            "queue_id": -1,
-            "max_msg_nums": max_messages,
-            "invisible_time_ms": invisible_ms,
-            "poll_time_ms": poll_ms,
-            "expression_type": sub.expression_type,
-            "expression": sub.expression,
-            "consume_from_where": self.consume_from_where.value,
-            "client_id": self.client_id,
-        }
+        header = PopMessageRequest(
+            group=self.group,
+            topic=target.topic,
+            queue_id=-1,
+            max_msg_nums=max_messages,
+            invisible_time_ms=invisible_ms,
+            poll_time_ms=poll_ms,
+            expression_type=sub.expression_type,
+            expression=sub.expression,
+            consume_from_where=self.consume_from_where.value,
+            client_id=self.client_id,
+        )
         resp = await self.remoting.invoke(
             target.addr,
-            Frame(RequestCode.POP_MESSAGE, fields=fields),
+            header.frame(),
             poll_ms / 1000 + self.request_timeout_s,
         )
         if resp.code in _EMPTY:
             return []
         if resp.code != ResponseCode.SUCCESS:
-            if resp.code in _ROUTE_CODES:
+            err = error_for(resp.code, resp.remark)
+            if err.refresh_route:
                 self.routes.refresh_soon(target.topic)
-            raise _error(resp.code, resp.remark)
+            raise err
         return _received(resp, target, invisible_ms)
 
     # ------------------------------------------------------------------ ack and change
@@ -423,14 +386,16 @@ class AsyncSimpleConsumer:
         """Mark ``msg`` consumed. ExpiredReceiptHandleError when its handle is no longer current
         (the message may then be delivered again, to this or another consumer)."""
         self._check_running()
-        fields = {"group": self.group, "topic": self._popped(msg), "handle": msg.receipt_handle}
+        header = AckMessageRequest(
+            group=self.group, topic=self._popped(msg), handle=msg.receipt_handle
+        )
         resp = await self.remoting.invoke(
             msg.broker_addr,
-            Frame(RequestCode.ACK_MESSAGE, fields=fields),
+            header.frame(),
             self.request_timeout_s,
         )
         if resp.code != ResponseCode.SUCCESS:
-            raise _error(resp.code, resp.remark)
+            raise error_for(resp.code, resp.remark)
 
     async def ack_many(self, msgs: Sequence[ReceivedMessage]) -> list[MQError | None]:
         """Ack many messages, one BATCH_ACK_MESSAGE per (broker, topic). Returns, in the order of
@@ -449,11 +414,11 @@ class AsyncSimpleConsumer:
             try:
                 resp = await self.remoting.invoke(
                     addr,
-                    Frame(RequestCode.BATCH_ACK_MESSAGE, body=encode_body(body)),
+                    BatchAckRequest().frame(encode_body(body)),
                     self.request_timeout_s,
                 )
                 if resp.code != ResponseCode.SUCCESS:
-                    raise _error(resp.code, resp.remark)
+                    raise error_for(resp.code, resp.remark)
                 try:
                     acks = decode_body(bytes(resp.body), AckResults)
                 except (msgspec.DecodeError, msgspec.ValidationError) as exc:
@@ -470,7 +435,7 @@ class AsyncSimpleConsumer:
             remarks = acks.remarks + [""] * (len(idx) - len(acks.remarks))
             for i, code, remark in zip(idx, acks.codes, remarks, strict=False):
                 if code != ResponseCode.SUCCESS:
-                    results[i] = _error(code, remark)
+                    results[i] = error_for(code, remark)
 
         await asyncio.gather(*(one(a, t, idx) for (a, t), idx in batches.items()))
         return results
@@ -482,23 +447,23 @@ class AsyncSimpleConsumer:
         handle and deadline; the old handle is refused from now on (ack the returned one)."""
         self._check_running()
         invisible_ms = _invisible_ms(invisible_duration_s)
-        fields = {
-            "group": self.group,
-            "topic": self._popped(msg),
-            "handle": msg.receipt_handle,
-            "invisible_time_ms": invisible_ms,
-        }
+        header = ChangeInvisibleTimeRequest(
+            group=self.group,
+            topic=self._popped(msg),
+            handle=msg.receipt_handle,
+            invisible_time_ms=invisible_ms,
+        )
         resp = await self.remoting.invoke(
             msg.broker_addr,
-            Frame(RequestCode.CHANGE_MESSAGE_INVISIBLETIME, fields=fields),
+            header.frame(),
             self.request_timeout_s,
         )
         if resp.code != ResponseCode.SUCCESS:
-            raise _error(resp.code, resp.remark)
+            raise error_for(resp.code, resp.remark)
         handle = resp.fields.get("handle")
         if not isinstance(handle, str) or not handle:
             raise ProtocolError(f"broker {msg.broker_addr} sent no new receipt handle")
-        pop_time = _int_field(resp, "pop_time_ms", int(time.time() * 1000))
+        pop_time = _int_field(resp, "pop_time_ms", now_ms())
         invisible = _int_field(resp, "invisible_time_ms", invisible_ms)
         return dataclasses.replace(
             msg, receipt_handle=handle, invisible_until_ms=pop_time + invisible
@@ -534,7 +499,7 @@ def _received(resp: Frame, target: _Target, invisible_ms: int) -> list[ReceivedM
         raise ProtocolError(
             f"Pop answer from {target.addr}: {len(records)} messages but handles {handles!r:.200}"
         )
-    pop_time = _int_field(resp, "pop_time_ms", int(time.time() * 1000))
+    pop_time = _int_field(resp, "pop_time_ms", now_ms())
     deadline = pop_time + _int_field(resp, "invisible_time_ms", invisible_ms)
     return [
         ReceivedMessage(
@@ -556,8 +521,18 @@ class SimpleConsumer(BlockingFacade[AsyncSimpleConsumer]):
     ``with SimpleConsumer(addrs, "G", subscriptions={"T": "*"}) as c: c.start(); ...``
     """
 
-    def __init__(self, namesrv_addrs: str | Sequence[str], group: str, **options: Any) -> None:
-        self._async = AsyncSimpleConsumer(namesrv_addrs, group, **options)
+    def __init__(
+        self,
+        namesrv_addrs: str | Sequence[str],
+        group: str,
+        config: SimpleConfig | None = None,
+        *,
+        subscriptions: Mapping[str, str | tuple[str, str]] | None = None,
+        ssl_context: ssl.SSLContext | None = None,
+    ) -> None:
+        self._async = AsyncSimpleConsumer(
+            namesrv_addrs, group, config, subscriptions=subscriptions, ssl_context=ssl_context
+        )
         self._thread = LoopThread("orbitmq-simple-consumer")
         self._closed = False
 

@@ -29,22 +29,25 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ssl
 from collections.abc import Iterable, Sequence
 from typing import Any
 
 from orbitmq.client._loop_thread import BlockingFacade, LoopThread
+from orbitmq.client.consumer.config import LitePullConfig
+from orbitmq.client.consumer.member import GroupMember, State
 from orbitmq.client.consumer_types import ConsumedMessage
 from orbitmq.client.process_queue import ProcessQueue
-from orbitmq.client.push_consumer import _ConsumerBase, _State
 from orbitmq.client.route import MessageQueue
 from orbitmq.common.errors import ClientError, OffsetIllegalError
 from orbitmq.common.record import StoredMessage
-from orbitmq.protocol.codes import RequestCode
 
 __all__ = ["AsyncLitePullConsumer", "LitePullConsumer"]
 
 
-class AsyncLitePullConsumer(_ConsumerBase):
+class AsyncLitePullConsumer(GroupMember):
+    """The asyncio lite pull consumer: ``subscribe`` or ``assign``, ``await start()``, poll."""
+
     consume_type = "PULL"
     kind = "lite pull consumer"
 
@@ -52,16 +55,17 @@ class AsyncLitePullConsumer(_ConsumerBase):
         self,
         namesrv_addrs: str | Sequence[str],
         group: str,
+        config: LitePullConfig | None = None,
         *,
-        auto_commit: bool = True,
-        poll_max: int = 32,
-        **options: Any,
+        ssl_context: ssl.SSLContext | None = None,
     ) -> None:
-        super().__init__(namesrv_addrs, group, **options)
-        if poll_max < 1:
-            raise ClientError("poll_max must be at least 1")
-        self.auto_commit = auto_commit
-        self.poll_max = poll_max
+        cfg = LitePullConfig() if config is None else config
+        if not isinstance(cfg, LitePullConfig):
+            raise ClientError(f"config must be a LitePullConfig, not {type(cfg).__name__}")
+        super().__init__(namesrv_addrs, group, cfg, ssl_context=ssl_context)
+        self.config: LitePullConfig = cfg
+        self.auto_commit = cfg.auto_commit
+        self.poll_max = cfg.poll_max
         self._assigned: list[MessageQueue] | None = None
         self._available = asyncio.Event()
         self._turn = 0
@@ -72,7 +76,7 @@ class AsyncLitePullConsumer(_ConsumerBase):
         """Consume ``topic`` as a member of the group (not with :meth:`assign`)."""
         if self._assigned is not None:
             raise ClientError("this consumer uses assign(); subscribe() cannot be mixed with it")
-        if self._state in (_State.CLOSING, _State.CLOSED):
+        if self._state in (State.CLOSING, State.CLOSED):
             raise ClientError("lite pull consumer is closed")
         self._add_subscription(topic, expression, expression_type)
 
@@ -80,27 +84,27 @@ class AsyncLitePullConsumer(_ConsumerBase):
         """Read exactly ``queues`` (replacing an earlier assignment), without group membership."""
         if self._subs:
             raise ClientError("this consumer uses subscribe(); assign() cannot be mixed with it")
-        if self._state in (_State.CLOSING, _State.CLOSED):
+        if self._state in (State.CLOSING, State.CLOSED):
             raise ClientError("lite pull consumer is closed")
         mqs = sorted(set(queues))
         for mq in mqs:
             if not isinstance(mq, MessageQueue):
                 raise ClientError(f"not a MessageQueue: {mq!r}")
         self._assigned = mqs
-        if self._state is _State.RUNNING:
+        if self._state is State.RUNNING:
             self.rebalance.assign(mqs)
             self.rebalance.request()
 
     def assignment(self) -> list[MessageQueue]:
         """The queues held now."""
-        if self._state is _State.NEW:
+        if self._state is State.NEW:
             return list(self._assigned or [])
         return self.rebalance.assignment()
 
     # ------------------------------------------------------------------ lifecycle
 
     async def start(self) -> AsyncLitePullConsumer:
-        if self._state is not _State.NEW:
+        if self._state is not State.NEW:
             raise ClientError(f"lite pull consumer is {self._state.name.lower()}, cannot start")
         if not self._subs and self._assigned is None:
             raise ClientError("subscribe() or assign() before start()")
@@ -112,7 +116,7 @@ class AsyncLitePullConsumer(_ConsumerBase):
         try:
             await self._start_group(heartbeat=self._assigned is None)
         except BaseException:
-            self._state = _State.RUNNING
+            self._state = State.RUNNING
             with contextlib.suppress(Exception):
                 await self.close()
             raise
@@ -147,7 +151,7 @@ class AsyncLitePullConsumer(_ConsumerBase):
         while True:
             self._available.clear()
             out = self._take(self.poll_max)
-            if out or self._state is not _State.RUNNING:
+            if out or self._state is not State.RUNNING:
                 return out
             remaining = deadline - loop.time()
             if remaining <= 0:
@@ -194,33 +198,40 @@ class AsyncLitePullConsumer(_ConsumerBase):
         pq = self.rebalance.process_queues.get(mq)
         if pq is None or pq.dropped:
             raise ClientError(f"{mq} is not assigned to this consumer")
-        low = await self.requester.queue_offset(mq, RequestCode.GET_MIN_OFFSET)
-        high = await self.requester.queue_offset(mq, RequestCode.GET_MAX_OFFSET)
+        low = await self.requester.min_offset(mq)
+        high = await self.requester.max_offset(mq)
         if not low <= offset <= high:
             raise OffsetIllegalError(f"offset {offset} of {mq} is outside [{low}, {high}]")
         self._seek(pq, offset)
 
     async def seek_to_begin(self, mq: MessageQueue) -> None:
         self._check_running()
-        await self.seek(mq, await self.requester.queue_offset(mq, RequestCode.GET_MIN_OFFSET))
+        await self.seek(mq, await self.requester.min_offset(mq))
 
     async def seek_to_end(self, mq: MessageQueue) -> None:
         self._check_running()
-        await self.seek(mq, await self.requester.queue_offset(mq, RequestCode.GET_MAX_OFFSET))
+        await self.seek(mq, await self.requester.max_offset(mq))
 
     def _seek(self, pq: ProcessQueue, offset: int) -> None:
         pq.reset(offset)
         if self.auto_commit:
             self.offset_store.update(pq.mq, offset)
-        self._start_pull(pq)
+        self.puller.start(pq)
 
 
 class LitePullConsumer(BlockingFacade[AsyncLitePullConsumer]):
     """The blocking lite pull consumer: an :class:`AsyncLitePullConsumer` on a private loop
     thread. Safe to share between threads (calls are serialized on that loop)."""
 
-    def __init__(self, namesrv_addrs: str | Sequence[str], group: str, **options: Any) -> None:
-        self._async = AsyncLitePullConsumer(namesrv_addrs, group, **options)
+    def __init__(
+        self,
+        namesrv_addrs: str | Sequence[str],
+        group: str,
+        config: LitePullConfig | None = None,
+        *,
+        ssl_context: ssl.SSLContext | None = None,
+    ) -> None:
+        self._async = AsyncLitePullConsumer(namesrv_addrs, group, config, ssl_context=ssl_context)
         self._started: LoopThread | None = None
         self._closed = False
 

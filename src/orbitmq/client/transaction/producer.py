@@ -26,7 +26,7 @@ exactly once; ROLLBACK drops all. This is what an exactly-once sink needs at sca
 one request to send, one to decide, instead of per message. The halves of many batches are then
 decided together with ``end_many`` (concurrent END_TRANSACTIONs), from any producer of the group.
 
-The producer is composed of an :class:`~orbitmq.client.producer.AsyncProducer` (its routing,
+The producer is composed of an :class:`~orbitmq.client.producer.producer.AsyncProducer` (its routing,
 retries and options); check-backs arrive on that producer's connections.
 """
 
@@ -34,233 +34,105 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import enum
 import inspect
 import logging
-from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any, Protocol
+import ssl
+from collections.abc import Mapping, Sequence
+from typing import Any
 
-from orbitmq.client import _codec
-from orbitmq.client._loop_thread import BlockingFacade, LoopThread
 from orbitmq.client.consumer_types import new_client_id
 from orbitmq.client.fifo import check_batch_groups
-from orbitmq.client.producer import AsyncProducer, SendResult, SendStatus
+from orbitmq.client.producer.producer import AsyncProducer
+from orbitmq.client.producer.types import SendResult, SendStatus
 from orbitmq.client.route import MessageQueue
+from orbitmq.client.transaction.halves import (
+    NO_PROPS,
+    UNIQ_PREFIX,
+    checked_message,
+    pack_columns,
+    topic_of,
+)
+from orbitmq.client.transaction.types import (
+    HALF_ONLY,
+    PROPERTY_PRODUCER_GROUP,
+    PROPERTY_TRANSACTION_BATCH,
+    PROPERTY_TRANSACTION_PREPARED,
+    RESERVED_BATCH_LEVEL,
+    EndResult,
+    HalfBatchResult,
+    LocalTransaction,
+    LocalTransactionState,
+    TransactionConfig,
+    TransactionListener,
+    TransactionSendResult,
+    as_state,
+)
 from orbitmq.common.codes import ResponseCode
 from orbitmq.common.errors import (
     ClientError,
     EmptyBodyError,
-    MessageIllegalError,
     MQError,
-    PropertiesTooLargeError,
-    RemoteError,
+    error_for,
 )
 from orbitmq.common.ids import default_generator
 from orbitmq.common.message import (
     PROPERTY_UNIQ_KEY,
     SYSFLAG_TRANSACTION_PREPARED,
     Message,
-    decode_properties,
-    encode_properties,
 )
-from orbitmq.common.record import StoredMessage
-from orbitmq.common.validation import DEFAULT_MAX_PROPERTIES_SIZE, validate_group
+from orbitmq.common.tasks import TaskSet
+from orbitmq.common.validation import validate_group
 from orbitmq.net.connection import Connection, Reply
 from orbitmq.protocol.bodies import encode_body
 from orbitmq.protocol.codes import RequestCode
 from orbitmq.protocol.consumer import HeartbeatData
 from orbitmq.protocol.frame import Frame
-from orbitmq.protocol.messages import decode_records, decode_send_body, encode_send_body
+from orbitmq.protocol.messages import encode_send_body
+from orbitmq.protocol.requests import (
+    EndTransactionRequest,
+    HeartbeatRequest,
+    UnregisterClientRequest,
+)
 
 log = logging.getLogger(__name__)
 
-__all__ = [
-    "PROPERTY_TRANSACTION_BATCH",
-    "AsyncTransactionProducer",
-    "EndResult",
-    "HalfBatchResult",
-    "LocalTransactionState",
-    "TransactionListener",
-    "TransactionProducer",
-    "TransactionSendResult",
-    "half_batch_count",
-    "unpack_half_batch",
-]
-
-PROPERTY_TRANSACTION_PREPARED = "TRAN_MSG"
-PROPERTY_PRODUCER_GROUP = "PGROUP"
-PROPERTY_REAL_TOPIC = "REAL_TOPIC"
-PROPERTY_REAL_QUEUE_ID = "REAL_QID"
-PROPERTY_TRANSACTION_BATCH = "TRAN_BATCH"
-"""On a half batch: how many messages it packs (what a check-back's listener reads)."""
-PROPERTY_CHECK_IMMUNITY_S = "CHECK_IMMUNITY_TIME_IN_SECONDS"
-PROPERTY_TRANSACTION_ID = "__transactionId__"
-_HALF_ONLY = (PROPERTY_TRANSACTION_PREPARED, PROPERTY_REAL_TOPIC, PROPERTY_REAL_QUEUE_ID)
-_RESERVED_IN_BATCH = frozenset(
-    {
-        *_HALF_ONLY,
-        PROPERTY_TRANSACTION_BATCH,
-        PROPERTY_CHECK_IMMUNITY_S,
-        PROPERTY_TRANSACTION_ID,
-    }
-)
-"""Names a message inside a half batch may not carry (the broker refuses them too)."""
-_RESERVED_BATCH_LEVEL = frozenset(
-    {*_HALF_ONLY, PROPERTY_TRANSACTION_BATCH, PROPERTY_PRODUCER_GROUP, PROPERTY_UNIQ_KEY}
-)
-"""Names the producer sets on a half batch itself (the transaction id: ``transaction_id=``)."""
-
-
-class LocalTransactionState(enum.Enum):
-    COMMIT = "COMMIT"
-    ROLLBACK = "ROLLBACK"
-    UNKNOWN = "UNKNOWN"
-    """Not decided yet: the broker checks back later."""
-
-
-class TransactionListener(Protocol):
-    """What a transactional producer calls. Either method may be ``async def`` (it then runs
-    on the producer's event loop); a plain one runs in a worker thread (for the async producer
-    and check-backs) or in the caller's thread (the blocking producer's send_in_transaction)."""
-
-    def execute_local_transaction(self, msg: Message, arg: Any) -> Any:
-        """Run the local transaction for the half message ``msg``; return a
-        LocalTransactionState (or an awaitable of one)."""
-
-    def check_local_transaction(self, msg: StoredMessage) -> Any:
-        """The broker asks for the outcome of an undecided transaction. ``msg`` is the half
-        message as stored (topic and queue id are the real ones; ``msg.msg_id`` is the
-        transaction id). Return a LocalTransactionState (or an awaitable of one)."""
-
-
-LocalTransaction = Callable[[Message, Any], Any]
-"""``local_tx(msg, arg) -> LocalTransactionState`` (or an awaitable of one)."""
-
-
-@dataclass(slots=True)
-class TransactionSendResult:
-    send_result: SendResult
-    """Where the half message went (queue_offset and offset are the half message's)."""
-    local_transaction_state: LocalTransactionState
-    transaction_id: str
-    end_error: MQError | None = None
-    """Why the decision may not have reached the broker (None: it did). The broker checks
-    back then, so the outcome still holds."""
-
-    @property
-    def msg_id(self) -> str:
-        return self.send_result.msg_id
-
-
-@dataclass(frozen=True, slots=True)
-class HalfBatchResult:
-    """A stored half batch: everything END_TRANSACTION needs, as plain fields, so that it can
-    be pickled to another process of the producer group (a Spark driver deciding what its
-    executors sent) and decided there."""
-
-    topic: str
-    queue_id: int
-    """The real queue: all ``count`` messages go there on COMMIT."""
-    broker_name: str
-    broker_addr: str
-    """The broker's address when the half was sent ("" if unknown); ``end_many`` prefers the
-    current route's address for ``broker_name``."""
-    offset: int
-    """CommitLog offset of the half record: the handle END_TRANSACTION names."""
-    queue_offset: int
-    """The half record's offset in the half topic."""
-    transaction_id: str
-    """The half record's unique id; ``msg.msg_id`` in a check-back."""
-    count: int
-    msg_ids: tuple[str, ...]
-    """Each message's own unique id, in order: the committed copies carry them."""
-    status: SendStatus = SendStatus.SEND_OK
-    """Not SEND_OK: stored, but not as safely as asked. Roll it back (RocketMQ does)."""
-
-    @property
-    def msg_id(self) -> str:
-        return self.transaction_id
-
-
-@dataclass(frozen=True, slots=True)
-class EndResult:
-    """The outcome of one END_TRANSACTION sent by ``end_many``."""
-
-    transaction_id: str
-    state: LocalTransactionState
-    """The decision sent."""
-    broker_state: str = ""
-    """The broker's answer: COMMITTED, ROLLED_BACK, DISCARDED, PENDING (for UNKNOWN), RESOLVED
-    (decided long ago, the exact outcome forgotten); "" when ``error`` is set."""
-    error: MQError | None = None
-
-    @property
-    def ok(self) -> bool:
-        return self.error is None
-
-
-def half_batch_count(msg: StoredMessage) -> int:
-    """How many messages a half record (as a check-back's listener gets it) packs; 0 for a
-    single half message."""
-    try:
-        return max(0, int(msg.properties.get(PROPERTY_TRANSACTION_BATCH, "0")))
-    except ValueError:
-        return 0
-
-
-def unpack_half_batch(msg: StoredMessage) -> list[tuple[bytes, dict[str, str]]]:
-    """The (body, properties) of each message packed in a half batch, in order. Rarely
-    needed: a listener normally decides from the batch's own properties."""
-    if not half_batch_count(msg):
-        raise ClientError(f"message {msg.msg_id} is not a half batch")
-    send = decode_send_body(msg.body)
-    return [
-        (bytes(body), decode_properties(props))
-        for body, props in zip(send.bodies, send.properties, strict=True)
-    ]
-
-
-def _as_state(value: object, what: str) -> LocalTransactionState:
-    if isinstance(value, LocalTransactionState):
-        return value
-    log.warning("%s returned %r, not a LocalTransactionState: taken as UNKNOWN", what, value)
-    return LocalTransactionState.UNKNOWN
+__all__ = ["AsyncTransactionProducer"]
 
 
 class AsyncTransactionProducer:
     """The asyncio transactional producer. ``listener`` answers check-backs (and runs local
     transactions when send_in_transaction gets no ``local_tx``). ``topics``: topics whose
     brokers learn of this producer from the start (a restarted producer must be reachable for
-    check-backs before it sends anything). Other options are AsyncProducer's."""
+    check-backs before it sends anything)."""
 
     def __init__(
         self,
         namesrv_addrs: str | Sequence[str],
         group: str,
         listener: TransactionListener,
+        config: TransactionConfig | None = None,
         *,
         topics: Sequence[str] = (),
-        heartbeat_interval_s: float = 10.0,
-        check_concurrency: int = 16,
-        end_timeout_s: float = 3.0,
-        client_id: str | None = None,
-        **options: Any,
+        ssl_context: ssl.SSLContext | None = None,
     ) -> None:
         validate_group(group)
-        if heartbeat_interval_s <= 0 or check_concurrency < 1 or end_timeout_s <= 0:
-            raise ClientError("heartbeat_interval_s, check_concurrency, end_timeout_s must be > 0")
+        cfg = TransactionConfig(group=group) if config is None else config
+        if not isinstance(cfg, TransactionConfig):
+            raise ClientError(f"config must be a TransactionConfig, not {type(cfg).__name__}")
+        if cfg.group != group:
+            cfg = dataclasses.replace(cfg, group=group)
+        self.config = cfg
         self.group = group
         self.listener = listener
-        self.client_id = client_id or new_client_id()
-        self.heartbeat_interval_s = heartbeat_interval_s
-        self.end_timeout_s = end_timeout_s
-        self.producer = AsyncProducer(namesrv_addrs, group=group, **options)
+        self.client_id = cfg.client_id or new_client_id()
+        self.heartbeat_interval_s = cfg.heartbeat_interval_s
+        self.end_timeout_s = cfg.end_timeout_s
+        self.producer = AsyncProducer(namesrv_addrs, cfg, ssl_context=ssl_context)
         self.producer.remoting.handler = self._on_request  # check-backs come on its connections
         self._topics: list[str] = list(dict.fromkeys(topics))
         self._beaten: set[str] = set()
-        self._check_slots = asyncio.Semaphore(check_concurrency)
-        self._tasks: set[asyncio.Task[None]] = set()
+        self._check_slots = asyncio.Semaphore(cfg.check_concurrency)
+        self._tasks = TaskSet("transaction producer", logger=log)
         self._heartbeat: asyncio.Task[None] | None = None
         self.checks_answered = 0
 
@@ -281,8 +153,7 @@ class AsyncTransactionProducer:
         if task is not None:
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)
-        if self._tasks:
-            await asyncio.gather(*list(self._tasks), return_exceptions=True)
+        await self._tasks.wait()
         await self._unregister()
         await self.producer.close()
 
@@ -323,7 +194,7 @@ class AsyncTransactionProducer:
         body = encode_body(HeartbeatData(client_id=self.client_id, producer_groups=[self.group]))
         try:
             resp = await self.producer.remoting.invoke(
-                addr, Frame(RequestCode.HEART_BEAT, body=body), self.end_timeout_s
+                addr, HeartbeatRequest().frame(body), self.end_timeout_s
             )
         except MQError as exc:
             log.info("transaction producer heartbeat to %s failed: %s", addr, exc)
@@ -334,10 +205,10 @@ class AsyncTransactionProducer:
             log.warning("broker %s refused the heartbeat: %s", addr, resp.remark)
 
     async def _unregister(self) -> None:
-        fields = {"client_id": self.client_id, "group": self.group}
+        header = UnregisterClientRequest(client_id=self.client_id, group=self.group)
 
         async def one(addr: str) -> None:
-            frame = Frame(RequestCode.UNREGISTER_CLIENT, fields=fields)
+            frame = header.frame()
             try:
                 await self.producer.remoting.invoke(addr, frame, self.end_timeout_s)
             except MQError as exc:
@@ -367,7 +238,7 @@ class AsyncTransactionProducer:
     async def send_half(self, msg: Message) -> SendResult:
         """Step 1: the prepared send. ``msg`` gets the TRAN_MSG and PGROUP properties, and its
         unique id (the transaction id) unless it has one."""
-        if any(k in msg.properties for k in _HALF_ONLY[1:]):
+        if any(k in msg.properties for k in HALF_ONLY[1:]):
             raise ClientError("REAL_TOPIC and REAL_QID are set by the broker, not by producers")
         msg.properties[PROPERTY_TRANSACTION_PREPARED] = "true"
         msg.properties[PROPERTY_PRODUCER_GROUP] = self.group
@@ -395,18 +266,18 @@ class AsyncTransactionProducer:
         topic = messages[0].topic
         if any(m.topic != topic for m in messages):
             raise ClientError("send_half_batch: all messages must have the same topic")
-        bodies, props, ids = _pack_columns(messages)
-        if len(ids) > 1 and any(p is not _NO_PROPS for p in props):
+        bodies, props, ids = pack_columns(messages)
+        if len(ids) > 1 and any(p is not NO_PROPS for p in props):
             check_batch_groups(messages)
         packed = encode_send_body(
             bodies,
-            [p or _UNIQ_PREFIX + i.encode() + b"\x02" for p, i in zip(props, ids, strict=True)],
+            [p or UNIQ_PREFIX + i.encode() + b"\x02" for p, i in zip(props, ids, strict=True)],
         )
         if queue is None:  # a FIFO message group picks its queue
             producer = self.producer
-            loop = producer._check_running()
+            loop = producer.check_running()
             deadline = loop.time() + producer.config.send_timeout_s
-            queue = await producer._choose_fixed_queue(messages[0], None, None, None, deadline)
+            queue = await producer.choose_fixed_queue(messages[0], None, None, None, deadline)
         return await self.send_packed_half_batch(
             topic,
             packed,
@@ -436,21 +307,21 @@ class AsyncTransactionProducer:
         if not msg_ids:
             raise EmptyBodyError("a transactional batch holds at least one message")
         batch_props = dict(properties or {})
-        if not _RESERVED_BATCH_LEVEL.isdisjoint(batch_props):
-            names = sorted(_RESERVED_BATCH_LEVEL.intersection(batch_props))
+        if not RESERVED_BATCH_LEVEL.isdisjoint(batch_props):
+            names = sorted(RESERVED_BATCH_LEVEL.intersection(batch_props))
             raise ClientError(
                 f"properties {', '.join(names)} are set by the producer "
                 "(pass the transaction id as transaction_id=)"
             )
         producer = self.producer
-        loop = producer._check_running()
+        loop = producer.check_running()
         tx_id = transaction_id or default_generator.next_id()
         batch_props[PROPERTY_TRANSACTION_PREPARED] = "true"
         batch_props[PROPERTY_PRODUCER_GROUP] = self.group
         batch_props[PROPERTY_UNIQ_KEY] = tx_id
         batch_props[PROPERTY_TRANSACTION_BATCH] = str(len(msg_ids))
         # Validates the packed size against max_message_size, and the batch's properties.
-        half = producer._prepare(Message(topic, packed, properties=batch_props), compress=False)
+        half = producer.prepare(Message(topic, packed, properties=batch_props), compress=False)
         deadline = loop.time() + producer.config.send_timeout_s
         fixed = queue
         if fixed is None:
@@ -458,9 +329,9 @@ class AsyncTransactionProducer:
             # the broker holding the first try, which answers with that half instead of
             # storing a second one (a second half, checked back by transaction id, could be
             # committed as well: duplicates).
-            info = await producer._route(topic, deadline - loop.time())
+            info = await producer.sender.route(topic, deadline - loop.time())
             fixed = producer.fault.select_queue(topic, info.write_queues)
-        [result] = await producer._send_items(
+        [result] = await producer.sender.send(
             topic, [half], SYSFLAG_TRANSACTION_PREPARED, flag, queue=fixed, deadline=deadline
         )
         addr = await self._after_half(result)
@@ -501,7 +372,7 @@ class AsyncTransactionProducer:
         raised; deciding again is safe (the broker applies a decision once)."""
         if concurrency < 1:
             raise ClientError("concurrency must be >= 1")
-        for topic in {_topic_of(h) for h in halves}:
+        for topic in {topic_of(h) for h in halves}:
             try:  # the current route: the address a half was sent to may be stale
                 await self.producer.routes.get(topic)
             except MQError as exc:
@@ -541,7 +412,7 @@ class AsyncTransactionProducer:
         except MQError as exc:
             return "", exc
         if resp.code != ResponseCode.SUCCESS:
-            return "", RemoteError(resp.code, resp.remark)
+            return "", error_for(resp.code, resp.remark)
         return str(resp.fields.get("state", "")), None
 
     async def _run_local(
@@ -558,7 +429,7 @@ class AsyncTransactionProducer:
         except Exception:
             log.exception("local transaction of %s raised: state UNKNOWN", msg.topic)
             return LocalTransactionState.UNKNOWN
-        return _as_state(value, "the local transaction")
+        return as_state(value, "the local transaction")
 
     async def end(self, result: SendResult, state: LocalTransactionState) -> TransactionSendResult:
         """Step 3: END_TRANSACTION to the broker holding the half message. A failure is kept in
@@ -576,15 +447,15 @@ class AsyncTransactionProducer:
     def _end_frame(
         self, offset: int, msg_id: str, state: LocalTransactionState, *, from_check: bool
     ) -> Frame:
-        fields = {
-            "producer_group": self.group,
-            "tran_state": state.value,
-            "commit_log_offset": offset,
-            "msg_id": msg_id,
-            "transaction_id": msg_id,
-            "from_check": from_check,
-        }
-        return Frame(RequestCode.END_TRANSACTION, fields=fields)
+        header = EndTransactionRequest(
+            producer_group=self.group,
+            tran_state=state.value,
+            commit_log_offset=offset,
+            msg_id=msg_id,
+            transaction_id=msg_id,
+            from_check=from_check,
+        )
+        return header.frame()
 
     # ------------------------------------------------------------------ check-backs
 
@@ -593,14 +464,12 @@ class AsyncTransactionProducer:
             return frame.reply(
                 ResponseCode.REQUEST_CODE_NOT_SUPPORTED, f"request code {frame.code} not supported"
             )
-        task = asyncio.get_running_loop().create_task(self._answer_check(frame, conn))
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        self._tasks.spawn(self._answer_check(frame, conn))
         return None  # oneway: the answer is an END_TRANSACTION of its own
 
     async def _answer_check(self, frame: Frame, conn: Connection) -> None:
         try:
-            msg, offset = _checked_message(frame)
+            msg, offset = checked_message(frame)
         except (MQError, ValueError, TypeError) as exc:
             log.warning("malformed CHECK_TRANSACTION_STATE from %s: %s", conn.peer, exc)
             return
@@ -620,7 +489,7 @@ class AsyncTransactionProducer:
                     value = await asyncio.to_thread(fn, msg)
                     if inspect.isawaitable(value):
                         value = await value
-                state = _as_state(value, "check_local_transaction")
+                state = as_state(value, "check_local_transaction")
             except Exception:
                 log.exception("check_local_transaction raised: state UNKNOWN")
                 state = LocalTransactionState.UNKNOWN
@@ -633,165 +502,3 @@ class AsyncTransactionProducer:
         self.checks_answered += 1
         if resp.code != ResponseCode.SUCCESS:
             log.warning("broker refused the check answer for %s: %s", msg.msg_id, resp.remark)
-
-
-_UNIQ_PREFIX = PROPERTY_UNIQ_KEY.encode() + b"\x01"
-_NO_PROPS = b""
-
-
-def _pack_columns(messages: Sequence[Message]) -> tuple[list[bytes], list[bytes], list[str]]:
-    """Bodies, encoded properties and unique ids of a half batch's messages. Per message only
-    what must be: ids come in one call, and a message without tags, keys or properties (the
-    usual sink row) costs a list slot; its properties are just its id, added by the caller.
-    Raises before anything is sent."""
-    fresh = default_generator.next_ids(len(messages))
-    bodies = [m.body if type(m.body) is bytes else bytes(m.body) for m in messages]
-    if not all(bodies):
-        raise EmptyBodyError(
-            f"message {bodies.index(b'')} of the transactional batch has an empty body"
-        )
-    props: list[bytes] = [_NO_PROPS] * len(messages)
-    ids = fresh
-    for k, m in enumerate(messages):
-        if not (m.properties or m.tags or m.keys):
-            continue
-        if m.properties and not _RESERVED_IN_BATCH.isdisjoint(m.properties):
-            names = sorted(_RESERVED_IN_BATCH.intersection(m.properties))
-            raise ClientError(
-                f"message {k} of a transactional batch carries {', '.join(names)}: "
-                "the batch's own properties carry the transaction"
-            )
-        system = m.system_properties()
-        given = system.get(PROPERTY_UNIQ_KEY)
-        if given:
-            ids[k] = given  # the caller's own id (a retried write keeps its ids)
-        else:
-            system[PROPERTY_UNIQ_KEY] = ids[k]
-        encoded = encode_properties(system)
-        n = len(system)
-        if encoded.count(b"\x01") != n or encoded.count(b"\x02") != n:
-            raise MessageIllegalError(
-                f"message {k}: property names and values may not contain \\x01 or \\x02"
-            )
-        if len(encoded) > DEFAULT_MAX_PROPERTIES_SIZE:
-            raise PropertiesTooLargeError(
-                f"message {k}: properties are {len(encoded)} bytes encoded, "
-                f"limit {DEFAULT_MAX_PROPERTIES_SIZE}"
-            )
-        props[k] = encoded
-    return bodies, props, ids
-
-
-def _topic_of(half: HalfBatchResult | SendResult) -> str:
-    return half.topic if isinstance(half, HalfBatchResult) else half.message_queue.topic
-
-
-def _checked_message(frame: Frame) -> tuple[StoredMessage, int]:
-    """The half message of a check-back, as the listener sees it: real topic and queue, plain
-    body, no broker-internal properties."""
-    body = frame.body if isinstance(frame.body, bytes) else bytes(frame.body)
-    records = decode_records(body)
-    if len(records) != 1:
-        raise ClientError(f"check-back carries {len(records)} records, not 1")
-    half = _codec.plain(records[0])
-    props = half.properties
-    topic = props.get(PROPERTY_REAL_TOPIC) or str(frame.fields.get("topic", half.topic))
-    try:
-        queue_id = int(props.get(PROPERTY_REAL_QUEUE_ID, half.queue_id))
-    except ValueError:
-        queue_id = half.queue_id
-    clean = {k: v for k, v in props.items() if k not in _HALF_ONLY}
-    offset = frame.fields.get("commit_log_offset", half.physical_offset)
-    if not isinstance(offset, int):
-        raise ClientError("commit_log_offset is not an integer")
-    return dataclasses.replace(half, topic=topic, queue_id=queue_id, properties=clean), offset
-
-
-class TransactionProducer(BlockingFacade[AsyncTransactionProducer]):
-    """The blocking transactional producer: an AsyncTransactionProducer on a private loop
-    thread. ``send_in_transaction`` runs a plain ``local_tx`` in the caller's thread (so it may
-    use the caller's database connection); check-backs run the listener in worker threads.
-
-    ``with TransactionProducer(ns, "G", listener, topics=["T"]) as p: p.send_in_transaction(m, tx)``
-    """
-
-    def __init__(
-        self,
-        namesrv_addrs: str | Sequence[str],
-        group: str,
-        listener: TransactionListener,
-        **options: Any,
-    ) -> None:
-        self._thread = LoopThread("orbitmq-tx-producer")
-        self._closed = False
-        try:
-            self._async = self._thread.run(_make(namesrv_addrs, group, listener, options))
-            self._thread.run(self._async.start())
-        except BaseException:
-            self._thread.stop()
-            raise
-
-    @property
-    def async_producer(self) -> AsyncTransactionProducer:
-        return self._async
-
-    @property
-    def client_id(self) -> str:
-        return self._async.client_id
-
-    def send_in_transaction(
-        self, msg: Message, local_tx: LocalTransaction | None = None, arg: Any = None
-    ) -> TransactionSendResult:
-        result = self._thread.run(self._async.send_half(msg))
-        if result.status is not SendStatus.SEND_OK:
-            state = LocalTransactionState.ROLLBACK
-        else:
-            fn = local_tx or self._async.listener.execute_local_transaction
-            try:
-                value = fn(msg, arg)
-                if inspect.isawaitable(value):
-                    value = self._thread.run(_await(value))
-                state = _as_state(value, "the local transaction")
-            except Exception:
-                log.exception("local transaction of %s raised: state UNKNOWN", msg.topic)
-                state = LocalTransactionState.UNKNOWN
-        return self._thread.run(self._async.end(result, state))
-
-    def send_half_batch(
-        self,
-        messages: Sequence[Message],
-        *,
-        queue: MessageQueue | None = None,
-        properties: Mapping[str, str] | None = None,
-        transaction_id: str | None = None,
-    ) -> HalfBatchResult:
-        """See :meth:`AsyncTransactionProducer.send_half_batch`."""
-        return self._thread.run(
-            self._async.send_half_batch(
-                messages, queue=queue, properties=properties, transaction_id=transaction_id
-            )
-        )
-
-    def end_many(
-        self,
-        halves: Sequence[HalfBatchResult | SendResult],
-        state: LocalTransactionState,
-        *,
-        concurrency: int = 64,
-    ) -> list[EndResult]:
-        """See :meth:`AsyncTransactionProducer.end_many`."""
-        return self._thread.run(self._async.end_many(halves, state, concurrency=concurrency))
-
-
-async def _make(
-    namesrv_addrs: str | Sequence[str],
-    group: str,
-    listener: TransactionListener,
-    options: dict[str, Any],
-) -> AsyncTransactionProducer:
-    # Made on the loop thread: its asyncio objects belong to that loop.
-    return AsyncTransactionProducer(namesrv_addrs, group, listener, **options)
-
-
-async def _await(value: Awaitable[Any]) -> Any:
-    return await value

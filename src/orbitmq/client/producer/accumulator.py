@@ -1,0 +1,226 @@
+"""The automatic batches of ``send_async`` (aiokafka's RecordAccumulator).
+
+Messages are accumulated per (topic, queue, sys_flag, flag) for up to ``linger_ms``,
+``batch_max_bytes`` or ``batch_max_messages`` and go out as one SEND_BATCH_MESSAGE through the
+:class:`~orbitmq.client.producer.sender.Sender`; each message's future gets its own SendResult
+(queue offset = the batch's first + index). Messages without an explicit queue or selector are
+batched per topic and the whole batch goes to one queue picked round-robin, so batches stay
+large however many queues the topic has. Sends to an explicit queue (or through a selector) keep
+their order: one batch per queue is in flight at a time. A message with a message group
+(``__SHARDINGKEY``, see :mod:`orbitmq.client.fifo`) and no queue or selector goes to its group's
+queue; a selector waiting for its topic's route parks the message until the route comes.
+
+Everything here runs on the producer's event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from orbitmq.client.fifo import selector_for
+from orbitmq.client.producer.config import ProducerConfig
+from orbitmq.client.producer.prepare import PreparedMessage
+from orbitmq.client.producer.sender import Sender, check_queue
+from orbitmq.client.producer.types import MessageQueueSelector, SendResult
+from orbitmq.client.route import MessageQueue, TopicPublishInfo, TopicRouteCache
+from orbitmq.common.errors import ClientError, MQError
+from orbitmq.common.message import Message
+from orbitmq.common.tasks import TaskSet
+
+__all__ = ["RecordAccumulator", "fail_all", "select_queue"]
+
+_BatchKey = tuple[str, MessageQueue | None, int, int]  # topic, queue, sys_flag, flag
+
+
+@dataclass(slots=True)
+class _Batch:
+    key: _BatchKey
+    items: list[PreparedMessage] = field(default_factory=list)
+    futures: list[asyncio.Future[SendResult]] = field(default_factory=list)
+    nbytes: int = 0
+    timer: asyncio.TimerHandle | asyncio.Handle | None = None
+    flushed: bool = False
+
+
+_Waiter = tuple[PreparedMessage, MessageQueueSelector, Any, asyncio.Future[SendResult]]
+
+
+class RecordAccumulator:
+    """Batches of prepared messages, each sent when full or when its linger time is over."""
+
+    def __init__(
+        self, config: ProducerConfig, routes: TopicRouteCache, sender: Sender, name: str
+    ) -> None:
+        self.config = config
+        self.routes = routes
+        self.sender = sender
+        self.accepting = False
+        """Set by the producer while it runs; submits fail otherwise."""
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._batches: dict[_BatchKey, _Batch] = {}
+        self._tasks = TaskSet(name)
+        self._queue_locks: dict[_BatchKey, asyncio.Lock] = {}
+        self._in_flight = asyncio.Semaphore(config.max_in_flight_batches)
+        self._route_waiters: dict[str, list[_Waiter]] = {}
+        self._sending = 0
+
+    def start(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self.accepting = True
+
+    @property
+    def pending(self) -> int:
+        """Messages submitted and not answered yet."""
+        n = sum(len(b.items) for b in self._batches.values())
+        return n + sum(len(w) for w in self._route_waiters.values()) + self._sending
+
+    async def flush(self) -> None:
+        """Send every batch now and wait until all sends so far have their answer."""
+        while self._batches or len(self._tasks):
+            for batch in list(self._batches.values()):
+                self._flush(batch)
+            if len(self._tasks):
+                await asyncio.gather(*list(self._tasks), return_exceptions=True)
+
+    def submit(
+        self,
+        item: PreparedMessage,
+        queue: MessageQueue | None,
+        selector: MessageQueueSelector | None,
+        arg: Any,
+        fut: asyncio.Future[SendResult],
+    ) -> None:
+        """Add ``item`` to its batch; ``fut`` gets its SendResult or error (never raises)."""
+        if not self.accepting:
+            fut.set_exception(ClientError("producer is closed"))
+            return
+        topic = item.msg.topic
+        if queue is not None:
+            try:
+                check_queue(queue, topic)
+            except ClientError as exc:
+                fut.set_exception(exc)
+                return
+        elif selector is not None or (selector := selector_for(item.msg)) is not None:
+            info = self.routes.cached(topic)
+            waiters = self._route_waiters.get(topic)
+            if info is None or waiters is not None:
+                if waiters is None:
+                    waiters = self._route_waiters[topic] = []
+                    self._tasks.spawn(self._resolve_waiters(topic))
+                waiters.append((item, selector, arg, fut))
+                return
+            try:
+                queue = select_queue(info, item.msg, selector, arg)
+            except Exception as exc:  # noqa: BLE001 - the selector's error goes to the caller
+                fut.set_exception(exc)
+                return
+        self._enqueue(item, queue, fut)
+
+    async def _resolve_waiters(self, topic: str) -> None:
+        try:
+            info: TopicPublishInfo | None = await self.routes.get(topic)
+            error: BaseException | None = None
+        except MQError as exc:
+            info, error = None, exc
+        waiters = self._route_waiters.pop(topic, [])
+        for item, selector, arg, fut in waiters:
+            if fut.done():
+                continue
+            if info is None:
+                fut.set_exception(error or ClientError(f"no route for {topic!r}"))
+                continue
+            try:
+                queue = select_queue(info, item.msg, selector, arg)
+            except Exception as exc:  # noqa: BLE001 - the selector's error goes to the caller
+                fut.set_exception(exc)
+                continue
+            self._enqueue(item, queue, fut)
+
+    def _enqueue(
+        self, item: PreparedMessage, queue: MessageQueue | None, fut: asyncio.Future[SendResult]
+    ) -> None:
+        cfg = self.config
+        key: _BatchKey = (item.msg.topic, queue, item.sys_flag, item.msg.flag)
+        batch = self._batches.get(key)
+        size = item.size
+        if batch is not None and batch.nbytes + size > cfg.batch_max_bytes:
+            self._flush(batch)
+            batch = None
+        if batch is None:
+            loop = self._loop
+            assert loop is not None
+            batch = self._batches[key] = _Batch(key)
+            if cfg.linger_ms <= 0:
+                batch.timer = loop.call_soon(self._flush, batch)
+            else:
+                batch.timer = loop.call_later(cfg.linger_ms / 1000.0, self._flush, batch)
+        batch.items.append(item)
+        batch.futures.append(fut)
+        batch.nbytes += size
+        if len(batch.items) >= cfg.batch_max_messages or batch.nbytes >= cfg.batch_max_bytes:
+            self._flush(batch)
+
+    def _flush(self, batch: _Batch) -> None:
+        if self._batches.get(batch.key) is batch:
+            del self._batches[batch.key]
+        if batch.timer is not None:
+            batch.timer.cancel()
+            batch.timer = None
+        if batch.flushed or not batch.items:
+            return
+        batch.flushed = True
+        self._sending += len(batch.items)
+        self._tasks.spawn(self._send_batch(batch))
+
+    async def _send_batch(self, batch: _Batch) -> None:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.config.send_timeout_s
+        topic, queue, sys_flag, flag = batch.key
+        try:
+            if queue is None:
+                async with self._in_flight:
+                    results = await self.sender.send(
+                        topic, batch.items, sys_flag, flag, queue=None, deadline=deadline
+                    )
+            else:
+                # One batch per explicit queue at a time, in order: the broker may process
+                # pipelined requests concurrently, which would reorder them.
+                lock = self._queue_locks.get(batch.key)
+                if lock is None:
+                    lock = self._queue_locks[batch.key] = asyncio.Lock()
+                async with lock, self._in_flight:
+                    results = await self.sender.send(
+                        topic, batch.items, sys_flag, flag, queue=queue, deadline=deadline
+                    )
+        except asyncio.CancelledError:
+            fail_all(batch.futures, ClientError("producer closed before the send completed"))
+            raise
+        except Exception as exc:  # noqa: BLE001 - every error reaches the senders' futures
+            fail_all(batch.futures, exc)
+        else:
+            for fut, result in zip(batch.futures, results, strict=True):
+                if not fut.done():
+                    fut.set_result(result)
+        finally:
+            self._sending -= len(batch.items)
+
+
+def select_queue(
+    info: TopicPublishInfo, msg: Message, selector: MessageQueueSelector, arg: Any
+) -> MessageQueue:
+    """The selector's queue among the topic's writable ones (checked to be one of the topic's)."""
+    if not info.write_queues:
+        raise ClientError(f"topic {msg.topic!r} has no writable queue")
+    mq = selector(info.write_queues, msg, arg)
+    check_queue(mq, msg.topic)
+    return mq
+
+
+def fail_all(futures: Sequence[asyncio.Future[SendResult]], exc: BaseException) -> None:
+    for fut in futures:
+        if not fut.done():
+            fut.set_exception(exc)

@@ -1,0 +1,74 @@
+"""Producer settings: each default, what it is for and its valid values written once.
+
+``AsyncProducer(namesrv, ProducerConfig(linger_ms=0))``; the blocking Producer takes the same
+object. Out-of-range values raise ClientError when the config is made.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from orbitmq.client._settings import check_settings
+from orbitmq.common.config import above, at_least, between, setting
+from orbitmq.common.validation import DEFAULT_MAX_MESSAGE_SIZE
+from orbitmq.protocol.frame import DEFAULT_MAX_FRAME_SIZE, MAX_HEADER_SIZE
+
+__all__ = ["MAX_BATCH_BYTES", "ProducerConfig"]
+
+MAX_BATCH_BYTES = DEFAULT_MAX_FRAME_SIZE - 2 * MAX_HEADER_SIZE
+"""The most message bytes one send frame may carry."""
+
+
+@dataclass(frozen=True, slots=True)
+class ProducerConfig:
+    group: str = setting("DEFAULT_PRODUCER", "Producer group (transactional check-backs).")
+    send_timeout_s: float = setting(3.0, "Budget of one send, all retries included.", above(0))
+    retry_times_when_send_failed: int = setting(
+        2, "Tries after the first for a retriable failure, on another broker if any.", at_least(0)
+    )
+    compress_over_bytes: int = setting(
+        4096, "Bodies larger than this are zstd-compressed (negative: never)."
+    )
+    compress_level: int = setting(3, "zstd level.", between(-7, 22))
+    linger_ms: float = setting(
+        5.0,
+        "How long send_async waits for more messages to fill a batch (0: same loop iteration).",
+        at_least(0),
+    )
+    batch_max_bytes: int = setting(
+        1024 * 1024,
+        "An automatic batch is sent once it holds this many bytes.",
+        between(1, MAX_BATCH_BYTES),
+    )
+    batch_max_messages: int = setting(
+        512, "An automatic batch is sent once it holds this many messages.", at_least(1)
+    )
+    max_message_size: int = setting(
+        DEFAULT_MAX_MESSAGE_SIZE,
+        "Largest body sent (after compression); the broker's default limit.",
+        at_least(1),
+    )
+    max_in_flight_batches: int = setting(
+        64,
+        "Automatic batches awaiting an answer at once; beyond it batches queue up (and grow).",
+        at_least(1),
+    )
+    max_buffered_bytes: int = setting(
+        64 * 1024 * 1024,
+        "Blocking Producer only: bytes send_async may hold unanswered; beyond it send_async "
+        "blocks (up to send_timeout_s, then ClientError).",
+    )
+    namesrv_timeout_s: float = setting(3.0, "Timeout of one NameServer request.", above(0))
+    route_refresh_interval_s: float = setting(30.0, "How often cached routes are refreshed.")
+    connect_timeout_s: float = setting(3.0, "Timeout of one connection attempt.", above(0))
+    latency_fault_tolerance: bool = setting(
+        True, "Avoid brokers that failed or answered slowly (orbitmq.client.fault)."
+    )
+    auto_create_fallback: bool = setting(
+        True,
+        "For a topic no NameServer knows, send to every master with queue id -1 (brokers with "
+        "auto_create_topic on; others answer TOPIC_NOT_EXIST, then not retried).",
+    )
+
+    def __post_init__(self) -> None:
+        check_settings(self, "producer")

@@ -1,0 +1,199 @@
+"""One send frame to a broker, retried: the loop every send mode goes through.
+
+:meth:`Sender.send` picks a queue (the fixed one, or one the fault strategy likes, avoiding the
+broker that just failed), writes SEND_MESSAGE or SEND_BATCH_MESSAGE, and reads the answer. A
+retriable failure (connection lost, or an answer whose error class is ``retriable``:
+SYSTEM_BUSY, SERVICE_NOT_AVAILABLE, TOPIC_NOT_EXIST, ...; not NO_PERMISSION) is tried again, up to ``retry_times_when_send_failed`` more times, within
+one deadline for all tries. ``oneway=True`` writes the frame with the ONEWAY flag and reads no
+answer: only a failure to write is retried (nothing was written then).
+
+Answers that mean "stored, but not as safely as asked" (FLUSH_DISK_TIMEOUT, FLUSH_SLAVE_TIMEOUT,
+SLAVE_NOT_AVAILABLE) become a SendResult with that status when the broker reports where the
+message went, and are never retried (a retry would store the message twice).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from itertools import accumulate
+
+from orbitmq.client.fault import FaultStrategy
+from orbitmq.client.producer.config import ProducerConfig
+from orbitmq.client.producer.prepare import PreparedMessage
+from orbitmq.client.producer.types import STATUS_BY_CODE, SendResult, SendStatus
+from orbitmq.client.route import MessageQueue, TopicPublishInfo, TopicRouteCache
+from orbitmq.common.clock import now_ms
+from orbitmq.common.errors import (
+    ClientError,
+    MQError,
+    ProtocolError,
+    RemoteError,
+    RequestTimeoutError,
+    TopicNotExistError,
+    error_for,
+)
+from orbitmq.common.record import record_overhead
+from orbitmq.net.client import RemotingClient
+from orbitmq.protocol.frame import Frame
+from orbitmq.protocol.messages import encode_send_body
+from orbitmq.protocol.requests import SendBatchMessageRequest, SendMessageRequest
+
+__all__ = ["Sender", "check_queue"]
+
+
+class Sender:
+    """Sends prepared messages as one frame, with retries; counts the frames written."""
+
+    def __init__(
+        self,
+        config: ProducerConfig,
+        remoting: RemotingClient,
+        routes: TopicRouteCache,
+        fault: FaultStrategy,
+    ) -> None:
+        self.config = config
+        self.remoting = remoting
+        self.routes = routes
+        self.fault = fault
+        self.frames_sent = 0
+        """Send frames written (tries included); for tests and metrics."""
+
+    async def route(self, topic: str, remaining: float) -> TopicPublishInfo:
+        """The topic's route, or RequestTimeoutError when it takes longer than ``remaining``."""
+        try:
+            async with asyncio.timeout(remaining):
+                return await self.routes.get(topic)
+        except TimeoutError:
+            raise RequestTimeoutError(f"no route for {topic!r} within the send timeout") from None
+
+    def _addr(self, info: TopicPublishInfo, mq: MessageQueue) -> str:
+        addr = info.broker_addrs.get(mq.broker_name) or self.routes.master_addr(mq.broker_name)
+        if not addr:
+            raise ClientError(f"no master address known for broker {mq.broker_name!r}")
+        return addr
+
+    @staticmethod
+    def _frame(
+        kind: type[SendMessageRequest], mq: MessageQueue, sys_flag: int, flag: int, body: bytes
+    ) -> Frame:
+        header = kind(
+            topic=mq.topic, queue_id=mq.queue_id, flag=flag, sys_flag=sys_flag, born_ts=now_ms()
+        )
+        return header.frame(body)
+
+    async def send(
+        self,
+        topic: str,
+        items: Sequence[PreparedMessage],
+        sys_flag: int,
+        flag: int,
+        *,
+        queue: MessageQueue | None,
+        deadline: float,
+        oneway: bool = False,
+    ) -> list[SendResult]:
+        """One send frame, tried up to 1 + retry_times_when_send_failed times before
+        ``deadline`` (loop time); one SendResult per item ([] when ``oneway``)."""
+        loop = asyncio.get_running_loop()
+        kind = SendBatchMessageRequest if len(items) > 1 else SendMessageRequest
+        body = encode_send_body([i.body for i in items], [i.props for i in items])
+        attempts = 1 + self.config.retry_times_when_send_failed
+        last_broker: str | None = None
+        last_exc: MQError | None = None
+        tries: list[str] = []
+        for _ in range(attempts):
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                break
+            info = await self.route(topic, remaining)
+            mq = queue or self.fault.select_queue(topic, info.write_queues, last_broker)
+            try:
+                addr = self._addr(info, mq)
+            except ClientError as exc:
+                last_exc, last_broker = exc, mq.broker_name
+                tries.append(f"{mq}: {exc}")
+                continue
+            frame = self._frame(kind, mq, sys_flag, flag, body)
+            started = loop.time()
+            try:
+                async with asyncio.timeout(remaining):
+                    if oneway:
+                        await self.remoting.invoke_oneway(addr, frame)
+                    else:
+                        resp = await self.remoting.invoke(addr, frame, remaining)
+            except (RemoteError, TimeoutError) as exc:  # transport: connect, lost, timed out
+                self.frames_sent += 1
+                self.fault.update(mq.broker_name, (loop.time() - started) * 1000, failed=True)
+                last_exc, last_broker = _as_mq_error(exc, mq), mq.broker_name
+                tries.append(f"{mq} at {addr}: {last_exc}")
+                continue
+            self.frames_sent += 1
+            if oneway:
+                return []
+            latency_ms = (loop.time() - started) * 1000
+            status = STATUS_BY_CODE.get(resp.code)
+            if status is not None and "queue_offset" in resp.fields:
+                self.fault.update(mq.broker_name, latency_ms)
+                return _results(resp, mq, items, status)
+            # What to do is the answer's class policy (orbitmq.common.errors): retried when
+            # retriable, the route refreshed when refresh_route. A stored answer (message
+            # stored, less safely than asked) without its offsets is raised, never resent.
+            err = error_for(resp.code, resp.remark)
+            if err.refresh_route:
+                self.routes.refresh_soon(topic)
+            retriable = err.retriable and not (
+                isinstance(err, TopicNotExistError) and info.auto_create
+            )
+            self.fault.update(mq.broker_name, latency_ms, failed=retriable)
+            if not retriable:
+                raise err
+            last_exc, last_broker = err, mq.broker_name
+            tries.append(f"{mq} at {addr}: {err}")
+        if last_exc is None:
+            last_exc = RequestTimeoutError(
+                f"send to {topic!r} found no time left of its {self.config.send_timeout_s}s budget"
+            )
+        if len(tries) > 1:
+            last_exc.add_note(f"send to {topic!r} failed {len(tries)} times: " + "; ".join(tries))
+        raise last_exc
+
+
+def _results(
+    resp: Frame, mq: MessageQueue, items: Sequence[PreparedMessage], status: SendStatus
+) -> list[SendResult]:
+    fields = resp.fields
+    try:
+        queue_id = int(fields.get("queue_id", mq.queue_id))
+        queue_offset = int(fields["queue_offset"])
+        offset = int(fields.get("offset", -1))
+    except (TypeError, ValueError) as exc:
+        raise ProtocolError(f"malformed send response fields {fields!r}") from exc
+    real_mq = mq if queue_id == mq.queue_id else MessageQueue(mq.topic, mq.broker_name, queue_id)
+    offsets = fields.get("offsets")
+    if isinstance(offsets, list) and len(offsets) == len(items):
+        offsets = [int(o) for o in offsets]
+    else:  # derived from record sizes: records of a batch are stored back to back
+        overhead = record_overhead(len(mq.topic.encode()))
+        sizes = [overhead + len(item.body) + len(item.props) for item in items]
+        offsets = [offset + end - size for end, size in zip(accumulate(sizes), sizes, strict=True)]
+    return [
+        SendResult(status, item.msg_id, real_mq, q, o, (item.msg_id,))
+        for item, q, o in zip(
+            items, range(queue_offset, queue_offset + len(items)), offsets, strict=True
+        )
+    ]
+
+
+def _as_mq_error(exc: BaseException, mq: MessageQueue) -> MQError:
+    if isinstance(exc, MQError):
+        return exc
+    return RequestTimeoutError(f"send to {mq} timed out")
+
+
+def check_queue(queue: MessageQueue, topic: str) -> None:
+    """ClientError unless ``queue`` is a MessageQueue of ``topic``."""
+    if not isinstance(queue, MessageQueue):
+        raise ClientError(f"queue must be a MessageQueue, not {type(queue).__name__}")
+    if queue.topic != topic:
+        raise ClientError(f"queue {queue} is not a queue of topic {topic!r}")
