@@ -49,6 +49,7 @@ from orbitmq.store.commit_log import AppendResult, CommitLog
 from orbitmq.store.config import FlushDiskType, StoreConfig
 from orbitmq.store.consume_queue import ConsumeQueueTable
 from orbitmq.store.dispatch import ArrivalListener, Dispatcher
+from orbitmq.store.epoch import EPOCH_FILE, EpochFile
 from orbitmq.store.flush import FlushListener, FlushService, PeriodicService
 from orbitmq.store.index_service import IndexService
 from orbitmq.store.reader import (
@@ -62,6 +63,7 @@ from orbitmq.store.reader import (
 from orbitmq.store.recovery import RecoveryReport, StoreParts, recover
 from orbitmq.store.retention import RetentionService, TopicRetention
 from orbitmq.store.segment import FileOps
+from orbitmq.store.truncate import TruncateReport, check_cut, truncate
 
 __all__ = ["GetResult", "GetStatus", "MessageStore"]
 
@@ -117,6 +119,7 @@ class MessageStore:
             disk_usage=disk_usage,
         )
         self._view = ReadView(self.commit_log, self.queues, self.retention)
+        self.epochs = EpochFile(root / EPOCH_FILE, self.fs)
         self._checkpointer = PeriodicService(
             "orbitmq-checkpoint", config.flush_interval_consume_queue_ms / 1000, self.checkpoint
         )
@@ -140,8 +143,14 @@ class MessageStore:
         except OSError as exc:
             os.close(self._lock_fd)
             raise StoreError(f"{self.root} is open in another process") from exc
+        try:
+            self.epochs.load()
+        except StoreError:
+            self._release()
+            raise
         parts = StoreParts(self.commit_log, self.queues, self.index, self.dispatcher)
         report = recover(parts, self.checkpoint_path, self.abort_path)
+        self.epochs.truncate_after(self.commit_log.max_offset)  # a crash inside truncate_to
         self.recovery = report
         self.trusted_from = self.commit_log.max_offset
         self._view.verify_before = self.trusted_from if self.config.check_crc_on_read else -1
@@ -243,6 +252,32 @@ class MessageStore:
                 commit_log_flushed=self.commit_log.flushed_offset,
                 written_at_ms=self.clock(),
             ).save(self.checkpoint_path)
+
+    # ------------------------------------------------------------------ replication
+
+    def truncate_to(
+        self, offset: int, *, step: Callable[[str], None] | None = None
+    ) -> TruncateReport:
+        """Cut the log at ``offset`` and everything derived from it, crash-safely
+        (:mod:`orbitmq.store.truncate`); the next append continues every queue right after its
+        last kept entry. Call it with no reads in flight (a rejoining slave serves none). A
+        failure part-way fences writes: the store must be reopened, and recovery finishes it."""
+        if not self.is_open:
+            raise StoreClosedError("store is not open")
+        check_cut(self.commit_log, offset)
+        services = (self._cleaner, self._checkpointer, self.flusher, self.dispatcher)
+        for service in services:
+            service.stop()
+        parts = StoreParts(self.commit_log, self.queues, self.index, self.dispatcher)
+        with self._checkpoint_lock, self.commit_log.lock:
+            try:
+                report = truncate(parts, self.epochs, self.checkpoint_path, offset, step=step)
+            except BaseException as exc:
+                self.commit_log.fenced = f"truncation to {offset} failed part-way: {exc}"
+                raise
+        for service in reversed(services):
+            service.start()
+        return report
 
     # ------------------------------------------------------------------ writes
 
