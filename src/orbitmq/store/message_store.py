@@ -61,6 +61,7 @@ from orbitmq.store.reader import (
     store_time,
 )
 from orbitmq.store.recovery import RecoveryReport, StoreParts, recover
+from orbitmq.store.replica import append_chunk, read_chunk
 from orbitmq.store.retention import RetentionService, TopicRetention
 from orbitmq.store.segment import FileOps
 from orbitmq.store.truncate import TruncateReport, check_cut, truncate
@@ -278,6 +279,26 @@ class MessageStore:
         for service in reversed(services):
             service.start()
         return report
+
+    def append_replicated(self, offset: int, data: bytes | bytearray | memoryview) -> int:
+        """A slave's append: the master's raw CommitLog bytes (whole records), written at
+        exactly this log's end after every record was checked (:mod:`orbitmq.store.replica`;
+        ReplicaOffsetError, ReplicaDataError). Returns the new end. The slave's dispatcher
+        builds its ConsumeQueues, IndexFiles and timer index from them."""
+        if not self.is_open:
+            raise StoreClosedError("store is not open")
+        cl = self.commit_log
+        if not cl.segments.segments and cl.max_offset == 0 and offset % cl.segment_size == 0:
+            # A new slave starting at the master's first segment: dispatch from there.
+            self.dispatcher.reput_offset = max(self.dispatcher.reput_offset, offset)
+        checked = append_chunk(cl, offset, data)
+        self.dispatcher.wake()
+        return checked.end
+
+    def read_replication(self, offset: int, max_bytes: int, limit: int | None = None) -> memoryview:
+        """The master's side: whole records from ``offset``, zero-copy, at most ``max_bytes``
+        (or one record), within one segment, never past ``limit`` (the next epoch's start)."""
+        return read_chunk(self.commit_log, offset, max_bytes, limit)
 
     # ------------------------------------------------------------------ writes
 
