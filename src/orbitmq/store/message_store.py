@@ -295,6 +295,21 @@ class MessageStore:
         self.dispatcher.wake()
         return checked.end
 
+    @property
+    def confirm_offset(self) -> int:
+        """How far reads, dispatch and arrival notifications reach (the max offset unless
+        replication set one)."""
+        return self.commit_log.confirm_offset
+
+    def set_confirm_offset(self, offset: int | None) -> None:
+        """Replication's confirm offset (a record boundary; None: follow the max offset).
+        Consumers never see a record ending past it; the dispatcher catches up to it."""
+        cl = self.commit_log
+        if offset is not None and cl.min_offset < offset < cl.max_offset:
+            check_cut(cl, offset)
+        cl.confirmed = offset
+        self.dispatcher.wake()
+
     def read_replication(self, offset: int, max_bytes: int, limit: int | None = None) -> memoryview:
         """The master's side: whole records from ``offset``, zero-copy, at most ``max_bytes``
         (or one record), within one segment, never past ``limit`` (the next epoch's start)."""
@@ -372,8 +387,9 @@ class MessageStore:
         self.dispatcher.listeners.append(listener)
 
     def wait_for_dispatch(self, timeout: float = 10.0) -> bool:
-        """Block until every appended record is readable through the ConsumeQueues."""
-        return self.dispatcher.wait_for(self.commit_log.max_offset, timeout)
+        """Block until every appended record (below the confirm offset) is readable through
+        the ConsumeQueues."""
+        return self.dispatcher.wait_for(self.commit_log.confirm_offset, timeout)
 
     def set_topic_retention(self, topic: str, retention: TopicRetention | None) -> None:
         self.retention.set_topic(topic, retention)
@@ -413,14 +429,15 @@ class MessageStore:
     def read_record(self, physical_offset: int) -> memoryview | None:
         """The raw record at a CommitLog offset (zero-copy), verified, or None."""
         loc = self.commit_log.view_at(physical_offset)
-        if loc is None or physical_offset >= self.commit_log.max_offset:
+        confirmed = self.commit_log.confirm_offset
+        if loc is None or physical_offset >= confirmed:
             return None
         view, at, size = loc
         try:
             n = check_record(view, at, size)
         except RecordError:
             return None
-        return view[at : at + n] if n > 0 else None
+        return view[at : at + n] if 0 < n <= confirmed - physical_offset else None
 
     def last_store_time(self, topic: str, queue_id: int) -> int:
         """Store timestamp of the newest message of a queue (0 if empty)."""

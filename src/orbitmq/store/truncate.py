@@ -151,6 +151,8 @@ def truncate(
     dispatcher.reput_offset = min(dispatcher.reput_offset, offset)
     cl.max_offset = offset
     cl.flushed_offset = min(cl.flushed_offset, offset)
+    if cl.confirmed is not None:
+        cl.confirmed = min(cl.confirmed, offset)
     offsets = {key: cq.max_offset for key, cq in queues.queues.items()}
     offsets.update(queue_offsets_in(cl, dispatcher.reput_offset, offset))
     cl.queue_offsets = offsets
