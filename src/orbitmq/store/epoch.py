@@ -34,10 +34,10 @@ from pathlib import Path
 import crc32c
 
 from orbitmq.common.errors import StoreError
+from orbitmq.store.layout import EPOCH_FILE as EPOCH_FILE
 from orbitmq.store.layout import TMP_SUFFIX, fsync_dir
 from orbitmq.store.segment import FileOps
 
-EPOCH_FILE = "epoch"
 _MAGIC = 0x4F455043
 _HEAD = struct.Struct(">IHHI")
 _CRC = struct.Struct(">I")

@@ -5,6 +5,8 @@
     put(batch)     -> AppendResult      append, and in SYNC_FLUSH wait for the fsync
     get_messages(topic, queue, offset, max_count, max_bytes, tags) -> GetResult (memoryviews)
     min_offset / max_offset / offset_for_timestamp / get_message / query_by_key
+    replication (docs/ha.md): epochs, read_replication, append_replicated, truncate_to,
+    set_confirm_offset (reads and dispatch stop there; without replicas, at the max offset)
 
 Every call is synchronous and may block on disk, so an event loop calls it from a worker
 thread (``loop.run_in_executor``) and awaits ``asyncio.wrap_future(flush_future(...))``; the
