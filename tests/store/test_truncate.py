@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import random
+import time
 from pathlib import Path
 
 import pytest
 
 from orbitmq.common.errors import StoreClosedError, StoreError
+from orbitmq.store.config import FlushDiskType
 from orbitmq.store.message_store import MessageStore
 from orbitmq.store.timer_index import TIMER_TOPIC
 from orbitmq.store.truncate import STEPS
@@ -184,3 +186,22 @@ def test_crash_inside_truncation(tmp_path: Path, point: str, power: bool, torn: 
             w.append(store)
         _check(store, w, where + " (appended)", keys=not torn)
         store.close()
+
+
+def test_truncate_forgets_flush_requests_past_the_cut(tmp_path: Path) -> None:
+    """A SYNC_FLUSH request for bytes that were cut must not keep the flusher spinning."""
+    store = MessageStore(ha_config(tmp_path / "store", flush_disk_type=FlushDiskType.SYNC_FLUSH))
+    store.open()
+    w = Writer(random.Random(6))
+    for _ in range(10):
+        w.append(store)
+    store.request_flush(store.commit_log.max_offset)
+    time.sleep(0.1)
+    store.truncate_to(w.sent[3].phy)
+    before = store.flusher.fsync_count
+    time.sleep(0.3)
+    assert store.flusher.fsync_count - before < 50
+    w.cut(w.sent[3].phy)
+    w.append(store)
+    _check(store, w, "after the cut")
+    store.close()

@@ -278,6 +278,7 @@ class MessageStore:
             except BaseException as exc:
                 self.commit_log.fenced = f"truncation to {offset} failed part-way: {exc}"
                 raise
+        self.flusher.forget_beyond(offset)
         for service in reversed(services):
             service.start()
         return report
