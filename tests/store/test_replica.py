@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from orbitmq.common.errors import StoreError
+from orbitmq.common.errors import DiskFullError, StoreError
 from orbitmq.store.message_store import MessageStore
 from orbitmq.store.replica import ReplicaDataError, ReplicaOffsetError, check_chunk
 from tests.store.hastore import QUEUES, Writer, ha_config, read_all
@@ -142,5 +142,27 @@ def test_new_slave_starts_at_a_later_segment(tmp_path: Path) -> None:
     for s in w.sent[-10:]:
         r = slave.get_messages(s.topic, s.qid, s.qoff, max_count=1)
         assert r.count == 1 and r.queue_offsets == [s.qoff]
+    master.close()
+    slave.close()
+
+
+def test_replication_pauses_when_the_disk_is_full(tmp_path: Path) -> None:
+    disk = [10.0]
+    master = MessageStore(ha_config(tmp_path / "master"))
+    slave = MessageStore(ha_config(tmp_path / "slave"), disk_usage=lambda: disk[0])
+    master.open()
+    slave.open()
+    w = Writer(random.Random(3))
+    for _ in range(3):
+        w.append(master)
+    chunk = bytes(master.read_replication(0, 1 << 20))
+    disk[0] = 99.0
+    slave.retention.run()
+    with pytest.raises(DiskFullError):
+        slave.append_replicated(0, chunk)
+    disk[0] = 10.0
+    slave.retention.run()
+    slave.append_replicated(0, chunk)
+    _same(master, slave, w)
     master.close()
     slave.close()

@@ -290,6 +290,11 @@ class MessageStore:
         builds its ConsumeQueues, IndexFiles and timer index from them."""
         if not self.is_open:
             raise StoreClosedError("store is not open")
+        if self.retention.disk_full:
+            raise DiskFullError(
+                f"disk use {self.retention.disk_ratio:.0f}% is above "
+                f"{self.config.disk_space_warning_level_ratio}%: replication paused until space frees"
+            )
         cl = self.commit_log
         if not cl.segments.segments and cl.max_offset == 0 and offset % cl.segment_size == 0:
             # A new slave starting at the master's first segment: dispatch from there.
@@ -306,7 +311,9 @@ class MessageStore:
 
     def set_confirm_offset(self, offset: int | None) -> None:
         """Replication's confirm offset (a record boundary; None: follow the max offset).
-        Consumers never see a record ending past it; the dispatcher catches up to it."""
+        Consumers never see a record ending past it; the dispatcher catches up to it. It only
+        holds back what is not dispatched yet: lowering it hides nothing already served (only
+        ``truncate_to`` takes records back)."""
         cl = self.commit_log
         if offset is not None and cl.min_offset < offset < cl.max_offset:
             check_cut(cl, offset)
