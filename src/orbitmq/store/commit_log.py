@@ -68,7 +68,16 @@ class CommitLog:
         self.max_offset = 0
         self.flushed_offset = 0
         self.fenced: str | None = None
+        self.confirmed: int | None = None
+        """Replication's confirm offset; None (a broker without replicas): the max offset."""
         self._flush_lock = threading.Lock()
+
+    @property
+    def confirm_offset(self) -> int:
+        """How far records may be served and dispatched: the confirm offset, never past the
+        end (Kafka's high watermark)."""
+        confirmed, end = self.confirmed, self.max_offset
+        return end if confirmed is None or confirmed > end else confirmed
 
     # ---------------------------------------------------------------- append
 

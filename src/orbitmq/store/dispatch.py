@@ -384,7 +384,7 @@ class Dispatcher:
             self._wake.wait(0.05)
             self._wake.clear()
             try:
-                self.dispatch_until(self.commit_log.max_offset)
+                self.dispatch_until(self.commit_log.confirm_offset)
             except BaseException as exc:  # a dispatcher that dies silently would stall reads
                 log.exception("dispatcher failed; reads will not see new messages")
                 self.failure = exc

@@ -74,6 +74,12 @@ class FlushService:
                 self._wanted = offset
                 self._cond.notify()
 
+    def forget_beyond(self, offset: int) -> None:
+        """The log was cut at ``offset`` (replication's truncation): a wish to flush past it
+        can never come true, and left in place would keep the flush thread spinning."""
+        with self._cond:
+            self._wanted = min(self._wanted, offset)
+
     def _run(self) -> None:
         interval = self.config.flush_interval_commit_log_ms / 1000
         while True:

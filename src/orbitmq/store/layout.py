@@ -5,6 +5,7 @@
   consumequeue/<topic>/<queue_id>/<20-digit start byte offset>
   index/<yyyyMMddHHmmssSSS>          IndexFiles, named by creation time
   checkpoint                         safe points for recovery (written atomically)
+  epoch                              (epoch, start offset) of each master epoch (store/epoch.py)
   abort                              present while the store is open: its presence at start
                                      means the last run did not close cleanly
   lock                               flock'ed by the process that has the store open
@@ -20,6 +21,7 @@ COMMITLOG_DIR = "commitlog"
 CONSUMEQUEUE_DIR = "consumequeue"
 INDEX_DIR = "index"
 CHECKPOINT_FILE = "checkpoint"
+EPOCH_FILE = "epoch"
 ABORT_FILE = "abort"
 LOCK_FILE = "lock"
 OFFSET_NAME_DIGITS = 20

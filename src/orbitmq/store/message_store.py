@@ -5,6 +5,8 @@
     put(batch)     -> AppendResult      append, and in SYNC_FLUSH wait for the fsync
     get_messages(topic, queue, offset, max_count, max_bytes, tags) -> GetResult (memoryviews)
     min_offset / max_offset / offset_for_timestamp / get_message / query_by_key
+    replication (docs/ha.md): epochs, read_replication, append_replicated, truncate_to,
+    set_confirm_offset (reads and dispatch stop there; without replicas, at the max offset)
 
 Every call is synchronous and may block on disk, so an event loop calls it from a worker
 thread (``loop.run_in_executor``) and awaits ``asyncio.wrap_future(flush_future(...))``; the
@@ -49,6 +51,7 @@ from orbitmq.store.commit_log import AppendResult, CommitLog
 from orbitmq.store.config import FlushDiskType, StoreConfig
 from orbitmq.store.consume_queue import ConsumeQueueTable
 from orbitmq.store.dispatch import ArrivalListener, Dispatcher
+from orbitmq.store.epoch import EPOCH_FILE, EpochFile
 from orbitmq.store.flush import FlushListener, FlushService, PeriodicService
 from orbitmq.store.index_service import IndexService
 from orbitmq.store.reader import (
@@ -60,8 +63,10 @@ from orbitmq.store.reader import (
     store_time,
 )
 from orbitmq.store.recovery import RecoveryReport, StoreParts, recover
+from orbitmq.store.replica import append_chunk, read_chunk
 from orbitmq.store.retention import RetentionService, TopicRetention
 from orbitmq.store.segment import FileOps
+from orbitmq.store.truncate import TruncateReport, check_cut, truncate
 
 __all__ = ["GetResult", "GetStatus", "MessageStore"]
 
@@ -117,6 +122,7 @@ class MessageStore:
             disk_usage=disk_usage,
         )
         self._view = ReadView(self.commit_log, self.queues, self.retention)
+        self.epochs = EpochFile(root / EPOCH_FILE, self.fs)
         self._checkpointer = PeriodicService(
             "orbitmq-checkpoint", config.flush_interval_consume_queue_ms / 1000, self.checkpoint
         )
@@ -140,8 +146,14 @@ class MessageStore:
         except OSError as exc:
             os.close(self._lock_fd)
             raise StoreError(f"{self.root} is open in another process") from exc
+        try:
+            self.epochs.load()
+        except StoreError:
+            self._release()
+            raise
         parts = StoreParts(self.commit_log, self.queues, self.index, self.dispatcher)
         report = recover(parts, self.checkpoint_path, self.abort_path)
+        self.epochs.truncate_after(self.commit_log.max_offset)  # a crash inside truncate_to
         self.recovery = report
         self.trusted_from = self.commit_log.max_offset
         self._view.verify_before = self.trusted_from if self.config.check_crc_on_read else -1
@@ -244,6 +256,75 @@ class MessageStore:
                 written_at_ms=self.clock(),
             ).save(self.checkpoint_path)
 
+    # ------------------------------------------------------------------ replication
+
+    def truncate_to(
+        self, offset: int, *, step: Callable[[str], None] | None = None
+    ) -> TruncateReport:
+        """Cut the log at ``offset`` and everything derived from it, crash-safely
+        (:mod:`orbitmq.store.truncate`); the next append continues every queue right after its
+        last kept entry. Call it with no reads in flight (a rejoining slave serves none). A
+        failure part-way fences writes: the store must be reopened, and recovery finishes it."""
+        if not self.is_open:
+            raise StoreClosedError("store is not open")
+        check_cut(self.commit_log, offset)
+        services = (self._cleaner, self._checkpointer, self.flusher, self.dispatcher)
+        for service in services:
+            service.stop()
+        parts = StoreParts(self.commit_log, self.queues, self.index, self.dispatcher)
+        with self._checkpoint_lock, self.commit_log.lock:
+            try:
+                report = truncate(parts, self.epochs, self.checkpoint_path, offset, step=step)
+            except BaseException as exc:
+                self.commit_log.fenced = f"truncation to {offset} failed part-way: {exc}"
+                raise
+        self.flusher.forget_beyond(offset)
+        for service in reversed(services):
+            service.start()
+        return report
+
+    def append_replicated(self, offset: int, data: bytes | bytearray | memoryview) -> int:
+        """A slave's append: the master's raw CommitLog bytes (whole records), written at
+        exactly this log's end after every record was checked (:mod:`orbitmq.store.replica`;
+        ReplicaOffsetError, ReplicaDataError). Returns the new end. The slave's dispatcher
+        builds its ConsumeQueues, IndexFiles and timer index from them."""
+        if not self.is_open:
+            raise StoreClosedError("store is not open")
+        if self.retention.disk_full:
+            raise DiskFullError(
+                f"disk use {self.retention.disk_ratio:.0f}% is above "
+                f"{self.config.disk_space_warning_level_ratio}%: replication paused until space frees"
+            )
+        cl = self.commit_log
+        if not cl.segments.segments and cl.max_offset == 0 and offset % cl.segment_size == 0:
+            # A new slave starting at the master's first segment: dispatch from there.
+            self.dispatcher.reput_offset = max(self.dispatcher.reput_offset, offset)
+        checked = append_chunk(cl, offset, data)
+        self.dispatcher.wake()
+        return checked.end
+
+    @property
+    def confirm_offset(self) -> int:
+        """How far reads, dispatch and arrival notifications reach (the max offset unless
+        replication set one)."""
+        return self.commit_log.confirm_offset
+
+    def set_confirm_offset(self, offset: int | None) -> None:
+        """Replication's confirm offset (a record boundary; None: follow the max offset).
+        Consumers never see a record ending past it; the dispatcher catches up to it. It only
+        holds back what is not dispatched yet: lowering it hides nothing already served (only
+        ``truncate_to`` takes records back)."""
+        cl = self.commit_log
+        if offset is not None and cl.min_offset < offset < cl.max_offset:
+            check_cut(cl, offset)
+        cl.confirmed = offset
+        self.dispatcher.wake()
+
+    def read_replication(self, offset: int, max_bytes: int, limit: int | None = None) -> memoryview:
+        """The master's side: whole records from ``offset``, zero-copy, at most ``max_bytes``
+        (or one record), within one segment, never past ``limit`` (the next epoch's start)."""
+        return read_chunk(self.commit_log, offset, max_bytes, limit)
+
     # ------------------------------------------------------------------ writes
 
     def set_store_host(self, host: tuple[str, int]) -> None:
@@ -316,8 +397,9 @@ class MessageStore:
         self.dispatcher.listeners.append(listener)
 
     def wait_for_dispatch(self, timeout: float = 10.0) -> bool:
-        """Block until every appended record is readable through the ConsumeQueues."""
-        return self.dispatcher.wait_for(self.commit_log.max_offset, timeout)
+        """Block until every appended record (below the confirm offset) is readable through
+        the ConsumeQueues."""
+        return self.dispatcher.wait_for(self.commit_log.confirm_offset, timeout)
 
     def set_topic_retention(self, topic: str, retention: TopicRetention | None) -> None:
         self.retention.set_topic(topic, retention)
@@ -357,14 +439,15 @@ class MessageStore:
     def read_record(self, physical_offset: int) -> memoryview | None:
         """The raw record at a CommitLog offset (zero-copy), verified, or None."""
         loc = self.commit_log.view_at(physical_offset)
-        if loc is None or physical_offset >= self.commit_log.max_offset:
+        confirmed = self.commit_log.confirm_offset
+        if loc is None or physical_offset >= confirmed:
             return None
         view, at, size = loc
         try:
             n = check_record(view, at, size)
         except RecordError:
             return None
-        return view[at : at + n] if n > 0 else None
+        return view[at : at + n] if 0 < n <= confirmed - physical_offset else None
 
     def last_store_time(self, topic: str, queue_id: int) -> int:
         """Store timestamp of the newest message of a queue (0 if empty)."""
