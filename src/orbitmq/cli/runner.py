@@ -44,7 +44,7 @@ ConfigOpt = Annotated[
     typer.Option(
         "--config",
         "-c",
-        help="TOML file with \\[namesrv], \\[broker], \\[store], \\[proxy] tables.",
+        help="TOML file with \\[namesrv], \\[broker], \\[store], \\[proxy], \\[controller] tables.",
         envvar="ORBITMQ_CONFIG",
     ),
 ]
