@@ -37,6 +37,10 @@ def test_controller_refuses_a_peer_list_without_itself() -> None:
         app, ["controller", "--port", "1", "--raft-port", "2", "--peers", "127.0.0.1:3/4"]
     )
     assert result.exit_code == 2 and "must name this node" in result.output
+    result = CliRunner().invoke(
+        app, ["namesrv", "--controller-port", "19878"], env={"COLUMNS": "200"}
+    )
+    assert result.exit_code == 2 and "need --controller" in result.output
 
 
 async def test_three_controllers_describe_and_elect(tmp_path: Path) -> None:

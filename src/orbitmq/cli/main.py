@@ -179,9 +179,20 @@ def namesrv(
     controller_raft_secret: RaftSecret = None,
     log_level: LogLevel = "INFO",
 ) -> None:
-    """Run a NameServer (with --controller, a controller node beside it)."""
+    """Run a NameServer (with --controller, a controller node beside it; --host is both's)."""
     from orbitmq.cli.server import run_namesrv
 
+    given = (
+        controller_port,
+        controller_raft_port,
+        controller_peers,
+        controller_data_dir,
+        controller_raft_secret,
+    )
+    if not controller and any(v is not None for v in given):
+        raise typer.BadParameter(
+            "the --controller-* options need --controller", param_hint="--controller"
+        )
     configure_logging(log_level)
     settings = load_or_exit(
         config,
