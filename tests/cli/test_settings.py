@@ -179,3 +179,40 @@ def test_config_show_masks_secret_keys() -> None:
     )
     assert result.exit_code == 0, result.output
     assert "AK:***" in result.output and "TopSecret" not in result.output
+
+
+def test_controller_table_env_and_checks(tmp_path: Path) -> None:
+    cfg = tmp_path / "orbitmq.toml"
+    cfg.write_text(
+        "[controller]\nport = 19878\nraft_port = 19880\n"
+        'peers = ["127.0.0.1:19878/19880", "127.0.0.2:19878/19880"]\n'
+    )
+    env = {"ORBITMQ_CONTROLLER_MASTER_LEASE_MS": "3000", "ORBITMQ_CONTROLLER_RAFT_SECRET": "s"}
+    s = load_settings(cfg, {"controller": {"enable_unclean_election": True}}, env=env)
+    c = s.controller
+    assert (c.port, c.raft_port, c.master_lease_ms, c.raft_secret) == (19878, 19880, 3000, "s")
+    assert c.peers == ("127.0.0.1:19878/19880", "127.0.0.2:19878/19880")
+    assert c.enable_unclean_election and s.sources["controller.raft_secret"].startswith("env")
+    c.check()  # the peer list names this node
+    env_peers = load_settings(env={"ORBITMQ_CONTROLLER_PEERS": "h:1/2, h:3/4"}).controller
+    assert env_peers.peers == ("h:1/2", "h:3/4")
+    bad = {
+        "ORBITMQ_CONTROLLER_PORT": r"controller\.port",
+        "ORBITMQ_CONTROLLER_LEADER_FALLBACK_MS": r"controller\.leader_fallback_ms",
+        "ORBITMQ_CONTROLLER_ELECTION_MARGIN_MS": r"controller\.election_margin_ms",
+        "ORBITMQ_CONTROLLER_PEERS": "not host:port/raft_port",
+    }
+    values = {"ORBITMQ_CONTROLLER_PORT": "0", "ORBITMQ_CONTROLLER_PEERS": "h:1"}
+    for key, match in bad.items():
+        with pytest.raises(ConfigError, match=match):
+            load_settings(env={key: values.get(key, "-1")})
+
+
+def test_config_show_masks_the_raft_secret() -> None:
+    result = CliRunner().invoke(
+        app,
+        ["config", "show"],
+        env={"ORBITMQ_CONTROLLER_RAFT_SECRET": "TopSecret", "COLUMNS": "200"},
+    )
+    assert result.exit_code == 0, result.output
+    assert "controller.raft_secret" in result.output and "TopSecret" not in result.output

@@ -1,9 +1,11 @@
 """The `orbitmq` command (typer + rich).
 
-Servers: ``up`` (NameServer + Broker + gRPC proxy in one process), ``namesrv``, ``broker``,
-``proxy`` (each run by :mod:`orbitmq.cli.runner`; ``python -m orbitmq`` is the same command).
+Servers: ``up`` (NameServer + Broker + gRPC proxy in one process), ``namesrv`` (with
+``--controller``, a controller node beside it), ``broker``, ``proxy``, ``controller`` (each run
+by :mod:`orbitmq.cli.runner`; ``python -m orbitmq`` is the same command).
 Configuration: ``config show``. Benchmarks: ``bench store``, ``bench produce``,
 ``bench consume``, ``bench e2e``, ``bench timer``.
+HA admin: ``broker elect``, ``cluster describe``.
 Clients (docs/cli.md): ``topic``, ``cluster``, ``message``, ``group``, ``dlq``, ``send``,
 ``tail``, ``consume``.
 """
@@ -33,6 +35,7 @@ from orbitmq.cli import (
     tail,
 )
 from orbitmq.cli.cluster import cluster_app
+from orbitmq.cli.ha import broker_app, cluster_describe
 from orbitmq.cli.message import message_app
 from orbitmq.cli.runner import (
     ConfigOpt,
@@ -61,6 +64,8 @@ app.add_typer(group.group_app, name="group")
 app.add_typer(dlq.dlq_app, name="dlq")
 app.add_typer(pipeline.pipeline_app, name="pipeline")
 app.add_typer(proxy.proxy_app, name="proxy")
+app.add_typer(broker_app, name="broker")
+cluster_app.command("describe")(cluster_describe)
 
 console = Console()
 
@@ -137,26 +142,121 @@ def up(
     )
 
 
+ControllerPeers = Annotated[
+    str | None,
+    typer.Option(
+        help="Every controller node as host:port/raft_port, ','-separated, this one included "
+        "(default: a one-node controller)."
+    ),
+]
+RaftSecret = Annotated[
+    str | None,
+    typer.Option(
+        help="Shared secret for Raft traffic (better: env ORBITMQ_CONTROLLER_RAFT_SECRET).",
+        show_default=False,
+    ),
+]
+
+
 @app.command()
 def namesrv(
     config: ConfigOpt = None,
     host: Annotated[str | None, typer.Option()] = None,
     port: Annotated[int | None, typer.Option(help="Default 9876; 0 picks a free port.")] = None,
     metrics_port: Annotated[int | None, typer.Option()] = None,
+    controller: Annotated[
+        bool,
+        typer.Option(
+            "--controller",
+            help="Also run a controller node in this process (settings: the --controller-* "
+            "flags and the \\[controller] table).",
+        ),
+    ] = False,
+    controller_port: Annotated[int | None, typer.Option(help="Default 9878.")] = None,
+    controller_raft_port: Annotated[int | None, typer.Option(help="Default 9880.")] = None,
+    controller_peers: ControllerPeers = None,
+    controller_data_dir: Annotated[Path | None, typer.Option()] = None,
+    controller_raft_secret: RaftSecret = None,
     log_level: LogLevel = "INFO",
 ) -> None:
-    """Run a NameServer."""
+    """Run a NameServer (with --controller, a controller node beside it; --host is both's)."""
     from orbitmq.cli.server import run_namesrv
+
+    given = (
+        controller_port,
+        controller_raft_port,
+        controller_peers,
+        controller_data_dir,
+        controller_raft_secret,
+    )
+    if not controller and any(v is not None for v in given):
+        raise typer.BadParameter(
+            "the --controller-* options need --controller", param_hint="--controller"
+        )
+    configure_logging(log_level)
+    settings = load_or_exit(
+        config,
+        {
+            "namesrv": {"host": host, "port": port, "metrics_port": metrics_port},
+            "controller": {
+                "host": host,
+                "port": controller_port,
+                "raft_port": controller_raft_port,
+                "peers": controller_peers,
+                "data_dir": None if controller_data_dir is None else str(controller_data_dir),
+                "raft_secret": controller_raft_secret,
+            },
+        },
+        controller=controller,
+    )
+    ctl = settings.controller if controller else None
+    run_server(run_namesrv(settings, announcer("NameServer", "namesrv"), ctl))
+
+
+@app.command("controller")
+def controller_cmd(
+    config: ConfigOpt = None,
+    host: Annotated[str | None, typer.Option(help="Default 127.0.0.1.")] = None,
+    port: Annotated[int | None, typer.Option(help="Remoting port (default 9878).")] = None,
+    raft_port: Annotated[int | None, typer.Option(help="Raft port (default 9880).")] = None,
+    data_dir: Annotated[Path | None, typer.Option(help="Raft journal folder.")] = None,
+    peers: ControllerPeers = None,
+    raft_secret: RaftSecret = None,
+    metrics_port: Annotated[int | None, typer.Option()] = None,
+    enable_unclean_election: Annotated[
+        bool | None,
+        typer.Option(
+            help="Elect outside the SyncStateSet when no member is alive (may lose messages)."
+        ),
+    ] = None,
+    log_level: LogLevel = "INFO",
+) -> None:
+    """Run a controller node: it elects broker masters (docs/ha.md)."""
+    from orbitmq.cli.server import run_controller
 
     configure_logging(log_level)
     settings = load_or_exit(
-        config, {"namesrv": {"host": host, "port": port, "metrics_port": metrics_port}}
+        config,
+        {
+            "controller": {
+                "host": host,
+                "port": port,
+                "raft_port": raft_port,
+                "data_dir": None if data_dir is None else str(data_dir),
+                "peers": peers,
+                "raft_secret": raft_secret,
+                "metrics_port": metrics_port,
+                "enable_unclean_election": enable_unclean_election,
+            }
+        },
+        controller=True,
     )
-    run_server(run_namesrv(settings, announcer("NameServer", "namesrv")))
+    run_server(run_controller(settings, announcer("Controller", "controller")))
 
 
-@app.command()
+@broker_app.callback(invoke_without_command=True)
 def broker(
+    ctx: typer.Context,
     config: ConfigOpt = None,
     host: Annotated[str | None, typer.Option()] = None,
     port: Annotated[int | None, typer.Option(help="Default 10911; 0 picks a free port.")] = None,
@@ -182,7 +282,10 @@ def broker(
     proxy_tls_client_ca: ProxyTlsClientCa = None,
     log_level: LogLevel = "INFO",
 ) -> None:
-    """Run a Broker (with --proxy-port, a gRPC proxy beside it)."""
+    """Run a Broker (with --proxy-port, a gRPC proxy beside it); `broker elect` moves a
+    group's master."""
+    if ctx.invoked_subcommand is not None:
+        return
     from orbitmq.cli.server import run_broker
 
     configure_logging(log_level)

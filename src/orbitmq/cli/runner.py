@@ -1,6 +1,6 @@
 """How every server command runs: one logging setup, one ready line, one run-until-signal loop.
 
-``orbitmq up|namesrv|broker|proxy`` (the same as ``python -m orbitmq ...``) are the only ways
+``orbitmq up|namesrv|broker|proxy|controller`` (the same as ``python -m orbitmq ...``) are the only ways
 to run a server; each goes through here, so they log, announce and stop alike:
 
 - :func:`load_or_exit`: the settings (defaults < ``--config`` TOML < ``ORBITMQ_*`` env <
@@ -44,7 +44,7 @@ ConfigOpt = Annotated[
     typer.Option(
         "--config",
         "-c",
-        help="TOML file with \\[namesrv], \\[broker], \\[store], \\[proxy] tables.",
+        help="TOML file with \\[namesrv], \\[broker], \\[store], \\[proxy], \\[controller] tables.",
         envvar="ORBITMQ_CONFIG",
     ),
 ]
@@ -54,10 +54,16 @@ Announce = Callable[[dict[str, str]], None]
 """Called once with the process's endpoints when every server in it listens."""
 
 
-def load_or_exit(config: Path | None, flags: Mapping[str, Mapping[str, Any]]) -> Settings:
-    """:func:`~orbitmq.cli.settings.load_settings`; a bad setting -> one red line, exit 2."""
+def load_or_exit(
+    config: Path | None, flags: Mapping[str, Mapping[str, Any]], *, controller: bool = False
+) -> Settings:
+    """:func:`~orbitmq.cli.settings.load_settings`; a bad setting -> one red line, exit 2.
+    ``controller``: a controller node runs, so its peer list must also name it."""
     try:
-        return load_settings(config, flags)
+        settings = load_settings(config, flags)
+        if controller:
+            settings.controller.check()
+        return settings
     except MQError as exc:
         Console(stderr=True).print(
             f"[red]configuration error:[/] {escape(str(exc))}", soft_wrap=True

@@ -1,5 +1,5 @@
 """Running servers from the command line: `orbitmq up`, `orbitmq namesrv`, `orbitmq broker`,
-`orbitmq proxy`.
+`orbitmq proxy`, `orbitmq controller`.
 
 Each takes its :class:`~orbitmq.cli.settings.Settings` (defaults < TOML < env < flags), waits in
 :func:`orbitmq.cli.runner.until_signal` and announces its endpoints with the one ready line.
@@ -8,6 +8,12 @@ The gRPC proxy (RocketMQ 5 clients) runs in local mode inside `orbitmq up` (port
 otherwise) and, when asked for with a proxy port, inside a broker process; on the same event loop
 as the servers, as a client of them. It is imported only when it runs, so a plain broker never
 loads gRPC.
+
+A controller node (:class:`orbitmq.controller.server.ControllerNode`, docs/ha.md) runs alone
+(`orbitmq controller`) or beside a NameServer (`orbitmq namesrv --controller`, RocketMQ's
+``enableControllerInNamesrv``) on the same loop: it starts after the NameServer and stops before
+it, so a controller never outlives the process's announced NameServer. Its Raft thread is
+pysyncobj's own.
 
 Heavy optional imports (the Spark connector) never happen here: starting a broker loads only
 what a broker needs.
@@ -28,6 +34,7 @@ from orbitmq.cli.settings import Settings
 from orbitmq.namesrv.controller import NamesrvController
 
 if TYPE_CHECKING:
+    from orbitmq.controller.config import ControllerConfig
     from orbitmq.proxy.config import ProxyConfig
 
 log = logging.getLogger(__name__)
@@ -147,16 +154,53 @@ async def run_all_in_one(
         await namesrv.stop()
 
 
-async def run_namesrv(settings: Settings, announce: Announce) -> None:
+@contextlib.asynccontextmanager
+async def controller_node(
+    config: ControllerConfig | None, endpoints: dict[str, str], prefix: str = ""
+) -> AsyncIterator[None]:
+    """Run a controller node for the body of the ``with`` (None: none), adding its endpoints
+    (``controller``, ``raft``, ``metrics`` with ``prefix``) to ``endpoints``."""
+    if config is None:
+        yield
+        return
+    from orbitmq.controller.server import ControllerNode
+
+    node = ControllerNode(config)
+    await node.start()
+    try:
+        endpoints["controller"] = node.address
+        endpoints["raft"] = config.raft_address
+        if node.metrics_port is not None:
+            endpoints[f"{prefix}metrics"] = f"http://{config.host}:{node.metrics_port}/metrics"
+        yield
+    finally:
+        await node.stop()
+
+
+async def run_namesrv(
+    settings: Settings, announce: Announce, controller: ControllerConfig | None = None
+) -> None:
+    """A NameServer; with ``controller`` also a controller node in this process (started
+    after the NameServer, stopped before it)."""
     namesrv = NamesrvController(settings.namesrv)
     await namesrv.start()
     try:
         endpoints = {"namesrv": namesrv.address}
         if namesrv.metrics_port is not None:
             endpoints["metrics"] = f"http://{settings.namesrv.host}:{namesrv.metrics_port}/metrics"
-        await until_signal(lambda: announce(endpoints))
+        async with controller_node(controller, endpoints, prefix="controller_"):
+            await until_signal(lambda: announce(endpoints))
     finally:
         await namesrv.stop()
+
+
+async def run_controller(settings: Settings, announce: Announce) -> None:
+    """A controller node alone: ``controller=<host:port> raft=<host:port> [metrics=...]``."""
+    endpoints: dict[str, str] = {}
+    async with controller_node(settings.controller, endpoints):
+        endpoints["data"] = settings.controller.data_dir
+        endpoints["peers"] = ",".join(settings.controller.peers) or "-"
+        await until_signal(lambda: announce(endpoints))
 
 
 async def run_broker(settings: Settings, announce: Announce, proxy_port: int | None = None) -> None:

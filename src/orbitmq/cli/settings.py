@@ -18,10 +18,16 @@ One TOML file can configure every component, one table each::
     port = 8081
     tls_mode = "required"
 
+    [controller]
+    port = 9878
+    raft_port = 9880
+    peers = ["10.0.0.1:9878/9880", "10.0.0.2:9878/9880", "10.0.0.3:9878/9880"]
+
 Environment variables are ``ORBITMQ_<TABLE>_<FIELD>`` in upper case, e.g.
-``ORBITMQ_BROKER_PORT=10921`` or ``ORBITMQ_STORE_FLUSH_DISK_TYPE=SYNC_FLUSH``; list values are
-comma-separated, a table (``proxy.access_keys``) is ``KEY:VALUE,KEY:VALUE``. Every value is checked against the field's type; a wrong one is a ConfigError
-naming where it came from.
+``ORBITMQ_BROKER_PORT=10921``, ``ORBITMQ_STORE_FLUSH_DISK_TYPE=SYNC_FLUSH`` or
+``ORBITMQ_CONTROLLER_RAFT_SECRET=...``; list values are comma-separated, a table
+(``proxy.access_keys``) is ``KEY:VALUE,KEY:VALUE``. Every value is checked against the field's
+type; a wrong one is a ConfigError naming where it came from.
 """
 
 from __future__ import annotations
@@ -40,14 +46,15 @@ from typing import Any, TypeVar
 from orbitmq.broker.config import BrokerConfig
 from orbitmq.common.config import documented
 from orbitmq.common.errors import ConfigError
+from orbitmq.controller.config import ControllerConfig
 from orbitmq.namesrv.config import NamesrvConfig
 from orbitmq.proxy.config import ProxyConfig, parse_access_keys
 from orbitmq.store.config import StoreConfig
 
 T = TypeVar("T")
 ENV_PREFIX = "ORBITMQ_"
-TABLES = ("namesrv", "broker", "store", "proxy")
-SECRETS = frozenset({"proxy.access_keys"})
+TABLES = ("namesrv", "broker", "store", "proxy", "controller")
+SECRETS = frozenset({"proxy.access_keys", "controller.raft_secret"})
 """Settings `config show` prints masked."""
 
 
@@ -59,6 +66,9 @@ class Settings:
     """The gRPC proxy's settings: ``orbitmq proxy``'s, and those of the proxy ``orbitmq up`` and
     ``orbitmq broker --proxy-port`` run beside a broker (which takes the broker's NameServers,
     host and body limit for what the table does not set)."""
+    controller: ControllerConfig = field(default_factory=ControllerConfig)
+    """``orbitmq controller``'s node, and the one ``orbitmq namesrv --controller`` runs beside
+    its NameServer."""
     sources: dict[str, str] = field(default_factory=dict)
     """"table.field" -> where its value came from (file, env, flag), for `config show`."""
 
@@ -177,8 +187,11 @@ def load_settings(
     broker = dataclasses.replace(broker, store=store)
     namesrv = _build(NamesrvConfig, layers["namesrv"], "namesrv", base.namesrv)
     proxy = _build(ProxyConfig, layers["proxy"], "proxy", base.proxy)
+    controller = _build(ControllerConfig, layers["controller"], "controller", base.controller)
     sources = {f"{t}.{k}": src for t in TABLES for k, (_v, src) in layers[t].items()}
-    return Settings(namesrv=namesrv, broker=broker, proxy=proxy, sources=sources)
+    return Settings(
+        namesrv=namesrv, broker=broker, proxy=proxy, controller=controller, sources=sources
+    )
 
 
 def settings_rows(settings: Settings) -> list[tuple[str, str, str]]:
@@ -189,6 +202,7 @@ def settings_rows(settings: Settings) -> list[tuple[str, str, str]]:
         ("broker", settings.broker),
         ("store", settings.broker.store),
         ("proxy", settings.proxy),
+        ("controller", settings.controller),
     ):
         for f in fields(obj):
             if f.name == "store":
@@ -197,7 +211,8 @@ def settings_rows(settings: Settings) -> list[tuple[str, str, str]]:
             shown = value.value if isinstance(value, enum.Enum) else value
             key = f"{table}.{f.name}"
             if key in SECRETS and shown:
-                shown = ", ".join(f"{k}:***" for k in shown)
+                masked = (f"{k}:***" for k in shown) if isinstance(shown, Mapping) else ["***"]
+                shown = ", ".join(masked)
             rows.append(
                 (
                     key,
@@ -239,6 +254,7 @@ def settings_markdown() -> str:
         ("broker", BrokerConfig),
         ("store", StoreConfig),
         ("proxy", ProxyConfig),
+        ("controller", ControllerConfig),
     ):
         lines += [
             f"## [{table}]",

@@ -11,12 +11,26 @@ every 500 ms, a master stops acknowledging ``master_lease_ms`` after the last he
 leader answered, and an election waits ``master_lease_ms + election_margin_ms`` after the
 master's last heartbeat and ``master_lease_ms + leader_fallback_ms + election_margin_ms`` after
 this node became leader.
+
+Every field is declared with :func:`orbitmq.common.config.setting` (the ``[controller]`` table
+of docs/configuration.md); :meth:`ControllerConfig.check` adds the checks across fields.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from orbitmq.common.config import (
+    PORT,
+    Check,
+    above,
+    at_least,
+    between,
+    check_settings,
+    non_empty,
+    optional,
+    setting,
+)
 from orbitmq.common.errors import ConfigError
 
 
@@ -47,43 +61,96 @@ def parse_peers(text: str) -> tuple[str, ...]:
     return peers
 
 
+def _peers_parse(value: object) -> bool:
+    if isinstance(value, str) or not isinstance(value, tuple | list):
+        return False
+    try:
+        for p in value:
+            parse_peer(p)
+    except (ConfigError, AttributeError):
+        return False
+    return True
+
+
+PEERS = Check(_peers_parse, "a list of host:port/raft_port (ports 1..65535)")
+LISTEN_PORT = between(1, 65535)
+"""Controller ports are fixed: the peers name each other's, so 0 (a free one) cannot work."""
+
+
 @dataclass(frozen=True, slots=True)
 class ControllerConfig:
-    host: str = "127.0.0.1"
-    """Address to listen on, for Remoting and Raft."""
-    port: int = 9878
-    """Remoting port brokers and admins dial (RocketMQ's sample controller port)."""
-    raft_port: int = 9880
-    """Port the Raft peers replicate on."""
-    peers: tuple[str, ...] = ()
-    """Every controller node as ``host:port/raft_port``, this one included; the same list on
-    every node. Empty: a single node. Membership is static (pysyncobj's dynamic membership
-    races; add a node by restarting all of them with the new list)."""
-    data_dir: str = "orbitmq-data/controller"
-    """Raft journal and dump (``raft.journal``, ``raft.dump``); one directory per node."""
-    raft_secret: str | None = None
-    """Shared secret that encrypts and authenticates Raft traffic (pysyncobj ``password``).
-    Raft messages are pickled: set it whenever the Raft port is reachable from other hosts."""
-    master_lease_ms: int = 2000
-    """How long a master keeps acknowledging after the last heartbeat the Raft leader answered."""
-    leader_fallback_ms: int = 1500
-    """A Raft leader that has not heard from a majority for this long steps down (pysyncobj's
-    leaderFallbackTimeout; its default, 30 s, would let a deposed leader renew leases that long)."""
-    election_margin_ms: int = 500
-    """Added to every election delay for clock-rate drift and scheduling."""
-    broker_heartbeat_timeout_ms: int = 2500
-    """A broker silent for this long is not alive (not a candidate, not counted in a
-    SyncStateSet change)."""
-    scan_interval_ms: int = 500
-    """How often the leader looks for groups whose master died."""
-    enable_unclean_election: bool = False
-    """Elect a replica outside the SyncStateSet when no member is alive: availability over
-    acknowledged messages. Off, as Kafka's unclean.leader.election.enable."""
-    metrics_port: int | None = None
-    """Prometheus endpoint port (None: off; 0: a free one)."""
-    commit_timeout_ms: int = 3000
-    """How long a request waits for its command to commit before answering SYSTEM_BUSY (the
-    outcome is then unknown: read the replica info)."""
+    host: str = setting("127.0.0.1", "Address to listen on, for Remoting and Raft.", non_empty())
+    port: int = setting(
+        9878,
+        "Remoting port brokers and admins dial (RocketMQ's sample controller port).",
+        LISTEN_PORT,
+    )
+    raft_port: int = setting(9880, "Port the Raft peers replicate on.", LISTEN_PORT)
+    peers: tuple[str, ...] = setting(
+        (),
+        """Every controller node as `host:port/raft_port`, this one included; the same list on
+        every node. Empty: a single node. Membership is static (add a node by restarting all of
+        them with the new list).""",
+        PEERS,
+    )
+    data_dir: str = setting(
+        "orbitmq-data/controller",
+        "Raft journal and dump (`raft.journal`, `raft.dump`); one directory per node.",
+        non_empty(),
+    )
+    raft_secret: str | None = setting(
+        None,
+        """Shared secret that encrypts and authenticates Raft traffic. Raft messages are
+        pickled: set it whenever the Raft port is reachable from other hosts.""",
+        optional(non_empty()),
+    )
+    master_lease_ms: int = setting(
+        2000,
+        "How long a master keeps acknowledging after the last heartbeat the Raft leader answered.",
+        above(0),
+    )
+    leader_fallback_ms: int = setting(
+        1500,
+        """A Raft leader that has not heard from a majority for this long steps down (above the
+        100 ms Raft ping; pysyncobj's 30 s default would let a deposed leader renew leases that
+        long).""",
+        above(100),
+    )
+    election_margin_ms: int = setting(
+        500, "Added to every election delay for clock-rate drift and scheduling.", at_least(0)
+    )
+    broker_heartbeat_timeout_ms: int = setting(
+        2500,
+        """A broker silent for this long is not alive (not a candidate, not counted in a
+        SyncStateSet change).""",
+        above(0),
+    )
+    scan_interval_ms: int = setting(
+        500, "How often the leader looks for groups whose master died.", above(0)
+    )
+    enable_unclean_election: bool = setting(
+        False,
+        """Elect a replica outside the SyncStateSet when no member is alive: availability over
+        acknowledged messages (as Kafka's unclean.leader.election.enable).""",
+    )
+    metrics_port: int | None = setting(
+        None, "Prometheus endpoint port (None: off; 0: a free one).", optional(PORT)
+    )
+    commit_timeout_ms: int = setting(
+        3000,
+        """How long a request waits for its command to commit before answering SYSTEM_BUSY (the
+        outcome is then unknown: read the replica info).""",
+        above(0),
+    )
+
+    def __post_init__(self) -> None:
+        peers: object = self.peers
+        if isinstance(peers, list):  # from JSON; the field is a tuple
+            object.__setattr__(self, "peers", tuple(peers))
+        if isinstance(self.peers, tuple):
+            for p in self.peers:  # the error names the bad peer and why
+                parse_peer(p)
+        check_settings(self, "controller")
 
     def peer_list(self) -> list[Peer]:
         return [parse_peer(p) for p in self.peers]
@@ -97,24 +164,9 @@ class ControllerConfig:
         return f"{self.host}:{self.raft_port}"
 
     def check(self) -> None:
-        """ConfigError on a value out of range or a peer list that does not name this node."""
-        for name in ("port", "raft_port"):
-            value = getattr(self, name)
-            if not 0 < value < 65536:
-                raise ConfigError(f"controller {name} {value} is outside [1, 65535]")
-        for name in (
-            "master_lease_ms",
-            "leader_fallback_ms",
-            "broker_heartbeat_timeout_ms",
-            "scan_interval_ms",
-            "commit_timeout_ms",
-        ):
-            if getattr(self, name) <= 0:
-                raise ConfigError(f"controller {name} must be positive")
-        if self.election_margin_ms < 0:
-            raise ConfigError("controller election_margin_ms must not be negative")
-        if self.leader_fallback_ms <= 100:
-            raise ConfigError("controller leader_fallback_ms must be above 100 (the Raft ping)")
+        """ConfigError on a value out of range (also checked on construction) or a peer list that
+        does not name this node (checked here only: settings are merged one layer at a time)."""
+        check_settings(self, "controller")
         peers = self.peer_list()
         if peers:
             me = [p for p in peers if p.address == self.address]
