@@ -91,9 +91,9 @@ def describe_cluster(
     namesrv: str,
 ) -> None:
     async def names_from_namesrv() -> list[str]:
-        from orbitmq.client import AdminClient
+        from orbitmq.client import AsyncAdminClient
 
-        async with AdminClient(namesrv) as admin:
+        async with AsyncAdminClient(namesrv) as admin:
             info = await admin.cluster_info()
         return sorted(info.broker_addr_table)
 
