@@ -13,7 +13,7 @@ import pytest
 from typer.testing import CliRunner, Result
 
 from orbitmq.cli.main import app
-from orbitmq.client import AdminClient
+from orbitmq.client import AsyncAdminClient
 from orbitmq.common.codes import ResponseCode as RC
 from orbitmq.controller.client import ControllerClient
 from orbitmq.protocol.codes import RequestCode
@@ -128,7 +128,7 @@ async def test_namesrv_with_a_controller_answers_both(tmp_path: Path) -> None:
     admin = ControllerClient([controller])
     try:
         namesrv = proc.start().address
-        async with AdminClient(namesrv) as ns_admin:
+        async with AsyncAdminClient(namesrv) as ns_admin:
             assert (await ns_admin.cluster_info()).broker_addr_table == {}
 
         async def leads() -> bool:
