@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from orbitmq.broker.context import BrokerContext
+from orbitmq.broker.first_consume import FirstConsume
 from orbitmq.broker.pop.fifo import FifoWindow, message_group, with_attempt
 from orbitmq.broker.pop.receipt import ReceiptHandle
 from orbitmq.broker.pop.records import REVIVE_TOPIC, AckRecord, CkRecord
@@ -130,6 +131,7 @@ class PopProcessor:
         self.groups = ctx.groups
         self.metrics = ctx.metrics
         self.clock = ctx.clock
+        self.first_consume = FirstConsume(ctx.config, ctx.store)
         self._locks: dict[tuple[str, str, int], asyncio.Lock] = {}
         self._rotation = itertools.count()
 
@@ -232,14 +234,16 @@ class PopProcessor:
         return retry + normal if turn % RETRY_FIRST_EVERY == 0 else normal + retry
 
     def _offset(self, req: _PopRequest, topic: str, queue_id: int, retry: bool) -> int:
-        """The group's offset; a group's first pop of a queue starts at its max offset
-        (LAST_OFFSET) or min offset (FIRST_OFFSET; always for the retry topic)."""
+        """The group's offset; a group's first pop of a queue starts at its min offset
+        (FIRST_OFFSET; always for the retry topic) or, LAST_OFFSET, as RocketMQ's
+        getInitOffset: at 0 when the queue's start is in memory, else at its last message
+        (:mod:`orbitmq.broker.first_consume`)."""
         offset = self.offsets.query(req.group, topic, queue_id)
         if offset is None:
             if retry or req.from_first:
                 offset = self.store.min_offset(topic, queue_id)
             else:
-                offset = self.store.max_offset(topic, queue_id)
+                offset = self.first_consume.pop_init_offset(topic, queue_id)
             self.offsets.set(req.group, topic, queue_id, offset)
         return offset
 
