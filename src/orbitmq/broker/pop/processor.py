@@ -147,6 +147,8 @@ class PopProcessor:
                 else None
             )
             try:
+                # Checked again after a wait too: a held pop is answered as a new one.
+                self._check_consume_enable(req.group)
                 served = await self._pop_once(req)
                 if served.handles:
                     return self._answer(frame, req, served)
@@ -161,6 +163,12 @@ class PopProcessor:
             finally:
                 if waiter is not None:
                     self.service.unlisten(req.topics, waiter)
+
+    def _check_consume_enable(self, group: str) -> None:
+        """RocketMQ's consumeEnable: a disabled group is handed nothing (acks, invisible-time
+        changes and offset queries still work: they finish or inspect what was handed out)."""
+        if not self.groups.get(group).consume_enable:
+            raise NoPermissionError(f"consumer group {group} is disabled (consume_enable off)")
 
     def _readable(self, topic: str) -> TopicConfig:
         config = self.topics.get(topic)
@@ -179,8 +187,7 @@ class PopProcessor:
                 f"cannot pop {topic[:60]!r}: pop the original topic, its retries come with it"
             )
         check_group(group, topic)
-        if not self.groups.get(group).consume_enable:
-            raise NoPermissionError(f"consumer group {group} is disabled (consume_enable off)")
+        self._check_consume_enable(group)
         config = self._readable(topic)
         queue_id = req.queue_id
         if queue_id >= config.read_queue_nums:
