@@ -68,7 +68,10 @@ _PHYSICAL_OFFSET = struct.Struct(">q")  # at byte 28 of a stored record
 RETRY_FIRST_EVERY = 5
 """One pop in this many visits the retry queue before the topic's queues (RocketMQ's 20 %)."""
 FIFO_READ_CHUNK = 256
-"""Messages one store read of a FIFO window scan asks for."""
+"""Messages one store read of a FIFO window scan asks for at most."""
+FIFO_FIRST_CHUNK = 16
+"""... and at first (at least as many as the pop wants): a walk reads on where the last
+stopped, so reading far ahead would mostly read records again next time."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,6 +108,7 @@ class _FifoPick:
     offset: int
     view: memoryview
     attempt: int
+    group: bytes
 
 
 def check_group(group: str, topic: str) -> None:
@@ -350,8 +354,9 @@ class PopProcessor:
         key = (req.group, topic, queue_id)
         win = self.service.state.window(key)
         offset = self._offset(req, topic, queue_id, False)
-        if win.base == offset and offset >= self.store.max_offset(topic, queue_id):
-            return  # nothing unfinished: no lock, no thread hop
+        end = min(offset + self.service.fifo_window, self.store.max_offset(topic, queue_id))
+        if win.base == offset and win.next_scan() >= end:
+            return  # nothing unfinished, or nothing new to look at: no lock, no thread hop
         lock = self._locks.get(key)
         if lock is None:
             lock = self._locks[key] = asyncio.Lock()
@@ -359,9 +364,12 @@ class PopProcessor:
             offset = self._offset(req, topic, queue_id, False)
             if win.base != offset:
                 win.rebase(offset)  # first use, or reset / committed from outside
-            picks = await self._fifo_scan(req, topic, queue_id, win, want, served.nbytes)
+            picks, scanned_to = await self._fifo_scan(
+                req, topic, queue_id, win, want, served.nbytes
+            )
             self.service.fifo_settle(key, win)
             if not picks:
+                win.scanned_to(scanned_to)
                 return
             pop_time = self.clock.now_ms()
             record = CkRecord(
@@ -376,8 +384,15 @@ class PopProcessor:
                 deadline_ms=pop_time + req.invisible_ms,
                 fifo_attempts=[p.attempt for p in picks],
             )
-            log_offset = await self.service.append_ops([record])
+            try:
+                log_offset = await self.service.append_ops([record])
+            except BaseException:
+                win.scanned_to(win.base)  # the picks are not out: look at them again
+                raise
             self.service.state.add(record, log_offset)
+            for p in picks:
+                win.note_group(p.offset, p.group)
+            win.scanned_to(scanned_to)
         encode, deadline = self.service.codec.encode, record.deadline_ms
         for i, p in enumerate(picks):
             handle = ReceiptHandle(record.ck_id, i, queue_id, p.offset, deadline, False)
@@ -397,26 +412,29 @@ class PopProcessor:
         win: FifoWindow,
         want: int,
         nbytes: int,
-    ) -> list[_FifoPick]:
-        """Walk the window from its base: finished offsets are passed over, an in-flight one
-        blocks its message group for the rest of the walk, and the first visible message of
-        every other group is picked (blocking its group too), until ``want`` are picked."""
+    ) -> tuple[list[_FifoPick], int]:
+        """Walk the window from ``win.scan_start()`` (not from its base each time:
+        docs/fifo.md): finished offsets are passed over, the groups of in-flight messages are
+        blocked, and the first visible message of every other group is picked (blocking its
+        group too), until ``want`` are picked. Returns the picks and where the walk stopped."""
         end = min(win.base + self.service.fifo_window, self.store.max_offset(topic, queue_id))
-        pos = win.base
-        blocked: set[bytes] = set()
+        pos = start_pos = win.scan_start()
+        blocked: set[bytes] = set(win.busy)
         picks: list[_FifoPick] = []
         sql = req.filter if req.filter.is_sql else None
+        chunk = max(want, FIFO_FIRST_CHUNK)  # grows: a walk past blocked groups reads more
         while pos < end and len(picks) < want and nbytes < MAX_POP_BYTES:
             start = pos
             res = await self.bridge.read(
-                self.store.get_messages, topic, queue_id, pos, min(end - pos, FIFO_READ_CHUNK),
+                self.store.get_messages, topic, queue_id, pos, min(end - pos, chunk),
                 MAX_POP_BYTES, req.filter.tags,
             )  # fmt: skip
-            if res.status is GetStatus.OFFSET_TOO_SMALL and pos == win.base:
+            chunk = min(chunk * 2, FIFO_READ_CHUNK)
+            if res.status is GetStatus.OFFSET_TOO_SMALL and pos == start_pos:
                 log.info("pop %s %s/%d: offset %d is gone, moving to %d", req.group, topic,
                          queue_id, pos, res.next_begin_offset)  # fmt: skip
                 win.rebase(res.next_begin_offset)
-                pos = res.next_begin_offset
+                pos = start_pos = res.next_begin_offset
                 continue
             if res.status is GetStatus.NO_MATCHED_MESSAGE:
                 for o in range(pos, min(res.next_begin_offset, end)):
@@ -438,8 +456,11 @@ class PopProcessor:
                 if o < win.base or o in win.done:
                     continue  # (an ack during the read may have moved the base past it)
                 group = message_group(view)
-                if o in win.inflight or group in blocked:
+                if o in win.inflight:
+                    win.note_group(o, group)
                     blocked.add(group)
+                    continue
+                if group in blocked:
                     continue
                 if sql is not None and not sql.matches(
                     decode_properties(properties_slice(view, 0)[1])
@@ -447,7 +468,7 @@ class PopProcessor:
                     win.skip(o)
                     continue
                 blocked.add(group)
-                picks.append(_FifoPick(o, view, win.attempts.get(o, 0) + 1))
+                picks.append(_FifoPick(o, view, win.attempts.get(o, 0) + 1, group))
                 nbytes += size
                 if len(picks) >= want or nbytes >= MAX_POP_BYTES:
                     stopped = True
@@ -459,7 +480,7 @@ class PopProcessor:
             if res.next_begin_offset <= start:
                 break  # no progress (cannot happen with FOUND; never spin)
             pos = max(pos, res.next_begin_offset)
-        return picks
+        return picks, pos
 
     async def _read(
         self, req: _PopRequest, topic: str, queue_id: int, offset: int, want: int, served: _Served
