@@ -127,6 +127,14 @@ class BrokerConfig:
         " their group's pop retry topic (so they come back at most this late).",
         at_least(1),
     )
+    pop_revive_compact_lag: int = setting(
+        100_000,
+        "Revive-log compaction: an open Pop checkpoint whose entry is this many entries behind "
+        "the log's head is written again at the head (with its acks), so restart replay, which "
+        "starts at the oldest open checkpoint, starts at most about this far back, and the "
+        "entries below are never read again (docs/pop.md, The revive log).",
+        at_least(1),
+    )
     pop_max_inflight_per_group: int = setting(
         100_000,
         "Pop messages a group may hold un-acked on this broker; beyond it a pop answers "
