@@ -64,9 +64,14 @@ async def test_new_group_on_a_young_queue_starts_at_zero(
     await send(client, broker, "Young", [f"m{i}".encode() for i in range(10)])
     resp = await query(client, broker, "G-new", "Young")
     assert resp.code == ResponseCode.SUCCESS and resp.fields["offset"] == 0, resp.remark
-    # The stored offset only (tools, the proxy's GetOffset): still none.
-    resp = await query(client, broker, "G-new", "Young", set_zero_if_not_found=False)
+    # The stored offset only (tools, the proxy's GetOffset): none for another new group...
+    resp = await query(client, broker, "G-other", "Young", set_zero_if_not_found=False)
     assert resp.code == ResponseCode.QUERY_NOT_FOUND
+    # ... while the 0 answered is recorded as the group's offset (its client takes it as
+    # stored and commits only what it consumes).
+    resp = await query(client, broker, "G-new", "Young", set_zero_if_not_found=False)
+    assert resp.code == ResponseCode.SUCCESS and resp.fields["offset"] == 0
+    assert broker.offsets.query("G-new", "Young", 0) == 0
     # A committed offset wins.
     commit = Frame(RequestCode.UPDATE_CONSUMER_OFFSET,
                    fields={"group": "G-new", "topic": "Young", "queue_id": 0, "offset": 7})  # fmt: skip

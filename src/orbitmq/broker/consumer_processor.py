@@ -219,13 +219,16 @@ class ConsumerProcessor:
             "max_offset": self.store.max_offset(topic, queue_id),
         }
         offset = self.offsets.query(group, topic, queue_id)
-        # RocketMQ's first-consume rule: a new group reads a young queue from its start.
+        # RocketMQ's first-consume rule: a new group reads a young queue from its start. The 0
+        # is recorded as the group's offset (in memory, persisted with the others): RocketMQ's
+        # client commits it with its next persistAll; OrbitMQ's takes it as already stored.
         if (
             offset is None
             and req.set_zero_if_not_found
             and self.first_consume.starts_at_zero(topic, queue_id)
         ):
             offset = 0
+            self.offsets.set(group, topic, queue_id, 0)
         if offset is None:
             return frame.reply(
                 ResponseCode.QUERY_NOT_FOUND,
