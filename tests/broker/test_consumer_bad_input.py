@@ -205,7 +205,7 @@ CASES: list[tuple[int, dict[str, Any], bytes, int]] = [
     (RequestCode.GET_CONSUMER_LIST_BY_GROUP, {"group": "a b"}, b"", ResponseCode.MESSAGE_ILLEGAL),
     (RequestCode.GET_CONSUMER_CONNECTION_LIST, {"group": "Nobody"}, b"", ResponseCode.CONSUMER_NOT_ONLINE),
     (RequestCode.QUERY_CONSUMER_OFFSET, {"group": "G1", "topic": "Safe", "queue_id": -1}, b"", ResponseCode.MESSAGE_ILLEGAL),
-    (RequestCode.QUERY_CONSUMER_OFFSET, {"group": "G1", "topic": "Safe", "queue_id": 0}, b"", ResponseCode.QUERY_NOT_FOUND),
+    (RequestCode.QUERY_CONSUMER_OFFSET, {"group": "G1", "topic": "Safe", "queue_id": 0, "set_zero_if_not_found": False}, b"", ResponseCode.QUERY_NOT_FOUND),
     (RequestCode.UPDATE_CONSUMER_OFFSET, {"group": "G1", "topic": "Safe", "queue_id": 0, "offset": 3}, b"", ResponseCode.OFFSET_ILLEGAL),
     (RequestCode.UPDATE_CONSUMER_OFFSET, {"group": "G1", "topic": "Safe", "queue_id": 0, "offset": -1}, b"", ResponseCode.OFFSET_ILLEGAL),
     (RequestCode.UPDATE_CONSUMER_OFFSET, {"group": "G1", "topic": "Safe", "queue_id": 99999, "offset": 0}, b"", ResponseCode.MESSAGE_ILLEGAL),

@@ -328,7 +328,10 @@ def offsets_file(broker: BrokerController) -> dict[str, Any]:
 
 async def test_commit_query_and_illegal(broker: BrokerController, client: RemotingClient) -> None:
     await send(client, broker, "T", 5)
-    q = req(RequestCode.QUERY_CONSUMER_OFFSET, group=G, topic="T", queue_id=0)
+    q = req(
+        RequestCode.QUERY_CONSUMER_OFFSET, group=G, topic="T", queue_id=0,
+        set_zero_if_not_found=False,
+    )  # fmt: skip
     resp = await client.invoke(broker.address, q)
     assert resp.code == ResponseCode.QUERY_NOT_FOUND
     assert resp.fields["min_offset"] == 0 and resp.fields["max_offset"] == 5

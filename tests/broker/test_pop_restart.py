@@ -184,3 +184,70 @@ async def test_foreign_and_damaged_entries_are_ignored(
         assert (await ack(client, b, "E", handles[0])).code == ResponseCode.SUCCESS
     finally:
         await b.stop()
+
+
+@NEEDS_POP_RETRY_TOPIC
+async def test_revive_log_compaction_moves_replay_past_an_old_open_checkpoint(
+    tmp_path: Path, client: RemotingClient
+) -> None:
+    """A CK held open while the revive log grows is written again at the head (with its acks)
+    once it is pop_revive_compact_lag entries behind: the revive checkpoint moves past its
+    first entry, so a restart replays from the copy, and the CK is intact (handles valid, its
+    acked message not revived, the other revived at its deadline)."""
+    config = broker_config(tmp_path / "s", pop_revive_interval_ms=50, pop_revive_compact_lag=5)
+    b = BrokerController(config)
+    await b.start()
+    try:
+        no_pop_backoff(b)
+        make_topic(b, "K")
+        make_topic(b, "N")
+        await send(client, b, "K", [b"k0", b"k1", b"k2"])
+        _, held, handles = await pop(client, b, "K", invisible_time_ms=6_000)
+        assert [m.body for m in held] == [b"k0", b"k1", b"k2"]
+        assert (await ack(client, b, "K", handles[0])).code == ResponseCode.SUCCESS
+        await send(client, b, "N", [f"n{i}".encode() for i in range(12)])
+        for _ in range(12):  # revive-log traffic: a CK and an ACK each
+            _, _, hs = await pop(client, b, "N", max_msg_nums=1)
+            assert (await ack(client, b, "N", hs[0])).code == ResponseCode.SUCCESS
+        async with asyncio.timeout(5):
+            while b.pop.reviver.compacted == 0:
+                await asyncio.sleep(0.05)
+        assert b.pop.checkpoint_floor() > 1  # the CK's first entry (0) and its ack (1)
+    finally:
+        await b.stop()
+    saved = json.loads((tmp_path / "s" / "config" / "pop_revive.json").read_text())
+    assert saved["revive_offset"] > 1
+
+    b = BrokerController(config)
+    await b.start()
+    try:
+        assert b.pop.inflight(GROUP, "K", 0) == 2
+        assert (await ack(client, b, "K", handles[0])).code == ResponseCode.RECEIPT_HANDLE_EXPIRED
+        assert (await ack(client, b, "K", handles[1])).code == ResponseCode.SUCCESS
+        got = await _drain(client, b, "K", 1, wait_s=10)
+        assert [(m.body, m.reconsume_times) for m in got] == [(b"k2", 1)]
+    finally:
+        await b.stop()
+
+
+def test_compaction_takes_only_old_ordinary_checkpoints_no_append_is_touching() -> None:
+    from orbitmq.broker.pop.records import CkRecord
+    from orbitmq.broker.pop.state import PopState
+
+    def ck(ck_id: int, fifo: bool = False) -> CkRecord:
+        return CkRecord(ck_id=ck_id, group="g", topic="t", origin_topic="t", queue_id=0,
+                        offsets=[ck_id], phys=[ck_id], pop_time_ms=0, deadline_ms=10**12,
+                        fifo_attempts=[1] if fifo else None)  # fmt: skip
+
+    state = PopState()
+    a, busy, fifo, new = (state.add(ck(1), 0), state.add(ck(2), 1), state.add(ck(3, True), 2),
+                          state.add(ck(4), 50))  # fmt: skip
+    busy.pending = 1
+    assert state.stale(10, 100) == [a]  # busy is left for later; the FIFO CK stops the walk
+    assert state.revive_floor() == 1
+    state.moved(a, 60)
+    busy.pending = 0
+    assert state.stale(10, 100) == [busy]
+    state.unmoved([busy])  # its append failed: the floor is its entry again
+    assert state.revive_floor() == 1
+    assert new.log_offset == 50 and fifo.log_offset == 2

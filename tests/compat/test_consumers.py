@@ -154,3 +154,21 @@ def test_official_consumers_are_listed_as_members_of_their_group(orbit: Orbit) -
         assert _members(orbit, group) == []  # left at shutdown, not at the brokers' expiry
     finally:
         running.finish(timeout=60)
+
+
+def test_new_simple_consumer_group_receives_messages_sent_before_it(orbit: Orbit) -> None:
+    """The official client's quick start (issue #14): send 10, then a SimpleConsumer of a new
+    group receives them, RocketMQ's first-consume rule (the topic's start is in memory)."""
+    topic = orbit.topic(unique("CompatFirst"))
+    group = unique("CompatFirstG")
+    msgs = [{"topic": topic, "body": f"m{i}"} for i in range(10)]
+    out = orbit.run(
+        [
+            {"op": "producer", "name": "p", "topics": [topic]},
+            {"op": "send", "producer": "p", "messages": msgs},
+            {"op": "simple_consumer", "name": "c", "group": group, "topics": {topic: "*"}},
+            {"op": "receive", "consumer": "c", "expect": 10, "timeout_s": 20},
+        ]
+    )
+    got = out["results"][3]["messages"]
+    assert sorted(m["body"] for m in got) == sorted(f"m{i}" for i in range(10))

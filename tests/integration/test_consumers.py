@@ -245,7 +245,12 @@ async def committed_offsets(
             broker,
             Frame(
                 RequestCode.QUERY_CONSUMER_OFFSET,
-                fields={"group": group, "topic": topic, "queue_id": q},
+                fields={
+                    "group": group,
+                    "topic": topic,
+                    "queue_id": q,
+                    "set_zero_if_not_found": False,  # the stored offset only
+                },
             ),
         )
         if resp.code == ResponseCode.QUERY_NOT_FOUND:

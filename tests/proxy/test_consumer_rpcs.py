@@ -45,6 +45,7 @@ TOPICS = {  # name -> message type; each test owns one
     "PxRenew": "NORMAL",
     "PxDlq": "NORMAL",
     "PxBad": "NORMAL",
+    "PxOff": "NORMAL",
 }
 
 
@@ -441,6 +442,43 @@ async def test_pull_and_offsets(stub: Any, producer: AsyncProducer) -> None:
     upd.offset = end + 100
     beyond = await stub.UpdateOffset(upd, metadata=md(), timeout=5)
     assert beyond.status.code == pb.ILLEGAL_OFFSET, beyond.status
+
+
+async def test_disabled_group_is_refused_on_receive_and_pull(
+    env: ProxyEnv, stub: Any, producer: AsyncProducer
+) -> None:
+    """consume_enable off (RocketMQ's consumeEnable): the proxy's ReceiveMessage and a
+    PullMessage naming the group answer FORBIDDEN and hand out nothing; a message received
+    before can still be acked (finishing work is never refused); on again, the rest come."""
+    topic, group = "PxOff", "GOff"
+    await send(producer, topic, 2)
+    (first,) = await receive_n(stub, group, topic, 1, batch=1)  # a new group: from 0
+    assert len(first.messages) == 1, first.responses
+
+    async def enable(on: bool) -> None:
+        async with AdminClient([env.ns]) as admin:
+            await admin.update_group_config(
+                SubscriptionGroupConfig(group_name=group, consume_enable=on)
+            )
+
+    await enable(False)
+    try:
+        off = await receive(stub, group, topic)
+        assert off.status.code == pb.FORBIDDEN and not off.messages, off.responses
+        req = svc.PullMessageRequest(
+            group=res(group), message_queue=mq(topic), offset=0, batch_size=32,
+            filter_expression=pb.FilterExpression(type=pb.TAG, expression="*"),
+        )  # fmt: skip
+        pulled = [r async for r in stub.PullMessage(req, metadata=md(), timeout=5)]
+        assert pulled[0].status.code == pb.FORBIDDEN, pulled[0].status
+        assert not any(r.HasField("message") for r in pulled)
+        acked = await ack(stub, group, topic, ids_handles(first.messages))
+        assert acked.status.code == pb.OK, acked.status
+    finally:
+        await enable(True)
+    rest = await receive_n(stub, group, topic, 1)
+    bodies = [m.body for r in [first, *rest] for m in r.messages]
+    assert sorted(bodies) == [b"m0", b"m1"]
 
 
 async def test_auto_renew_keeps_a_push_message_invisible(

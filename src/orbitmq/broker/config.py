@@ -10,6 +10,7 @@ from orbitmq.common.config import (
     PORT,
     above,
     at_least,
+    between,
     check_settings,
     non_empty,
     optional,
@@ -102,11 +103,36 @@ class BrokerConfig:
         "How often consumer offsets changed only in memory (pull piggy-back, Pop) are written.",
         above(0),
     )
+    # A new group's first offset (docs/consumer-groups.md, "A new group's first offset")
+    first_consume_from_start_in_memory: bool = setting(
+        True,
+        "RocketMQ's first-consume rule: a group with no offset on a queue whose first message "
+        "(queue offset 0) is still stored and in memory (see access_message_in_memory_max_ratio)"
+        " starts at 0, so CONSUME_FROM_LAST_OFFSET push/lite-pull groups and Pop groups get the "
+        "messages sent before they started on a young topic (QUERY_CONSUMER_OFFSET answers 0; "
+        "RocketMQ's initPopOffsetByCheckMsgInMem for Pop). Off: a new push/lite-pull group starts "
+        "at the queue's end, a new Pop group at its last message (max - 1).",
+    )
+    access_message_in_memory_max_ratio: int = setting(
+        40,
+        "A record counts as in memory while it lies within the newest this-percent-of-physical-"
+        "RAM bytes of the CommitLog (what the page cache holds of a log written in order; "
+        "RocketMQ's accessMessageInMemoryMaxRatio). Only the first-consume rule uses it.",
+        between(0, 100),
+    )
     # Pop
     pop_revive_interval_ms: int = setting(
         200,
         "How often Pop messages whose invisible time ended un-acked are looked for and copied to"
         " their group's pop retry topic (so they come back at most this late).",
+        at_least(1),
+    )
+    pop_revive_compact_lag: int = setting(
+        100_000,
+        "Revive-log compaction: an open Pop checkpoint whose entry is this many entries behind "
+        "the log's head is written again at the head (with its acks), so restart replay, which "
+        "starts at the oldest open checkpoint, starts at most about this far back, and the "
+        "entries below are never read again (docs/pop.md, The revive log).",
         at_least(1),
     )
     pop_max_inflight_per_group: int = setting(

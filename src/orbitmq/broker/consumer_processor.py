@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 from orbitmq.broker.consumer_manager import ConsumerGroup, validate_client_id
 from orbitmq.broker.context import BrokerContext
 from orbitmq.broker.dead_letter import copy_properties, ensure_dlq_topic, exhausted
+from orbitmq.broker.first_consume import FirstConsume
 from orbitmq.broker.timer_delivery import DelayedDelivery
 from orbitmq.common.codes import ResponseCode
 from orbitmq.common.errors import (
@@ -117,6 +118,7 @@ class ConsumerProcessor:
         self.offsets = ctx.offsets
         self.delayed = delayed
         self.inflight_source = inflight
+        self.first_consume = FirstConsume(ctx.config, ctx.store)
         self._rr = 0
 
     # ------------------------------------------------------------------ helpers
@@ -217,6 +219,16 @@ class ConsumerProcessor:
             "max_offset": self.store.max_offset(topic, queue_id),
         }
         offset = self.offsets.query(group, topic, queue_id)
+        # RocketMQ's first-consume rule: a new group reads a young queue from its start. The 0
+        # is recorded as the group's offset (in memory, persisted with the others): RocketMQ's
+        # client commits it with its next persistAll; OrbitMQ's takes it as already stored.
+        if (
+            offset is None
+            and req.set_zero_if_not_found
+            and self.first_consume.starts_at_zero(topic, queue_id)
+        ):
+            offset = 0
+            self.offsets.set(group, topic, queue_id, 0)
         if offset is None:
             return frame.reply(
                 ResponseCode.QUERY_NOT_FOUND,

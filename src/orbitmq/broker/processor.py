@@ -289,6 +289,10 @@ class BrokerProcessor:
             out.next_begin = res.next_begin_offset  # read on past records it could not serve
         return out
 
+    def _check_consume_enable(self, group: str) -> None:
+        if not self.ctx.groups.get(group).consume_enable:
+            raise NoPermissionError(f"consumer group {group} is disabled (consume_enable off)")
+
     async def pull(self, frame: Frame, conn: Connection) -> Reply:
         req = PullMessageRequest.decode(frame)
         topic = req.topic
@@ -304,8 +308,7 @@ class BrokerProcessor:
         group = req.group
         if group:
             validate_group(group)
-            if not self.ctx.groups.get(group).consume_enable:
-                raise NoPermissionError(f"consumer group {group} is disabled (consume_enable off)")
+            self._check_consume_enable(group)
         commit = req.commit_offset
         if commit >= 0:
             if not group:
@@ -368,6 +371,10 @@ class BrokerProcessor:
             )
             if not arrived and self.store.max_offset(topic, queue_id) <= offset:
                 return frame.reply(ResponseCode.PULL_NOT_FOUND, "no new message", fields)
+            if group:
+                # A held pull is answered as a new one (RocketMQ re-runs it on wake-up): a
+                # group disabled meanwhile gets nothing.
+                self._check_consume_enable(group)
 
     # ------------------------------------------------------------------ offsets and queries
 

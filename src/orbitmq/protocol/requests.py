@@ -358,11 +358,16 @@ class QueryConsumerOffsetRequest(Header):
     section: ClassVar[str] = CONSUMER
     response: ClassVar[str] = (
         "fields `offset`, `min_offset`, `max_offset`; QUERY_NOT_FOUND (22) when the group never "
-        "committed there (still with `min_offset`, `max_offset`)"
+        "committed there (still with `min_offset`, `max_offset`), except that offset 0 is "
+        "answered for a queue whose start is in memory (the first-consume rule, "
+        "docs/consumer-groups.md) unless `set_zero_if_not_found` is false"
     )
     group: str
     topic: str
     queue_id: Annotated[int, Meta(ge=0, lt=MAX_QUEUE_ID)]
+    set_zero_if_not_found: bool = True
+    """RocketMQ's setZeroIfNotFound: false asks for the stored offset only (tools, the proxy's
+    GetOffset)."""
 
 
 class UpdateConsumerOffsetRequest(Header):

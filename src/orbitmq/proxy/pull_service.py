@@ -161,6 +161,7 @@ class PullRpcs:
                 group=self.ctx.name_of(request.group),
                 topic=topic,
                 queue_id=request.message_queue.id,
+                set_zero_if_not_found=False,
             )
             resp = await self.calls.call(
                 addr,

@@ -12,12 +12,22 @@ offsets are
 * **done**: finished, but not yet part of the contiguous prefix the base moves over,
 
 and how often each unfinished offset has been delivered (``attempts``). Everything else in the
-window is visible. A pop scans from the base, blocks the message group of every in-flight
-message it meets (in-flight messages are always the oldest unfinished message of their group,
-so they are met before any later message of the group), and hands out at most one message per
-group that is not blocked. The window is rebuilt at restart from the revive log: a FIFO CK
-marks its offsets in flight (with their attempts), an ACK marks them done. Filter rejections are
-kept in memory only (a restart filters those messages again).
+window is visible. A pop walks the window, blocks the message group of every in-flight message
+(in-flight messages are always the oldest unfinished message of their group), and hands out at
+most one message per group that is not blocked. The window is rebuilt at restart from the
+revive log: a FIFO CK marks its offsets in flight (with their attempts), an ACK marks them
+done. Filter rejections are kept in memory only (a restart filters those messages again).
+
+A pop does not rescan the window from its base each time: ``scan_from`` is where the next walk
+starts. Every offset between the base and it was found done, in flight, or of a group with a
+message in flight, and only the end of an in-flight message (ack, dead-letter, or its invisible
+time running out) can make such an offset deliverable again: its group's later messages and
+(released) itself, all at or above it. So those events move ``scan_from`` back to the message's
+offset (:meth:`FifoWindow.rewind`), a rebase sets it to the new base, and a walk that ends
+moves it to where the walk stopped. The groups of in-flight messages are kept
+(``group_of``/``busy``, learned when a walk picks or meets them) so a walk that starts past
+them still blocks those groups; in-flight offsets whose group is not known yet (replayed at
+restart) make the walk start at the lowest of them.
 
 Everything here runs on the event loop; :class:`~orbitmq.broker.pop.state.PopState` owns the
 windows and applies CKs and ACKs to them.
@@ -78,6 +88,15 @@ class FifoWindow:
     """(highest queue offset, revive-log offset) of every CK that handed out offsets here:
     the restart checkpoint must not pass a CK still covering offsets at or above ``base``
     (replay rebuilds ``done`` and ``attempts`` from them)."""
+    scan_from: int = -1
+    """Where the next walk starts (at or below: see the module docstring)."""
+    rewound: int | None = None
+    """The lowest offset :meth:`rewind` was given since the current walk began (None: none);
+    a walk that ends keeps ``scan_from`` at or below it."""
+    group_of: dict[int, bytes] = field(default_factory=dict)
+    """In-flight offset -> its message group, where known."""
+    busy: dict[bytes, int] = field(default_factory=dict)
+    """Message group -> in-flight messages of it whose offset is in ``group_of``."""
 
     def deliver(self, offset: int, ck_id: int, index: int, attempt: int) -> None:
         self.inflight[offset] = (ck_id, index)
@@ -85,12 +104,54 @@ class FifoWindow:
         if attempt > self.attempts.get(offset, 0):
             self.attempts[offset] = attempt
 
+    def note_group(self, offset: int, group: bytes) -> None:
+        """``offset``, in flight, is of ``group`` (learned by a walk)."""
+        if offset in self.inflight and offset not in self.group_of:
+            self.group_of[offset] = group
+            self.busy[group] = self.busy.get(group, 0) + 1
+
+    def _ended(self, offset: int) -> None:
+        """An in-flight message ended: its group (and, released, itself) may go again."""
+        del self.inflight[offset]
+        group = self.group_of.pop(offset, None)
+        if group is not None:
+            left = self.busy[group] - 1
+            if left:
+                self.busy[group] = left
+            else:
+                del self.busy[group]
+        self.rewind(offset)
+
+    def rewind(self, offset: int) -> None:
+        """Offsets from ``offset`` on may be deliverable again: the next walk starts there."""
+        self.scan_from = min(self.scan_from, offset)
+        self.rewound = offset if self.rewound is None else min(self.rewound, offset)
+
+    def next_scan(self) -> int:
+        """Where the next walk would start."""
+        start = max(self.scan_from, self.base)
+        if len(self.group_of) < len(self.inflight):  # groups not known yet (restart)
+            start = min(start, *(o for o in self.inflight if o not in self.group_of))
+        return start
+
+    def scan_start(self) -> int:
+        """A walk begins (one at a time, under the queue's lock): where it starts; rewinds
+        are recorded from now on."""
+        self.rewound = None
+        return self.next_scan()
+
+    def scanned_to(self, offset: int) -> None:
+        """A walk (its picks stored) proved every offset below ``offset`` not deliverable
+        now; rewinds during the walk still count."""
+        self.scan_from = offset if self.rewound is None else min(offset, self.rewound)
+        self.rewound = None
+
     def ack(self, offset: int, ck_id: int, index: int) -> bool:
         """The entry holding ``offset`` was acked (or dead-lettered): finished. False when
         another entry holds it now (replaced) or it was never held."""
         if self.inflight.get(offset) != (ck_id, index):
             return False
-        del self.inflight[offset]
+        self._ended(offset)
         self.attempts.pop(offset, None)
         self.done.add(offset)
         return True
@@ -99,7 +160,7 @@ class FifoWindow:
         """The entry's invisible time ended un-acked: visible again, in place."""
         if self.inflight.get(offset) != (ck_id, index):
             return False
-        del self.inflight[offset]
+        self._ended(offset)
         return True
 
     def skip(self, offset: int) -> None:
@@ -127,6 +188,8 @@ class FifoWindow:
             self.done = {o for o in self.done if o >= offset}
             self.attempts = {o: n for o, n in self.attempts.items() if o >= offset}
         self.base = offset
+        self.rewind(offset)
+        self.scan_from = offset
 
     def earliest(self) -> int | None:
         """The lowest offset this window knows anything about (for a base never persisted)."""

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from orbitmq.broker.context import BrokerContext
+from orbitmq.broker.first_consume import FirstConsume
 from orbitmq.broker.pop.fifo import FifoWindow, message_group, with_attempt
 from orbitmq.broker.pop.receipt import ReceiptHandle
 from orbitmq.broker.pop.records import REVIVE_TOPIC, AckRecord, CkRecord
@@ -67,7 +68,10 @@ _PHYSICAL_OFFSET = struct.Struct(">q")  # at byte 28 of a stored record
 RETRY_FIRST_EVERY = 5
 """One pop in this many visits the retry queue before the topic's queues (RocketMQ's 20 %)."""
 FIFO_READ_CHUNK = 256
-"""Messages one store read of a FIFO window scan asks for."""
+"""Messages one store read of a FIFO window scan asks for at most."""
+FIFO_FIRST_CHUNK = 16
+"""... and at first (at least as many as the pop wants): a walk reads on where the last
+stopped, so reading far ahead would mostly read records again next time."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,6 +108,7 @@ class _FifoPick:
     offset: int
     view: memoryview
     attempt: int
+    group: bytes
 
 
 def check_group(group: str, topic: str) -> None:
@@ -130,6 +135,7 @@ class PopProcessor:
         self.groups = ctx.groups
         self.metrics = ctx.metrics
         self.clock = ctx.clock
+        self.first_consume = FirstConsume(ctx.config, ctx.store)
         self._locks: dict[tuple[str, str, int], asyncio.Lock] = {}
         self._rotation = itertools.count()
 
@@ -145,6 +151,8 @@ class PopProcessor:
                 else None
             )
             try:
+                # Checked again after a wait too: a held pop is answered as a new one.
+                self._check_consume_enable(req.group)
                 served = await self._pop_once(req)
                 if served.handles:
                     return self._answer(frame, req, served)
@@ -159,6 +167,12 @@ class PopProcessor:
             finally:
                 if waiter is not None:
                     self.service.unlisten(req.topics, waiter)
+
+    def _check_consume_enable(self, group: str) -> None:
+        """RocketMQ's consumeEnable: a disabled group is handed nothing (acks, invisible-time
+        changes and offset queries still work: they finish or inspect what was handed out)."""
+        if not self.groups.get(group).consume_enable:
+            raise NoPermissionError(f"consumer group {group} is disabled (consume_enable off)")
 
     def _readable(self, topic: str) -> TopicConfig:
         config = self.topics.get(topic)
@@ -177,8 +191,7 @@ class PopProcessor:
                 f"cannot pop {topic[:60]!r}: pop the original topic, its retries come with it"
             )
         check_group(group, topic)
-        if not self.groups.get(group).consume_enable:
-            raise NoPermissionError(f"consumer group {group} is disabled (consume_enable off)")
+        self._check_consume_enable(group)
         config = self._readable(topic)
         queue_id = req.queue_id
         if queue_id >= config.read_queue_nums:
@@ -232,14 +245,16 @@ class PopProcessor:
         return retry + normal if turn % RETRY_FIRST_EVERY == 0 else normal + retry
 
     def _offset(self, req: _PopRequest, topic: str, queue_id: int, retry: bool) -> int:
-        """The group's offset; a group's first pop of a queue starts at its max offset
-        (LAST_OFFSET) or min offset (FIRST_OFFSET; always for the retry topic)."""
+        """The group's offset; a group's first pop of a queue starts at its min offset
+        (FIRST_OFFSET; always for the retry topic) or, LAST_OFFSET, as RocketMQ's
+        getInitOffset: at 0 when the queue's start is in memory, else at its last message
+        (:mod:`orbitmq.broker.first_consume`)."""
         offset = self.offsets.query(req.group, topic, queue_id)
         if offset is None:
             if retry or req.from_first:
                 offset = self.store.min_offset(topic, queue_id)
             else:
-                offset = self.store.max_offset(topic, queue_id)
+                offset = self.first_consume.pop_init_offset(topic, queue_id)
             self.offsets.set(req.group, topic, queue_id, offset)
         return offset
 
@@ -339,8 +354,9 @@ class PopProcessor:
         key = (req.group, topic, queue_id)
         win = self.service.state.window(key)
         offset = self._offset(req, topic, queue_id, False)
-        if win.base == offset and offset >= self.store.max_offset(topic, queue_id):
-            return  # nothing unfinished: no lock, no thread hop
+        end = min(offset + self.service.fifo_window, self.store.max_offset(topic, queue_id))
+        if win.base == offset and win.next_scan() >= end:
+            return  # nothing unfinished, or nothing new to look at: no lock, no thread hop
         lock = self._locks.get(key)
         if lock is None:
             lock = self._locks[key] = asyncio.Lock()
@@ -348,9 +364,12 @@ class PopProcessor:
             offset = self._offset(req, topic, queue_id, False)
             if win.base != offset:
                 win.rebase(offset)  # first use, or reset / committed from outside
-            picks = await self._fifo_scan(req, topic, queue_id, win, want, served.nbytes)
+            picks, scanned_to = await self._fifo_scan(
+                req, topic, queue_id, win, want, served.nbytes
+            )
             self.service.fifo_settle(key, win)
             if not picks:
+                win.scanned_to(scanned_to)
                 return
             pop_time = self.clock.now_ms()
             record = CkRecord(
@@ -365,8 +384,15 @@ class PopProcessor:
                 deadline_ms=pop_time + req.invisible_ms,
                 fifo_attempts=[p.attempt for p in picks],
             )
-            log_offset = await self.service.append_ops([record])
+            try:
+                log_offset = await self.service.append_ops([record])
+            except BaseException:
+                win.scanned_to(win.base)  # the picks are not out: look at them again
+                raise
             self.service.state.add(record, log_offset)
+            for p in picks:
+                win.note_group(p.offset, p.group)
+            win.scanned_to(scanned_to)
         encode, deadline = self.service.codec.encode, record.deadline_ms
         for i, p in enumerate(picks):
             handle = ReceiptHandle(record.ck_id, i, queue_id, p.offset, deadline, False)
@@ -386,26 +412,29 @@ class PopProcessor:
         win: FifoWindow,
         want: int,
         nbytes: int,
-    ) -> list[_FifoPick]:
-        """Walk the window from its base: finished offsets are passed over, an in-flight one
-        blocks its message group for the rest of the walk, and the first visible message of
-        every other group is picked (blocking its group too), until ``want`` are picked."""
+    ) -> tuple[list[_FifoPick], int]:
+        """Walk the window from ``win.scan_start()`` (not from its base each time:
+        docs/fifo.md): finished offsets are passed over, the groups of in-flight messages are
+        blocked, and the first visible message of every other group is picked (blocking its
+        group too), until ``want`` are picked. Returns the picks and where the walk stopped."""
         end = min(win.base + self.service.fifo_window, self.store.max_offset(topic, queue_id))
-        pos = win.base
-        blocked: set[bytes] = set()
+        pos = start_pos = win.scan_start()
+        blocked: set[bytes] = set(win.busy)
         picks: list[_FifoPick] = []
         sql = req.filter if req.filter.is_sql else None
+        chunk = max(want, FIFO_FIRST_CHUNK)  # grows: a walk past blocked groups reads more
         while pos < end and len(picks) < want and nbytes < MAX_POP_BYTES:
             start = pos
             res = await self.bridge.read(
-                self.store.get_messages, topic, queue_id, pos, min(end - pos, FIFO_READ_CHUNK),
+                self.store.get_messages, topic, queue_id, pos, min(end - pos, chunk),
                 MAX_POP_BYTES, req.filter.tags,
             )  # fmt: skip
-            if res.status is GetStatus.OFFSET_TOO_SMALL and pos == win.base:
+            chunk = min(chunk * 2, FIFO_READ_CHUNK)
+            if res.status is GetStatus.OFFSET_TOO_SMALL and pos == start_pos:
                 log.info("pop %s %s/%d: offset %d is gone, moving to %d", req.group, topic,
                          queue_id, pos, res.next_begin_offset)  # fmt: skip
                 win.rebase(res.next_begin_offset)
-                pos = res.next_begin_offset
+                pos = start_pos = res.next_begin_offset
                 continue
             if res.status is GetStatus.NO_MATCHED_MESSAGE:
                 for o in range(pos, min(res.next_begin_offset, end)):
@@ -427,8 +456,11 @@ class PopProcessor:
                 if o < win.base or o in win.done:
                     continue  # (an ack during the read may have moved the base past it)
                 group = message_group(view)
-                if o in win.inflight or group in blocked:
+                if o in win.inflight:
+                    win.note_group(o, group)
                     blocked.add(group)
+                    continue
+                if group in blocked:
                     continue
                 if sql is not None and not sql.matches(
                     decode_properties(properties_slice(view, 0)[1])
@@ -436,7 +468,7 @@ class PopProcessor:
                     win.skip(o)
                     continue
                 blocked.add(group)
-                picks.append(_FifoPick(o, view, win.attempts.get(o, 0) + 1))
+                picks.append(_FifoPick(o, view, win.attempts.get(o, 0) + 1, group))
                 nbytes += size
                 if len(picks) >= want or nbytes >= MAX_POP_BYTES:
                     stopped = True
@@ -448,7 +480,7 @@ class PopProcessor:
             if res.next_begin_offset <= start:
                 break  # no progress (cannot happen with FOUND; never spin)
             pos = max(pos, res.next_begin_offset)
-        return picks
+        return picks, pos
 
     async def _read(
         self, req: _PopRequest, topic: str, queue_id: int, offset: int, want: int, served: _Served

@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Protocol
 from orbitmq.broker.dead_letter import copy_properties, ensure_dlq_topic, exhausted
 from orbitmq.broker.pop.records import (
     REVIVE_TOPIC,
+    AckRecord,
     CkRecord,
     DoneRecord,
     Op,
@@ -61,6 +62,10 @@ FAILURE_BACKOFF_S = 2.0
 REPLAY_CHUNK = 1024
 REPLAY_BYTES = 16 * 1024 * 1024
 CHECKPOINT_FILE = "pop_revive.json"
+COMPACT_PASS_CKS = 1024
+"""Open CKs one compaction pass writes again at most..."""
+COMPACT_ENTRY_CKS = 128
+"""... in entries of at most this many (with their ACKs)."""
 
 _BatchKey = tuple[str, int, int, int, int, tuple[str, int], int]
 """(target topic, flag, sys_flag, reconsume_times, born time, born host, due ms or -1: the DLQ,
@@ -128,6 +133,8 @@ class Reviver:
         self._write_lock = asyncio.Lock()
         self._written_floor = -1
         self._last_checkpoint = 0.0
+        self.compacted = 0
+        """Open CKs written again at the log's head since start (compaction)."""
 
     # ------------------------------------------------------------------ restart
 
@@ -150,7 +157,12 @@ class Reviver:
         await self.system_log.settle()
         saved = self._read_checkpoint()
         start = saved or 0
-        offset = max(start, self.system_log.min_offset(REVIVE_TOPIC, 0))
+        low = self.system_log.min_offset(REVIVE_TOPIC, 0)
+        if low > start:
+            log.warning("revive log: entries %d..%d are gone (CommitLog retention) though the "
+                        "revive checkpoint needs them: checkpoints open there are lost, their "
+                        "messages are not revived", start, low - 1)  # fmt: skip
+        offset = max(start, low)
         end = self.system_log.max_offset(REVIVE_TOPIC, 0)
         began = time.monotonic()
         entries = bad = 0
@@ -230,6 +242,8 @@ class Reviver:
             try:
                 if await self.revive_due() >= REVIVE_PASS_CKS:
                     pause = 0  # more are due: go on at once
+                if await self.compact() >= COMPACT_PASS_CKS:
+                    pause = 0
                 await self.write_checkpoint()
             except Exception:  # keep reviving: the CKs stay open and are retried
                 log.exception("pop revive pass failed; retrying in %.0f s", FAILURE_BACKOFF_S)
@@ -237,6 +251,44 @@ class Reviver:
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(pause):
                     await self._stopping.wait()
+
+    async def compact(self, lag: int | None = None) -> int:
+        """Write open ordinary CKs whose entry is ``lag`` (``pop_revive_compact_lag``) or more
+        entries behind the head again at the head, each with an ACK of its acked entries, so
+        the revive checkpoint (the oldest open CK's entry) moves up and what lies below it is
+        never replayed again. Same CK id and deadline: handles stay valid, replay from below
+        the copy ignores it (the CK is known), replay from above it starts with the copy.
+        CKs an append is touching are left for the next pass. Returns how many it wrote."""
+        lag = self.ctx.config.pop_revive_compact_lag if lag is None else lag
+        below = self.system_log.max_offset(REVIVE_TOPIC, 0) - lag
+        stale = self.state.stale(below, COMPACT_PASS_CKS)
+        written = 0
+        for i in range(0, len(stale), COMPACT_ENTRY_CKS):
+            # The acked marks are read right before the append is called: an ack still being
+            # appended (pending; its mark may yet be undone) keeps its CK for a later pass, and
+            # an ack begun after this lands after the copy.
+            chunk = [ck for ck in stale[i : i + COMPACT_ENTRY_CKS] if ck.ck_id in self.state.cks]
+            busy = [ck for ck in chunk if ck.pending]
+            chunk = [ck for ck in chunk if not ck.pending]
+            self.state.unmoved(busy)
+            if not chunk:
+                continue
+            ops: list[Op] = []
+            for ck in chunk:
+                ops.append(ck.record)
+                acked = [j for j, done in enumerate(ck.acked) if done]
+                if acked:
+                    ops.append(AckRecord(ck.ck_id, acked))
+            try:
+                log_offset = await self.pop.append_ops(ops)
+            except BaseException:
+                self.state.unmoved(chunk + stale[i + COMPACT_ENTRY_CKS :])
+                raise
+            for ck in chunk:
+                self.state.moved(ck, log_offset)
+            written += len(chunk)
+        self.compacted += written
+        return written
 
     async def revive_due(self, now_ms: int | None = None) -> int:
         """One pass; returns how many checkpoints it closed."""

@@ -79,6 +79,42 @@ class PopState:
             heapq.heappop(heap)
         return None
 
+    def stale(self, below: int, limit: int) -> list[PopCheckpoint]:
+        """Open ordinary CKs whose revive-log entry lies below ``below``, oldest first, that no
+        append is touching, at most ``limit``: taken off the floor heap until :meth:`moved`
+        (or :meth:`unmoved`) puts them back. Stops at the first FIFO CK (its window needs the
+        log from there on anyway: ``FifoWindow.pins``)."""
+        out: list[PopCheckpoint] = []
+        later: list[tuple[int, int]] = []
+        heap = self._log_heap
+        while heap and heap[0][0] < below and len(out) < limit:
+            offset, ck_id = heap[0]
+            ck = self.cks.get(ck_id)
+            if ck is None or ck.log_offset != offset:
+                heapq.heappop(heap)
+                continue
+            if ck.fifo:
+                break
+            heapq.heappop(heap)
+            if ck.pending:
+                later.append((offset, ck_id))
+                continue
+            out.append(ck)
+        for item in later:
+            heapq.heappush(heap, item)
+        return out
+
+    def moved(self, ck: PopCheckpoint, log_offset: int) -> None:
+        """The CK was written again at ``log_offset`` (compaction): replay may start past
+        its first entry."""
+        ck.log_offset = log_offset
+        heapq.heappush(self._log_heap, (log_offset, ck.ck_id))
+
+    def unmoved(self, cks: list[PopCheckpoint]) -> None:
+        """Undo :meth:`stale` (the compaction append failed)."""
+        for ck in cks:
+            heapq.heappush(self._log_heap, (ck.log_offset, ck.ck_id))
+
     def due(self, now_ms: int, limit: int) -> list[PopCheckpoint]:
         """Open CKs whose deadline has passed and that no append is touching, at most
         ``limit``; they stay in the state until :meth:`close` (a failed revive is retried)."""
