@@ -456,7 +456,7 @@ async def test_disabled_group_is_refused_on_receive_and_pull(
     assert len(first.messages) == 1, first.responses
 
     async def enable(on: bool) -> None:
-        async with AdminClient([env.ns]) as admin:
+        async with AsyncAdminClient([env.ns]) as admin:
             await admin.update_group_config(
                 SubscriptionGroupConfig(group_name=group, consume_enable=on)
             )

@@ -142,8 +142,10 @@ class OffsetStore(Protocol):
     def read(self, mq: MessageQueue) -> int | None:
         """The offset in memory, if any."""
 
-    async def query(self, mq: MessageQueue) -> int | None:
-        """The durable offset (broker or file); None when there is none."""
+    async def query(self, mq: MessageQueue, *, stored_only: bool = False) -> int | None:
+        """The durable offset (broker or file); None when there is none. A broker answers a
+        new group's young queue with 0 (the first-consume rule, docs/consumer-groups.md) unless
+        ``stored_only``, which asks for what was committed and nothing else."""
 
     async def fetch(self, mq: MessageQueue) -> int | None:
         """:meth:`query`, and remember the answer in memory."""
@@ -201,10 +203,15 @@ class RemoteOffsetStore(_MemoryTable):
             self.persisted[mq] = offset
         return offset
 
-    async def query(self, mq: MessageQueue) -> int | None:
+    async def query(self, mq: MessageQueue, *, stored_only: bool = False) -> int | None:
         resp = await self.requester.call_queue(
             mq,
-            QueryConsumerOffsetRequest(group=self.group, topic=mq.topic, queue_id=mq.queue_id),
+            QueryConsumerOffsetRequest(
+                group=self.group,
+                topic=mq.topic,
+                queue_id=mq.queue_id,
+                set_zero_if_not_found=not stored_only,
+            ),
             ok=frozenset({ResponseCode.SUCCESS, ResponseCode.QUERY_NOT_FOUND}),
         )
         if resp.code == ResponseCode.QUERY_NOT_FOUND:
@@ -323,7 +330,7 @@ class LocalOffsetStore(_MemoryTable):
                         out[MessageQueue(topic, broker, int(qid))] = offset
         return out
 
-    async def query(self, mq: MessageQueue) -> int | None:
+    async def query(self, mq: MessageQueue, *, stored_only: bool = False) -> int | None:
         return self._file.get(mq)
 
     async def fetch(self, mq: MessageQueue) -> int | None:

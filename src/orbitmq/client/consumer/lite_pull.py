@@ -190,7 +190,7 @@ class AsyncLitePullConsumer(GroupMember):
     async def committed(self, mq: MessageQueue) -> int | None:
         """The group's committed offset of ``mq`` (None: never committed)."""
         self._check_running()
-        return await self.offset_store.query(mq)
+        return await self.offset_store.query(mq, stored_only=True)
 
     async def seek(self, mq: MessageQueue, offset: int) -> None:
         """Continue ``mq`` from ``offset`` (within [min offset, max offset]); drops its buffer."""
