@@ -23,6 +23,7 @@ from orbitmq.broker.ha.slave import HaSlave
 from orbitmq.common.codes import ResponseCode
 from orbitmq.common.message import MessageBatch, encode_properties
 from orbitmq.net.client import RemotingClient
+from orbitmq.protocol.messages import decode_records
 from orbitmq.store.message_store import MessageStore
 from orbitmq.testing import small_broker_config
 from tests.broker.test_broker import pull_frame, send_frame
@@ -215,4 +216,21 @@ async def test_a_stalled_slave_makes_sync_sends_time_out(tmp_path: Path) -> None
         assert resp.code == ResponseCode.FLUSH_SLAVE_TIMEOUT, resp.remark
         assert master.store.commit_log.max_offset > 0  # stored on the master
         gate.set()
+    await client.close()
+
+
+async def test_a_slave_with_slave_read_enable_serves_pulls(tmp_path: Path) -> None:
+    client = RemotingClient()
+    async with (
+        running(master_config(tmp_path / "m", replication_mode="sync")) as master,
+        running(slave_config(tmp_path / "s", master, slave_read_enable=True)) as slave,
+    ):
+        await in_sync(master)
+        for i in range(5):
+            assert (await send(client, master, i)).code == ResponseCode.SUCCESS
+        await assert_identical(master, slave)
+        slave.topics.auto_create(TOPIC)  # topics are not replicated yet (docs/ha.md)
+        resp = await client.invoke(slave.address, pull_frame(TOPIC, 0, 0))
+        assert resp.code == ResponseCode.SUCCESS, resp.remark
+        assert [m.body for m in decode_records(resp.body)] == [b"m%d" % i for i in range(5)]
     await client.close()

@@ -254,7 +254,7 @@ class HaMaster:
             slave = await self._handshake(link)
             if slave is None:
                 return
-            sender = self._tasks.spawn(self._stream(slave), name=f"ha-send-{slave.broker_id}")
+            sender = self._tasks.spawn(self._send_loop(slave), name=f"ha-send-{slave.broker_id}")
             try:
                 while True:
                     frame = await link.recv()
@@ -322,6 +322,15 @@ class HaMaster:
                 nxt = next((s for _e, s in entries[i + 1 :] if s > pos), None)
                 return epoch, start, nxt
         raise ProtocolError(f"offset {pos} lies before the first epoch {entries[:1]}")
+
+    async def _send_loop(self, slave: SlaveState) -> None:
+        """The sender; if it fails (a chunk the log no longer holds, a closed socket), the link
+        is closed, so the reader ends too and the slave reconnects."""
+        try:
+            await self._stream(slave)
+        except (LinkClosedError, ProtocolError, MQError, OSError) as exc:
+            log.warning("HA sender to slave %d stops: %s", slave.broker_id, exc)
+            slave.link.writer.close()
 
     async def _stream(self, slave: SlaveState) -> None:
         """Send the log from the slave's end on, and heartbeats when idle."""
