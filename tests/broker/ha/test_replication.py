@@ -234,3 +234,39 @@ async def test_a_slave_with_slave_read_enable_serves_pulls(tmp_path: Path) -> No
         assert resp.code == ResponseCode.SUCCESS, resp.remark
         assert [m.body for m in decode_records(resp.body)] == [b"m%d" % i for i in range(5)]
     await client.close()
+
+
+async def test_a_slave_acking_after_flush_has_fsynced_what_was_acknowledged(
+    tmp_path: Path,
+) -> None:
+    client = RemotingClient()
+    async with (
+        running(master_config(tmp_path / "m", replication_mode="sync")) as master,
+        running(slave_config(tmp_path / "s", master, ha_slave_ack_after_flush=True)) as slave,
+    ):
+        await in_sync(master)
+        for i in range(10):
+            resp = await send(client, master, i)
+            assert resp.code == ResponseCode.SUCCESS, resp.remark
+            assert slave.store.commit_log.flushed_offset > resp.fields["offset"]
+    await client.close()
+
+
+async def test_a_slave_with_no_common_history_is_refused(tmp_path: Path) -> None:
+    """A store written before replication (no epoch file) cannot tell which of its bytes the
+    master has: the slave must not join, and nothing of either log changes."""
+    client = RemotingClient()
+    async with running(master_config(tmp_path / "m")) as master:
+        assert (await send(client, master, 0)).code == ResponseCode.SUCCESS
+        store = MessageStore(slave_config(tmp_path / "s", master).store)
+        store.open()
+        store.put(MessageBatch(TOPIC, 0, [b"own"], [encode_properties({})]))
+        own_end = store.commit_log.max_offset
+        store.close()
+        async with running(slave_config(tmp_path / "s", master)) as slave:
+            assert isinstance(slave.ha, HaSlave)
+            ha = slave.ha
+            await wait_until(lambda: "epoch" in ha.last_error)
+            assert not ha.connected.is_set() and ha_of(master).in_sync_replicas == 1
+            assert slave.store.commit_log.max_offset == own_end
+    await client.close()
