@@ -201,7 +201,12 @@ async def test_sync_mode_below_min_isr_refuses_before_storing(tmp_path: Path) ->
 
 async def test_a_stalled_slave_makes_sync_sends_time_out(tmp_path: Path) -> None:
     client = RemotingClient()
-    config = master_config(tmp_path / "m", replication_mode="sync", slave_timeout_ms=300)
+    config = master_config(
+        tmp_path / "m",
+        replication_mode="sync",
+        slave_timeout_ms=300,
+        ha_max_time_slave_not_catchup_ms=1_000,
+    )
     async with running(config) as master, running(slave_config(tmp_path / "s", master)) as slave:
         await in_sync(master)
         assert isinstance(slave.ha, HaSlave)
@@ -215,6 +220,10 @@ async def test_a_stalled_slave_makes_sync_sends_time_out(tmp_path: Path) -> None
         resp = await send(client, master, 0)
         assert resp.code == ResponseCode.FLUSH_SLAVE_TIMEOUT, resp.remark
         assert master.store.commit_log.max_offset > 0  # stored on the master
+        # Behind for ha_max_time_slave_not_catchup_ms: it leaves the in-sync set, and with
+        # min_in_sync_replicas 1 the master acknowledges alone again.
+        await wait_until(lambda: ha_of(master).in_sync_replicas == 1)
+        assert (await send(client, master, 1)).code == ResponseCode.SUCCESS
         gate.set()
     await client.close()
 
