@@ -13,6 +13,7 @@ from orbitmq.common.config import (
     between,
     check_settings,
     non_empty,
+    one_of,
     optional,
     setting,
 )
@@ -206,6 +207,67 @@ class BrokerConfig:
         "retention: above half of it, half of it is used (and a warning logged); at least 100 "
         "ms.",
         at_least(0),
+    )
+    # Replication, static mode (docs/ha.md): a fixed master (broker_id 0) and its slaves.
+    ha_enable: bool = setting(
+        False,
+        "Replicate this broker group (docs/ha.md, static mode): the master (broker_id 0) serves "
+        "its CommitLog on ha_port, a slave (broker_id > 0) copies it from ha_master_address and "
+        "refuses sends. Off: a single copy, as before.",
+    )
+    ha_port: int | None = setting(
+        None,
+        "Port of the HA link a master listens on (None: the broker port + 1, RocketMQ's "
+        "haListenPort; 0 with port 0 picks a free one).",
+        optional(PORT),
+    )
+    ha_master_address: str | None = setting(
+        None,
+        'A slave\'s master HA address ("host:port"); required on a slave with ha_enable.',
+    )
+    replication_mode: str = setting(
+        "async",
+        "sync: a send is answered once every in-sync slave holds it (SYNC_MASTER); async: on "
+        "the master's write, the slaves' lag being the loss window (ASYNC_MASTER).",
+        one_of("sync", "async"),
+    )
+    min_in_sync_replicas: int = setting(
+        1,
+        "sync mode: replicas (the master counted) that must be in sync for a send to be "
+        "accepted; below it a send is refused before it is stored (SERVICE_NOT_AVAILABLE).",
+        at_least(1),
+    )
+    slave_timeout_ms: int = setting(
+        3_000,
+        "sync mode: a send whose bytes no in-sync slave acknowledged this fast answers "
+        "FLUSH_SLAVE_TIMEOUT (stored on the master; the producer does not resend it).",
+        at_least(1),
+    )
+    ha_slave_ack_after_flush: bool = setting(
+        False,
+        "A slave acknowledges replicated bytes after its fdatasync instead of after its write "
+        "(safer against a power cut of the whole group, slower).",
+    )
+    ha_max_time_slave_not_catchup_ms: int = setting(
+        15_000,
+        "A slave that has not caught up with the master for this long leaves the in-sync set "
+        "(RocketMQ's haMaxTimeSlaveNotCatchup).",
+        at_least(1),
+    )
+    ha_heartbeat_interval_ms: int = setting(
+        1_000,
+        "An idle HA link sends a heartbeat this often.",
+        at_least(1),
+    )
+    ha_link_timeout_ms: int = setting(
+        10_000,
+        "An HA link with no frame for this long is dead and closed (the slave leaves the "
+        "in-sync set; a slave reconnects).",
+        at_least(1),
+    )
+    slave_read_enable: bool = setting(
+        False,
+        "A slave serves pulls (never above its confirm offset); off: it answers NO_PERMISSION.",
     )
     store: StoreConfig = field(default_factory=StoreConfig)
 

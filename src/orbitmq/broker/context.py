@@ -105,6 +105,38 @@ class StoreSystemLog:
             await self._bridge.call(store.wait_for_dispatch, timeout)
 
 
+class ReplicationGate(Protocol):
+    """What the send and pull paths ask of replication (docs/ha.md; ``orbitmq.broker.ha``)."""
+
+    def check_send(self) -> None:
+        """Raise before anything is stored if this broker may not take a send now (a slave:
+        NoPermissionError; sync mode below min_in_sync_replicas: ServiceNotAvailableError)."""
+        ...
+
+    def check_read(self) -> None:
+        """Raise NoPermissionError if this broker serves no reads (a slave without
+        slave_read_enable)."""
+        ...
+
+    async def wait_replicated(self, end_offset: int) -> None:
+        """Return once the bytes before ``end_offset`` are as replicated as the mode asks
+        (sync: on every in-sync slave; FlushSlaveTimeoutError after slave_timeout_ms)."""
+        ...
+
+
+class NoReplication:
+    """A broker without replicas: every send and read is allowed, nothing is waited for."""
+
+    def check_send(self) -> None:
+        return None
+
+    def check_read(self) -> None:
+        return None
+
+    async def wait_replicated(self, end_offset: int) -> None:
+        return None
+
+
 def _read_records(store: MessageStore, physical_offsets: list[int]) -> list[bytes | None]:
     """On a reader thread: copies (the views' segment may be unmapped by retention later)."""
     out: list[bytes | None] = []
@@ -138,6 +170,8 @@ class BrokerContext:
     """Give the store a topic's retention (after the topic is made or changed)."""
     writable: Callable[[], bool]
     """Whether the broker accepts writes now (False: every write is NO_PERMISSION)."""
+    replication: ReplicationGate = NoReplication()
+    """The send path's replication checks and ack wait (docs/ha.md)."""
 
     def topic_created(self, config: TopicConfig) -> None:
         """A topic the broker made itself (DLQ, retry, system): retention, then registration."""

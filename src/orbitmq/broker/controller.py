@@ -17,9 +17,17 @@ import time
 from orbitmq.broker.config import BrokerConfig
 from orbitmq.broker.consumer_manager import ConsumerManager
 from orbitmq.broker.consumer_processor import ConsumerProcessor
-from orbitmq.broker.context import BrokerContext, StoreSystemLog, SystemLog
+from orbitmq.broker.context import (
+    BrokerContext,
+    NoReplication,
+    ReplicationGate,
+    StoreSystemLog,
+    SystemLog,
+)
 from orbitmq.broker.group_config_manager import SubscriptionGroupManager
 from orbitmq.broker.group_config_processor import GroupConfigProcessor
+from orbitmq.broker.ha.master import HaMaster
+from orbitmq.broker.ha.slave import HaSlave
 from orbitmq.broker.lock_manager import LockManager
 from orbitmq.broker.long_polling import LongPolling
 from orbitmq.broker.metrics import BrokerMetrics
@@ -103,6 +111,14 @@ class BrokerController:
         self.locks = LockManager(config.rebalance_lock_ttl_s)
         self.consumers.on_leave(self.locks.release_client)
         self.writable = True
+        self.ha: HaMaster | HaSlave | None = None
+        """Replication (docs/ha.md), when ``ha_enable``: the master's or the slave's side."""
+        if config.ha_enable:
+            if config.broker_id == 0:
+                self.ha = HaMaster(config, self.store, self.bridge, clock)
+            else:
+                self.ha = HaSlave(config, self.store)
+        replication: ReplicationGate = self.ha if self.ha is not None else NoReplication()
         self.ctx = BrokerContext(
             config=config,
             store=self.store,
@@ -118,6 +134,7 @@ class BrokerController:
             topics_changed=self.topics_changed,
             apply_retention=self.apply_retention,
             writable=lambda: self.writable,
+            replication=replication,
         )
         ctx = self.ctx
         # Services: state and background work (each takes only what it uses).
@@ -172,9 +189,12 @@ class BrokerController:
             self.apply_retention(topic)
         self.store.add_arrival_listener(self.long_polling.on_arrival)
         self.store.add_flush_listener(self._observe_flush)
-        await self.pop.start()  # restores the Pop state before anyone can pop
-        await self.transactions.start()  # replays half messages before anyone can decide
-        await self.timer.start()  # rebuilds pending timers; due-while-down ones fire at once
+        if self.ha is not None:
+            await self.ha.start()
+        if not self.is_slave:  # they append; a slave's log holds only its master's bytes
+            await self.pop.start()  # restores the Pop state before anyone can pop
+            await self.transactions.start()  # replays half messages before anyone can decide
+            await self.timer.start()  # rebuilds pending timers; due-while-down ones fire at once
         await self.server.start()
         self._start_metrics()
         self.started = True
@@ -208,9 +228,12 @@ class BrokerController:
         await self._unregister_all()
         await self.namesrv_client.close()
         self.long_polling.wake_all()
-        await self.pop.stop()  # writes the revive checkpoint after persisting offsets
-        await self.transactions.stop()
-        await self.timer.stop()  # after the services that may schedule timers
+        if not self.is_slave:
+            await self.pop.stop()  # writes the revive checkpoint after persisting offsets
+            await self.transactions.stop()
+            await self.timer.stop()  # after the services that may schedule timers
+        if self.ha is not None:
+            await self.ha.stop()
         try:
             await self.offsets.close()
         except OSError:
@@ -226,6 +249,11 @@ class BrokerController:
     @property
     def port(self) -> int:
         return self.server.port
+
+    @property
+    def is_slave(self) -> bool:
+        """A replicating slave: it runs no service that appends (Pop, transactions, timers)."""
+        return isinstance(self.ha, HaSlave)
 
     @property
     def address(self) -> str:

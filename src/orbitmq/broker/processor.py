@@ -22,6 +22,7 @@ from orbitmq.broker.timer_delivery import DelayedDelivery
 from orbitmq.broker.transaction.half import HalfMessages
 from orbitmq.common.codes import ResponseCode
 from orbitmq.common.errors import (
+    FlushSlaveTimeoutError,
     FlushTimeoutError,
     MessageIllegalError,
     NoPermissionError,
@@ -158,6 +159,8 @@ class BrokerProcessor:
     # ------------------------------------------------------------------ helpers
 
     def _topic(self, topic: str, *, for_write: bool) -> TopicConfig:
+        if for_write:
+            self.ctx.replication.check_send()  # a slave, or sync mode short of replicas
         config = self.topics.get(topic)
         if config is None:
             if for_write and self.config.auto_create_topic:
@@ -224,6 +227,11 @@ class BrokerProcessor:
                 raise
             # Stored but not yet durable: say where, like RocketMQ's FLUSH_DISK_TIMEOUT status.
             result, code, remark = exc.result, ResponseCode.FLUSH_DISK_TIMEOUT, str(exc)
+        try:
+            await self.ctx.replication.wait_replicated(result.end_offset)
+        except FlushSlaveTimeoutError as exc:
+            # Stored on the master, not (yet) on every in-sync slave: RocketMQ's status too.
+            code, remark = ResponseCode.FLUSH_SLAVE_TIMEOUT, str(exc)
         self.metrics.messages_in.inc(len(send.bodies))
         self.metrics.bytes_in.inc(int(send.body_lengths.sum()))
         self.metrics.send_latency.observe(time.perf_counter() - started)
@@ -297,6 +305,7 @@ class BrokerProcessor:
         req = PullMessageRequest.decode(frame)
         topic = req.topic
         self._topic(topic, for_write=False)
+        self.ctx.replication.check_read()  # a slave serves pulls only with slave_read_enable
         queue_id = req.queue_id
         offset = req.queue_offset
         max_nums = req.max_msg_nums
