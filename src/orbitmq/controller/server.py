@@ -53,6 +53,7 @@ from orbitmq.net.loop import run
 from orbitmq.net.server import RemotingServer
 from orbitmq.protocol.bodies import encode_body
 from orbitmq.protocol.codes import RequestCode
+from orbitmq.protocol.controller_requests import NotifyBrokerRoleChangedRequest
 from orbitmq.protocol.frame import Frame
 
 log = logging.getLogger(__name__)
@@ -215,7 +216,7 @@ class ControllerNode:
             if not isinstance(channel, Connection) or not channel.is_open:
                 continue
             try:
-                channel.send_oneway(Frame(RequestCode.NOTIFY_BROKER_ROLE_CHANGED, body=frame_body))
+                channel.send_oneway(NotifyBrokerRoleChangedRequest().frame(frame_body))
             except ConnectionClosedError:
                 continue
 

@@ -24,6 +24,7 @@ from typing import Any
 
 from orbitmq.common.codes import ResponseCode
 from orbitmq.common.errors import MQError, ProtocolError, RemoteError, RequestTimeoutError
+from orbitmq.common.tasks import TaskSet
 from orbitmq.protocol.frame import (
     FLAG_ONEWAY,
     VERSION,
@@ -74,7 +75,7 @@ class Connection(asyncio.Protocol):
         self._opaque = itertools.count(1)
         self._in_flight = 0
         self._backlog: collections.deque[Frame] = collections.deque()
-        self._tasks: set[asyncio.Task[None]] = set()
+        self._tasks = TaskSet("request handlers", logger=log)
         self._write_paused = False
         self._read_paused = False
         self._drain_waiters: list[asyncio.Future[None]] = []
@@ -151,9 +152,7 @@ class Connection(asyncio.Protocol):
             return
         self._in_flight += 1
         self._update_reading()
-        task = asyncio.get_running_loop().create_task(self._run(frame))
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        self._tasks.spawn(self._run(frame))
 
     async def _run(self, frame: Frame) -> None:
         assert self.handler is not None

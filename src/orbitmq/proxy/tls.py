@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any, cast
 
 from orbitmq.common.errors import ConfigError
+from orbitmq.common.tasks import TaskSet
 
 log = logging.getLogger(__name__)
 
@@ -191,9 +192,7 @@ class _Front(_Side):
         self.pending += data
         assert self.transport is not None
         self.transport.pause_reading()
-        task = asyncio.get_running_loop().create_task(self._connect(target))
-        self.mux.tasks.add(task)
-        task.add_done_callback(self.mux.tasks.discard)
+        self.mux.tasks.spawn(self._connect(target))
 
     async def _connect(self, port: int) -> None:
         loop = asyncio.get_running_loop()
@@ -235,7 +234,7 @@ class PortMux:
         self.tls_port = tls_port
         self.plain_port = plain_port
         self.fronts: set[_Front] = set()
-        self.tasks: set[asyncio.Task[None]] = set()
+        self.tasks = TaskSet("TLS splice", logger=log)
         self._server: asyncio.AbstractServer | None = None
 
     async def start(self, host: str, port: int) -> int:
@@ -259,6 +258,4 @@ class PortMux:
                 front.transport.close()
         if server is not None:
             await server.wait_closed()
-        for task in list(self.tasks):
-            task.cancel()
-        await asyncio.gather(*self.tasks, return_exceptions=True)
+        await self.tasks.close()

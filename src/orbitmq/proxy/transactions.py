@@ -33,6 +33,7 @@ from orbitmq.client.consumer_types import new_client_id
 from orbitmq.common.codes import ResponseCode
 from orbitmq.common.errors import ClientError, MQError, error_for
 from orbitmq.common.message import PROPERTY_REAL_QUEUE_ID, PROPERTY_REAL_TOPIC
+from orbitmq.common.tasks import TaskSet
 from orbitmq.common.validation import GROUP_MAX_LENGTH
 from orbitmq.net.connection import Connection, Reply
 from orbitmq.protocol.bodies import encode_body
@@ -102,7 +103,7 @@ class TransactionRelay:
         self._senders: OrderedDict[str, str] = OrderedDict()
         self._beaten: dict[str, set[str]] = {}  # broker addr -> groups heartbeated there
         self._task: asyncio.Task[None] | None = None
-        self._tasks: set[asyncio.Task[None]] = set()
+        self._tasks = TaskSet("transaction check-backs", logger=log)
         self._rr = itertools.count()
         self._beat_lock = asyncio.Lock()
         self.checks_forwarded = 0
@@ -121,10 +122,7 @@ class TransactionRelay:
         if task is not None:
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)
-        tasks = list(self._tasks)
-        for t in tasks:
-            t.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        await self._tasks.close()
         try:
             async with asyncio.timeout(2.0):
                 await self._unregister({addr: set(groups) for addr, groups in self._beaten.items()})
@@ -249,9 +247,7 @@ class TransactionRelay:
     # ------------------------------------------------------------------ check-backs
 
     def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
-        task = asyncio.get_running_loop().create_task(coro)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        self._tasks.spawn(coro)
 
     async def _on_request(self, frame: Frame, conn: Connection) -> Reply:
         if frame.code != RequestCode.CHECK_TRANSACTION_STATE:
