@@ -33,6 +33,7 @@ from orbitmq.common.errors import (
     FlushTimeoutError,
     StoreClosedError,
     StoreError,
+    StoreUnavailableError,
 )
 from orbitmq.common.message import MessageBatch
 from orbitmq.common.record import (
@@ -62,6 +63,7 @@ from orbitmq.store.reader import (
 from orbitmq.store.recovery import RecoveryReport, StoreParts, recover
 from orbitmq.store.retention import RetentionService, TopicRetention
 from orbitmq.store.segment import FileOps
+from orbitmq.store.supervise import ServiceHealth
 
 __all__ = ["GetResult", "GetStatus", "MessageStore"]
 
@@ -266,6 +268,12 @@ class MessageStore:
         if not self.is_open:
             raise StoreClosedError("store is not open")
         self.validate(batch)
+        failure = self.dispatcher.failure
+        if failure is not None:
+            raise StoreUnavailableError(
+                f"dispatcher failing ({failure}): sends refused until new messages can be "
+                "made readable again"
+            )
         if self.retention.disk_full:
             raise DiskFullError(
                 f"disk use {self.retention.disk_ratio:.0f}% is above "
@@ -411,6 +419,37 @@ class MessageStore:
                     break
         return found
 
+    def health(self) -> dict[str, str]:
+        """What is degraded, by part, with its cause; empty when everything works.
+
+        Parts: the background services (dispatcher, flusher, checkpoint, retention), the index
+        (keys not indexed while it cannot be written), the disk (writes refused above
+        ``disk_space_warning_level_ratio``) and the CommitLog (fenced after a failed fsync:
+        reopen the store to recover).
+        """
+        out: dict[str, str] = {}
+        for h in self.services():
+            if h.degraded is not None:
+                out[h.name] = h.degraded
+        if self.dispatcher.index_failure is not None:
+            out["index"] = f"{self.dispatcher.index_skipped} keys not indexed: " + (
+                self.dispatcher.index_failure
+            )
+        if self.retention.disk_full:
+            out["disk"] = f"{self.retention.disk_ratio:.0f}% used: writes refused"
+        if self.commit_log.fenced:
+            out["commitlog"] = f"fenced: {self.commit_log.fenced}"
+        return out
+
+    def services(self) -> list[ServiceHealth]:
+        """The failure records of the background services (for metrics)."""
+        return [
+            self.dispatcher.health,
+            self.flusher.health,
+            self._checkpointer.health,
+            self._cleaner.health,
+        ]
+
     def stats(self) -> dict[str, int]:
         return {
             "commit_log_min_offset": self.commit_log.min_offset,
@@ -420,4 +459,6 @@ class MessageStore:
             "dispatch_lag_bytes": self.commit_log.max_offset - self.dispatcher.reput_offset,
             "queues": len(self.queues.queues),
             "fsyncs": self.flusher.fsync_count,
+            "index_skipped": self.dispatcher.index_skipped,
+            "service_failures": sum(h.failures for h in self.services()),
         }

@@ -2,9 +2,16 @@
 
 Why both: ``pwrite`` is one syscall per batch, reports ENOSPC/EIO as an ordinary OSError and
 releases the GIL while the kernel copies; a shared read-only mapping of the same file hands
-readers zero-copy memoryviews of the page cache. Files are preallocated to their full size
-(``posix_fallocate``), so the mapping never reaches past EOF and a full disk shows up when a file
-is created, not as a SIGBUS in the middle of a write.
+readers zero-copy memoryviews of the page cache. Every file is sized to its full length when
+created, so the mapping never reaches past EOF. Whether its blocks are taken up front is the
+owner's choice (``reserve``): a CommitLog segment reserves them (``posix_fallocate``), so a full
+disk shows up when the segment is created rather than in the middle of an append; a ConsumeQueue
+file does not (it is sparse: disk use grows with its entries, not with the number of queues).
+A sparse file is safe because nothing writes through the mapping: a pwrite into a hole on a full
+disk returns ENOSPC like any other write, where a store through a mapping would raise SIGBUS.
+
+``FileOps`` is the fault seam: every disk call that can fail for reasons outside the program
+(write, flush, allocate, size) goes through it, so tests inject ENOSPC and EIO at each site.
 
 Thread-safety: one writer at a time per file (the CommitLog lock or the dispatcher thread);
 readers may read concurrently and only look below positions the writer has published.
@@ -40,12 +47,29 @@ class FileOps:
         os.fdatasync(fd)
 
     def allocate(self, fd: int, size: int) -> None:
+        """Size the file to ``size`` bytes with every block reserved (ENOSPC if they are not free)."""
         try:
             os.posix_fallocate(fd, 0, size)
         except OSError as exc:
             if exc.errno not in (errno.EOPNOTSUPP, errno.EINVAL, errno.ENOSYS):
                 raise
             os.ftruncate(fd, size)
+
+    def reserve(self, fd: int, offset: int, length: int) -> None:
+        """Take the blocks of [offset, offset + length) (file systems without fallocate: no-op)."""
+        try:
+            os.posix_fallocate(fd, offset, length)
+        except OSError as exc:
+            if exc.errno not in (errno.EOPNOTSUPP, errno.EINVAL, errno.ENOSYS):
+                raise
+
+    def truncate(self, fd: int, size: int) -> None:
+        """Set the file's length without taking blocks (a sparse file)."""
+        os.ftruncate(fd, size)
+
+    def read(self, fd: int, size: int, offset: int) -> bytes:
+        """One positioned read (the read seam: tests inject EIO here)."""
+        return os.pread(fd, size, offset)
 
 
 def io_error(what: str, exc: OSError) -> StoreIOError:
@@ -58,19 +82,24 @@ def io_error(what: str, exc: OSError) -> StoreIOError:
 class Segment:
     """One preallocated file of ``size`` bytes whose first byte is at ``start`` in its log."""
 
-    __slots__ = ("_mm", "_view", "closed", "fd", "fs", "path", "size", "start")
+    __slots__ = ("_mm", "_view", "closed", "fd", "fs", "path", "reserve", "size", "start")
 
-    def __init__(self, path: Path, start: int, size: int, fs: FileOps, *, create: bool) -> None:
+    def __init__(
+        self, path: Path, start: int, size: int, fs: FileOps, *, create: bool, reserve: bool = True
+    ) -> None:
         self.path = path
         self.start = start
         self.size = size
         self.fs = fs
+        self.reserve = reserve
         self.closed = False
         flags = os.O_RDWR | (os.O_CREAT | os.O_EXCL if create else 0)
         self.fd = os.open(path, flags, 0o644)
         try:
-            if create:
+            if create and reserve:
                 fs.allocate(self.fd, size)
+            elif create:
+                fs.truncate(self.fd, size)
             else:
                 actual = os.fstat(self.fd).st_size
                 if actual != size:
@@ -107,6 +136,8 @@ class Segment:
         """Zero the file from ``position`` on (truncate then re-extend: the kernel zero-fills)."""
         os.ftruncate(self.fd, position)
         os.ftruncate(self.fd, self.size)
+        if not self.reserve:
+            return
         try:
             self.fs.allocate(self.fd, self.size)
         except OSError:
@@ -134,10 +165,22 @@ class SegmentQueue:
     reader that took ``self.segments`` once holds a consistent snapshot without locking.
     """
 
-    def __init__(self, directory: Path, segment_size: int, fs: FileOps) -> None:
+    def __init__(
+        self,
+        directory: Path,
+        segment_size: int,
+        fs: FileOps,
+        *,
+        reserve: bool = True,
+        dir_syncs: set[Path] | None = None,
+    ) -> None:
         self.directory = directory
         self.segment_size = segment_size
         self.fs = fs
+        self.reserve = reserve
+        # With ``dir_syncs`` a new file's name is made durable later, by whoever drains the
+        # set before it vouches for the file (derived data: the checkpoint); else at once.
+        self.dir_syncs = dir_syncs
         self.segments: list[Segment] = []
         self._mutate = threading.Lock()
 
@@ -180,7 +223,12 @@ class SegmentQueue:
                 )
             loaded.append(
                 Segment(
-                    self.directory / offset_name(s), s, self.segment_size, self.fs, create=False
+                    self.directory / offset_name(s),
+                    s,
+                    self.segment_size,
+                    self.fs,
+                    create=False,
+                    reserve=self.reserve,
                 )
             )
         self.segments = loaded
@@ -207,12 +255,16 @@ class SegmentQueue:
     def create(self, start: int) -> Segment:
         try:
             seg = Segment(
-                self.directory / offset_name(start), start, self.segment_size, self.fs, create=True
-            )
+                self.directory / offset_name(start), start, self.segment_size, self.fs,
+                create=True, reserve=self.reserve,
+            )  # fmt: skip
         except OSError as exc:
             raise io_error(f"creating segment {offset_name(start)}", exc) from exc
         try:
-            fsync_dir(self.directory)  # the new name must survive a power cut, like the data
+            if self.dir_syncs is not None:
+                self.dir_syncs.add(self.directory)  # set.add is atomic under the GIL
+            else:
+                fsync_dir(self.directory)  # the new name must survive a power cut, like the data
         except OSError as exc:
             seg.destroy()
             raise io_error(f"creating segment {offset_name(start)}", exc) from exc
