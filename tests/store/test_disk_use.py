@@ -97,3 +97,34 @@ def test_index_file_grows_in_steps_and_a_failed_step_is_an_error_not_a_sigbus(
         assert f.select("T#z", 0, 2**62, 5) == [10**9]
     finally:
         f.close()
+
+
+def test_consume_queue_files_beyond_the_open_bound_close_and_reopen(tmp_path: Path) -> None:
+    """10,000 topics x 8 queues would need 80,000 fds and mappings: only
+    ``max_open_consume_queue_files`` stay open, the rest reopen on use."""
+    config = StoreConfig(
+        store_path=tmp_path / "s",
+        mapped_file_size_commit_log=8 * 1024 * 1024,
+        consume_queue_entries_per_file=4,  # several files per queue
+        max_open_consume_queue_files=16,
+        clean_resource_interval_ms=3_600_000,
+    )
+
+    def open_fds() -> int:
+        return len(os.listdir("/proc/self/fd"))
+
+    before = open_fds()
+    with MessageStore(config) as store:
+        for round_ in range(3):
+            for i in range(60):
+                store.put(MessageBatch.of(f"T{i}", 0, [f"{i}.{round_}".encode()] * 3))
+        assert store.wait_for_dispatch()
+        store.checkpoint()
+        assert open_fds() - before < 16 + 20  # the bound, the CommitLog, the index, the lock
+        for _ in range(2):  # every queue readable, whichever of its files was closed
+            for i in range(60):
+                got = store.get_messages(f"T{i}", 0, 0, 100)
+                assert len(got.messages) == 9
+    with MessageStore(config) as store:
+        for i in range(60):
+            assert len(store.get_messages(f"T{i}", 0, 0, 100).messages) == 9

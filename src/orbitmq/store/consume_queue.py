@@ -27,7 +27,7 @@ from pathlib import Path
 import numpy as np
 
 from orbitmq.store.layout import fsync_dir, offset_name, parse_offset_name
-from orbitmq.store.segment import FileOps, Segment, SegmentQueue
+from orbitmq.store.segment import FileOps, OpenFiles, Segment, SegmentQueue
 
 log = logging.getLogger(__name__)
 
@@ -48,6 +48,7 @@ class ConsumeQueue:
         entries_per_file: int,
         fs: FileOps,
         dir_syncs: set[Path] | None = None,
+        open_files: OpenFiles | None = None,
     ) -> None:
         self.topic = topic
         self.queue_id = queue_id
@@ -56,7 +57,12 @@ class ConsumeQueue:
         # Sparse: a queue with one entry takes one block, not 5.7 MiB (pwrite, never the map,
         # writes it, so a hole on a full disk is an ENOSPC error, not a SIGBUS).
         self.files = SegmentQueue(
-            root / topic / str(queue_id), self.file_size, fs, reserve=False, dir_syncs=dir_syncs
+            root / topic / str(queue_id),
+            self.file_size,
+            fs,
+            reserve=False,
+            dir_syncs=dir_syncs,
+            open_files=open_files,
         )
         self.max_offset = 0  # next queue offset to be written
         self.min_offset = 0  # first queue offset still served
@@ -269,10 +275,13 @@ def file_name_for(queue_offset: int, entries_per_file: int) -> str:
 class ConsumeQueueTable:
     """Every ConsumeQueue of a store, created on first use."""
 
-    def __init__(self, root: Path, entries_per_file: int, fs: FileOps) -> None:
+    def __init__(
+        self, root: Path, entries_per_file: int, fs: FileOps, max_open_files: int = 4096
+    ) -> None:
         self.root = root
         self.entries_per_file = entries_per_file
         self.fs = fs
+        self.open_files = OpenFiles(max_open_files)
         self.queues: dict[tuple[str, int], ConsumeQueue] = {}
         # Directories whose new entries (queue directories, files) ``flush`` makes durable:
         # three directory fsyncs per new queue made spreading messages over 80,000 queues
@@ -291,8 +300,9 @@ class ConsumeQueueTable:
                 if not qdir.isdigit():
                     continue
                 cq = ConsumeQueue(
-                    self.root, topic, int(qdir), self.entries_per_file, self.fs, self._dir_syncs
-                )
+                    self.root, topic, int(qdir), self.entries_per_file, self.fs, self._dir_syncs,
+                    self.open_files,
+                )  # fmt: skip
                 problems += [f"{topic}/{qdir}: {p}" for p in cq.load()]
                 self.queues[(topic, int(qdir))] = cq
         return problems
@@ -304,8 +314,9 @@ class ConsumeQueueTable:
         cq = self.queues.get((topic, queue_id))
         if cq is None:
             cq = ConsumeQueue(
-                self.root, topic, queue_id, self.entries_per_file, self.fs, self._dir_syncs
-            )
+                self.root, topic, queue_id, self.entries_per_file, self.fs, self._dir_syncs,
+                self.open_files,
+            )  # fmt: skip
             qdir = cq.files.directory
             if not qdir.is_dir():
                 qdir.mkdir(parents=True, exist_ok=True)

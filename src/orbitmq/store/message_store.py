@@ -93,7 +93,10 @@ class MessageStore:
             root / layout.COMMITLOG_DIR, config.mapped_file_size_commit_log, self.fs, clock
         )
         self.queues = ConsumeQueueTable(
-            root / layout.CONSUMEQUEUE_DIR, config.consume_queue_entries_per_file, self.fs
+            root / layout.CONSUMEQUEUE_DIR,
+            config.consume_queue_entries_per_file,
+            self.fs,
+            config.max_open_consume_queue_files,
         )
         self.index: IndexService | None = (
             IndexService(

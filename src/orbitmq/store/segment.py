@@ -25,9 +25,10 @@ import logging
 import mmap
 import os
 import threading
+from collections import OrderedDict
 from pathlib import Path
 
-from orbitmq.common.errors import DiskFullError, StoreIOError
+from orbitmq.common.errors import DiskFullError, StoreClosedError, StoreIOError
 from orbitmq.store.layout import fsync_dir, offset_name, parse_offset_name
 
 log = logging.getLogger(__name__)
@@ -158,6 +159,128 @@ class Segment:
         self.path.unlink(missing_ok=True)
 
 
+class OpenFiles:
+    """A bound on the sparse segments kept open (an fd and a mapping each), least recently
+    used closed first. 10,000 topics x 8 queues would otherwise need 80,000 of each, past
+    the usual ``ulimit -n`` and ``vm.max_map_count`` (65,530). A closed one reopens on use."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self._lru: OrderedDict[SparseSegment, None] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def touch(self, seg: SparseSegment) -> None:
+        victims: list[SparseSegment] = []
+        with self._lock:
+            self._lru[seg] = None
+            self._lru.move_to_end(seg)
+            while len(self._lru) > self.limit:
+                victim = next(iter(self._lru))
+                if victim is seg:
+                    break
+                del self._lru[victim]
+                victims.append(victim)
+        for victim in victims:
+            if not victim.unmap():  # busy right now: keep it, try another time
+                with self._lock:
+                    self._lru[victim] = None
+
+    def forget(self, seg: SparseSegment) -> None:
+        with self._lock:
+            self._lru.pop(seg, None)
+
+
+class SparseSegment(Segment):
+    """A segment without reserved blocks whose fd and mapping may be closed while idle
+    (``OpenFiles``) and reopen on the next use. Each ``view`` is its own memoryview, so
+    closing never invalidates a view a reader holds (the mapping lives until it is released).
+    """
+
+    __slots__ = ("_lock", "_open_files")
+
+    def __init__(
+        self, path: Path, start: int, size: int, fs: FileOps, open_files: OpenFiles, *,
+        create: bool,
+    ) -> None:  # fmt: skip
+        super().__init__(path, start, size, fs, create=create, reserve=False)
+        self._view.release()  # views are handed out fresh, see the class doc
+        self._lock = threading.Lock()
+        self._open_files = open_files
+        open_files.touch(self)
+
+    def _ensure_open(self) -> None:
+        """Reopen after an unmap (the lock is held)."""
+        if self.fd >= 0:
+            return
+        if self.closed:
+            raise StoreClosedError(f"{self.path.name} is closed")
+        fd = os.open(self.path, os.O_RDWR)
+        try:
+            self._mm = mmap.mmap(fd, self.size, prot=mmap.PROT_READ)
+        except BaseException:
+            os.close(fd)
+            raise
+        self.fd = fd
+
+    @property
+    def view(self) -> memoryview:
+        with self._lock:
+            self._ensure_open()
+            view = memoryview(self._mm)
+        self._open_files.touch(self)
+        return view
+
+    def write(self, position: int, data: bytes | bytearray | memoryview) -> None:
+        with self._lock:
+            self._ensure_open()
+            self.fs.pwrite(self.fd, data, position)
+        self._open_files.touch(self)
+
+    def flush(self) -> None:
+        with self._lock:
+            if self.closed:
+                return
+            if self.fd < 0:  # fsync is per file, not per fd: a new fd flushes what was written
+                fd = os.open(self.path, os.O_RDWR)
+                try:
+                    self.fs.fdatasync(fd)
+                finally:
+                    os.close(fd)
+                return
+            self.fs.fdatasync(self.fd)
+
+    def zero_from(self, position: int) -> None:
+        with self._lock:
+            self._ensure_open()
+            super().zero_from(position)
+
+    def unmap(self) -> bool:
+        """Close the fd and the mapping (not the segment); False if it is in use right now."""
+        if not self._lock.acquire(blocking=False):
+            return False
+        try:
+            if self.fd >= 0:
+                with contextlib.suppress(BufferError):  # a reader's view keeps it mapped
+                    self._mm.close()
+                os.close(self.fd)
+                self.fd = -1
+            return True
+        finally:
+            self._lock.release()
+
+    def close(self) -> None:
+        with self._lock:
+            if self.closed:
+                return
+            self.closed = True
+            if self.fd >= 0:
+                with contextlib.suppress(BufferError):
+                    self._mm.close()
+                os.close(self.fd)
+                self.fd = -1
+        self._open_files.forget(self)
+
+
 class SegmentQueue:
     """An ordered run of equal-size segments, named by their 20-digit start offset.
 
@@ -173,11 +296,14 @@ class SegmentQueue:
         *,
         reserve: bool = True,
         dir_syncs: set[Path] | None = None,
+        open_files: OpenFiles | None = None,
     ) -> None:
         self.directory = directory
         self.segment_size = segment_size
         self.fs = fs
         self.reserve = reserve
+        # Without a reservation the files are SparseSegments, kept open within this bound.
+        self.open_files = open_files or OpenFiles(1 << 30)
         # With ``dir_syncs`` a new file's name is made durable later, by whoever drains the
         # set before it vouches for the file (derived data: the checkpoint); else at once.
         self.dir_syncs = dir_syncs
@@ -221,16 +347,7 @@ class SegmentQueue:
                 problems.append(
                     f"{offset_name(s)} is {actual} bytes, expected {self.segment_size}: resized"
                 )
-            loaded.append(
-                Segment(
-                    self.directory / offset_name(s),
-                    s,
-                    self.segment_size,
-                    self.fs,
-                    create=False,
-                    reserve=self.reserve,
-                )
-            )
+            loaded.append(self._segment(s, create=False))
         self.segments = loaded
         return problems
 
@@ -254,10 +371,7 @@ class SegmentQueue:
 
     def create(self, start: int) -> Segment:
         try:
-            seg = Segment(
-                self.directory / offset_name(start), start, self.segment_size, self.fs,
-                create=True, reserve=self.reserve,
-            )  # fmt: skip
+            seg = self._segment(start, create=True)
         except OSError as exc:
             raise io_error(f"creating segment {offset_name(start)}", exc) from exc
         try:
@@ -271,6 +385,13 @@ class SegmentQueue:
         with self._mutate:
             self.segments = [*self.segments, seg]
         return seg
+
+    def _segment(self, start: int, *, create: bool) -> Segment:
+        path = self.directory / offset_name(start)
+        if self.reserve:
+            return Segment(path, start, self.segment_size, self.fs, create=create)
+        return SparseSegment(path, start, self.segment_size, self.fs, self.open_files,
+                             create=create)  # fmt: skip
 
     def drop_after(self, offset: int) -> list[Path]:
         """Delete whole segments that start after ``offset`` (recovery truncation)."""
