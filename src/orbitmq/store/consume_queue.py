@@ -181,7 +181,11 @@ class ConsumeQueue:
                 self.max_offset = first_queue_offset
                 with self._dirty_lock:
                     self.dirty.clear()
-            if not self.files.segments:
+            if not self.files.segments or (
+                first_queue_offset > self.max_offset and self.min_offset >= self.max_offset
+            ):
+                # Nothing served below: start there (retention deleted the records of the
+                # offsets between, before they were dispatched), not at a run of empty entries.
                 self.min_offset = first_queue_offset
         byte_at = first_queue_offset * ENTRY_SIZE
         view = memoryview(entries)

@@ -106,6 +106,13 @@ class Dispatcher:
         groups: dict[tuple[str, int], list[tuple[int, np.ndarray]]] = {}
         index_items: IndexBatch = []
         pos = self.reput_offset
+        floor = self.commit_log.min_offset
+        if pos < floor:
+            # Retention forced out segments this never dispatched (a full disk while dispatch
+            # failed): their messages are gone, carry on from the oldest one left.
+            log.error("dispatch: records %d..%d were deleted before dispatch; skipping them",
+                      pos, floor)  # fmt: skip
+            pos = self.reput_offset = floor
         count = 0
         while pos < end:
             loc = self.commit_log.view_at(pos)

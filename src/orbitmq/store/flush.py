@@ -161,6 +161,7 @@ class PeriodicService:
         self.interval_s = interval_s
         self.fn = fn
         self._stop = threading.Event()
+        self._kick = threading.Event()
         self._thread: threading.Thread | None = None
         self.health = ServiceHealth(name.removeprefix("orbitmq-"))
 
@@ -170,12 +171,21 @@ class PeriodicService:
 
     def start(self) -> None:
         self._stop.clear()
+        self._kick.clear()
         self._thread = threading.Thread(target=self._run, name=self.name, daemon=True)
         self._thread.start()
 
+    def wake(self) -> None:
+        """Run now rather than at the end of the interval."""
+        self._kick.set()
+
     def _run(self) -> None:
         wait = self.interval_s
-        while not self._stop.wait(wait):
+        while True:
+            self._kick.wait(wait)
+            self._kick.clear()
+            if self._stop.is_set():
+                return
             try:
                 self.fn()
             except Exception as exc:  # noqa: BLE001 - supervised: reported and retried
@@ -186,6 +196,7 @@ class PeriodicService:
 
     def stop(self) -> None:
         self._stop.set()
+        self._kick.set()
         if self._thread is not None:
             self._thread.join()
             self._thread = None

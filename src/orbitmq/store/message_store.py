@@ -23,6 +23,7 @@ import fcntl
 import logging
 import os
 import threading
+import time
 from collections.abc import Callable, Iterable
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
@@ -130,6 +131,7 @@ class MessageStore:
         )
         self._store_host = pack_host(config.store_host)
         self._checkpoint_lock = threading.Lock()
+        self._last_recheck = 0.0
         self._lock_fd = -1
         self.trusted_from = 0  # records at or past this offset were written by this process
         self.is_open = False
@@ -277,14 +279,33 @@ class MessageStore:
                 f"dispatcher failing ({failure}): sends refused until new messages can be "
                 "made readable again"
             )
-        if self.retention.disk_full:
+        if self.retention.disk_full and not self._recheck_disk():
+            if self.retention.no_space is not None:
+                raise DiskFullError(f"{self.retention.no_space}: writes refused until it fits")
             raise DiskFullError(
                 f"disk use {self.retention.disk_ratio:.0f}% is above "
                 f"{self.config.disk_space_warning_level_ratio}%: writes refused until space frees"
             )
-        result = self.commit_log.append(batch, self._store_host)
+        try:
+            result = self.commit_log.append(batch, self._store_host)
+        except DiskFullError as exc:  # no room for a new segment: refuse until there is
+            self.retention.note_no_space(str(exc))
+            self._recheck_disk()
+            raise
         self.dispatcher.wake()
         return result
+
+    def _recheck_disk(self) -> bool:
+        """While writes are refused: look again whether they fit (a statvfs, so writes resume
+        as soon as space returns) and, at most once a second, ask retention for a run that
+        deletes what it may. True when writes are accepted again."""
+        if self.retention.recheck():
+            return True
+        now = time.monotonic()
+        if now - self._last_recheck >= 1.0:
+            self._last_recheck = now
+            self._cleaner.wake()
+        return False
 
     def flush_future(self, end_offset: int) -> Future[None]:
         """Durability of everything before ``end_offset``: done at once in ASYNC_FLUSH."""
