@@ -222,6 +222,7 @@ class StoreBridge:
         """Failed turns so far of every supervised service (store services and the writer)."""
         counts = {h.name: h.failures for h in self.store.services()}
         counts[self.health.name] = self.health.failures
+        counts["read"] = self.store.read_errors  # reads failed by an I/O error
         return counts
 
     def health_text(self) -> str:

@@ -63,7 +63,7 @@ from orbitmq.store.reader import (
 )
 from orbitmq.store.recovery import RecoveryReport, StoreParts, recover
 from orbitmq.store.retention import RetentionService, TopicRetention
-from orbitmq.store.segment import FileOps
+from orbitmq.store.segment import FileOps, io_error
 from orbitmq.store.supervise import ServiceHealth
 
 __all__ = ["GetResult", "GetStatus", "MessageStore"]
@@ -132,6 +132,7 @@ class MessageStore:
         self._store_host = pack_host(config.store_host)
         self._checkpoint_lock = threading.Lock()
         self._last_recheck = 0.0
+        self.read_errors = 0
         self._lock_fd = -1
         self.trusted_from = 0  # records at or past this offset were written by this process
         self.is_open = False
@@ -192,7 +193,7 @@ class MessageStore:
                 last_record_offset=self._last_record_offset(),
                 written_at_ms=self.clock(),
                 clean=True,
-            ).save(self.checkpoint_path)
+            ).save(self.checkpoint_path, self.fs)
             self.abort_path.unlink(missing_ok=True)
             layout.fsync_dir(self.root)
         finally:
@@ -249,7 +250,7 @@ class MessageStore:
                 dispatch_safe_offset=safe,
                 commit_log_flushed=self.commit_log.flushed_offset,
                 written_at_ms=self.clock(),
-            ).save(self.checkpoint_path)
+            ).save(self.checkpoint_path, self.fs)
 
     # ------------------------------------------------------------------ writes
 
@@ -378,8 +379,17 @@ class MessageStore:
         max_bytes: int = 4 * 1024 * 1024,
         tags: Iterable[str] | None = None,
     ) -> GetResult:
-        """Read by queue offset (see :func:`orbitmq.store.reader.read_queue`)."""
-        return read_queue(self._view, topic, queue_id, offset, max_count, max_bytes, tags)
+        """Read by queue offset (see :func:`orbitmq.store.reader.read_queue`).
+
+        An I/O error reading the files fails this read only (StoreIOError, ``read_errors``)."""
+        try:
+            check = self.fs.read_check
+            if check is not None:
+                check(topic, queue_id, offset)
+            return read_queue(self._view, topic, queue_id, offset, max_count, max_bytes, tags)
+        except OSError as exc:
+            self.read_errors += 1
+            raise io_error(f"reading {topic}/{queue_id} at {offset}", exc) from exc
 
     def get_message(self, physical_offset: int) -> StoredMessage | None:
         """The record at a CommitLog offset, verified and decoded, or None."""
@@ -484,5 +494,6 @@ class MessageStore:
             "queues": len(self.queues.queues),
             "fsyncs": self.flusher.fsync_count,
             "index_skipped": self.dispatcher.index_skipped,
+            "read_errors": self.read_errors,
             "service_failures": sum(h.failures for h in self.services()),
         }

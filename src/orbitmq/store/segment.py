@@ -26,16 +26,24 @@ import mmap
 import os
 import threading
 from collections import OrderedDict
+from collections.abc import Callable
 from pathlib import Path
 
 from orbitmq.common.errors import DiskFullError, StoreClosedError, StoreIOError
+from orbitmq.common.files import WriteOps
 from orbitmq.store.layout import fsync_dir, offset_name, parse_offset_name
 
 log = logging.getLogger(__name__)
 
 
-class FileOps:
-    """The disk calls that can fail for reasons outside the program. Tests inject faults here."""
+class FileOps(WriteOps):
+    """The disk calls that can fail for reasons outside the program. Tests inject faults here:
+    these, ``write_file``/``fsync`` of the small files (checkpoint) and ``read_check``."""
+
+    read_check: Callable[[str, int, int], None] | None = None
+    """Called as (topic, queue_id, queue_offset) before a read is served, when set: the read
+    seam. Records are read through mappings, where a real EIO would be a SIGBUS; a test
+    raises OSError here to see that one read fail (StoreIOError, counted), not the thread."""
 
     def pwrite(self, fd: int, data: bytes | bytearray | memoryview, offset: int) -> None:
         view = memoryview(data)
@@ -67,10 +75,6 @@ class FileOps:
     def truncate(self, fd: int, size: int) -> None:
         """Set the file's length without taking blocks (a sparse file)."""
         os.ftruncate(fd, size)
-
-    def read(self, fd: int, size: int, offset: int) -> bytes:
-        """One positioned read (the read seam: tests inject EIO here)."""
-        return os.pread(fd, size, offset)
 
 
 def io_error(what: str, exc: OSError) -> StoreIOError:
