@@ -3,13 +3,16 @@
 Broker-wide rules, as RocketMQ's:
 - a segment whose last write is older than ``file_reserved_time_hours`` is deleted at the hours
   in ``delete_when``, or at any hour once disk use passes ``disk_max_used_space_ratio``;
-- above ``disk_space_clean_forcibly_ratio`` the oldest segments go even if not expired;
+- above ``disk_space_clean_forcibly_ratio`` the oldest segments go even if not expired (100
+  turns forced deletion off: nothing unexpired is ever deleted, writes are refused instead);
 - above ``disk_space_warning_level_ratio`` appends fail with DiskFullError; the flag clears by
   itself on the next run that finds the disk below the ratio (the store asks for a run at
   most once a second while it refuses, so writes resume about a second after space returns);
 - a new CommitLog segment that cannot be created (ENOSPC below the ratios, on a small disk)
-  sets the same flag and forces deletion of the oldest segments; it clears only once a whole
-  segment fits in the free space, so the store does not flip back to accepting and failing;
+  sets the same flag and forces deletion of the oldest segments (unless
+  ``disk_space_clean_forcibly_ratio`` is 100: forced deletion off); it clears only once a
+  whole segment fits in the free space, so the store does not flip back to accepting and
+  failing every send;
 - the segment being written is never deleted, nor one not yet fully dispatched, unless the
   disk is past the forced ratio while the dispatcher is failing (a full disk must not wedge
   the broker: the dispatcher then skips what was deleted); queue min offsets are moved past
@@ -157,7 +160,11 @@ class RetentionService:
         cfg = self.config
         hour_ok = time.localtime(self.clock() / 1000).tm_hour in cfg.delete_hours()
         self.refresh_wanted = False
-        force = ratio >= cfg.disk_space_clean_forcibly_ratio or self.no_space is not None
+        # No room for a segment forces deletion too; a forced ratio of 100 turns it off (a
+        # full disk is exactly 100 %: it would force anyway).
+        force = cfg.disk_space_clean_forcibly_ratio < 100 and (
+            ratio >= cfg.disk_space_clean_forcibly_ratio or self.no_space is not None
+        )
         if not startup and (hour_ok or ratio >= cfg.disk_max_used_space_ratio or force):
             self._delete_segments(force)
             ratio = self.disk_ratio = self._disk_usage()
