@@ -6,11 +6,15 @@ itself."""
 from __future__ import annotations
 
 import asyncio
+import errno
+from pathlib import Path
 from typing import Any
 
 from orbitmq.broker.controller import BrokerController
 from orbitmq.common.codes import ResponseCode
+from orbitmq.common.files import WriteOps, set_write_ops
 from orbitmq.net.client import RemotingClient
+from orbitmq.protocol.bodies import TopicConfig, encode_body
 from orbitmq.protocol.codes import RequestCode
 from orbitmq.protocol.frame import Frame
 from tests.broker.test_broker import pull_frame, send_frame
@@ -65,3 +69,31 @@ async def test_sends_refused_while_dispatch_fails_then_served(
     assert resp.code == ResponseCode.SUCCESS
     # every acknowledged send is readable: nothing went into a black hole
     assert int(resp.fields["next_begin_offset"]) == broker.store.max_offset("H", 0) == acked
+
+
+async def test_config_file_write_fault_is_an_error_answer_not_a_dead_broker(
+    broker: BrokerController, client: RemotingClient
+) -> None:
+    """ENOSPC writing topics.json (write_atomically's seam): the request fails with an error
+    code, the broker goes on serving, and the next write works once the fault clears."""
+
+    class Full(WriteOps):
+        def write_file(self, path: Path, fd: int, data: bytes | bytearray | memoryview) -> None:
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+    previous = set_write_ops(Full())
+    try:
+        cfg = TopicConfig(topic_name="Full", read_queue_nums=2, write_queue_nums=2)
+        resp = await client.invoke(
+            broker.address, Frame(RequestCode.UPDATE_AND_CREATE_TOPIC, body=encode_body(cfg))
+        )
+        assert resp.code != ResponseCode.SUCCESS
+    finally:
+        set_write_ops(previous)
+    resp = await client.invoke(broker.address, send_frame("H", [b"still serving"]))
+    assert resp.code == ResponseCode.SUCCESS
+    cfg = TopicConfig(topic_name="Later", read_queue_nums=2, write_queue_nums=2)
+    resp = await client.invoke(
+        broker.address, Frame(RequestCode.UPDATE_AND_CREATE_TOPIC, body=encode_body(cfg))
+    )
+    assert resp.code == ResponseCode.SUCCESS

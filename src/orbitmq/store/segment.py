@@ -196,47 +196,61 @@ class OpenFiles:
 
 class SparseSegment(Segment):
     """A segment without reserved blocks whose fd and mapping may be closed while idle
-    (``OpenFiles``) and reopen on the next use. Each ``view`` is its own memoryview, so
-    closing never invalidates a view a reader holds (the mapping lives until it is released).
+    (``OpenFiles``) and reopen on the next use; the mapping is made only when something reads
+    (the dispatcher only writes). Each ``view`` is its own memoryview, so closing never
+    invalidates a view a reader holds (the mapping lives until it is released).
     """
 
-    __slots__ = ("_lock", "_open_files")
+    __slots__ = ("_lock", "_map", "_open_files")
 
     def __init__(
         self, path: Path, start: int, size: int, fs: FileOps, open_files: OpenFiles, *,
         create: bool,
     ) -> None:  # fmt: skip
-        super().__init__(path, start, size, fs, create=create, reserve=False)
-        self._view.release()  # views are handed out fresh, see the class doc
+        self.path = path
+        self.start = start
+        self.size = size
+        self.fs = fs
+        self.reserve = False
+        self.closed = False
         self._lock = threading.Lock()
         self._open_files = open_files
+        self._map: mmap.mmap | None = None
+        flags = os.O_RDWR | (os.O_CREAT | os.O_EXCL if create else 0)
+        self.fd = os.open(path, flags, 0o644)
+        try:
+            if create:
+                fs.truncate(self.fd, size)
+            elif os.fstat(self.fd).st_size != size:
+                log.warning("%s is not %d bytes: resized", path, size)
+                os.ftruncate(self.fd, size)
+        except BaseException:
+            os.close(self.fd)
+            if create:
+                path.unlink(missing_ok=True)
+            raise
         open_files.touch(self)
 
-    def _ensure_open(self) -> None:
+    def _ensure_fd(self) -> None:
         """Reopen after an unmap (the lock is held)."""
-        if self.fd >= 0:
-            return
-        if self.closed:
-            raise StoreClosedError(f"{self.path.name} is closed")
-        fd = os.open(self.path, os.O_RDWR)
-        try:
-            self._mm = mmap.mmap(fd, self.size, prot=mmap.PROT_READ)
-        except BaseException:
-            os.close(fd)
-            raise
-        self.fd = fd
+        if self.fd < 0:
+            if self.closed:
+                raise StoreClosedError(f"{self.path.name} is closed")
+            self.fd = os.open(self.path, os.O_RDWR)
 
     @property
     def view(self) -> memoryview:
         with self._lock:
-            self._ensure_open()
-            view = memoryview(self._mm)
+            self._ensure_fd()
+            if self._map is None:
+                self._map = mmap.mmap(self.fd, self.size, prot=mmap.PROT_READ)
+            view = memoryview(self._map)
         self._open_files.touch(self)
         return view
 
     def write(self, position: int, data: bytes | bytearray | memoryview) -> None:
         with self._lock:
-            self._ensure_open()
+            self._ensure_fd()
             self.fs.pwrite(self.fd, data, position)
         self._open_files.touch(self)
 
@@ -244,30 +258,37 @@ class SparseSegment(Segment):
         with self._lock:
             if self.closed:
                 return
-            if self.fd < 0:  # fsync is per file, not per fd: a new fd flushes what was written
-                fd = os.open(self.path, os.O_RDWR)
-                try:
-                    self.fs.fdatasync(fd)
-                finally:
-                    os.close(fd)
+            if self.fd >= 0:
+                self.fs.fdatasync(self.fd)
                 return
-            self.fs.fdatasync(self.fd)
+            # fsync is per file, not per fd: a new fd flushes what was written before
+            fd = os.open(self.path, os.O_RDWR)
+            try:
+                self.fs.fdatasync(fd)
+            finally:
+                os.close(fd)
 
     def zero_from(self, position: int) -> None:
         with self._lock:
-            self._ensure_open()
+            self._ensure_fd()
             super().zero_from(position)
+        self._open_files.touch(self)
+
+    def _release(self) -> None:
+        if self._map is not None:
+            with contextlib.suppress(BufferError):  # a reader's view keeps it mapped
+                self._map.close()
+            self._map = None
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
 
     def unmap(self) -> bool:
         """Close the fd and the mapping (not the segment); False if it is in use right now."""
         if not self._lock.acquire(blocking=False):
             return False
         try:
-            if self.fd >= 0:
-                with contextlib.suppress(BufferError):  # a reader's view keeps it mapped
-                    self._mm.close()
-                os.close(self.fd)
-                self.fd = -1
+            self._release()
             return True
         finally:
             self._lock.release()
@@ -277,11 +298,7 @@ class SparseSegment(Segment):
             if self.closed:
                 return
             self.closed = True
-            if self.fd >= 0:
-                with contextlib.suppress(BufferError):
-                    self._mm.close()
-                os.close(self.fd)
-                self.fd = -1
+            self._release()
         self._open_files.forget(self)
 
 
