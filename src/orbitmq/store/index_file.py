@@ -8,18 +8,14 @@ owns the files of a store and calls the underscore methods meant for it (``_put_
 Durability: the disk calls that can fail for reasons outside the program go through the
 store's ``FileOps`` (``segment.py``), as the CommitLog's and ConsumeQueues' do, so the same
 faults can be injected and surface as the same errors (``io_error``: DiskFullError on
-ENOSPC, else StoreIOError). Files are sized to their full length (sparse, ``FileOps.truncate``)
-and their blocks taken in steps: the header and the hash slots (written anywhere) when the
-file is created, the entries (written in order) ``RESERVE_STEP`` bytes ahead of the newest
-one (``FileOps.reserve``, ``posix_fallocate``). Every store through the mmap therefore lands on
-a reserved block and can never hit a hole on a full disk (SIGBUS); a reservation that fails is
-an ordinary DiskFullError before anything is written. Disk use grows with the entries, not
-with ``max_index_num``. A new file's name is made durable with a directory fsync. ``flush`` is
-an ``fdatasync`` of the file (it releases the GIL); on Linux it also writes back pages dirtied
-through the shared mapping. A file found with the wrong size when loaded is resized to the
-full length before it is mapped, so the map never reaches past EOF; it is logged and marked
-``suspect``, as is a file whose header disagrees with itself or with its newest entry, or
-whose written part cannot be reserved again.
+ENOSPC, else StoreIOError). Files have their full length but are sparse: the header and the
+slots (written anywhere) are reserved at creation, the entries (written in order)
+``RESERVE_STEP`` bytes ahead of the newest one (``FileOps.reserve``), so every store through
+the mmap lands on a reserved block, never on a hole of a full disk (SIGBUS); a reservation
+that fails is a DiskFullError before anything is written. A new name gets a directory fsync;
+``flush`` is an ``fdatasync`` (it also writes back pages dirtied through the mapping). A file
+of the wrong size when loaded is resized before it is mapped and marked ``suspect``, as is one
+whose header disagrees with itself or its newest entry, or whose blocks cannot be reserved.
 ``IndexService`` never appends to a suspect file: it starts a new one.
 
 Threading: one thread at a time writes a file (``put_hash``, ``put_hashes``,
@@ -41,7 +37,7 @@ from typing import Any, Final
 
 import numpy as np
 
-from orbitmq.common.errors import StoreClosedError
+from orbitmq.common.errors import StoreClosedError, StoreError
 from orbitmq.store.index_format import (
     ENTRY,
     ENTRY_DTYPE,
@@ -139,7 +135,7 @@ class IndexFile:
             self._read_header()
             try:  # what is written has its blocks; this makes the bookkeeping say so
                 self._ensure(self._entries_at + ENTRY_SIZE * (self._count + 1))
-            except OSError as exc:
+            except StoreError as exc:
                 self._suspect = True  # never appended to: a new file is started instead
                 log.warning("index file %s: cannot reserve its blocks (%s); read only",
                             self.path, exc)  # fmt: skip
@@ -168,7 +164,10 @@ class IndexFile:
         if end <= self._reserved:
             return
         upto = min(self._size, max(end, self._reserved + RESERVE_STEP))
-        self._fs.reserve(self._fd, self._reserved, upto - self._reserved)
+        try:
+            self._fs.reserve(self._fd, self._reserved, upto - self._reserved)
+        except OSError as exc:
+            raise io_error(f"reserving blocks for index file {self.path}", exc) from exc
         self._reserved = upto
 
     def _open_existing(self) -> int:
@@ -379,7 +378,7 @@ class IndexFile:
         entries["phy_offset"] = p
         diff = (t - self._begin_ts) // 1000
         entries["time_diff"] = np.minimum(np.maximum(diff, 0, out=diff), I32_MAX, out=diff)
-        self._reserve_for(self._entries_at + ENTRY_SIZE * (c + k))
+        self._ensure(self._entries_at + ENTRY_SIZE * (c + k))
         mm = self._mm
         slots: np.ndarray[Any, Any] = np.frombuffer(mm, ">i4", self._slots, HEADER_SIZE)
         try:
@@ -421,7 +420,7 @@ class IndexFile:
             diff = I32_MAX
         end = self._entries_at + ENTRY_SIZE * (n + 1)
         if end > self._reserved:
-            self._reserve_for(end)
+            self._ensure(end)
         if 0 < old < n:
             prev = old
         else:
@@ -491,12 +490,6 @@ class IndexFile:
                 self._end_phy, self._end_ts = self._begin_phy, self._begin_ts
         self._write_header()
         return top - n
-
-    def _reserve_for(self, end: int) -> None:
-        try:
-            self._ensure(end)
-        except OSError as exc:
-            raise io_error(f"reserving blocks for index file {self.path}", exc) from exc
 
     def _zero_entries(self, start: int, stop: int) -> None:
         at, end = self._entries_at + ENTRY_SIZE * start, self._entries_at + ENTRY_SIZE * stop
