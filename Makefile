@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: help up test lint fmt test-crash bench proto clean
+.PHONY: help up test lint fmt test-crash test-chaos bench proto clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
@@ -33,6 +33,9 @@ test: lint ## lint, then the whole test suite
 
 test-crash: $(STAMP) ## only the crash tests (ORBITMQ_CRASH_ITERATIONS=N for longer runs)
 	$(PY) -m pytest -m crash
+
+test-chaos: $(STAMP) ## I/O faults at random store sites, 300 iterations (ORBITMQ_CHAOS_ITERATIONS=N)
+	ORBITMQ_CHAOS_ITERATIONS=$${ORBITMQ_CHAOS_ITERATIONS:-300} $(PY) -m pytest -m chaos tests/chaos
 
 bench: $(STAMP) ## storage benchmark
 	$(PY) -m orbitmq.bench store

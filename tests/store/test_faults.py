@@ -945,7 +945,8 @@ class Fault:
 
 class FaultyFs(FileOps):
     """FileOps that fails chosen calls: ``arm(op, errno, ...)`` makes calls of ``op``
-    ("pwrite", "allocate", "fdatasync") on matching files raise OSError(errno)."""
+    ("pwrite", "allocate", "reserve", "truncate", "fdatasync") on matching files raise
+    OSError(errno)."""
 
     def __init__(self) -> None:
         self.armed: dict[str, Fault] = {}
@@ -998,6 +999,18 @@ class FaultyFs(FileOps):
         if fault is not None:
             raise OSError(fault.err, os.strerror(fault.err))
         super().fdatasync(fd)
+
+    def reserve(self, fd: int, offset: int, length: int) -> None:
+        fault = self._fault("reserve", fd)
+        if fault is not None:
+            raise OSError(fault.err, os.strerror(fault.err))
+        super().reserve(fd, offset, length)
+
+    def truncate(self, fd: int, size: int) -> None:
+        fault = self._fault("truncate", fd)
+        if fault is not None:
+            raise OSError(fault.err, os.strerror(fault.err))
+        super().truncate(fd, size)
 
 
 ERROR_FOR = {errno.ENOSPC: DiskFullError, errno.EIO: StoreIOError}
@@ -1253,21 +1266,22 @@ def test_garbage_just_past_a_page_boundary_is_measured(start: int) -> None:
 
 @pytest.mark.parametrize("err", [errno.ENOSPC, errno.EIO], ids=["ENOSPC", "EIO"])
 @pytest.mark.parametrize("after", ["crash", "close"])
-def test_index_file_allocate_failure_stops_dispatch_until_reopened(
+def test_index_file_reserve_failure_skips_the_index_not_the_dispatch(
     tmp_path: Path, err: int, after: str
 ) -> None:
-    """The IndexFile cannot allocate its next file: the appends themselves succeed (the
-    CommitLog is the truth), dispatch stops with the store's error for the errno (reads of
-    new messages do not pretend), no half-made index file is left, appends go on, and once
-    the fault clears, closing or reopening rebuilds the index: every key is found again."""
+    """The IndexFile cannot take the blocks of its next file (issue #14: it used to stop the
+    dispatcher, and every later message stayed invisible): the appends succeed, dispatch goes
+    on, so every message is readable; the keys that could not be indexed are counted and
+    reported, no half-made index file is left, and once the fault clears (after the retry
+    pause) new keys are indexed again, also after a reopen."""
     fs = FaultyFs()
     t = Tracker(fault_config(tmp_path / "store"), fs)  # 48 entries per index file
     index_dir = t.config.store_path / "index"
 
-    def put_keyed(count: int) -> None:
+    def put_keyed(count: int, key: str = "key") -> None:
         bodies = [f"K#{t.n + i}".encode() for i in range(count)]
         t.n += count
-        msgs = [Message("K", b, keys=[f"key{i % 5}"]) for i, b in enumerate(bodies)]
+        msgs = [Message("K", b, keys=[f"{key}{i % 5}"]) for i, b in enumerate(bodies)]
         t.store.put(MessageBatch.of("K", 0, msgs))
         t.want.setdefault(("K", 0), []).extend(bodies)
 
@@ -1276,22 +1290,27 @@ def test_index_file_allocate_failure_stops_dispatch_until_reopened(
         t.check()
         files_before = sorted(os.listdir(index_dir))
         assert len(files_before) == 1
-        fs.arm("allocate", err, where="/index/")
+        fs.arm("reserve", err, where="/index/")
         put_keyed(20)  # 8 entries fit the first file, then it must roll
-        assert not t.store.wait_for_dispatch(5.0)
+        assert t.store.wait_for_dispatch(5.0)
+        t.check()  # every message readable: the index is not on the visibility path
         assert fs.failures == 1
-        assert isinstance(t.store.dispatcher.failure, ERROR_FOR[err])
+        assert t.store.dispatcher.failure is None
+        assert t.store.dispatcher.index_skipped > 0
+        assert "index" in t.store.health()
         assert sorted(os.listdir(index_dir)) == files_before
         assert len(t.store.query_by_key("K", "key0", max_num=1000)) >= 8  # the old entries
-        t.put("W", 0, 3)  # the CommitLog takes appends as before
+        t.put("W", 0, 3)
         fs.clear()
+        t.store.dispatcher._index_retry_at = 0.0  # skip the retry pause
+        put_keyed(10, "new")
+        assert t.store.wait_for_dispatch(5.0)
+        assert t.store.dispatcher.index_failure is None
+        assert "index" not in t.store.health()
+        assert len(t.store.query_by_key("K", "new0", max_num=1000)) == 2
         t.reopen(crash=after == "crash")
         t.check()
-        for k in range(5):
-            found = t.store.query_by_key("K", f"key{k}", max_num=1000)
-            assert sorted(m.body for m in found) == sorted(
-                b for i, b in enumerate(t.want[("K", 0)]) if i % 5 == k
-            )
+        assert len(t.store.query_by_key("K", "new0", max_num=1000)) == 2
     finally:
         if t.store.is_open:
             t.store.close()

@@ -1,4 +1,4 @@
-"""`python -m orbitmq.bench <benchmark> [options]`; benchmarks: store, produce."""
+"""`python -m orbitmq.bench <benchmark> [options]`; benchmarks: store, produce, spread."""
 
 from __future__ import annotations
 
@@ -6,9 +6,9 @@ import os
 import shlex
 import sys
 
-from orbitmq.bench import produce, store
+from orbitmq.bench import produce, spread, store
 
-BENCHMARKS = {"store": store.main, "produce": produce.main}
+BENCHMARKS = {"store": store.main, "produce": produce.main, "spread": spread.main}
 
 
 def _python() -> str:

@@ -30,7 +30,7 @@ from orbitmq.broker.ha.master import HaMaster
 from orbitmq.broker.ha.slave import HaSlave
 from orbitmq.broker.lock_manager import LockManager
 from orbitmq.broker.long_polling import LongPolling
-from orbitmq.broker.metrics import BrokerMetrics
+from orbitmq.broker.metrics import BrokerMetrics, HealthCollector
 from orbitmq.broker.offset_manager import ConsumerOffsetManager
 from orbitmq.broker.pop.processor import PopProcessor
 from orbitmq.broker.pop.service import PopService
@@ -276,6 +276,9 @@ class BrokerController:
         m.consumer_groups.set_function(lambda: len(self.consumers.groups))
         m.consumers.set_function(self.consumers.member_count)
         m.queue_locks.set_function(lambda: len(self.locks))
+        m.registry.register(
+            HealthCollector(lambda: (self.bridge.failure_counts(), self.bridge.degraded()))
+        )
         server, _thread = start_http_server(
             self.config.metrics_port, addr=self.config.host, registry=m.registry
         )

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator, Mapping
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
 
 LATENCY_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5, 1.0)
 
@@ -72,3 +76,33 @@ class BrokerMetrics:
             "Records read for a pull but not served because its SQL92 filter rejected them",
             registry=r,
         )
+
+
+HealthSource = Callable[[], tuple[Mapping[str, int], Mapping[str, str]]]
+"""Returns (failures so far per service, cause per degraded part)."""
+
+
+class HealthCollector(Collector):
+    """Supervision at scrape time: ``orbitmq_service_failures{service}`` (failed turns of each
+    background service since start) and ``orbitmq_degraded{part}`` (1 while a part is
+    degraded: a failing service, the index, the disk, a fenced CommitLog)."""
+
+    def __init__(self, source: HealthSource) -> None:
+        self.source = source
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        failures, degraded = self.source()
+        f = GaugeMetricFamily(
+            "orbitmq_service_failures",
+            "Failed turns of each supervised background service since start",
+            labels=["service"],
+        )
+        for name, count in sorted(failures.items()):
+            f.add_metric([name], count)
+        yield f
+        d = GaugeMetricFamily(
+            "orbitmq_degraded", "1 while this part of the broker is degraded", labels=["part"]
+        )
+        for name in sorted(degraded):
+            d.add_metric([name], 1)
+        yield d

@@ -483,6 +483,7 @@ class BrokerProcessor:
             held_pulls=self.long_polling.held,
             disk_used_percent=round(self.store.retention.disk_ratio, 2),
             flush_disk_type=self.store.config.flush_disk_type.value,
+            health=self.bridge.health_text(),
         )
         info.update(self.timer_stats())
         return frame.reply(ResponseCode.SUCCESS, fields=info)

@@ -9,6 +9,11 @@ it covered (group commit without a Future per message crossing threads).
 Overload is answered quickly: beyond ``capacity`` waiting sends, or once a send has waited
 ``wait_timeout_ms`` for the writer, the broker replies SYSTEM_BUSY instead of letting clients
 time out (RocketMQ's "broker busy", with the wait made explicit). Reads run on a small pool.
+
+The writer is supervised like the store's services (``health``): if handing jobs to it or a
+whole batch of jobs fails, every send of that batch gets the error (none is left waiting),
+the failure is logged once and counted, and the next send tries again. A failing metrics
+callback never turns a stored message into a failed send.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import heapq
 import itertools
+import logging
 import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -25,6 +31,9 @@ from orbitmq.common.errors import FlushTimeoutError, StoreClosedError, SystemBus
 from orbitmq.common.message import MessageBatch
 from orbitmq.store.commit_log import AppendResult
 from orbitmq.store.message_store import MessageStore
+from orbitmq.store.supervise import ServiceHealth
+
+log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 _Job = tuple[MessageBatch, "asyncio.Future[AppendResult]", float]
@@ -44,6 +53,7 @@ class StoreBridge:
         self.capacity = capacity
         self.wait_timeout_s = wait_timeout_ms / 1000
         self.busy_rejections = 0
+        self.health = ServiceHealth("writer")
         self._writer = ThreadPoolExecutor(1, thread_name_prefix="orbitmq-store-write")
         self._readers = ThreadPoolExecutor(2, thread_name_prefix="orbitmq-store-read")
         self._queue: list[_Job] = []
@@ -89,7 +99,16 @@ class StoreBridge:
         jobs, self._queue = self._queue, []
         self._writer_busy = True
         self._in_writer = len(jobs)
-        done = self._writer.submit(self._run_jobs, jobs)
+        try:
+            done = self._writer.submit(self._run_jobs, jobs)
+        except RuntimeError as exc:  # shut down: fail the sends rather than strand them
+            self.health.failed(exc)
+            self._writer_busy = False
+            self._in_writer = 0
+            for _batch, fut, _t in jobs:
+                if not fut.done():
+                    fut.set_exception(StoreClosedError(f"store writer unavailable: {exc}"))
+            return
         loop = self._loop
         done.add_done_callback(lambda f: loop.call_soon_threadsafe(self._jobs_done, jobs, f))
 
@@ -105,10 +124,14 @@ class StoreBridge:
             try:
                 began = time.perf_counter()
                 out.append(self.store.append(batch))
-                if self.on_append is not None:
-                    self.on_append(time.perf_counter() - began)
             except Exception as exc:  # noqa: BLE001 - goes to that send's Future; others go on
                 out.append(exc)
+                continue
+            if self.on_append is not None:
+                try:
+                    self.on_append(time.perf_counter() - began)
+                except Exception:  # the message is stored: a metric must not fail its send
+                    log.exception("append listener failed")
         return out
 
     def _jobs_done(
@@ -119,7 +142,10 @@ class StoreBridge:
         try:
             results = done.result()
         except BaseException as exc:  # noqa: BLE001 - the writer itself failed (shut down)
+            self.health.failed(exc)
             results = [exc] * len(jobs)
+        else:
+            self.health.ok()
         for (_batch, fut, _t), result in zip(jobs, results, strict=True):
             if fut.done():
                 continue
@@ -182,6 +208,27 @@ class StoreBridge:
             _o, _s, fut, _d, _r = heapq.heappop(waiters)
             if not fut.done():
                 fut.set_result(None)
+
+    # ------------------------------------------------------------------ health
+
+    def degraded(self) -> dict[str, str]:
+        """What is degraded in the store and the writer, with causes (empty: healthy)."""
+        out = self.store.health()
+        if self.health.degraded is not None:
+            out["writer"] = self.health.degraded
+        return out
+
+    def failure_counts(self) -> dict[str, int]:
+        """Failed turns so far of every supervised service (store services and the writer)."""
+        counts = {h.name: h.failures for h in self.store.services()}
+        counts[self.health.name] = self.health.failures
+        counts["read"] = self.store.read_errors  # reads failed by an I/O error
+        return counts
+
+    def health_text(self) -> str:
+        """One line for runtime info / ``orbitmq cluster list``: "ok" or "part: cause; ..."."""
+        degraded = self.degraded()
+        return "; ".join(f"{k}: {v}" for k, v in sorted(degraded.items())) if degraded else "ok"
 
     # ------------------------------------------------------------------ other calls
 

@@ -55,6 +55,7 @@ def cluster_list(namesrv: NamesrvOpt = DEFAULT_NAMESRV) -> None:
                 Column("disk", justify="right", no_wrap=True),
                 Column("flush", no_wrap=True),
                 Column("topics", justify="right", no_wrap=True),
+                Column("health"),
                 title=f"cluster {escape(cluster)}",
                 box=box.SIMPLE_HEAD,
                 pad_edge=False,
@@ -77,6 +78,7 @@ def cluster_list(namesrv: NamesrvOpt = DEFAULT_NAMESRV) -> None:
                     _percent(rt.get("disk_used_percent")),
                     str(rt.get("flush_disk_type", "?")),
                     _int_text(rt.get("topics"), str),
+                    _health(rt.get("health")),
                 )
             console.print(table)
         for line in problems:
@@ -98,3 +100,11 @@ def _percent(value: Any) -> str:
         return f"{float(value):.0f}%"
     except (TypeError, ValueError):
         return "?"
+
+
+def _health(value: Any) -> str:
+    """The broker's health line: "ok", or what is degraded and why (in red)."""
+    if value is None:
+        return "?"  # a broker from before health was reported
+    text = escape(str(value))
+    return text if text == "ok" else f"[red]{text}[/]"

@@ -23,6 +23,7 @@ cannot disagree (docs/errors.md has the table, checked by a test):
     │   └── TransactionTypeMismatchError  its own code
     ├── StoreError                     the message store could not do what was asked
     │   ├── DiskFullError              SERVICE_NOT_AVAILABLE (also a ServiceNotAvailableError)
+    │   ├── StoreUnavailableError      SERVICE_NOT_AVAILABLE: a store service is failing
     │   ├── StoreIOError, FlushTimeoutError, StoreClosedError, CorruptRecordError
     ├── NoPermissionError              NO_PERMISSION; DeadLetterNotWritableError refines it
     ├── ... one class per other code (see the table in docs/errors.md)
@@ -211,6 +212,11 @@ class StoreError(MQError):
 
 class DiskFullError(StoreError, ServiceNotAvailableError):
     """Disk use is above ``disk_space_warning_level_ratio``; writes resume once space is freed."""
+
+
+class StoreUnavailableError(StoreError, ServiceNotAvailableError):
+    """A store service that makes sends visible (the dispatcher) is failing: sends are refused
+    until it works again, rather than acknowledged and never readable."""
 
 
 class StoreIOError(StoreError):

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import crc32c
 
-from orbitmq.common.files import write_atomically
+from orbitmq.common.files import WriteOps, write_atomically
 
 _MAGIC = 0x4F434B50
 _BODY = struct.Struct(">IHHqqqqq")
@@ -61,8 +61,8 @@ class Checkpoint:
             return None
         return cls(safe, flushed, end, last, at, bool(flags & FLAG_CLEAN))
 
-    def save(self, path: Path) -> None:
-        write_atomically(path, self.encode())
+    def save(self, path: Path, ops: WriteOps | None = None) -> None:
+        write_atomically(path, self.encode(), ops=ops)
 
     @classmethod
     def load(cls, path: Path) -> Checkpoint | None:

@@ -36,6 +36,13 @@ class StoreConfig:
     consume_queue_entries_per_file: int = setting(
         300_000, "ConsumeQueue entries per file; 20 bytes each (RocketMQ: 300,000).", at_least(1)
     )
+    max_open_consume_queue_files: int = setting(
+        4096,
+        "OrbitMQ: ConsumeQueue files kept open (an fd and a mapping each); the least recently "
+        "used are closed beyond this and reopen on use. Keeps 10,000 topics x 8 queues within "
+        "ulimit -n and vm.max_map_count.",
+        at_least(16),
+    )
     max_hash_slot_num: int = setting(
         5_000_000, "Hash slots per IndexFile (RocketMQ: 5,000,000).", at_least(1)
     )

@@ -4,22 +4,30 @@ This is RocketMQ's "reput" service. It is the only writer of derived data, and r
 same code over the tail it re-scans, so the live path and the crash path cannot drift apart.
 Work is per round: every record in [reput_offset, CommitLog end) is decoded once, entries are
 grouped per queue and written with one pwrite per queue file, index keys go in one batch.
+
+The IndexFile is an aid for queries by key, not part of what makes a message readable: when it
+cannot be written (no space for a new file, an I/O error) the round goes on without those keys,
+logged once per outage and counted in ``index_skipped``; the next try is after
+``INDEX_RETRY_S``.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable
 from typing import Protocol
 
 import crc32c
 import numpy as np
 
+from orbitmq.common.errors import StoreClosedError, StoreError
 from orbitmq.common.message import find_all, property_value
 from orbitmq.common.record import BLANK, BLANK_MAGIC, HEADER, HEADER_SIZE, U16
 from orbitmq.store.commit_log import CommitLog
 from orbitmq.store.consume_queue import ENTRY_DTYPE, ConsumeQueueTable
+from orbitmq.store.supervise import ServiceHealth
 from orbitmq.store.timer_index import TIMER_TOPIC, timer_tag
 
 log = logging.getLogger(__name__)
@@ -35,6 +43,7 @@ _HASH_MASK = 0x7FFFFFFF
 ROUND_BYTES = 8 * 1024 * 1024
 _COLUMNS = {w: np.arange(w, dtype=np.int64) for w in (2, 4, 8)}
 SMALL_BLOCK = 16  # below this many records, decode one by one
+INDEX_RETRY_S = 5.0
 
 
 IndexBatch = list[np.ndarray]
@@ -77,6 +86,11 @@ class Dispatcher:
         self._topics: dict[bytes, str] = {}
         self._prefixes: dict[str, int] = {}
         self.failure: BaseException | None = None
+        """The error of the latest round while dispatch is failing (None when it works)."""
+        self.health = ServiceHealth("dispatcher")
+        self.index_skipped = 0  # index entries dropped because the IndexFile failed
+        self.index_failure: str | None = None  # the cause while the index is failing
+        self._index_retry_at = 0.0
 
     # ------------------------------------------------------------ one round
 
@@ -92,6 +106,13 @@ class Dispatcher:
         groups: dict[tuple[str, int], list[tuple[int, np.ndarray]]] = {}
         index_items: IndexBatch = []
         pos = self.reput_offset
+        floor = self.commit_log.min_offset
+        if pos < floor:
+            # Retention forced out segments this never dispatched (a full disk while dispatch
+            # failed): their messages are gone, carry on from the oldest one left.
+            log.error("dispatch: records %d..%d were deleted before dispatch; skipping them",
+                      pos, floor)  # fmt: skip
+            pos = self.reput_offset = floor
         count = 0
         while pos < end:
             loc = self.commit_log.view_at(pos)
@@ -350,7 +371,28 @@ class Dispatcher:
         if index_items and self.index is not None:
             rows = np.concatenate(index_items) if len(index_items) > 1 else index_items[0]
             # Entries must go in log order: several needles were found separately.
-            self.index.put_hashes(rows[np.argsort(rows[:, 1], kind="stable")])
+            self._index(rows[np.argsort(rows[:, 1], kind="stable")])
+
+    def _index(self, rows: np.ndarray) -> None:
+        assert self.index is not None
+        if self.index_failure is not None and time.monotonic() < self._index_retry_at:
+            self.index_skipped += len(rows)
+            return
+        try:
+            self.index.put_hashes(rows)
+        except StoreClosedError:
+            raise
+        except (StoreError, OSError) as exc:
+            self.index_skipped += len(rows)
+            self._index_retry_at = time.monotonic() + INDEX_RETRY_S
+            if self.index_failure is None:
+                log.warning("index: cannot write (%s); messages stay readable, queries by key "
+                            "miss them until it can", exc)  # fmt: skip
+            self.index_failure = str(exc)
+            return
+        if self.index_failure is not None:
+            log.warning("index: writable again (%d entries were skipped)", self.index_skipped)
+            self.index_failure = None
 
     def _notify(self, groups: dict[tuple[str, int], list[tuple[int, np.ndarray]]]) -> None:
         if not self.listeners:
@@ -385,12 +427,18 @@ class Dispatcher:
             self._wake.clear()
             try:
                 self.dispatch_until(self.commit_log.confirm_offset)
-            except BaseException as exc:  # a dispatcher that dies silently would stall reads
-                log.exception("dispatcher failed; reads will not see new messages")
+            except Exception as exc:  # noqa: BLE001 - supervised: reported, retried; sends refused
+                pause = self.health.failed(exc)
                 self.failure = exc
                 with self._done:
                     self._done.notify_all()
-                return
+                deadline = time.monotonic() + pause
+                while not self._stop and time.monotonic() < deadline:
+                    time.sleep(min(0.05, pause))
+                continue
+            if self.failure is not None:
+                self.failure = None
+                self.health.ok()
             with self._done:
                 self._done.notify_all()
 

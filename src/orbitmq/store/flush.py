@@ -19,6 +19,7 @@ from concurrent.futures import Future
 from orbitmq.common.errors import StoreClosedError, StoreError
 from orbitmq.store.commit_log import CommitLog
 from orbitmq.store.config import FlushDiskType, StoreConfig
+from orbitmq.store.supervise import ServiceHealth
 
 log = logging.getLogger(__name__)
 PAGE = 4096
@@ -44,6 +45,7 @@ class FlushService:
         self.fsync_count = 0
         self.last_fsync_s = 0.0
         """How long the latest flush took (for metrics: listeners read it)."""
+        self.health = ServiceHealth("flusher")
 
     def start(self) -> None:
         self._stop = False
@@ -90,10 +92,20 @@ class FlushService:
                     wanted = self._wanted > self.commit_log.flushed_offset
                 batch, self._pending = self._pending, []
                 stopping = self._stop
-            if batch or wanted or stopping:
-                self._flush_batch(batch)
-            elif self._async_due():
-                self._flush_batch([])
+            try:
+                if batch or wanted or stopping:
+                    self._flush_batch(batch)
+                elif self._async_due():
+                    self._flush_batch([])
+            except Exception as exc:  # noqa: BLE001 - supervised: waiters learn of it, loop goes on
+                for _, fut in batch:
+                    if not fut.done():
+                        fut.set_exception(exc)
+                self._tell(self.commit_log.flushed_offset, exc)
+                if stopping:
+                    return
+                time.sleep(self.health.failed(exc))
+                continue
             if stopping:
                 return
 
@@ -115,11 +127,12 @@ class FlushService:
             self.fsync_count += 1
             self._last_thorough = time.monotonic()
         except StoreError as exc:
-            log.error("CommitLog fsync failed: %s", exc)
+            self.health.failed(exc)
             for _, fut in batch:
                 fut.set_exception(exc)
             self._tell(self.commit_log.flushed_offset, exc)
             return
+        self.health.ok()
         flushed = self.commit_log.flushed_offset
         self._tell(flushed, None)
         for offset, fut in batch:
@@ -145,31 +158,51 @@ class FlushService:
 
 
 class PeriodicService:
-    """Runs ``fn`` every ``interval_s`` on its own thread; failures are logged, never silent."""
+    """Runs ``fn`` every ``interval_s`` on its own thread, supervised: a failure is logged once
+    per outage with its cause, counted (``health``), and retried after a backoff no longer
+    than the interval."""
 
     def __init__(self, name: str, interval_s: float, fn: Callable[[], None]) -> None:
         self.name = name
         self.interval_s = interval_s
         self.fn = fn
         self._stop = threading.Event()
+        self._kick = threading.Event()
         self._thread: threading.Thread | None = None
-        self.failures = 0
+        self.health = ServiceHealth(name.removeprefix("orbitmq-"))
+
+    @property
+    def failures(self) -> int:
+        return self.health.failures
 
     def start(self) -> None:
         self._stop.clear()
+        self._kick.clear()
         self._thread = threading.Thread(target=self._run, name=self.name, daemon=True)
         self._thread.start()
 
+    def wake(self) -> None:
+        """Run now rather than at the end of the interval."""
+        self._kick.set()
+
     def _run(self) -> None:
-        while not self._stop.wait(self.interval_s):
+        wait = self.interval_s
+        while True:
+            self._kick.wait(wait)
+            self._kick.clear()
+            if self._stop.is_set():
+                return
             try:
                 self.fn()
-            except Exception:
-                self.failures += 1
-                log.exception("%s failed", self.name)
+            except Exception as exc:  # noqa: BLE001 - supervised: reported and retried
+                wait = min(self.interval_s, self.health.failed(exc))
+                continue
+            self.health.ok()
+            wait = self.interval_s
 
     def stop(self) -> None:
         self._stop.set()
+        self._kick.set()
         if self._thread is not None:
             self._thread.join()
             self._thread = None

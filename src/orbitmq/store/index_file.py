@@ -8,14 +8,14 @@ owns the files of a store and calls the underscore methods meant for it (``_put_
 Durability: the disk calls that can fail for reasons outside the program go through the
 store's ``FileOps`` (``segment.py``), as the CommitLog's and ConsumeQueues' do, so the same
 faults can be injected and surface as the same errors (``io_error``: DiskFullError on
-ENOSPC, else StoreIOError). Files are created with ``FileOps.allocate`` (``posix_fallocate``)
-to their full size so that a store through the mmap can never hit an unallocated block on a
-full disk (SIGBUS); a new file's name is made durable with a directory fsync. ``flush`` is an
-``fdatasync`` of the file (it releases the GIL; the size never changes after allocation, so
-no metadata needs writing); on Linux it also writes back pages dirtied through the shared
-mapping. A file found with the wrong size when loaded is extended to the full size (allocate,
-else ftruncate) before it is mapped, so the map never reaches past EOF; it is logged and
-marked ``suspect``, as is a file whose header disagrees with itself or with its newest entry.
+ENOSPC, else StoreIOError). Files have their full length but are sparse: the header and the
+slots (written anywhere) are reserved at creation, the entries (written in order)
+``RESERVE_STEP`` bytes ahead of the newest one (``FileOps.reserve``), so every store through
+the mmap lands on a reserved block, never on a hole of a full disk (SIGBUS); a reservation
+that fails is a DiskFullError before anything is written. A new name gets a directory fsync;
+``flush`` is an ``fdatasync`` (it also writes back pages dirtied through the mapping). A file
+of the wrong size when loaded is resized before it is mapped and marked ``suspect``, as is one
+whose header disagrees with itself or its newest entry, or whose blocks cannot be reserved.
 ``IndexService`` never appends to a suspect file: it starts a new one.
 
 Threading: one thread at a time writes a file (``put_hash``, ``put_hashes``,
@@ -37,7 +37,7 @@ from typing import Any, Final
 
 import numpy as np
 
-from orbitmq.common.errors import StoreClosedError
+from orbitmq.common.errors import StoreClosedError, StoreError
 from orbitmq.store.index_format import (
     ENTRY,
     ENTRY_DTYPE,
@@ -57,6 +57,8 @@ __all__ = ["IndexFile"]
 
 log = logging.getLogger(__name__)
 _ZEROS: Final = bytes(64 * 1024)
+RESERVE_STEP: Final = 4 * 1024 * 1024
+"""Bytes of entries reserved at a time, ahead of the newest entry."""
 
 
 class IndexFile:
@@ -85,6 +87,7 @@ class IndexFile:
         "_lock",
         "_max",
         "_mm",
+        "_reserved",
         "_size",
         "_slots",
         "_suspect",
@@ -113,6 +116,7 @@ class IndexFile:
         self._closed = False
         self._suspect = False
         self._dirty = False
+        self._reserved = 0  # bytes from the start whose blocks are taken
         fd = self._create() if create else self._open_existing()
         try:
             self._mm = mmap.mmap(fd, self._size)
@@ -129,6 +133,12 @@ class IndexFile:
             self._write_header()
         else:
             self._read_header()
+            try:  # what is written has its blocks; this makes the bookkeeping say so
+                self._ensure(self._entries_at + ENTRY_SIZE * (self._count + 1))
+            except StoreError as exc:
+                self._suspect = True  # never appended to: a new file is started instead
+                log.warning("index file %s: cannot reserve its blocks (%s); read only",
+                            self.path, exc)  # fmt: skip
 
     # -- opening ---------------------------------------------------------------------------
 
@@ -139,14 +149,26 @@ class IndexFile:
         except OSError as exc:
             raise io_error(f"creating index file {self.path}", exc) from exc
         try:
-            self._fs.allocate(fd, self._size)
+            self._fs.truncate(fd, self._size)
+            first = min(self._size, self._entries_at + RESERVE_STEP)
+            self._fs.reserve(fd, 0, first)
+            self._reserved = first
         except OSError as exc:
             os.close(fd)
             self.path.unlink(missing_ok=True)
-            raise io_error(
-                f"allocating {self._size} bytes for index file {self.path}", exc
-            ) from exc
+            raise io_error(f"reserving blocks for index file {self.path}", exc) from exc
         return fd
+
+    def _ensure(self, end: int) -> None:
+        """Take the blocks up to ``end`` (and a step beyond) before the map is written there."""
+        if end <= self._reserved:
+            return
+        upto = min(self._size, max(end, self._reserved + RESERVE_STEP))
+        try:
+            self._fs.reserve(self._fd, self._reserved, upto - self._reserved)
+        except OSError as exc:
+            raise io_error(f"reserving blocks for index file {self.path}", exc) from exc
+        self._reserved = upto
 
     def _open_existing(self) -> int:
         try:
@@ -164,10 +186,7 @@ class IndexFile:
                     actual,
                     self._size,
                 )
-                try:
-                    self._fs.allocate(fd, self._size)
-                except OSError:
-                    os.ftruncate(fd, self._size)
+                self._fs.truncate(fd, self._size)
             elif actual > self._size:
                 self._suspect = True
                 log.warning(
@@ -359,6 +378,7 @@ class IndexFile:
         entries["phy_offset"] = p
         diff = (t - self._begin_ts) // 1000
         entries["time_diff"] = np.minimum(np.maximum(diff, 0, out=diff), I32_MAX, out=diff)
+        self._ensure(self._entries_at + ENTRY_SIZE * (c + k))
         mm = self._mm
         slots: np.ndarray[Any, Any] = np.frombuffer(mm, ">i4", self._slots, HEADER_SIZE)
         try:
@@ -398,6 +418,9 @@ class IndexFile:
             diff = 0
         elif diff > I32_MAX:
             diff = I32_MAX
+        end = self._entries_at + ENTRY_SIZE * (n + 1)
+        if end > self._reserved:
+            self._ensure(end)
         if 0 < old < n:
             prev = old
         else:

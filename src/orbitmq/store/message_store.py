@@ -25,6 +25,7 @@ import fcntl
 import logging
 import os
 import threading
+import time
 from collections.abc import Callable, Iterable
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
@@ -35,6 +36,7 @@ from orbitmq.common.errors import (
     FlushTimeoutError,
     StoreClosedError,
     StoreError,
+    StoreUnavailableError,
 )
 from orbitmq.common.message import MessageBatch
 from orbitmq.common.record import (
@@ -65,7 +67,8 @@ from orbitmq.store.reader import (
 from orbitmq.store.recovery import RecoveryReport, StoreParts, recover
 from orbitmq.store.replica import append_chunk, read_chunk
 from orbitmq.store.retention import RetentionService, TopicRetention
-from orbitmq.store.segment import FileOps
+from orbitmq.store.segment import FileOps, io_error
+from orbitmq.store.supervise import ServiceHealth
 from orbitmq.store.truncate import TruncateReport, check_cut, truncate
 
 __all__ = ["GetResult", "GetStatus", "MessageStore"]
@@ -96,7 +99,10 @@ class MessageStore:
             root / layout.COMMITLOG_DIR, config.mapped_file_size_commit_log, self.fs, clock
         )
         self.queues = ConsumeQueueTable(
-            root / layout.CONSUMEQUEUE_DIR, config.consume_queue_entries_per_file, self.fs
+            root / layout.CONSUMEQUEUE_DIR,
+            config.consume_queue_entries_per_file,
+            self.fs,
+            config.max_open_consume_queue_files,
         )
         self.index: IndexService | None = (
             IndexService(
@@ -131,6 +137,8 @@ class MessageStore:
         )
         self._store_host = pack_host(config.store_host)
         self._checkpoint_lock = threading.Lock()
+        self._last_recheck = 0.0
+        self.read_errors = 0
         self._lock_fd = -1
         self.trusted_from = 0  # records at or past this offset were written by this process
         self.is_open = False
@@ -197,7 +205,7 @@ class MessageStore:
                 last_record_offset=self._last_record_offset(),
                 written_at_ms=self.clock(),
                 clean=True,
-            ).save(self.checkpoint_path)
+            ).save(self.checkpoint_path, self.fs)
             self.abort_path.unlink(missing_ok=True)
             layout.fsync_dir(self.root)
         finally:
@@ -254,7 +262,7 @@ class MessageStore:
                 dispatch_safe_offset=safe,
                 commit_log_flushed=self.commit_log.flushed_offset,
                 written_at_ms=self.clock(),
-            ).save(self.checkpoint_path)
+            ).save(self.checkpoint_path, self.fs)
 
     # ------------------------------------------------------------------ replication
 
@@ -347,14 +355,39 @@ class MessageStore:
         if not self.is_open:
             raise StoreClosedError("store is not open")
         self.validate(batch)
-        if self.retention.disk_full:
+        failure = self.dispatcher.failure
+        if failure is not None:
+            raise StoreUnavailableError(
+                f"dispatcher failing ({failure}): sends refused until new messages can be "
+                "made readable again"
+            )
+        if self.retention.disk_full and not self._recheck_disk():
+            if self.retention.no_space is not None:
+                raise DiskFullError(f"{self.retention.no_space}: writes refused until it fits")
             raise DiskFullError(
                 f"disk use {self.retention.disk_ratio:.0f}% is above "
                 f"{self.config.disk_space_warning_level_ratio}%: writes refused until space frees"
             )
-        result = self.commit_log.append(batch, self._store_host)
+        try:
+            result = self.commit_log.append(batch, self._store_host)
+        except DiskFullError as exc:  # no room for a new segment: refuse until there is
+            self.retention.note_no_space(str(exc))
+            self._recheck_disk()
+            raise
         self.dispatcher.wake()
         return result
+
+    def _recheck_disk(self) -> bool:
+        """While writes are refused: look again whether they fit (a statvfs, so writes resume
+        as soon as space returns) and, at most once a second, ask retention for a run that
+        deletes what it may. True when writes are accepted again."""
+        if self.retention.recheck():
+            return True
+        now = time.monotonic()
+        if now - self._last_recheck >= 1.0:
+            self._last_recheck = now
+            self._cleaner.wake()
+        return False
 
     def flush_future(self, end_offset: int) -> Future[None]:
         """Durability of everything before ``end_offset``: done at once in ASYNC_FLUSH."""
@@ -428,8 +461,17 @@ class MessageStore:
         max_bytes: int = 4 * 1024 * 1024,
         tags: Iterable[str] | None = None,
     ) -> GetResult:
-        """Read by queue offset (see :func:`orbitmq.store.reader.read_queue`)."""
-        return read_queue(self._view, topic, queue_id, offset, max_count, max_bytes, tags)
+        """Read by queue offset (see :func:`orbitmq.store.reader.read_queue`).
+
+        An I/O error reading the files fails this read only (StoreIOError, ``read_errors``)."""
+        try:
+            check = self.fs.read_check
+            if check is not None:
+                check(topic, queue_id, offset)
+            return read_queue(self._view, topic, queue_id, offset, max_count, max_bytes, tags)
+        except OSError as exc:
+            self.read_errors += 1
+            raise io_error(f"reading {topic}/{queue_id} at {offset}", exc) from exc
 
     def get_message(self, physical_offset: int) -> StoredMessage | None:
         """The record at a CommitLog offset, verified and decoded, or None."""
@@ -494,6 +536,37 @@ class MessageStore:
                     break
         return found
 
+    def health(self) -> dict[str, str]:
+        """What is degraded, by part, with its cause; empty when everything works.
+
+        Parts: the background services (dispatcher, flusher, checkpoint, retention), the index
+        (keys not indexed while it cannot be written), the disk (writes refused above
+        ``disk_space_warning_level_ratio``) and the CommitLog (fenced after a failed fsync:
+        reopen the store to recover).
+        """
+        out: dict[str, str] = {}
+        for h in self.services():
+            if h.degraded is not None:
+                out[h.name] = h.degraded
+        if self.dispatcher.index_failure is not None:
+            out["index"] = f"{self.dispatcher.index_skipped} keys not indexed: " + (
+                self.dispatcher.index_failure
+            )
+        if self.retention.disk_full:
+            out["disk"] = f"{self.retention.disk_ratio:.0f}% used: writes refused"
+        if self.commit_log.fenced:
+            out["commitlog"] = f"fenced: {self.commit_log.fenced}"
+        return out
+
+    def services(self) -> list[ServiceHealth]:
+        """The failure records of the background services (for metrics)."""
+        return [
+            self.dispatcher.health,
+            self.flusher.health,
+            self._checkpointer.health,
+            self._cleaner.health,
+        ]
+
     def stats(self) -> dict[str, int]:
         return {
             "commit_log_min_offset": self.commit_log.min_offset,
@@ -503,4 +576,7 @@ class MessageStore:
             "dispatch_lag_bytes": self.commit_log.max_offset - self.dispatcher.reput_offset,
             "queues": len(self.queues.queues),
             "fsyncs": self.flusher.fsync_count,
+            "index_skipped": self.dispatcher.index_skipped,
+            "read_errors": self.read_errors,
+            "service_failures": sum(h.failures for h in self.services()),
         }

@@ -3,11 +3,20 @@
 Broker-wide rules, as RocketMQ's:
 - a segment whose last write is older than ``file_reserved_time_hours`` is deleted at the hours
   in ``delete_when``, or at any hour once disk use passes ``disk_max_used_space_ratio``;
-- above ``disk_space_clean_forcibly_ratio`` the oldest segments go even if not expired;
+- above ``disk_space_clean_forcibly_ratio`` the oldest segments go even if not expired (100
+  turns forced deletion off: nothing unexpired is ever deleted, writes are refused instead);
 - above ``disk_space_warning_level_ratio`` appends fail with DiskFullError; the flag clears by
-  itself on the next run that finds the disk below the ratio;
-- the segment being written, and any segment not yet fully dispatched, is never deleted; queue
-  min offsets are moved past deleted data before the file goes.
+  itself on the next run that finds the disk below the ratio (the store asks for a run at
+  most once a second while it refuses, so writes resume about a second after space returns);
+- a new CommitLog segment that cannot be created (ENOSPC below the ratios, on a small disk)
+  sets the same flag and forces deletion of the oldest segments (unless
+  ``disk_space_clean_forcibly_ratio`` is 100: forced deletion off); it clears only once a
+  whole segment fits in the free space, so the store does not flip back to accepting and
+  failing every send;
+- the segment being written is never deleted, nor one not yet fully dispatched, unless the
+  disk is past the forced ratio while the dispatcher is failing (a full disk must not wedge
+  the broker: the dispatcher then skips what was deleted); queue min offsets are moved past
+  deleted data before the file goes, and consumers below the new minimum continue from it.
 
 Per-topic retention (an OrbitMQ extension RocketMQ lacks outside tiered storage):
 ``TopicRetention(ttl_ms, max_bytes)``. Messages older than the TTL are not served from the
@@ -72,10 +81,40 @@ class RetentionService:
         self.topics: dict[str, TopicRetention] = {}
         self.floors: dict[tuple[str, int], int] = {}
         self.deleted_segments = 0
+        self.no_space: str | None = None  # a segment could not be created: why
+        self.refresh_wanted = False  # someone was refused: the next run should come soon
 
     def _fs_usage(self) -> float:
         usage = shutil.disk_usage(self.root)
         return 100.0 * usage.used / usage.total if usage.total else 0.0
+
+    def note_no_space(self, cause: str) -> None:
+        """An append could not create its segment (ENOSPC): refuse writes and force deletion
+        until a segment fits again."""
+        if self.no_space is None:
+            log.error("%s: refusing writes and deleting the oldest segments until one fits",
+                      cause)  # fmt: skip
+        self.no_space = cause
+        self.disk_full = True
+        self.refresh_wanted = True
+
+    def recheck(self) -> bool:
+        """Re-evaluate the refusal now, without deleting anything; True when writes may go."""
+        cfg = self.config
+        ratio = self.disk_ratio = self._disk_usage()
+        if self.no_space is not None and self._segment_fits():
+            self.no_space = None
+        full = ratio >= cfg.disk_space_warning_level_ratio or self.no_space is not None
+        if self.disk_full and not full:
+            log.warning("disk use %.1f%%: accepting writes again", ratio)
+        self.disk_full = full
+        return not full
+
+    def _segment_fits(self) -> bool:
+        try:
+            return shutil.disk_usage(self.root).free >= self.commit_log.segments.segment_size
+        except OSError:
+            return False
 
     # ----------------------------------------------------------- per topic
 
@@ -120,12 +159,19 @@ class RetentionService:
         self.disk_ratio = ratio
         cfg = self.config
         hour_ok = time.localtime(self.clock() / 1000).tm_hour in cfg.delete_hours()
-        force = ratio >= cfg.disk_space_clean_forcibly_ratio
+        self.refresh_wanted = False
+        # No room for a segment forces deletion too; a forced ratio of 100 turns it off (a
+        # full disk is exactly 100 %: it would force anyway).
+        force = cfg.disk_space_clean_forcibly_ratio < 100 and (
+            ratio >= cfg.disk_space_clean_forcibly_ratio or self.no_space is not None
+        )
         if not startup and (hour_ok or ratio >= cfg.disk_max_used_space_ratio or force):
             self._delete_segments(force)
             ratio = self.disk_ratio = self._disk_usage()
+        if self.no_space is not None and self._segment_fits():
+            self.no_space = None
         was_full = self.disk_full
-        self.disk_full = ratio >= cfg.disk_space_warning_level_ratio
+        self.disk_full = ratio >= cfg.disk_space_warning_level_ratio or self.no_space is not None
         if self.disk_full and not was_full:
             log.error("disk use %.1f%%: refusing writes until it falls below %d%%",
                       ratio, cfg.disk_space_warning_level_ratio)  # fmt: skip
@@ -144,8 +190,10 @@ class RetentionService:
             if len(segs) < 2:
                 break  # never the segment being written
             first = segs[0]
-            if first.end > self.dispatcher.reput_offset:
-                break  # not fully dispatched yet
+            if first.end > self.dispatcher.reput_offset and not (
+                force and self.dispatcher.failure is not None
+            ):
+                break  # not fully dispatched yet (a failing dispatcher cannot hold the disk)
             age_ms = now - os.path.getmtime(first.path) * 1000
             if age_ms < reserved_ms and not force:
                 break
@@ -160,7 +208,11 @@ class RetentionService:
                 path.name, "forced by disk use" if force and age_ms < reserved_ms else "expired",
                 age_ms / 3_600_000,
             )  # fmt: skip
-            if force and self._disk_usage() < self.config.disk_space_clean_forcibly_ratio:
+            if (
+                force
+                and self._disk_usage() < self.config.disk_space_clean_forcibly_ratio
+                and (self.no_space is None or self._segment_fits())
+            ):
                 force = False
         if deleted:
             for cq in list(self.queues.queues.values()):
