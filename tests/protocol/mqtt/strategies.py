@@ -7,7 +7,7 @@ from typing import Any
 from hypothesis import strategies as st
 
 from orbitmq.protocol.mqtt import packets as p
-from orbitmq.protocol.mqtt.codes import MQTT_5, ReasonCode
+from orbitmq.protocol.mqtt.codes import MQTT_5, REASONS, REASONS_311
 from orbitmq.protocol.mqtt.codes import PacketType as PT
 from orbitmq.protocol.mqtt.properties import TABLE, WILL, Prop, PropType, allowed
 
@@ -15,7 +15,12 @@ text = st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters=
 blobs = st.binary(max_size=16)
 pids = st.integers(1, 0xFFFF)
 qos = st.integers(0, 2)
-reasons = st.sampled_from([int(r) for r in ReasonCode])
+
+
+def reasons(packet: int, version: int) -> st.SearchStrategy[int]:
+    table = REASONS if version == MQTT_5 else REASONS_311
+    return st.sampled_from(sorted(table.get(packet, {0})))
+
 
 _FLAGS = {
     Prop.PAYLOAD_FORMAT_INDICATOR,
@@ -60,7 +65,6 @@ def props(packet: int, version: int) -> st.SearchStrategy[dict[int, Any]]:
 
 def packets(version: int) -> st.SearchStrategy[p.Packet]:
     v5 = version == MQTT_5
-    rc = reasons if v5 else st.just(0)
 
     wills = st.builds(p.Will, text, blobs, qos, st.booleans(), props(WILL, version))
     connects = st.builds(
@@ -87,7 +91,7 @@ def packets(version: int) -> st.SearchStrategy[p.Packet]:
         )
     )
     acks = [
-        st.builds(cls, pids, rc, props(cls.TYPE, version))
+        st.builds(cls, pids, reasons(cls.TYPE, version), props(cls.TYPE, version))
         for cls in (p.PubAck, p.PubRec, p.PubRel, p.PubComp)
     ]
     subs = st.builds(
@@ -98,11 +102,11 @@ def packets(version: int) -> st.SearchStrategy[p.Packet]:
         st.booleans() if v5 else st.just(False),
         st.integers(0, 2) if v5 else st.just(0),
     )
-    suback_codes = reasons if v5 else st.sampled_from([0, 1, 2, 0x80])
+    suback_codes = reasons(PT.SUBACK, version)
     out: list[st.SearchStrategy[p.Packet]] = [
         connects,
         st.builds(
-            p.Connack, st.booleans(), rc if v5 else st.integers(0, 5), props(PT.CONNACK, version)
+            p.Connack, st.booleans(), reasons(PT.CONNACK, version), props(PT.CONNACK, version)
         ),
         publishes,
         *acks,
@@ -124,13 +128,13 @@ def packets(version: int) -> st.SearchStrategy[p.Packet]:
         st.builds(
             p.Unsuback,
             pids,
-            st.lists(reasons, max_size=3).map(tuple) if v5 else st.just(()),
+            st.lists(reasons(PT.UNSUBACK, version), max_size=3).map(tuple) if v5 else st.just(()),
             props(PT.UNSUBACK, version),
         ),
         st.builds(p.PingReq),
         st.builds(p.PingResp),
-        st.builds(p.Disconnect, rc, props(PT.DISCONNECT, version)),
+        st.builds(p.Disconnect, reasons(PT.DISCONNECT, version), props(PT.DISCONNECT, version)),
     ]
     if v5:
-        out.append(st.builds(p.Auth, rc, props(PT.AUTH, version)))
+        out.append(st.builds(p.Auth, reasons(PT.AUTH, version), props(PT.AUTH, version)))
     return st.one_of(out)

@@ -233,6 +233,27 @@ def test_malformed_5(hex_: str, reason: ReasonCode) -> None:
     assert err.value.reason == reason
 
 
+@pytest.mark.parametrize(
+    ("hex_", "version"),
+    [
+        ("6203000a10", MQTT_5),  # PUBREL with 0x10 (a PUBACK code)
+        ("f00180", MQTT_5),  # AUTH with 0x80
+        ("e00118", MQTT_5),  # DISCONNECT with 0x18 (an AUTH code)
+        ("900400010092", MQTT_5),  # SUBACK with 0x92
+        ("20020006", MQTT_311),  # CONNACK return code 6
+        ("9003000103", MQTT_311),  # SUBACK return code 3
+    ],
+)
+def test_reason_codes_are_checked_per_packet_type(hex_: str, version: int) -> None:
+    with pytest.raises(MqttProtocolError) as err:
+        MqttDecoder(version=version).feed(bytes.fromhex(hex_))
+    assert err.value.reason == ReasonCode.MALFORMED_PACKET
+    with pytest.raises(ValueError):
+        encode(p.Disconnect(ReasonCode.UNSUPPORTED_PROTOCOL_VERSION))
+    with pytest.raises(ValueError):
+        encode(p.PubRel(1, ReasonCode.NO_MATCHING_SUBSCRIBERS))
+
+
 def test_user_properties_and_subscription_ids_repeat() -> None:
     packet = p.Publish(
         "t",

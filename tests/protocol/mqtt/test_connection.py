@@ -325,3 +325,11 @@ def test_packet_id_in_use_for_qos1_resend_with_new_qos() -> None:
     assert feed(conn, p.Publish("t", b"", 1, dup=True, packet_id=3)) == []  # resend
     [ev] = feed(conn, p.Publish("t", b"", 2, packet_id=3))
     assert isinstance(ev, Closed) and ev.reason == ReasonCode.PROTOCOL_ERROR
+
+
+def test_a_reason_disconnect_cannot_carry_becomes_protocol_error() -> None:
+    conn = connected()
+    bad = bytes.fromhex("100c00044d5154540600000a00000000")  # CONNECT with level 6
+    [ev] = conn.receive_data(bad, 0)
+    assert isinstance(ev, Closed) and ev.reason == ReasonCode.UNSUPPORTED_PROTOCOL_VERSION
+    assert decode(ev.data, MQTT_5) == [p.Disconnect(ReasonCode.PROTOCOL_ERROR)]

@@ -25,9 +25,9 @@ from orbitmq.protocol.mqtt.codes import (
     MqttProtocolError,
     PacketType,
     ReasonCode,
-    is_reason_code,
     malformed,
     protocol_error,
+    reason_allowed,
 )
 from orbitmq.protocol.mqtt.packets import (
     Auth,
@@ -90,6 +90,13 @@ def _props(version: int, props: Properties, packet: int) -> bytes:
     return encode_properties(props, packet) if version == MQTT_5 else b""
 
 
+def _check_reasons(ptype: int, codes: tuple[int, ...], version: int) -> bytes:
+    for code in codes:
+        if not reason_allowed(ptype, code, version):
+            raise ValueError(f"reason code 0x{code:02X} is not one of packet type {ptype}")
+    return bytes(codes)
+
+
 def _qos(qos: int) -> int:
     if qos not in (0, 1, 2):
         raise ValueError(f"QoS {qos} is not 0, 1 or 2")
@@ -130,14 +137,15 @@ def _body(p: Packet, version: int) -> tuple[int, bytes]:
     if isinstance(p, PubAck | PubRec | PubRel | PubComp):
         body = _packet_id(p.packet_id)
         if version == MQTT_5 and (p.reason_code or p.properties):
-            body += bytes((p.reason_code,))
+            body += _check_reasons(p.TYPE, (p.reason_code,), version)
             if p.properties:
                 body += encode_properties(p.properties, p.TYPE)
         return _FIXED_FLAGS.get(p.TYPE, 0), body
     if isinstance(p, Connect):
         return 0, _connect(p, version)
     if isinstance(p, Connack):
-        head = bytes((1 if p.session_present else 0, p.reason_code))
+        head = bytes((1 if p.session_present else 0,))
+        head += _check_reasons(p.TYPE, (p.reason_code,), version)
         return 0, head + _props(version, p.properties, PacketType.CONNACK)
     if isinstance(p, Subscribe):
         if not p.subscriptions:
@@ -154,7 +162,7 @@ def _body(p: Packet, version: int) -> tuple[int, bytes]:
         return 2, body
     if isinstance(p, Suback):
         body = _packet_id(p.packet_id) + _props(version, p.properties, PacketType.SUBACK)
-        return 0, body + bytes(p.reason_codes)
+        return 0, body + _check_reasons(p.TYPE, p.reason_codes, version)
     if isinstance(p, Unsubscribe):
         if not p.filters:
             raise ValueError("UNSUBSCRIBE needs at least one topic filter")
@@ -163,7 +171,8 @@ def _body(p: Packet, version: int) -> tuple[int, bytes]:
     if isinstance(p, Unsuback):
         body = _packet_id(p.packet_id)
         if version == MQTT_5:
-            body += encode_properties(p.properties, PacketType.UNSUBACK) + bytes(p.reason_codes)
+            body += encode_properties(p.properties, PacketType.UNSUBACK)
+            body += _check_reasons(p.TYPE, p.reason_codes, version)
         return 0, body
     if isinstance(p, PingReq | PingResp):
         return 0, b""
@@ -176,7 +185,7 @@ def _body(p: Packet, version: int) -> tuple[int, bytes]:
             return 0, b""
         # like an ack's, the Property Length may be left out when there are none (§3.14.2.2)
         props = encode_properties(p.properties, p.TYPE) if p.properties else b""
-        return 0, bytes((p.reason_code,)) + props
+        return 0, _check_reasons(p.TYPE, (p.reason_code,), version) + props
     raise TypeError(f"not an MQTT packet: {p!r}")
 
 
@@ -224,11 +233,19 @@ def _decode_connect(r: Reader) -> Connect:
     )
 
 
-def _reason(r: Reader) -> int:
+def _reason(r: Reader, ptype: int, version: int = MQTT_5) -> int:
     code = r.byte()
-    if not is_reason_code(code):
-        raise malformed(f"unknown reason code 0x{code:02X}")
+    if not reason_allowed(ptype, code, version):
+        raise malformed(f"reason code 0x{code:02X} is not one of packet type {ptype}")
     return code
+
+
+def _reasons(r: Reader, ptype: int, version: int) -> tuple[int, ...]:
+    codes = tuple(r.rest())
+    for code in codes:
+        if not reason_allowed(ptype, code, version):
+            raise malformed(f"reason code 0x{code:02X} is not one of packet type {ptype}")
+    return codes
 
 
 def _nonzero_id(r: Reader) -> int:
@@ -268,7 +285,7 @@ def _decode_body(ptype: int, flags: int, r: Reader, version: int) -> Packet:
         pid = _nonzero_id(r)
         code, props = 0, {}
         if v5 and r.remaining:
-            code = _reason(r)
+            code = _reason(r, ptype)
             if r.remaining:
                 props = decode_properties(r, ptype)
         r.done()
@@ -277,7 +294,7 @@ def _decode_body(ptype: int, flags: int, r: Reader, version: int) -> Packet:
         ack_flags = r.byte()
         if ack_flags & 0xFE:
             raise malformed("CONNACK reserved flags are set")
-        code = _reason(r) if v5 else r.byte()
+        code = _reason(r, ptype, version)
         props = decode_properties(r, PacketType.CONNACK) if v5 else {}
         r.done()
         return Connack(bool(ack_flags), code, props)
@@ -286,9 +303,7 @@ def _decode_body(ptype: int, flags: int, r: Reader, version: int) -> Packet:
     if ptype == PacketType.SUBACK:
         pid = _nonzero_id(r)
         props = decode_properties(r, PacketType.SUBACK) if v5 else {}
-        codes = tuple(r.rest())
-        if not all(is_reason_code(c) for c in codes):
-            raise malformed("unknown SUBACK reason code")
+        codes = _reasons(r, ptype, version)
         return Suback(pid, codes, props)
     if ptype == PacketType.UNSUBSCRIBE:
         pid = _nonzero_id(r)
@@ -305,9 +320,7 @@ def _decode_body(ptype: int, flags: int, r: Reader, version: int) -> Packet:
             r.done()
             return Unsuback(pid)
         props = decode_properties(r, PacketType.UNSUBACK)
-        codes = tuple(r.rest())
-        if not all(is_reason_code(c) for c in codes):
-            raise malformed("unknown UNSUBACK reason code")
+        codes = _reasons(r, ptype, version)
         return Unsuback(pid, codes, props)
     if ptype in (PacketType.PINGREQ, PacketType.PINGRESP):
         r.done()
@@ -315,7 +328,7 @@ def _decode_body(ptype: int, flags: int, r: Reader, version: int) -> Packet:
     # DISCONNECT, AUTH
     code, props = 0, {}
     if v5 and r.remaining:
-        code = _reason(r)
+        code = _reason(r, ptype)
         if r.remaining:
             props = decode_properties(r, ptype)
     r.done()

@@ -93,11 +93,38 @@ class ConnectReturnCode(IntEnum):
     NOT_AUTHORIZED = 5
 
 
-_REASON_VALUES = frozenset(int(r) for r in ReasonCode)
+_PUB_ACK = frozenset((0x00, 0x10, 0x80, 0x83, 0x87, 0x90, 0x91, 0x97, 0x99))
+_RELEASE = frozenset((0x00, 0x92))
+_CONNACK = frozenset(
+    (0x00, *range(0x80, 0x8B), 0x8C, 0x90, 0x95, 0x97, 0x99, 0x9A, 0x9B, 0x9C, 0x9D, 0x9F)
+)
+_DISCONNECT = frozenset(
+    (0x00, 0x04, 0x80, 0x81, 0x82, 0x83, 0x87, 0x89, 0x8B, *range(0x8D, 0x91), *range(0x93, 0xA3))
+)
+REASONS: dict[int, frozenset[int]] = {
+    PacketType.CONNACK: _CONNACK,
+    PacketType.PUBACK: _PUB_ACK,
+    PacketType.PUBREC: _PUB_ACK,
+    PacketType.PUBREL: _RELEASE,
+    PacketType.PUBCOMP: _RELEASE,
+    PacketType.SUBACK: frozenset(
+        (0x00, 0x01, 0x02, 0x80, 0x83, 0x87, 0x8F, 0x91, 0x97, 0x9E, 0xA1, 0xA2)
+    ),
+    PacketType.UNSUBACK: frozenset((0x00, 0x11, 0x80, 0x83, 0x87, 0x8F, 0x91)),
+    PacketType.DISCONNECT: _DISCONNECT,
+    PacketType.AUTH: frozenset((0x00, 0x18, 0x19)),
+}
+"""5.0 §2.4 Table 2-6: the reason codes each packet type may carry."""
+REASONS_311: dict[int, frozenset[int]] = {
+    PacketType.CONNACK: frozenset(int(c) for c in ConnectReturnCode),
+    PacketType.SUBACK: frozenset((0x00, 0x01, 0x02, 0x80)),
+}
+"""3.1.1: CONNACK return codes (§3.2.2.3) and SUBACK return codes (§3.9.3)."""
 
 
-def is_reason_code(value: int) -> bool:
-    return value in _REASON_VALUES
+def reason_allowed(packet: int, code: int, version: int = MQTT_5) -> bool:
+    table = REASONS if version == MQTT_5 else REASONS_311
+    return code in table.get(packet, ())
 
 
 class MqttProtocolError(ProtocolError):

@@ -37,7 +37,9 @@ from orbitmq.protocol.mqtt.codes import (
     MQTT_311,
     ConnectReturnCode,
     MqttProtocolError,
+    PacketType,
     ReasonCode,
+    reason_allowed,
 )
 from orbitmq.protocol.mqtt.packets import (
     Auth,
@@ -272,7 +274,9 @@ class ServerConnection:
         state, self.state = self.state, State.CLOSED
         data = b""
         if state is State.CONNECTED and self.version == MQTT_5:
-            data = encode(Disconnect(reason), MQTT_5)
+            # e.g. 0x84 from a second CONNECT: not a DISCONNECT reason, but a protocol error
+            code = reason if reason_allowed(PacketType.DISCONNECT, reason) else 0x82
+            data = encode(Disconnect(code), MQTT_5)
         elif state in (State.AWAITING_CONNECT, State.CONNECTING):
             if self.version == MQTT_5:
                 data = encode(Connack(False, reason), MQTT_5)
