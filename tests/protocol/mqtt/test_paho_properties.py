@@ -9,7 +9,7 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from orbitmq.protocol.mqtt.codes import MQTT_5, PacketType
+from orbitmq.protocol.mqtt.codes import MQTT_5, REASONS, PacketType
 from orbitmq.protocol.mqtt.properties import WILL, Prop, decode_properties, encode_properties
 from orbitmq.protocol.mqtt.wire import Reader
 
@@ -49,3 +49,15 @@ def test_properties_agree_with_paho(kind: int, data: st.DataObject) -> None:
     # and the other way: paho writes, we read
     packed = theirs.pack()
     assert decode_properties(Reader(packed), kind) == ours
+
+
+def test_reason_code_table_agrees_with_paho() -> None:
+    reasoncodes = pytest.importorskip("paho.mqtt.reasoncodes")
+    theirs: dict[int, set[int]] = {}
+    for code, by_name in reasoncodes.ReasonCode.names.items():
+        for packet_types in by_name.values():
+            for t in packet_types:
+                theirs.setdefault(int(t), set()).add(code)
+    for packet, ours in REASONS.items():
+        extra = {0x99} if packet == PacketType.CONNACK else set()  # 5.0 §3.2.2.2 lists it
+        assert set(ours) == theirs[packet] | extra, PacketType(packet).name
