@@ -5,6 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from orbitmq.protocol.mqtt import packets as p
 from orbitmq.protocol.mqtt.codec import MqttDecoder, encode
@@ -24,6 +26,8 @@ from orbitmq.protocol.mqtt.connection import (
     WindowFullError,
 )
 from orbitmq.protocol.mqtt.properties import Prop
+
+from .strategies import packets
 
 
 def decode(data: bytes, version: int) -> list[p.Packet]:
@@ -333,3 +337,38 @@ def test_a_reason_disconnect_cannot_carry_becomes_protocol_error() -> None:
     [ev] = conn.receive_data(bad, 0)
     assert isinstance(ev, Closed) and ev.reason == ReasonCode.UNSUPPORTED_PROTOCOL_VERSION
     assert decode(ev.data, MQTT_5) == [p.Disconnect(ReasonCode.PROTOCOL_ERROR)]
+
+
+def test_client_publish_with_subscription_identifier() -> None:
+    packet = p.Publish("t", properties={Prop.SUBSCRIPTION_IDENTIFIER: (1,)})
+    [ev] = feed(connected(), packet)
+    assert isinstance(ev, Closed) and ev.reason == ReasonCode.PROTOCOL_ERROR
+
+
+def test_authentication_data_without_method() -> None:
+    conn = ServerConnection()
+    connect = p.Connect("c", properties={Prop.AUTHENTICATION_DATA: b"x"})
+    [ev] = conn.receive_data(encode(connect), 0)
+    assert isinstance(ev, Closed) and ev.reason == ReasonCode.PROTOCOL_ERROR
+    assert decode(ev.data, MQTT_5) == [p.Connack(False, ReasonCode.PROTOCOL_ERROR)]
+
+
+@pytest.mark.parametrize("version", [MQTT_311, MQTT_5])
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data())
+def test_any_packet_sequence_gives_events_never_exceptions(
+    version: int, data: st.DataObject
+) -> None:
+    conn = connected(version, topic_alias_maximum=2, receive_maximum=3)
+    stream = data.draw(st.lists(packets(version), max_size=8))
+    for packet in stream:
+        events = feed(conn, packet)
+        for ev in events:
+            pid = ev.publish.packet_id if isinstance(ev, MessageReceived) else None
+            if pid is not None and data.draw(st.booleans()):
+                conn.acknowledge(pid)
+        if conn.closed:
+            break
+        if data.draw(st.booleans()) and conn.send_quota:
+            conn.publish("out", b"", data.draw(st.integers(0, 2)))
+    conn.receive_data(data.draw(st.binary(max_size=32)), 0)  # garbage at the end: no raise

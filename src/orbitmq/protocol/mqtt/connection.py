@@ -331,6 +331,8 @@ class ServerConnection:
             except ValueError as exc:
                 return [self._fail(ReasonCode.TOPIC_NAME_INVALID, str(exc))]
         props = c.properties
+        if Prop.AUTHENTICATION_DATA in props and Prop.AUTHENTICATION_METHOD not in props:
+            return [self._fail(ReasonCode.PROTOCOL_ERROR, "authentication data, no method")]
         self.client_receive_maximum = props.get(Prop.RECEIVE_MAXIMUM, DEFAULT_RECEIVE_MAXIMUM)
         self.client_max_packet_size = props.get(Prop.MAXIMUM_PACKET_SIZE)
         self.client_topic_alias_maximum = props.get(Prop.TOPIC_ALIAS_MAXIMUM, 0)
@@ -343,6 +345,8 @@ class ServerConnection:
     def _on_publish(self, p: Publish) -> list[Event]:
         topic = p.topic
         if self.version == MQTT_5:
+            if Prop.SUBSCRIPTION_IDENTIFIER in p.properties:  # §3.3.4: server -> client only
+                return [self._fail(ReasonCode.PROTOCOL_ERROR, "subscription id from a client")]
             alias = p.properties.get(Prop.TOPIC_ALIAS)
             if alias is not None:
                 if alias > self.topic_alias_maximum:
