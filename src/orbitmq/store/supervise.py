@@ -1,7 +1,10 @@
 """Supervision of the store's background services: a failing service is reported, not dead.
 
 Every background loop (dispatcher, flusher, checkpoint, retention; the broker's writer thread
-uses the same record) holds a :class:`ServiceHealth`. When one turn of the loop raises, the loop
+and its asyncio loops -- Pop reviver and FIFO expiry, timer, transaction check-back, offset
+writer, housekeeping, NameServer registration -- use the same record) holds a
+:class:`ServiceHealth`. It has no lock held across a wait, so an asyncio loop uses it as is:
+``await asyncio.sleep(health.failed(exc))``. When one turn of the loop raises, the loop
 calls ``failed(exc)``: the first failure of an outage is logged once with its cause (the
 traceback), every one is counted, and the loop waits the returned backoff (doubling from
 ``BACKOFF_MIN_S`` to ``BACKOFF_MAX_S``) before it tries again. The first turn that succeeds
