@@ -284,6 +284,7 @@ class BrokerController:
         m = self.metrics
         m.dispatch_lag.set_function(lambda: self.store.stats()["dispatch_lag_bytes"])
         m.disk_ratio.set_function(lambda: self.store.retention.disk_ratio)
+        m.disk_bytes.set_function(lambda: self.store.retention.disk_used_bytes)
         m.topics.set_function(lambda: len(self.topics.topics))
         m.queues.set_function(lambda: len(self.store.queues.queues))
         m.connections.set_function(lambda: len(self.server.connections))
