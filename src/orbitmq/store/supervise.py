@@ -10,7 +10,7 @@ traceback), every one is counted, and the loop waits the returned backoff (doubl
 ``BACKOFF_MIN_S`` to ``BACKOFF_MAX_S``) before it tries again. The first turn that succeeds
 calls ``ok()``, which logs the recovery and clears the cause. ``degraded`` is the cause while the
 outage lasts: the store's ``health()`` collects these, so an operator (``orbitmq cluster list``,
-the ``orbitmq_store_service_failures`` metric) sees what is degraded and why, and the store
+the ``orbitmq_service_failures`` metric) sees what is degraded and why, and the store
 refuses sends while the service that makes them visible is failing.
 
 Why not let the thread die: a dead dispatcher used to leave the broker acknowledging messages no
