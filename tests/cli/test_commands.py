@@ -200,7 +200,11 @@ def test_cluster_list(cli_cluster: CliCluster) -> None:
     assert "cluster DefaultCluster" in out
     for name, addr in cli_cluster.brokers.items():
         row = next(line for line in out.splitlines() if name in line)
-        assert re.search(rf"{name}\s+{addr}\s+[\d.]+ (B|KiB|MiB)\s+\d+ B\s+\d+%\s+ASYNC_FLUSH", row)
+        assert re.search(
+            rf"{name}\s+{addr}\s+[\d.]+ (B|KiB|MiB)\s+\d+ B\s+\d+%\s+[\d.]+ (B|KiB|MiB|GiB)\s+"
+            "ASYNC_FLUSH",
+            row,
+        )
 
 
 def _orbitmq(cluster: CliCluster, *args: str) -> subprocess.Popen[str]:

@@ -214,3 +214,22 @@ def test_fail_on_data_loss(spark: Any, orbit_cluster: OrbitCluster, loaded: str)
         spark, orbit_cluster.namesrv, loaded, endingOffsets=end, failOnDataLoss="false"
     ).collect()
     assert len(rows) == 100
+
+
+def test_fail_on_data_loss_below_a_deleted_start(spark: Any, orbit_cluster: OrbitCluster) -> None:
+    """Retention removed the start of a queue the query still had to read (its offset is now
+    below the queue's minimum): an error naming the topic, queue and lost offsets, or
+    (failOnDataLoss=false) the query goes on from the new minimum."""
+    ns = orbit_cluster.namesrv
+    topic = orbit_cluster.topic("lost", queues=1)
+    produce(ns, topic, 0, 60)
+    mq = MessageQueue(topic, BROKER, 0)
+    with AdminClient(ns) as admin:  # keep about the newest 2 KB: the start is gone
+        admin.create_topic(topic, read_queue_nums=1, write_queue_nums=1, retention_bytes=2000)
+        lo = admin.min_offset(mq)
+    assert 0 < lo < 60
+    start = json.dumps({topic: {f"{BROKER}/0": 0}})
+    with pytest.raises(Exception, match=rf"ORBITMQ_DATA_LOSS.*{topic}.*{BROKER}/0.*\[0, {lo}\)"):
+        read(spark, ns, topic, startingOffsets=start).collect()
+    rows = read(spark, ns, topic, startingOffsets=start, failOnDataLoss="false").collect()
+    assert sorted(r.queue_offset for r in rows) == list(range(lo, 60))

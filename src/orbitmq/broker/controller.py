@@ -56,6 +56,7 @@ from orbitmq.protocol.requests import RegisterBrokerRequest, UnregisterBrokerReq
 from orbitmq.store.message_store import MessageStore
 from orbitmq.store.recovery import RecoveryReport
 from orbitmq.store.retention import TopicRetention
+from orbitmq.store.supervise import ServiceHealth
 
 log = logging.getLogger(__name__)
 
@@ -70,6 +71,10 @@ def settle_heap() -> None:
     """
     gc.collect()
     gc.freeze()
+
+
+class RegistrationError(Exception):
+    """Registration with one or more NameServers failed (the causes, one per NameServer)."""
 
 
 class BrokerController:
@@ -169,6 +174,17 @@ class BrokerController:
         self.namesrv_client = RemotingClient(name="broker-to-namesrv")
         self.recovery: RecoveryReport | None = None
         self._tasks = TaskSet("broker", logger=log)
+        self.register_health = ServiceHealth("namesrv-register")
+        self.housekeeping_health = ServiceHealth("housekeeping")
+        self.bridge.watch(
+            self.pop.reviver.health,
+            self.pop.fifo_health,
+            self.timer.health,
+            self.transactions.health,
+            self.offsets.health,
+            self.register_health,
+            self.housekeeping_health,
+        )
         self._register_task: asyncio.Task[None] | None = None
         self._housekeeping_task: asyncio.Task[None] | None = None
         self._register_now = asyncio.Event()
@@ -268,6 +284,7 @@ class BrokerController:
         m = self.metrics
         m.dispatch_lag.set_function(lambda: self.store.stats()["dispatch_lag_bytes"])
         m.disk_ratio.set_function(lambda: self.store.retention.disk_ratio)
+        m.disk_bytes.set_function(lambda: self.store.retention.disk_used_bytes)
         m.topics.set_function(lambda: len(self.topics.topics))
         m.queues.set_function(lambda: len(self.store.queues.queues))
         m.connections.set_function(lambda: len(self.server.connections))
@@ -312,16 +329,20 @@ class BrokerController:
         scan_s = max(0.05, min(5.0, self.config.consumer_expiry_s / 4))
         persist_s = max(0.05, self.config.offset_persist_interval_s)
         next_persist = time.monotonic() + persist_s
+        pause = 0.0
         while self.started:
-            await asyncio.sleep(min(scan_s, max(0.0, next_persist - time.monotonic())))
+            await asyncio.sleep(max(pause, min(scan_s, next_persist - time.monotonic())))
+            pause = 0.0
             try:
                 self.consumers.scan_expired()
                 self.locks.purge_expired()
                 if time.monotonic() >= next_persist:
                     next_persist = time.monotonic() + persist_s
                     await self.offsets.persist_if_changed()
-            except Exception:  # housekeeping must go on; the error is logged
-                log.exception("consumer housekeeping failed")
+            except Exception as exc:  # noqa: BLE001 - supervised, retried
+                pause = self.housekeeping_health.failed(exc)
+            else:
+                self.housekeeping_health.ok()
 
     def topics_changed(self) -> None:
         """Register again soon so NameServers learn the change without waiting 30 s."""
@@ -348,32 +369,41 @@ class BrokerController:
             )
         )
 
-        async def one(addr: str) -> bool:
+        async def one(addr: str) -> str | None:
             frame = self._identity().frame(body)
             try:
                 resp = await self.namesrv_client.invoke(addr, frame, timeout=3.0)
             except MQError as exc:
-                log.warning("register with NameServer %s failed: %s", addr, exc)
-                return False
+                return f"{addr}: {exc}"
             if resp.code != ResponseCode.SUCCESS:
-                log.warning("NameServer %s refused registration: %s", addr, resp.remark)
-                return False
-            return True
+                return f"{addr} refused: {resp.remark}"
+            return None
 
-        results = await asyncio.gather(*(one(a) for a in self.config.namesrv_addrs))
-        return sum(results)
+        errors = [
+            e for e in await asyncio.gather(*(one(a) for a in self.config.namesrv_addrs)) if e
+        ]
+        # Logged once per outage (the heartbeat retries every second while one is missing).
+        if errors:
+            self.register_health.failed(RegistrationError("; ".join(errors)))
+        else:
+            self.register_health.ok()
+        return len(self.config.namesrv_addrs) - len(errors)
 
     async def _register_loop(self, first_wait: bool = False) -> None:
         # asyncio.timeout rather than wait_for: on 3.11 wait_for can swallow a cancellation
         # that races with the event being set, and stop() would then wait forever.
         while self.started:
             started = time.monotonic()
+            interval = self.config.register_interval_s
             if first_wait:
                 first_wait = False
             else:
-                self._registered = await self.register_all()
+                try:
+                    self._registered = await self.register_all()
+                except Exception as exc:  # noqa: BLE001 - supervised, retried
+                    self._registered = 0
+                    interval = self.register_health.failed(exc)
                 self._register_now.clear()
-            interval = self.config.register_interval_s
             if self._registered < len(self.config.namesrv_addrs):
                 interval = min(interval, 1.0)  # a NameServer is missing: try again soon
             remaining = interval - (time.monotonic() - started)

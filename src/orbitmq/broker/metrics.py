@@ -42,6 +42,11 @@ class BrokerMetrics:
             "orbitmq_store_dispatch_lag_bytes", "CommitLog bytes not yet dispatched", registry=r
         )
         self.disk_ratio = Gauge("orbitmq_store_disk_used_percent", "Disk use, percent", registry=r)
+        self.disk_bytes = Gauge(
+            "orbitmq_store_disk_used_bytes",
+            "Blocks the store's files occupy, in bytes (as of the last retention run)",
+            registry=r,
+        )
         self.topics = Gauge("orbitmq_broker_topics", "Topics on this broker", registry=r)
         self.queues = Gauge("orbitmq_store_queues", "ConsumeQueues", registry=r)
         self.connections = Gauge("orbitmq_broker_connections", "Open connections", registry=r)

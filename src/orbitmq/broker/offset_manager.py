@@ -32,6 +32,7 @@ from orbitmq.common.clock import now_ms
 from orbitmq.common.errors import ConfigError, StoreIOError
 from orbitmq.common.files import write_atomically
 from orbitmq.common.tasks import TaskSet
+from orbitmq.store.supervise import ServiceHealth
 
 log = logging.getLogger(__name__)
 
@@ -45,7 +46,8 @@ class ConsumerOffsetManager:
         self._version = 0
         self._written = 0
         self._tasks = TaskSet("consumer-offsets", logger=log)
-        self._writing: asyncio.Task[None] | None = None
+        self.health = ServiceHealth("offset-writer")
+        self._writing: asyncio.Task[StoreIOError | None] | None = None
 
     # ------------------------------------------------------------------ load and save
 
@@ -86,16 +88,23 @@ class ConsumerOffsetManager:
         while self._written < wanted:
             if self._writing is None or self._writing.done():
                 self._writing = self._tasks.spawn(self._write_once(), name="offsets-write")
-            await asyncio.shield(self._writing)
+            error = await asyncio.shield(self._writing)
+            if error is not None:
+                raise error
 
-    async def _write_once(self) -> None:
+    async def _write_once(self) -> StoreIOError | None:
+        """One write; a failure is returned (for every waiter to raise) rather than raised, so
+        it is logged once per outage by ``health`` instead of once per try by the task set."""
         data = self._snapshot()
         version = self._version
         try:
             await asyncio.get_running_loop().run_in_executor(None, self._write_file, data)
-        except OSError as exc:  # logged by the task set, with this traceback
-            raise StoreIOError(f"cannot write consumer offsets to {self.path}: {exc}") from exc
+        except OSError as exc:
+            self.health.failed(exc)  # the next commit or periodic write tries again
+            return StoreIOError(f"cannot write consumer offsets to {self.path}: {exc}")
+        self.health.ok()
         self._written = max(self._written, version)
+        return None
 
     async def persist_if_changed(self) -> None:
         """The periodic write: only when something changed since the last one."""
@@ -107,8 +116,7 @@ class ConsumerOffsetManager:
         """At shutdown: let a write in progress finish, then write what is left, synchronously
         (off the loop), so a clean stop loses nothing that was set in memory."""
         if self._writing is not None and not self._writing.done():
-            with contextlib.suppress(StoreIOError):
-                await asyncio.shield(self._writing)
+            await asyncio.shield(self._writing)
         if self._written < self._version:
             await asyncio.get_running_loop().run_in_executor(None, self.write_now)
 

@@ -54,6 +54,7 @@ class StoreBridge:
         self.wait_timeout_s = wait_timeout_ms / 1000
         self.busy_rejections = 0
         self.health = ServiceHealth("writer")
+        self._watched: list[ServiceHealth] = []
         self._writer = ThreadPoolExecutor(1, thread_name_prefix="orbitmq-store-write")
         self._readers = ThreadPoolExecutor(2, thread_name_prefix="orbitmq-store-read")
         self._queue: list[_Job] = []
@@ -211,17 +212,25 @@ class StoreBridge:
 
     # ------------------------------------------------------------------ health
 
+    def watch(self, *services: ServiceHealth) -> None:
+        """Add the broker's own supervised services (reviver, timer, ...) to the health."""
+        self._watched.extend(services)
+
     def degraded(self) -> dict[str, str]:
-        """What is degraded in the store and the writer, with causes (empty: healthy)."""
+        """What is degraded in the store, the writer and the watched broker services, with
+        causes (empty: healthy)."""
         out = self.store.health()
-        if self.health.degraded is not None:
-            out["writer"] = self.health.degraded
+        for h in (self.health, *self._watched):
+            cause = h.degraded
+            if cause is not None:
+                out[h.name] = cause
         return out
 
     def failure_counts(self) -> dict[str, int]:
         """Failed turns so far of every supervised service (store services and the writer)."""
         counts = {h.name: h.failures for h in self.store.services()}
-        counts[self.health.name] = self.health.failures
+        for h in (self.health, *self._watched):
+            counts[h.name] = h.failures
         counts["read"] = self.store.read_errors  # reads failed by an I/O error
         return counts
 

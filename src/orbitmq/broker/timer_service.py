@@ -69,6 +69,7 @@ from orbitmq.common.message import (
 from orbitmq.common.record import decode
 from orbitmq.common.tasks import TaskSet
 from orbitmq.protocol.bodies import TopicConfig
+from orbitmq.store.supervise import ServiceHealth
 from orbitmq.store.timer_index import (
     PROPERTY_TIMER_CANCEL,
     PROPERTY_TIMER_OUT_MS,
@@ -90,7 +91,6 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 CHECKPOINT_FILE = "timer_checkpoint.json"
-FAILURE_BACKOFF_S = 1.0
 MAX_RECALL_CANDIDATES = 16
 MIN_ROLL_WINDOW_MS = 100
 COPY_BATCH_BYTES = 4 * 1024 * 1024
@@ -212,6 +212,7 @@ class TimerService:
         self._wake = asyncio.Event()
         self._stopping = False
         self._tasks = TaskSet("timer", logger=log)
+        self.health = ServiceHealth("timer")
         self._task: asyncio.Task[None] | None = None
         self._write_lock = asyncio.Lock()
         self._fire_lock = asyncio.Lock()
@@ -334,9 +335,10 @@ class TimerService:
                 pause: float | None = None if nxt is None else (nxt - now) / 1000
                 if self._dirty:
                     pause = interval if pause is None else min(pause, interval)
-            except Exception:  # keep firing: the timers stay pending and are retried
-                log.exception("timer fire pass failed; retrying in %.0f s", FAILURE_BACKOFF_S)
-                pause = FAILURE_BACKOFF_S
+            except Exception as exc:  # noqa: BLE001 - supervised; timers stay pending
+                pause = self.health.failed(exc)  # logged once per outage, counted
+            else:
+                self.health.ok()
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(pause):
                     await self._wake.wait()

@@ -579,4 +579,5 @@ class MessageStore:
             "index_skipped": self.dispatcher.index_skipped,
             "read_errors": self.read_errors,
             "service_failures": sum(h.failures for h in self.services()),
+            "disk_used_bytes": self.retention.disk_used_bytes,  # cached by the retention run
         }

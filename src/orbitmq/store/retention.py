@@ -24,6 +24,12 @@ moment they expire (reads compare store timestamps), long before their segment i
 ``max_bytes`` bounds each queue of the topic: older messages beyond the newest ``max_bytes``
 of record bytes are no longer served (evaluated on every retention run).
 
+Each run also measures the store's real disk use, ``disk_used_bytes``: the blocks its files
+occupy (``st_blocks * 512`` summed over the store directory), which is what a sparse
+ConsumeQueue or IndexFile really costs, unlike its apparent size. The run is on the store's
+retention thread, never the event loop, and readers (runtime info, ``orbitmq cluster list``)
+get the value cached by the last run.
+
 The service takes the parts it works on (CommitLog, ConsumeQueues, IndexFiles, the dispatcher
 whose progress bounds what may go), a clock and the store root, not the store itself.
 """
@@ -77,6 +83,8 @@ class RetentionService:
         self.root = root
         self._disk_usage = disk_usage or self._fs_usage
         self.disk_ratio = 0.0
+        self.disk_used_bytes = 0
+        """Blocks the store's files occupy, in bytes, as of the last run."""
         self.disk_full = False
         self.topics: dict[str, TopicRetention] = {}
         self.floors: dict[tuple[str, int], int] = {}
@@ -179,6 +187,7 @@ class RetentionService:
             log.warning("disk use %.1f%%: accepting writes again", ratio)
         for topic in list(self.topics):
             self._update_floors(topic)
+        self.disk_used_bytes = store_disk_use(self.root)
 
     def _delete_segments(self, force: bool) -> None:
         cl = self.commit_log
@@ -219,6 +228,28 @@ class RetentionService:
                 cq.correct_min_offset(cl.min_offset)
             if self.index is not None:
                 self.index.delete_below(cl.min_offset)
+
+
+def store_disk_use(root: Path) -> int:
+    """Bytes the files under ``root`` occupy on disk (allocated blocks, so a sparse file counts
+    only what was written). Files that vanish meanwhile (a segment deleted) are skipped."""
+    total = 0
+    stack = [str(root)]
+    while stack:
+        try:
+            entries = os.scandir(stack.pop())
+        except OSError:
+            continue
+        with entries:
+            for entry in entries:
+                try:
+                    if entry.is_dir(follow_symlinks=False):
+                        stack.append(entry.path)
+                    else:
+                        total += entry.stat(follow_symlinks=False).st_blocks * 512
+                except OSError:
+                    continue
+    return total
 
 
 def _size_floor(cq: ConsumeQueue, max_bytes: int) -> int:

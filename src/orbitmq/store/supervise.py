@@ -1,13 +1,16 @@
 """Supervision of the store's background services: a failing service is reported, not dead.
 
 Every background loop (dispatcher, flusher, checkpoint, retention; the broker's writer thread
-uses the same record) holds a :class:`ServiceHealth`. When one turn of the loop raises, the loop
+and its asyncio loops -- Pop reviver and FIFO expiry, timer, transaction check-back, offset
+writer, housekeeping, NameServer registration -- use the same record) holds a
+:class:`ServiceHealth`. It has no lock held across a wait, so an asyncio loop uses it as is:
+``await asyncio.sleep(health.failed(exc))``. When one turn of the loop raises, the loop
 calls ``failed(exc)``: the first failure of an outage is logged once with its cause (the
 traceback), every one is counted, and the loop waits the returned backoff (doubling from
 ``BACKOFF_MIN_S`` to ``BACKOFF_MAX_S``) before it tries again. The first turn that succeeds
 calls ``ok()``, which logs the recovery and clears the cause. ``degraded`` is the cause while the
 outage lasts: the store's ``health()`` collects these, so an operator (``orbitmq cluster list``,
-the ``orbitmq_store_service_failures`` metric) sees what is degraded and why, and the store
+the ``orbitmq_service_failures`` metric) sees what is degraded and why, and the store
 refuses sends while the service that makes them visible is failing.
 
 Why not let the thread die: a dead dispatcher used to leave the broker acknowledging messages no

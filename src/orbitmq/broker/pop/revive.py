@@ -46,6 +46,7 @@ from orbitmq.protocol.bodies import TopicConfig
 from orbitmq.protocol.consumer import PROPERTY_RETRY_TOPIC, dlq_topic, pop_retry_topic
 from orbitmq.protocol.group_config import SubscriptionGroupConfig
 from orbitmq.store.message_store import GetStatus, MessageStore
+from orbitmq.store.supervise import ServiceHealth
 
 if TYPE_CHECKING:
     from orbitmq.broker.context import BrokerContext
@@ -58,7 +59,6 @@ REVIVE_PASS_MESSAGES = 2048
 REVIVE_PASS_BYTES = 32 * 1024 * 1024
 COPY_BATCH_BYTES = 4 * 1024 * 1024
 CHECKPOINT_INTERVAL_S = 1.0
-FAILURE_BACKOFF_S = 2.0
 REPLAY_CHUNK = 1024
 REPLAY_BYTES = 16 * 1024 * 1024
 CHECKPOINT_FILE = "pop_revive.json"
@@ -128,6 +128,7 @@ class Reviver:
         self.revived = 0
         """Messages copied to retry topics since start."""
         self._tasks = TaskSet("pop-revive", logger=log)
+        self.health = ServiceHealth("pop-revive")
         self._task: asyncio.Task[None] | None = None
         self._stopping = asyncio.Event()
         self._write_lock = asyncio.Lock()
@@ -245,9 +246,10 @@ class Reviver:
                 if await self.compact() >= COMPACT_PASS_CKS:
                     pause = 0
                 await self.write_checkpoint()
-            except Exception:  # keep reviving: the CKs stay open and are retried
-                log.exception("pop revive pass failed; retrying in %.0f s", FAILURE_BACKOFF_S)
-                pause = FAILURE_BACKOFF_S
+            except Exception as exc:  # noqa: BLE001 - supervised; the CKs stay open
+                pause = self.health.failed(exc)  # logged once per outage, counted
+            else:
+                self.health.ok()
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(pause):
                     await self._stopping.wait()

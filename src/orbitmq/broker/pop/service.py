@@ -39,6 +39,7 @@ from orbitmq.common.tasks import TaskSet
 from orbitmq.protocol.bodies import PERM_READ, TopicConfig
 from orbitmq.protocol.consumer import dlq_topic
 from orbitmq.store.message_store import MessageStore
+from orbitmq.store.supervise import ServiceHealth
 
 log = logging.getLogger(__name__)
 
@@ -83,6 +84,7 @@ class PopService:
         self.fifo_dead_lettered = 0
         """FIFO messages moved to a DLQ after their last attempt since start."""
         self._tasks = TaskSet("pop", logger=log)
+        self.fifo_health = ServiceHealth("pop-fifo-expiry")
         self._fifo_task: asyncio.Task[None] | None = None
         self._fifo_stopping = asyncio.Event()
 
@@ -201,10 +203,10 @@ class PopService:
         while not self._fifo_stopping.is_set():
             try:
                 pause = 0.0 if await self.expire_fifo() >= FIFO_EXPIRE_PASS else interval
-            except Exception:  # keep going: the CKs stay open and are looked at again
-                log.exception("FIFO pop expiry pass failed; retrying in %.0f s",
-                              FIFO_DLQ_RETRY_MS / 1000)  # fmt: skip
-                pause = FIFO_DLQ_RETRY_MS / 1000
+            except Exception as exc:  # noqa: BLE001 - supervised; the CKs stay open
+                pause = self.fifo_health.failed(exc)  # logged once per outage, counted
+            else:
+                self.fifo_health.ok()
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(pause):
                     await self._fifo_stopping.wait()

@@ -76,6 +76,7 @@ from orbitmq.protocol.bodies import PERM_READ, TopicConfig
 from orbitmq.protocol.requests import CheckTransactionStateRequest
 from orbitmq.store.commit_log import AppendResult
 from orbitmq.store.message_store import GetStatus
+from orbitmq.store.supervise import ServiceHealth
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator
@@ -111,6 +112,7 @@ class TransactionService:
         """Op-topic max offset when each op append in flight started (its record lands at or
         past it): the checkpoint must not pass them."""
         self._tasks = TaskSet("transactions", logger=log)
+        self.health = ServiceHealth("transaction-check")
         self._task: asyncio.Task[None] | None = None
         self._stopping = asyncio.Event()
         self._rotation = itertools.count()
@@ -240,16 +242,21 @@ class TransactionService:
         tick = min(interval, CHECKPOINT_INTERVAL_S)
         next_check = time.monotonic() + interval
         while not self._stopping.is_set():
+            pause: float | None = None
             try:
                 if time.monotonic() >= next_check:
                     next_check = time.monotonic() + interval
                     await self.check_once()
                 self.state.prune(self.state.halves_in_flight > 0)
                 await self.write_checkpoint()
-            except Exception:  # checking must go on; the halves stay pending
-                log.exception("transaction check pass failed")
+            except Exception as exc:  # noqa: BLE001 - supervised; halves stay pending
+                pause = self.health.failed(exc)  # logged once per outage, counted
+            else:
+                self.health.ok()
+            if pause is None:
+                pause = max(0.0, min(tick, next_check - time.monotonic()))
             with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(max(0.0, min(tick, next_check - time.monotonic()))):
+                async with asyncio.timeout(pause):
                     await self._stopping.wait()
 
     async def check_once(self, now: int | None = None) -> int:
