@@ -84,10 +84,8 @@ def needs_cut(mm: mmap.mmap, entries_at: int, slot_num: int, count: int, cut: in
     """False when a cut at ``cut`` has nothing to drop or repair (see the module docstring)."""
     if count > 1:
         first = max(1, count - 2)
-        chunk = np.frombuffer(mm, ENTRY_DTYPE, count - first, entries_at + ENTRY_SIZE * first)
-        ok = _survivor_mask(chunk.copy(), first, 0, cut).all()
-        del chunk
-        if not ok:
+        top = np.frombuffer(mm, ENTRY_DTYPE, count - first, entries_at + ENTRY_SIZE * first).copy()
+        if not _survivor_mask(top, first, 0, cut).all():
             return True
     slots: np.ndarray[Any, Any] = np.frombuffer(mm, ">i4", slot_num, HEADER_SIZE)
     try:
