@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import random
 import time
 from pathlib import Path
@@ -123,12 +124,10 @@ def test_crash_inside_truncation(tmp_path: Path, point: str, power: bool, torn: 
     """Stop at each step: a kill (the page cache survives) or a power cut (only what was
     fsynced survives; with ``torn`` each un-fsynced page may or may not have reached the disk).
     After a restart nothing past the cut comes back once the cut was durable, and everything
-    before it is intact.
-
-    With torn pages, key lookups are not checked: an IndexFile whose truncation was torn
-    across pages can lose a surviving key (recovery's own index cut has the same exposure;
-    reported for the IndexFile's owner)."""
-    for seed in range(3):
+    before it is intact, key lookups included (a torn IndexFile entry straddling a page once
+    made the index cut keep stale entries and hide a surviving key).
+    ``ORBITMQ_TRUNCATE_SEEDS`` runs more seeds than the default 3."""
+    for seed in range(int(os.environ.get("ORBITMQ_TRUNCATE_SEEDS", "3"))):
         root = tmp_path / f"{seed}"
         config = ha_config(root / "store")
         rng = random.Random(seed * 31 + STEPS.index(point))
@@ -178,13 +177,13 @@ def test_crash_inside_truncation(tmp_path: Path, point: str, power: bool, torn: 
         else:
             assert end == cut, where
             w.sent = [s for s in old if s.end <= cut]
-        _check(store, w, where, keys=not torn)
+        _check(store, w, where)
         kept = [(e, start) for e, start in epochs if start < end]
         assert list(store.epochs.entries) in (kept, [*epochs[: len(kept) + 1]]), where
         assert all(start <= end for _e, start in store.epochs.entries), where
         for _ in range(5):
             w.append(store)
-        _check(store, w, where + " (appended)", keys=not torn)
+        _check(store, w, where + " (appended)")
         store.close()
 
 

@@ -38,6 +38,7 @@ from typing import Any, Final
 import numpy as np
 
 from orbitmq.common.errors import StoreClosedError, StoreError
+from orbitmq.store.index_cut import entry_phy_and_diff, needs_cut, relink, surviving_count
 from orbitmq.store.index_format import (
     ENTRY,
     ENTRY_DTYPE,
@@ -435,61 +436,33 @@ class IndexFile:
         return True
 
     def truncate_from(self, phy_offset: int) -> int:
-        """Drop the entries at or beyond ``phy_offset`` (crash recovery); returns how many.
+        """Drop the entries at or beyond ``phy_offset`` (recovery, a cut); returns how many.
 
-        Entries are popped newest first while the newest one has ``phy_offset`` at or beyond
-        the given offset, or is blank (``key_hash == 0 and phy_offset == 0``: a page that never
-        reached the disk), or has a negative ``phy_offset`` (garbage). Popping stops at the
-        first entry that is none of these. Each popped entry is unlinked from its slot and its
-        bytes zeroed. If afterwards any slot points outside ``0..index_count-1`` (the header
-        and the slot pages reached the disk at different times), all slots are rebuilt from
-        the surviving entries with numpy: per slot, the newest entry wins (older entries keep
-        their ``prev_index``, which was written before them). When anything changed, the
-        header's end values become the newest survivor's (its time to the second) or, with no
-        survivor, the begin values.
+        Torn pages cannot make it keep a stale entry or lose a survivor's key
+        (:mod:`orbitmq.store.index_cut`): the survivors are the longest prefix of entries
+        that look written and have non-decreasing offsets below ``phy_offset``; the count
+        drops to them first (a concurrent reader never walks past it), the rest is zeroed, then
+        every chain link and slot that disagrees with the survivors' key hashes is rewritten.
+        When anything changed, the header's end values become the newest survivor's (its time
+        to the second) or, with no survivor, the begin values.
         """
         if self._closed:
             raise StoreClosedError(f"index file {self.path} is closed")
-        mm = self._mm
-        slot_unpack, slot_pack = SLOT.unpack_from, SLOT.pack_into
-        top = n = self._count
-        rebuild = False
-        while n > 1:
-            i = n - 1
-            key_hash, phy, _diff, prev = ENTRY.unpack_from(mm, self._entries_at + ENTRY_SIZE * i)
-            if not (phy >= phy_offset or phy < 0 or (key_hash == 0 and phy == 0)):
-                break
-            if key_hash >= 0:
-                slot_at = HEADER_SIZE + SLOT_SIZE * (key_hash % self._slots)
-                if slot_unpack(mm, slot_at)[0] == i:
-                    if 0 < prev < i:
-                        slot_pack(mm, slot_at, prev)
-                    else:
-                        slot_pack(mm, slot_at, 0)
-                        self._used = max(self._used - 1, 0)
-                        rebuild = rebuild or prev != 0
-            n = i
+        mm, at, top = self._mm, self._entries_at, self._count
+        if needs_cut(mm, at, self._slots, top, phy_offset):
+            n = surviving_count(mm, at, top, phy_offset)
             self._count = n
-        if n < top:
             self._zero_entries(n, top)
-        slots: np.ndarray[Any, Any] = np.frombuffer(mm, ">i4", self._slots, HEADER_SIZE)
-        try:
-            rebuild = rebuild or bool(((slots < 0) | (slots >= n)).any())
-        finally:
-            del slots
-        if rebuild:
-            log.warning("index file %s: slots point past the entries; rebuilding them", self.path)
-            self._rebuild_slots()
-        if n < top or rebuild:
+            self._used, repaired = relink(mm, at, self._slots, n)
+            if repaired:
+                log.warning("index file %s: %d chain links repaired", self.path, repaired)
             if n > 1:
-                _h, self._end_phy, diff, _p = ENTRY.unpack_from(
-                    mm, self._entries_at + ENTRY_SIZE * (n - 1)
-                )
+                self._end_phy, diff = entry_phy_and_diff(mm, at, n - 1)
                 self._end_ts = self._begin_ts + 1000 * diff
             else:
                 self._end_phy, self._end_ts = self._begin_phy, self._begin_ts
         self._write_header()
-        return top - n
+        return top - self._count
 
     def _zero_entries(self, start: int, stop: int) -> None:
         at, end = self._entries_at + ENTRY_SIZE * start, self._entries_at + ENTRY_SIZE * stop
@@ -497,27 +470,6 @@ class IndexFile:
             step = min(end - at, len(_ZEROS))
             self._mm[at : at + step] = _ZEROS[:step]
             at += step
-
-    def _rebuild_slots(self) -> None:
-        n = self._count
-        newest = np.zeros(self._slots, dtype=np.int64)
-        if n > 1:
-            entries: np.ndarray[Any, Any] = np.frombuffer(
-                self._mm, ENTRY_DTYPE, n - 1, self._entries_at + ENTRY_SIZE
-            )
-            try:
-                hashes = entries["key_hash"].astype(np.int64)
-            finally:
-                del entries
-            numbers = np.arange(1, n, dtype=np.int64)
-            valid = hashes >= 0
-            np.maximum.at(newest, hashes[valid] % self._slots, numbers[valid])
-        slots: np.ndarray[Any, Any] = np.frombuffer(self._mm, ">i4", self._slots, HEADER_SIZE)
-        try:
-            slots[:] = newest
-        finally:
-            del slots
-        self._used = int(np.count_nonzero(newest))
 
     # -- reading ---------------------------------------------------------------------------
 

@@ -9,7 +9,10 @@
    derived files alike, was fsynced), verifying each record's framing and CRC. The scan stops
    at the first record that fails.
 4. Cut: zero the CommitLog from there, remove later segments, cut ConsumeQueue and IndexFile
-   entries at or past the safe point.
+   entries at or past the safe point. The IndexFiles are cut by the routine
+   ``MessageStore.truncate_to`` uses (``IndexService.truncate_from``, ``index_cut.py``): it
+   finds the survivors from the bottom, so pages torn by a power cut inside an earlier cut
+   (or inside appends) cannot make it keep stale entries or hide a surviving key.
 5. Re-dispatch the scanned tail with the live dispatcher's code.
 6. Rebuild the queue-offset table and correct queue min offsets.
 
