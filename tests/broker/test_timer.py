@@ -360,12 +360,12 @@ async def test_client_delay_helpers_and_recall(tmp_path: Path) -> None:
             await recall_message(admin, TOPIC, gone.msg_id)
             raise AssertionError("a second recall must fail")
         except RemoteError as exc:
-            assert exc.response_code == ResponseCode.TIMER_MESSAGE_NOT_PENDING
+            assert exc.code == ResponseCode.TIMER_MESSAGE_NOT_PENDING
         try:
             await recall_message(admin, TOPIC, "NO-SUCH-ID")
             raise AssertionError("an unknown id must fail")
         except RemoteError as exc:
-            assert exc.response_code == ResponseCode.TIMER_MESSAGE_NOT_FOUND
+            assert exc.code == ResponseCode.TIMER_MESSAGE_NOT_FOUND
         queue = keep.message_queue.queue_id
         got: list[StoredMessage] = []
         deadline = time.monotonic() + 3

@@ -126,7 +126,7 @@ async def test_pull_errors_raise(cluster: FakeCluster, admin: AsyncAdminClient) 
     del cluster.a.topics["OnlyA"]
     with pytest.raises(Exception) as info:
         await admin.pull(mq, 0)
-    assert getattr(info.value, "response_code", None) == ResponseCode.TOPIC_NOT_EXIST
+    assert getattr(info.value, "code", None) == ResponseCode.TOPIC_NOT_EXIST
     with pytest.raises(ClientError, match="broker-z"):
         await admin.pull(MessageQueue("T", "broker-z", 0), 0)
 

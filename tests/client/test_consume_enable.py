@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from orbitmq.client import AdminClient, AsyncLitePullConsumer, ConsumedMessage
+from orbitmq.client import AsyncAdminClient, AsyncLitePullConsumer, ConsumedMessage, LitePullConfig
 from orbitmq.protocol.group_config import SubscriptionGroupConfig
 from tests.client.test_e2e import RealCluster, start_cluster, stop_cluster
 from tests.client.test_lite_pull_consumer import FAST
@@ -28,7 +28,7 @@ async def real(tmp_path: Path) -> AsyncIterator[RealCluster]:
 
 
 async def enable(addr: str, group: str, on: bool) -> None:
-    async with AdminClient([addr]) as admin:
+    async with AsyncAdminClient([addr]) as admin:
         await admin.update_group_config(
             SubscriptionGroupConfig(group_name=group, consume_enable=on)
         )
@@ -39,7 +39,7 @@ async def test_a_disabled_lite_pull_group_gets_nothing_until_enabled(real: RealC
     sent = [f"m{i}".encode() for i in range(10)]
     await send(real.addr, "CE-Lite", sent)
     await enable(real.addr, "G-CE", False)
-    c = AsyncLitePullConsumer([real.addr], "G-CE", **FAST)
+    c = AsyncLitePullConsumer([real.addr], "G-CE", LitePullConfig(**FAST))
     c.subscribe("CE-Lite")
     await c.start()
     try:

@@ -19,6 +19,9 @@ from orbitmq.client import (
     ConsumedMessage,
     ConsumeFromWhere,
     ConsumeResult,
+    LitePullConfig,
+    PushConfig,
+    SimpleConfig,
 )
 from tests.client.test_e2e import RealCluster, start_cluster, stop_cluster
 from tests.client.test_push_consumer import Collector, create_topic, send
@@ -53,7 +56,7 @@ async def test_new_push_group_gets_messages_sent_before(real: RealCluster) -> No
         got.add(msgs)
         return ConsumeResult.SUCCESS
 
-    c = AsyncPushConsumer([real.addr], "G-FC-Push", **LAST)
+    c = AsyncPushConsumer([real.addr], "G-FC-Push", PushConfig(**LAST))
     c.subscribe("FC-Push")
     c.register_listener(listener)
     await c.start()
@@ -67,7 +70,7 @@ async def test_new_push_group_gets_messages_sent_before(real: RealCluster) -> No
 async def test_new_lite_pull_group_gets_messages_sent_before(real: RealCluster) -> None:
     await create_topic(real.addr, "FC-Lite")
     await send(real.addr, "FC-Lite", SENT)
-    c = AsyncLitePullConsumer([real.addr], "G-FC-Lite", **LAST)
+    c = AsyncLitePullConsumer([real.addr], "G-FC-Lite", LitePullConfig(**LAST))
     c.subscribe("FC-Lite")
     await c.start()
     try:
@@ -84,7 +87,10 @@ async def test_new_simple_consumer_group_gets_messages_sent_before(real: RealClu
     await create_topic(real.addr, "FC-Pop")
     await send(real.addr, "FC-Pop", SENT)
     async with AsyncSimpleConsumer(
-        [real.addr], "G-FC-Pop", subscriptions={"FC-Pop": "*"}, await_duration_s=1.0
+        [real.addr],
+        "G-FC-Pop",
+        SimpleConfig(await_duration_s=1.0),
+        subscriptions={"FC-Pop": "*"},
     ) as c:
         got: list[bytes] = []
         deadline = time.monotonic() + 15

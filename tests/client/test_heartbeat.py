@@ -180,7 +180,7 @@ async def test_subscription_refused_raises_after_beating_the_others(env: Env) ->
         await hb.beat_now()
     err = info.value
     assert isinstance(err, RemoteError) and isinstance(err, FilterExpressionError)
-    assert err.response_code == ResponseCode.SUBSCRIPTION_PARSE_FAILED
+    assert err.code == ResponseCode.SUBSCRIPTION_PARSE_FAILED
     assert "bad SQL" in err.remark
     assert len(env.b.heartbeats) == 1  # the other broker was still beaten
     assert hb.brokers == {env.b.addr}
@@ -194,7 +194,7 @@ async def test_other_refusals(env: Env) -> None:
     env.a.answer = (ResponseCode.SUBSCRIPTION_GROUP_NOT_EXIST, "no group")
     with pytest.raises(RemoteError) as info:
         await hb.beat_now()
-    assert info.value.response_code == ResponseCode.SUBSCRIPTION_GROUP_NOT_EXIST
+    assert info.value.code == ResponseCode.SUBSCRIPTION_GROUP_NOT_EXIST
     assert not isinstance(info.value, InvalidSubscriptionError)
 
 

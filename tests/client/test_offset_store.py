@@ -140,7 +140,7 @@ async def test_remote_store_isolates_an_illegal_offset() -> None:
     store.update(A1, 1000)  # beyond the queue
     with pytest.raises(RemoteError) as info:
         await store.persist()
-    assert info.value.response_code == ResponseCode.OFFSET_ILLEGAL
+    assert info.value.code == ResponseCode.OFFSET_ILLEGAL
     assert req.committed["broker-a"] == {("T", 0): 3}  # the good one still landed
     req.calls.clear()
     await store.persist()

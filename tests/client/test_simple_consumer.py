@@ -280,7 +280,7 @@ async def test_receive_raises_when_no_broker_answers(env: Env) -> None:
     env.a.pop_answers.append((ResponseCode.POLLING_FULL, {}, b""))
     with pytest.raises(RemoteError) as info:
         await c.receive()
-    assert info.value.response_code == ResponseCode.POLLING_FULL
+    assert info.value.code == ResponseCode.POLLING_FULL
     await env.a.stop()
     with pytest.raises(RemoteError):
         await c.receive()
@@ -319,7 +319,7 @@ async def test_ack_and_errors(env: Env) -> None:
     with pytest.raises(ExpiredReceiptHandleError) as info:
         await c.ack(m)
     assert isinstance(info.value, ReceiptHandleExpiredError)
-    assert info.value.response_code == ResponseCode.RECEIPT_HANDLE_EXPIRED
+    assert info.value.code == ResponseCode.RECEIPT_HANDLE_EXPIRED
     # A copy read from the pop retry topic is acked with the topic it was popped for.
     await env.a.put("U", b"y")
     (m2,) = await receive_all(c, 1)
@@ -367,7 +367,7 @@ async def test_ack_many_per_broker_and_topic(env: Env) -> None:
     await env.b.put("T", b"b2")
     more = await receive_all(c, 1)
     res = await c.ack_many(more)
-    assert isinstance(res[0], RemoteError) and res[0].response_code == ResponseCode.SYSTEM_BUSY
+    assert isinstance(res[0], RemoteError) and res[0].code == ResponseCode.SYSTEM_BUSY
 
 
 async def test_invalid_subscriptions(env: Env) -> None:
@@ -568,7 +568,7 @@ async def test_real_change_invisible_duration(real: Real) -> None:
     assert m2.invisible_until_ms >= m.invisible_until_ms + 1000
     with pytest.raises(ExpiredReceiptHandleError) as info:
         await c.ack(m)
-    assert info.value.response_code == ResponseCode.RECEIPT_HANDLE_EXPIRED
+    assert info.value.code == ResponseCode.RECEIPT_HANDLE_EXPIRED
     await asyncio.sleep(1.2)  # past the first deadline, inside the new one
     assert await c.receive(invisible_duration_s=1.0) == []
     await c.ack(m2)

@@ -264,7 +264,7 @@ async def test_half_batch_commit_makes_all_visible_in_order_once(env: Env) -> No
     assert again.ok, again.error
     [conflict] = await p.end_many([hb], ROLLBACK)
     assert isinstance(conflict.error, RemoteError)
-    assert conflict.error.response_code == ResponseCode.TRANSACTION_STATE_CONFLICT
+    assert conflict.error.code == ResponseCode.TRANSACTION_STATE_CONFLICT
     assert len(await env.visible("TXC")) == 50
 
 

@@ -511,11 +511,6 @@ class RemoteError(MQError):
         self.remark = remark
 
     @property
-    def response_code(self) -> int:
-        """Deprecated alias of ``code``, kept only until client/ reads ``code``."""
-        return self.code
-
-    @property
     def can_retry(self) -> bool:
         """Whether another try (possibly on another broker) can succeed: the class's policy,
         or the code's when this is a bare RemoteError. New code reads ``retriable``."""
