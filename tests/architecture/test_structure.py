@@ -13,7 +13,7 @@ import grimp
 
 SRC = Path(__file__).resolve().parents[2] / "src" / "orbitmq"
 MAX_LINES = 600
-GENERATED = ("_pb2.py", "_pb2_grpc.py", "_pb2.pyi")
+GENERATED = ("_pb2.py", "_pb2_grpc.py", "_pb2.pyi", "_gen.py")
 
 
 def _cycles(graph: grimp.ImportGraph) -> list[list[str]]:
