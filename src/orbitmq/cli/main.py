@@ -29,6 +29,7 @@ from orbitmq.cli import (
     consume,
     dlq,
     group,
+    kafka,
     pipeline,
     produce,
     proxy,
@@ -64,6 +65,7 @@ app.add_typer(group.group_app, name="group")
 app.add_typer(dlq.dlq_app, name="dlq")
 app.add_typer(pipeline.pipeline_app, name="pipeline")
 app.add_typer(proxy.proxy_app, name="proxy")
+app.add_typer(kafka.kafka_app, name="kafka")
 app.add_typer(broker_app, name="broker")
 cluster_app.command("describe")(cluster_describe)
 
@@ -121,9 +123,13 @@ def up(
     proxy_tls_cert: ProxyTlsCert = None,
     proxy_tls_key: ProxyTlsKey = None,
     proxy_tls_client_ca: ProxyTlsClientCa = None,
+    kafka_port: Annotated[
+        int | None,
+        typer.Option(help="Kafka listener port for Kafka clients (default 9092; -1: none)."),
+    ] = None,
     log_level: LogLevel = "INFO",
 ) -> None:
-    """Start NameServer + Broker + gRPC proxy in one process (dev profile: topics are created
+    """Start NameServer + Broker + gRPC proxy + Kafka listener in one process (dev profile: topics are created
     on first use)."""
     from orbitmq.cli.server import dev_settings, run_all_in_one
 
@@ -138,7 +144,12 @@ def up(
         },
     )
     run_server(
-        run_all_in_one(dev_settings(settings, data_dir), announcer("OrbitMQ up", "up"), proxy_port)
+        run_all_in_one(
+            dev_settings(settings, data_dir),
+            announcer("OrbitMQ up", "up"),
+            proxy_port,
+            kafka_port,
+        )
     )
 
 
@@ -280,6 +291,13 @@ def broker(
     proxy_tls_cert: ProxyTlsCert = None,
     proxy_tls_key: ProxyTlsKey = None,
     proxy_tls_client_ca: ProxyTlsClientCa = None,
+    kafka_port: Annotated[
+        int | None,
+        typer.Option(
+            help="Also run a Kafka listener in this process on this port (0: a free one; "
+            "default: only if the [kafka] table sets a port)."
+        ),
+    ] = None,
     log_level: LogLevel = "INFO",
 ) -> None:
     """Run a Broker (with --proxy-port, a gRPC proxy beside it); `broker elect` moves a
@@ -305,7 +323,7 @@ def broker(
             "proxy": _proxy_tls(proxy_tls, proxy_tls_cert, proxy_tls_key, proxy_tls_client_ca),
         },
     )
-    run_server(run_broker(settings, announcer("Broker", "broker"), proxy_port))
+    run_server(run_broker(settings, announcer("Broker", "broker"), proxy_port, kafka_port))
 
 
 @config_app.command("show")

@@ -35,6 +35,7 @@ from orbitmq.namesrv.controller import NamesrvController
 
 if TYPE_CHECKING:
     from orbitmq.controller.config import ControllerConfig
+    from orbitmq.kafka.config import KafkaConfig
     from orbitmq.proxy.config import ProxyConfig
 
 log = logging.getLogger(__name__)
@@ -108,6 +109,59 @@ async def local_proxy(
         await server.stop()
 
 
+def local_kafka_config(
+    settings: Settings, namesrv_addrs: tuple[str, ...], port: int
+) -> KafkaConfig:
+    """The Kafka gateway beside a broker: the ``[kafka]`` table, with the broker's NameServers
+    and host for what it does not set."""
+    given = {key.partition(".")[2] for key in settings.sources if key.startswith("kafka.")}
+    kafka = dataclasses.replace(settings.kafka, port=port)
+    if "namesrv_addrs" not in given:
+        kafka = dataclasses.replace(kafka, namesrv_addrs=namesrv_addrs)
+    if "host" not in given:
+        kafka = dataclasses.replace(kafka, host=settings.broker.host)
+    return kafka
+
+
+def kafka_port(settings: Settings, flag: int | None, default: int | None) -> int | None:
+    """The gateway's port: ``--kafka-port`` (negative: none), else the ``[kafka]`` table's
+    when it sets one, else ``default`` (None: no gateway)."""
+    if flag is not None:
+        return None if flag < 0 else flag
+    if "kafka.port" in settings.sources:
+        return settings.kafka.port
+    return default
+
+
+@contextlib.asynccontextmanager
+async def local_kafka(
+    config: KafkaConfig | None, endpoints: dict[str, str], *, required: bool
+) -> AsyncIterator[None]:
+    """Run the Kafka gateway for the body of the ``with`` (None: none); like the proxy, a
+    default port already taken is reported, not fatal."""
+    if config is None:
+        yield
+        return
+    from orbitmq.kafka.server import KafkaGateway
+
+    gateway = KafkaGateway(config)
+    try:
+        await gateway.start()
+    except OSError as exc:
+        await gateway.stop()
+        if required:
+            raise
+        log.warning("Kafka gateway not started: %s", exc)
+        endpoints["kafka"] = f"off ({exc})"
+        yield
+        return
+    endpoints["kafka"] = f"{config.host}:{gateway.port}"
+    try:
+        yield
+    finally:
+        await gateway.stop()
+
+
 def dev_settings(settings: Settings, data_dir: Path) -> Settings:
     """`orbitmq up`'s profile: everything under one folder, topics created on first use."""
     store = settings.broker.store
@@ -120,7 +174,10 @@ def dev_settings(settings: Settings, data_dir: Path) -> Settings:
 
 
 async def run_all_in_one(
-    settings: Settings, announce: Announce, proxy_port: int | None = None
+    settings: Settings,
+    announce: Announce,
+    proxy_port: int | None = None,
+    kafka_port_flag: int | None = None,
 ) -> None:
     """NameServer, Broker and gRPC proxy in one process and one event loop; Ctrl-C stops them
     cleanly. ``proxy_port``: see :func:`up_proxy_port` (negative: no proxy)."""
@@ -147,7 +204,13 @@ async def run_all_in_one(
         port = up_proxy_port(settings, proxy_port)
         config = None if port is None else local_proxy_config(settings, (namesrv.address,), port)
         required = proxy_port is not None or "proxy.port" in settings.sources
-        async with local_proxy(config, endpoints, required=required):
+        kport = kafka_port(settings, kafka_port_flag, 9092)
+        kconfig = None if kport is None else local_kafka_config(settings, (namesrv.address,), kport)
+        krequired = kafka_port_flag is not None or "kafka.port" in settings.sources
+        async with (
+            local_proxy(config, endpoints, required=required),
+            local_kafka(kconfig, endpoints, required=krequired),
+        ):
             await until_signal(lambda: announce(endpoints))
     finally:
         await broker.stop()
@@ -203,7 +266,12 @@ async def run_controller(settings: Settings, announce: Announce) -> None:
         await until_signal(lambda: announce(endpoints))
 
 
-async def run_broker(settings: Settings, announce: Announce, proxy_port: int | None = None) -> None:
+async def run_broker(
+    settings: Settings,
+    announce: Announce,
+    proxy_port: int | None = None,
+    kafka_port_flag: int | None = None,
+) -> None:
     """A Broker; with a proxy port (:func:`broker_proxy_port`) also a gRPC proxy in the same
     process (local mode), which routes by the broker's NameServers like any proxy."""
     broker = BrokerController(settings.broker)
@@ -223,7 +291,16 @@ async def run_broker(settings: Settings, announce: Announce, proxy_port: int | N
             if port is None
             else local_proxy_config(settings, settings.broker.namesrv_addrs, port)
         )
-        async with local_proxy(config, endpoints, required=True):
+        kport = kafka_port(settings, kafka_port_flag, None)
+        kconfig = (
+            None
+            if kport is None
+            else local_kafka_config(settings, settings.broker.namesrv_addrs, kport)
+        )
+        async with (
+            local_proxy(config, endpoints, required=True),
+            local_kafka(kconfig, endpoints, required=True),
+        ):
             await until_signal(lambda: announce(endpoints))
     finally:
         await broker.stop()
@@ -234,3 +311,10 @@ async def run_proxy(settings: Settings, announce: Announce) -> None:
     endpoints = {"namesrv": ";".join(settings.proxy.namesrv_addrs)}
     async with local_proxy(settings.proxy, endpoints, required=True):
         await until_signal(lambda: announce({"proxy": endpoints["proxy"], **endpoints}))
+
+
+async def run_kafka(settings: Settings, announce: Announce) -> None:
+    """A Kafka gateway alone, in front of the brokers the NameServers know."""
+    endpoints = {"namesrv": ";".join(settings.kafka.namesrv_addrs)}
+    async with local_kafka(settings.kafka, endpoints, required=True):
+        await until_signal(lambda: announce({"kafka": endpoints["kafka"], **endpoints}))

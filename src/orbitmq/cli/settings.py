@@ -47,13 +47,14 @@ from orbitmq.broker.config import BrokerConfig
 from orbitmq.common.config import documented
 from orbitmq.common.errors import ConfigError
 from orbitmq.controller.config import ControllerConfig
+from orbitmq.kafka.config import KafkaConfig
 from orbitmq.namesrv.config import NamesrvConfig
 from orbitmq.proxy.config import ProxyConfig, parse_access_keys
 from orbitmq.store.config import StoreConfig
 
 T = TypeVar("T")
 ENV_PREFIX = "ORBITMQ_"
-TABLES = ("namesrv", "broker", "store", "proxy", "controller")
+TABLES = ("namesrv", "broker", "store", "proxy", "controller", "kafka")
 SECRETS = frozenset({"proxy.access_keys", "controller.raft_secret"})
 """Settings `config show` prints masked."""
 
@@ -67,6 +68,10 @@ class Settings:
     ``orbitmq broker --proxy-port`` run beside a broker (which takes the broker's NameServers,
     host and body limit for what the table does not set)."""
     controller: ControllerConfig = field(default_factory=ControllerConfig)
+    kafka: KafkaConfig = field(default_factory=KafkaConfig)
+    """The Kafka gateway's: ``orbitmq kafka``'s, and the one ``orbitmq up`` (port 9092) and
+    ``orbitmq broker --kafka-port`` run beside a broker (which takes the broker's NameServers
+    and host for what the table does not set)."""
     """``orbitmq controller``'s node, and the one ``orbitmq namesrv --controller`` runs beside
     its NameServer."""
     sources: dict[str, str] = field(default_factory=dict)
@@ -188,9 +193,15 @@ def load_settings(
     namesrv = _build(NamesrvConfig, layers["namesrv"], "namesrv", base.namesrv)
     proxy = _build(ProxyConfig, layers["proxy"], "proxy", base.proxy)
     controller = _build(ControllerConfig, layers["controller"], "controller", base.controller)
+    kafka = _build(KafkaConfig, layers["kafka"], "kafka", base.kafka)
     sources = {f"{t}.{k}": src for t in TABLES for k, (_v, src) in layers[t].items()}
     return Settings(
-        namesrv=namesrv, broker=broker, proxy=proxy, controller=controller, sources=sources
+        namesrv=namesrv,
+        broker=broker,
+        proxy=proxy,
+        controller=controller,
+        kafka=kafka,
+        sources=sources,
     )
 
 
@@ -203,6 +214,7 @@ def settings_rows(settings: Settings) -> list[tuple[str, str, str]]:
         ("store", settings.broker.store),
         ("proxy", settings.proxy),
         ("controller", settings.controller),
+        ("kafka", settings.kafka),
     ):
         for f in fields(obj):
             if f.name == "store":
@@ -255,6 +267,7 @@ def settings_markdown() -> str:
         ("store", StoreConfig),
         ("proxy", ProxyConfig),
         ("controller", ControllerConfig),
+        ("kafka", KafkaConfig),
     ):
         lines += [
             f"## [{table}]",

@@ -1,0 +1,201 @@
+"""KafkaGateway: the Kafka listener, one asyncio server on the gateway's event loop.
+
+Each connection is a `ServerConnection` (sans-IO) fed from the socket; requests are answered
+one at a time in arrival order, as Kafka does (it mutes a connection until its response is
+sent), so answers never need reordering. A request for an API or version this gateway does not
+serve closes the connection, except ApiVersions, which gets the supported ranges (what every
+client asks first). A malformed frame closes that connection only. Handlers that park (Fetch
+long polls, JoinGroup and SyncGroup during a rebalance) await futures; the loop keeps serving
+other connections.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from typing import Any
+
+from orbitmq.client.admin.client import AsyncAdminClient
+from orbitmq.client.producer.config import ProducerConfig
+from orbitmq.client.producer.producer import AsyncProducer
+from orbitmq.common.tasks import TaskSet
+from orbitmq.kafka.config import KafkaConfig
+from orbitmq.kafka.control import ControlPlane
+from orbitmq.kafka.data import DataPlane
+from orbitmq.kafka.groups import Coordinator
+from orbitmq.kafka.partitions import Partitions
+from orbitmq.kafka.producer_state import ProducerStates
+from orbitmq.protocol.kafka.connection import Rejected, Request, ServerConnection, encode_response
+from orbitmq.protocol.kafka.primitives import KafkaCodecError
+
+log = logging.getLogger(__name__)
+
+PRODUCE, FETCH, LIST_OFFSETS, METADATA = 0, 1, 2, 3
+OFFSET_COMMIT, OFFSET_FETCH, FIND_COORDINATOR = 8, 9, 10
+JOIN_GROUP, HEARTBEAT, LEAVE_GROUP, SYNC_GROUP = 11, 12, 13, 14
+DESCRIBE_GROUPS, LIST_GROUPS, API_VERSIONS = 15, 16, 18
+CREATE_TOPICS, DELETE_TOPICS, INIT_PRODUCER_ID = 19, 20, 22
+
+# What the gateway serves (docs/kafka.md explains each bound). Produce v0-2 are advertised and
+# refused per partition (magic < 2), as Kafka 4 does: librdkafka < 2.11.1 enables compression
+# only when Produce v0 is advertised.
+SUPPORTED: dict[int, tuple[int, int]] = {
+    PRODUCE: (0, 9), FETCH: (4, 12), LIST_OFFSETS: (1, 7), METADATA: (0, 12),
+    OFFSET_COMMIT: (2, 8), OFFSET_FETCH: (1, 8), FIND_COORDINATOR: (0, 4),
+    JOIN_GROUP: (0, 7), HEARTBEAT: (0, 4), LEAVE_GROUP: (0, 4), SYNC_GROUP: (0, 5),
+    DESCRIBE_GROUPS: (0, 5), LIST_GROUPS: (0, 4), API_VERSIONS: (0, 4),
+    CREATE_TOPICS: (2, 7), DELETE_TOPICS: (1, 5), INIT_PRODUCER_ID: (0, 4),
+}  # fmt: skip
+
+Body = dict[str, Any]
+
+
+class KafkaGateway:
+    def __init__(self, config: KafkaConfig) -> None:
+        self.config = config
+        self.tasks = TaskSet("kafka-gateway", logger=log)
+        self._server: asyncio.Server | None = None
+        self._conns: set[asyncio.StreamWriter] = set()
+        self.admin: AsyncAdminClient | None = None
+        self.producer: AsyncProducer | None = None
+        self.port = 0
+
+    async def start(self) -> None:
+        cfg = self.config
+        self.producer = await AsyncProducer(
+            cfg.namesrv_addrs,
+            ProducerConfig(
+                group="KAFKA_GATEWAY_PRODUCER",
+                linger_ms=0.0,
+                compress_over_bytes=-1,
+                # the Kafka client retries with its own sequence numbers (idempotence), so a
+                # failure goes back to it instead of being retried here, possibly twice
+                retry_times_when_send_failed=0,
+                auto_create_fallback=False,
+            ),
+        ).start()
+        self.admin = await AsyncAdminClient(cfg.namesrv_addrs).start()
+        self._server = await asyncio.start_server(self._serve, cfg.host, cfg.port)
+        self.port = self._server.sockets[0].getsockname()[1]
+        advertised = (cfg.advertised_host or cfg.host, cfg.advertised_port or self.port)
+        self.partitions = Partitions(self.admin)
+        self.states = ProducerStates()
+        self.coordinator = Coordinator(
+            min_session_ms=cfg.group_min_session_timeout_ms,
+            max_session_ms=cfg.group_max_session_timeout_ms,
+            initial_delay_ms=cfg.group_initial_rebalance_delay_ms,
+        )
+        self.data = DataPlane(cfg, self.admin, self.producer, self.partitions, self.states)
+        self.control = ControlPlane(
+            cfg, self.admin, self.partitions, self.coordinator, self.states, advertised
+        )
+        self.tasks.spawn(self._expire_members(), name="kafka-session-expiry")
+
+    async def stop(self) -> None:
+        if self._server is not None:
+            self._server.close()
+        for w in list(self._conns):
+            w.close()
+        self.tasks.cancel()
+        await self.tasks.close(timeout=5)
+        if self._server is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self._server.wait_closed(), 5)
+        if self.producer is not None:
+            await self.producer.close()
+        if self.admin is not None:
+            await self.admin.close()
+
+    async def _expire_members(self) -> None:
+        while True:
+            await asyncio.sleep(1.0)
+            self.coordinator.expire()
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self._conns.add(writer)
+        peer = writer.get_extra_info("peername")
+        host = f"/{peer[0]}" if peer else "/unknown"
+        conn = ServerConnection(SUPPORTED, max_frame=self.config.max_request_bytes)
+        try:
+            while data := await reader.read(256 * 1024):
+                for ev in conn.receive(data):
+                    if isinstance(ev, Rejected):
+                        log.info("kafka %s: %s", host, ev.reason)
+                        if ev.reply is None:
+                            return
+                        writer.write(ev.reply)
+                        continue
+                    reply = await self._answer(ev, host)
+                    if reply is not None:
+                        writer.write(reply)
+                await writer.drain()
+        except KafkaCodecError as e:
+            log.info("kafka %s: malformed request, closing: %s", host, e)
+        except (ConnectionError, asyncio.IncompleteReadError):
+            pass
+        finally:
+            self._conns.discard(writer)
+            writer.close()
+
+    async def _answer(self, req: Request, host: str) -> bytes | None:
+        try:
+            body = await self._handle(req, host)
+        except KafkaCodecError:
+            raise
+        except Exception:
+            log.exception("kafka: API %d v%d failed", req.api_key, req.api_version)
+            raise KafkaCodecError("handler failed") from None  # close: no generic error body
+        if body is None:
+            return None
+        return encode_response(req.api_key, req.api_version, req.correlation_id, body)
+
+    async def _handle(self, req: Request, host: str) -> Body | None:
+        key, v, body = req.api_key, req.api_version, req.body
+        c = self.control
+        if key == API_VERSIONS:
+            return {"error_code": 0, "throttle_time_ms": 0, "api_keys": [
+                {"api_key": k, "min_version": lo, "max_version": hi} for k, (lo, hi) in sorted(SUPPORTED.items())
+            ]}  # fmt: skip
+        if key == PRODUCE:
+            result = await self.data.produce(body)
+            return None if body["acks"] == 0 else result
+        if key == FETCH:
+            return await self.data.fetch(body)
+        if key == LIST_OFFSETS:
+            return await self.data.list_offsets(body)
+        if key == METADATA:
+            return await c.metadata(body, v)
+        if key == CREATE_TOPICS:
+            return await c.create_topics(body)
+        if key == DELETE_TOPICS:
+            return await c.delete_topics(body)
+        if key == FIND_COORDINATOR:
+            return c.find_coordinator(body, v)
+        if key == INIT_PRODUCER_ID:
+            return c.init_producer_id(body)
+        if key == OFFSET_COMMIT:
+            return await c.offset_commit(body)
+        if key == OFFSET_FETCH:
+            return await c.offset_fetch(body, v)
+        if key == JOIN_GROUP:
+            return {
+                "throttle_time_ms": 0,
+                **await self.coordinator.join(body, v, req.client_id or "", host),
+            }
+        if key == SYNC_GROUP:
+            return {"throttle_time_ms": 0, **await self.coordinator.sync(body)}
+        if key == HEARTBEAT:
+            return {"throttle_time_ms": 0, "error_code": self.coordinator.heartbeat(body)}
+        if key == LEAVE_GROUP:
+            ids = [body["member_id"]] if v < 3 else [m["member_id"] for m in body["members"]]
+            codes = self.coordinator.leave(body["group_id"], ids)
+            members = [{"member_id": i, "group_instance_id": None, "error_code": code}
+                       for i, code in zip(ids, codes, strict=True)]  # fmt: skip
+            top = codes[0] if v < 3 else 0
+            return {"throttle_time_ms": 0, "error_code": top, "members": members}
+        if key == LIST_GROUPS:
+            return c.list_groups()
+        if key == DESCRIBE_GROUPS:
+            return c.describe_groups(body)
+        raise KafkaCodecError(f"API {key} is advertised but has no handler")  # unreachable
