@@ -122,3 +122,50 @@ async def test_librdkafka_produce_consume_and_native_messages(stack: Stack) -> N
     assert ("rocketmq.tag", b"temp") in first.headers() and ("unit", b"C") in first.headers()
     assert [m.offset() for m in got] == list(range(31))
     assert [m.value() for m in got[1:]] == [f"r{i}".encode() for i in range(30)]
+
+
+async def test_aiokafka_and_admin_apis(stack: Stack) -> None:
+    aiokafka = pytest.importorskip("aiokafka")
+    producer = aiokafka.AIOKafkaProducer(bootstrap_servers=stack.bootstrap, acks="all",
+                                         enable_idempotence=True, compression_type="gzip")  # fmt: skip
+    await producer.start()
+    try:
+        for i in range(20):
+            await producer.send_and_wait("aio", f"m{i}".encode(), key=b"k", partition=0)
+    finally:
+        await producer.stop()
+    consumer = aiokafka.AIOKafkaConsumer("aio", bootstrap_servers=stack.bootstrap, group_id="aio-g",
+                                         auto_offset_reset="earliest")  # fmt: skip
+    await consumer.start()
+    try:
+        got: list[Any] = []
+        async with asyncio.timeout(30):
+            while len(got) < 20:
+                batch = await consumer.getmany(timeout_ms=500)
+                for recs in batch.values():
+                    got += recs
+        assert [r.value for r in got] == [f"m{i}".encode() for i in range(20)]
+        tp = aiokafka.TopicPartition("aio", 0)
+        assert (await consumer.end_offsets([tp]))[tp] == 20
+        assert (await consumer.beginning_offsets([tp]))[tp] == 0
+        found = await consumer.offsets_for_times({tp: 0})
+        assert found[tp] is not None and found[tp].offset == 0
+    finally:
+        await consumer.stop()
+
+    def admin_calls() -> tuple[set[str], set[str]]:
+        admin = kafka.KafkaAdminClient(bootstrap_servers=stack.bootstrap)
+        try:
+            before = set(admin.list_topics())
+            admin.delete_topics(["aio"])
+            deadline = time.monotonic() + 20
+            after = set(admin.list_topics())
+            while "aio" in after and time.monotonic() < deadline:
+                time.sleep(0.2)
+                after = set(admin.list_topics())
+            return before, after
+        finally:
+            admin.close()
+
+    before, after = await asyncio.to_thread(admin_calls)
+    assert "aio" in before and "aio" not in after

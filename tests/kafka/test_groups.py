@@ -1,0 +1,127 @@
+"""The classic group coordinator: member ids (KIP-394), a rebalance that waits for every member,
+the leader's assignment handed out, heartbeats asking for a rejoin, leave and session expiry;
+and two real kafka-python consumers sharing a topic's partitions."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+import pytest
+
+from orbitmq.kafka.groups import (
+    COMPLETING,
+    EMPTY,
+    MEMBER_ID_REQUIRED,
+    REBALANCE_IN_PROGRESS,
+    STABLE,
+    UNKNOWN_MEMBER_ID,
+    Coordinator,
+)
+from tests.kafka.conftest import Stack
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _join(gid: str, member: str = "", session: int = 10_000) -> dict[str, Any]:
+    return {"group_id": gid, "session_timeout_ms": session, "rebalance_timeout_ms": 2000,
+            "member_id": member, "group_instance_id": None, "protocol_type": "consumer",
+            "protocols": [{"name": "range", "metadata": b"m-" + member.encode()}]}  # fmt: skip
+
+
+async def _member_id(co: Coordinator, gid: str) -> str:
+    first = await co.join(_join(gid), 5, "client", "/h")
+    assert first["error_code"] == MEMBER_ID_REQUIRED
+    return str(first["member_id"])
+
+
+async def test_two_members_rebalance_assign_and_expire() -> None:
+    clock = FakeClock()
+    co = Coordinator(min_session_ms=1000, max_session_ms=60_000, initial_delay_ms=50, clock=clock)
+    a = await _member_id(co, "g")
+    ja = asyncio.ensure_future(co.join(_join("g", a), 5, "client", "/h"))
+    b = await _member_id(co, "g")
+    jb = asyncio.ensure_future(co.join(_join("g", b), 5, "client", "/h"))
+    ra, rb = await asyncio.wait_for(asyncio.gather(ja, jb), 5)
+    assert ra["generation_id"] == rb["generation_id"] == 1
+    leader = ra if ra["leader"] == a else rb
+    follower = rb if leader is ra else ra
+    assert len(leader["members"]) == 2 and follower["members"] == []
+    assert co.groups["g"].state == COMPLETING
+    # the follower's SyncGroup waits for the leader's assignment
+    fsync = asyncio.ensure_future(co.sync({"group_id": "g", "generation_id": 1,
+                                           "member_id": follower["member_id"], "assignments": []}))  # fmt: skip
+    await asyncio.sleep(0)
+    assert not fsync.done()
+    assignments = [{"member_id": a, "assignment": b"A"}, {"member_id": b, "assignment": b"B"}]
+    lsync = await co.sync({"group_id": "g", "generation_id": 1, "member_id": leader["member_id"],
+                           "assignments": assignments})  # fmt: skip
+    got = await asyncio.wait_for(fsync, 5)
+    assert {lsync["assignment"], got["assignment"]} == {b"A", b"B"}
+    assert co.groups["g"].state == STABLE
+    assert co.heartbeat({"group_id": "g", "generation_id": 1, "member_id": a}) == 0
+    # b falls silent: after its session it is removed and a must rejoin
+    clock.now = 5.0
+    co.heartbeat({"group_id": "g", "generation_id": 1, "member_id": a})
+    clock.now = 12.0
+    assert co.expire() == 1
+    assert (
+        co.heartbeat({"group_id": "g", "generation_id": 1, "member_id": a}) == REBALANCE_IN_PROGRESS
+    )
+    again = await asyncio.wait_for(co.join(_join("g", a), 5, "client", "/h"), 5)
+    assert again["generation_id"] == 2 and again["leader"] == a and len(again["members"]) == 1
+    assert co.leave("g", [a]) == [0]
+    assert co.groups["g"].state == EMPTY
+    assert co.heartbeat({"group_id": "g", "generation_id": 2, "member_id": a}) == UNKNOWN_MEMBER_ID
+
+
+async def test_unknown_member_and_bad_session() -> None:
+    co = Coordinator(min_session_ms=1000, max_session_ms=60_000, initial_delay_ms=0)
+    assert (await co.join(_join("g", "nobody"), 5, "c", "/h"))["error_code"] == UNKNOWN_MEMBER_ID
+    assert (await co.join(_join("g", session=10), 5, "c", "/h"))["error_code"] == 26
+
+
+kafka = pytest.importorskip("kafka")
+
+
+@pytest.mark.timeout(120)
+async def test_two_kafka_python_consumers_share_partitions(stack: Stack) -> None:
+    def run() -> tuple[set[int], set[int], int]:
+        admin = kafka.KafkaAdminClient(bootstrap_servers=stack.bootstrap)
+        admin.create_topics(
+            [kafka.admin.NewTopic("shared", num_partitions=4, replication_factor=1)]
+        )
+        admin.close()
+        prod = kafka.KafkaProducer(bootstrap_servers=stack.bootstrap)
+        for i in range(40):
+            prod.send("shared", value=b"%d" % i, partition=i % 4)
+        prod.flush(30)
+        prod.close()
+        consumers = [kafka.KafkaConsumer(bootstrap_servers=stack.bootstrap, group_id="shared-g",
+                                         auto_offset_reset="earliest", session_timeout_ms=10000,
+                                         heartbeat_interval_ms=500) for _ in range(2)]  # fmt: skip
+        for c in consumers:
+            c.subscribe(["shared"])
+        seen: list[set[bytes]] = [set(), set()]
+        end = time.monotonic() + 60
+        while time.monotonic() < end:
+            for i, c in enumerate(consumers):
+                for recs in c.poll(timeout_ms=200).values():
+                    seen[i] |= {r.value for r in recs}
+            parts = [{tp.partition for tp in c.assignment()} for c in consumers]
+            if len(seen[0] | seen[1]) == 40 and all(parts) and not parts[0] & parts[1]:
+                break
+        for c in consumers:
+            c.close()
+        return parts[0], parts[1], len(seen[0] | seen[1])
+
+    p0, p1, total = await asyncio.to_thread(run)
+    assert total == 40
+    assert p0 and p1 and not p0 & p1 and p0 | p1 == {0, 1, 2, 3}
