@@ -23,6 +23,7 @@ from orbitmq.cli import (
     admin,
     bench_consume,
     bench_grpc,
+    bench_kafka,
     bench_produce,
     bench_spark,
     bench_timer,
@@ -363,6 +364,7 @@ bench_app.command("e2e")(bench_consume.bench_e2e)
 bench_app.command("timer")(bench_timer.bench_timer)
 bench_app.command("grpc")(bench_grpc.bench_grpc)
 bench_app.command("spark")(bench_spark.bench_spark)
+bench_app.command("kafka")(bench_kafka.bench_kafka)
 
 
 def main() -> None:
