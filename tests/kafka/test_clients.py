@@ -67,6 +67,9 @@ async def test_kafka_python_produce_and_group_consume(stack: Stack) -> None:
     try:
         queues = sorted(await admin.queues("plant"), key=lambda q: (q.broker_name, q.queue_id))
         assert [await admin.committed_offset("kgroup", q) for q in queues] == [25, 25]
+        # ... and its lag, as `orbitmq group describe` shows it
+        stats = await admin.consume_stats("kgroup", "plant")
+        assert [(s.consumer_offset, s.lag) for s in stats] == [(25, 0), (25, 0)]
         # and a Kafka record is an ordinary message: body, key, headers as properties
         res = await admin.pull(queues[0], 0, max_nums=1)
         msg = res.messages[0]
