@@ -5,6 +5,7 @@ touching the CRC; malformed input raises only KafkaCodecError."""
 from __future__ import annotations
 
 import random
+from typing import Any
 
 import pytest
 from hypothesis import given, settings
@@ -99,3 +100,18 @@ def test_garbage_raises_only_codec_errors(blob: bytes, codec: int) -> None:
                 batch.records()
         except KafkaCodecError:
             pass
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.none() | st.binary(max_size=40), st.none() | st.binary(max_size=300),
+                          st.lists(st.tuples(st.text(max_size=8), st.none() | st.binary(max_size=20)),
+                                   max_size=3)), min_size=1, max_size=20))  # fmt: skip
+def test_fast_parse_equals_the_reference_reader(items: list[Any]) -> None:
+    from orbitmq.protocol.kafka.primitives import Reader
+    from orbitmq.protocol.kafka.records import _parse_records, _read_record, decompress
+
+    recs = [Record(i, i * 1000 - 7, k, v, list(h)) for i, (k, v, h) in enumerate(items)]
+    [batch] = list(read_batches(build_batch(recs)))
+    payload = decompress(batch.codec, batch.data[61:])
+    r = Reader(payload)
+    assert _parse_records(payload, len(recs)) == [_read_record(r) for _ in recs] == recs

@@ -101,11 +101,10 @@ class Batch:
     def records(self) -> list[Record]:
         """Decompress (when needed) and parse every record; checks count and lengths."""
         payload = decompress(self.codec, self.data[HEADER_SIZE:])
-        r = Reader(payload)
-        out = [_read_record(r) for _ in range(self.record_count)]
-        if r.remaining():
-            raise KafkaCodecError(f"{r.remaining()} bytes after the batch's last record")
-        return out
+        try:
+            return _parse_records(payload, self.record_count)
+        except (IndexError, UnicodeDecodeError, ValueError) as e:
+            raise KafkaCodecError(f"malformed records: {e}") from None
 
 
 def read_batches(buf: bytes | bytearray | memoryview, *, verify: bool = True) -> Iterator[Batch]:
@@ -184,6 +183,69 @@ def producer_of(batch: Batch) -> tuple[int, int, int]:
 
 
 # -- records -------------------------------------------------------------------------------
+
+
+def _parse_records(buf: bytes, count: int) -> list[Record]:
+    """The hot loop of Produce: every record of a batch, varints decoded inline (a method call
+    per field costs more than the rest of the parse). Equivalent to `_read_record` in a loop;
+    a test checks both on random records."""
+    out: list[Record] = []
+    append = out.append
+    pos, end = 0, len(buf)
+
+    def varint() -> int:
+        nonlocal pos
+        b = buf[pos]
+        pos += 1
+        if b < 0x80:
+            return (b >> 1) ^ -(b & 1)
+        result, shift = b & 0x7F, 7
+        while True:
+            b = buf[pos]
+            pos += 1
+            result |= (b & 0x7F) << shift
+            if b < 0x80:
+                return (result >> 1) ^ -(result & 1)
+            shift += 7
+            if shift > 63:
+                raise ValueError("varint longer than 10 bytes")
+
+    def blob() -> bytes | None:
+        nonlocal pos
+        n = varint()
+        if n < 0:
+            return None
+        if pos + n > rec_end:
+            raise ValueError(f"field of {n} bytes runs past its record")
+        pos += n
+        return buf[pos - n : pos]
+
+    for _ in range(count):
+        length = varint()
+        rec_end = pos + length
+        if length < 0 or rec_end > end:
+            raise ValueError(f"record length {length}")
+        pos += 1  # record attributes: unused in v2
+        ts_delta = varint()
+        off_delta = varint()
+        key = blob()
+        value = blob()
+        n_headers = varint()
+        headers: list[tuple[str, bytes | None]] = []
+        if n_headers:
+            if n_headers < 0 or n_headers > rec_end - pos:
+                raise ValueError(f"header count {n_headers}")
+            for _ in range(n_headers):
+                hkey = blob()
+                if hkey is None:
+                    raise ValueError("null header key")
+                headers.append((hkey.decode(), blob()))
+        if pos != rec_end:
+            raise ValueError(f"record ends at {pos}, its length says {rec_end}")
+        append(Record(off_delta, ts_delta, key, value, headers))
+    if pos != end:
+        raise ValueError(f"{end - pos} bytes after the batch's last record")
+    return out
 
 
 def _read_nullable(r: Reader) -> bytes | None:
