@@ -204,7 +204,8 @@ async def run_all_in_one(
         port = up_proxy_port(settings, proxy_port)
         config = None if port is None else local_proxy_config(settings, (namesrv.address,), port)
         required = proxy_port is not None or "proxy.port" in settings.sources
-        kport = kafka_port(settings, kafka_port_flag, 9092)
+        # a throwaway up (NameServer on a free port) must not claim 9092 either
+        kport = kafka_port(settings, kafka_port_flag, 0 if settings.namesrv.port == 0 else 9092)
         kconfig = None if kport is None else local_kafka_config(settings, (namesrv.address,), kport)
         krequired = kafka_port_flag is not None or "kafka.port" in settings.sources
         async with (
