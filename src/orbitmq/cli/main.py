@@ -34,6 +34,7 @@ from orbitmq.cli import (
     proxy,
     tail,
 )
+from orbitmq.cli import console as console_cli
 from orbitmq.cli.cluster import cluster_app
 from orbitmq.cli.ha import broker_app, cluster_describe
 from orbitmq.cli.message import message_app
@@ -64,6 +65,7 @@ app.add_typer(group.group_app, name="group")
 app.add_typer(dlq.dlq_app, name="dlq")
 app.add_typer(pipeline.pipeline_app, name="pipeline")
 app.add_typer(proxy.proxy_app, name="proxy")
+app.add_typer(console_cli.console_app, name="console")
 app.add_typer(broker_app, name="broker")
 cluster_app.command("describe")(cluster_describe)
 
@@ -121,9 +123,13 @@ def up(
     proxy_tls_cert: ProxyTlsCert = None,
     proxy_tls_key: ProxyTlsKey = None,
     proxy_tls_client_ca: ProxyTlsClientCa = None,
+    console_port: Annotated[
+        int | None,
+        typer.Option(help="Web console port (default 8088; -1: none; needs orbitmq[console])."),
+    ] = None,
     log_level: LogLevel = "INFO",
 ) -> None:
-    """Start NameServer + Broker + gRPC proxy in one process (dev profile: topics are created
+    """Start NameServer + Broker + gRPC proxy + web console in one process (dev profile: topics are created
     on first use)."""
     from orbitmq.cli.server import dev_settings, run_all_in_one
 
@@ -138,7 +144,12 @@ def up(
         },
     )
     run_server(
-        run_all_in_one(dev_settings(settings, data_dir), announcer("OrbitMQ up", "up"), proxy_port)
+        run_all_in_one(
+            dev_settings(settings, data_dir),
+            announcer("OrbitMQ up", "up"),
+            proxy_port,
+            console_port=console_port,
+        )
     )
 
 

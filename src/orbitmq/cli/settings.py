@@ -46,6 +46,7 @@ from typing import Any, TypeVar
 from orbitmq.broker.config import BrokerConfig
 from orbitmq.common.config import documented
 from orbitmq.common.errors import ConfigError
+from orbitmq.console.config import ConsoleConfig
 from orbitmq.controller.config import ControllerConfig
 from orbitmq.namesrv.config import NamesrvConfig
 from orbitmq.proxy.config import ProxyConfig, parse_access_keys
@@ -53,8 +54,10 @@ from orbitmq.store.config import StoreConfig
 
 T = TypeVar("T")
 ENV_PREFIX = "ORBITMQ_"
-TABLES = ("namesrv", "broker", "store", "proxy", "controller")
-SECRETS = frozenset({"proxy.access_keys", "controller.raft_secret"})
+TABLES = ("namesrv", "broker", "store", "proxy", "controller", "console")
+SECRETS = frozenset(
+    {"proxy.access_keys", "controller.raft_secret", "console.users", "console.secret"}
+)
 """Settings `config show` prints masked."""
 
 
@@ -67,6 +70,9 @@ class Settings:
     ``orbitmq broker --proxy-port`` run beside a broker (which takes the broker's NameServers,
     host and body limit for what the table does not set)."""
     controller: ControllerConfig = field(default_factory=ControllerConfig)
+    console: ConsoleConfig = field(default_factory=ConsoleConfig)
+    """The web console's: ``orbitmq console``'s, and the one ``orbitmq up`` runs on 8088 (with
+    the up's NameServer when the table does not name one)."""
     """``orbitmq controller``'s node, and the one ``orbitmq namesrv --controller`` runs beside
     its NameServer."""
     sources: dict[str, str] = field(default_factory=dict)
@@ -188,9 +194,15 @@ def load_settings(
     namesrv = _build(NamesrvConfig, layers["namesrv"], "namesrv", base.namesrv)
     proxy = _build(ProxyConfig, layers["proxy"], "proxy", base.proxy)
     controller = _build(ControllerConfig, layers["controller"], "controller", base.controller)
+    console = _build(ConsoleConfig, layers["console"], "console", base.console)
     sources = {f"{t}.{k}": src for t in TABLES for k, (_v, src) in layers[t].items()}
     return Settings(
-        namesrv=namesrv, broker=broker, proxy=proxy, controller=controller, sources=sources
+        namesrv=namesrv,
+        broker=broker,
+        proxy=proxy,
+        controller=controller,
+        console=console,
+        sources=sources,
     )
 
 
@@ -203,6 +215,7 @@ def settings_rows(settings: Settings) -> list[tuple[str, str, str]]:
         ("store", settings.broker.store),
         ("proxy", settings.proxy),
         ("controller", settings.controller),
+        ("console", settings.console),
     ):
         for f in fields(obj):
             if f.name == "store":
@@ -255,6 +268,7 @@ def settings_markdown() -> str:
         ("store", StoreConfig),
         ("proxy", ProxyConfig),
         ("controller", ControllerConfig),
+        ("console", ConsoleConfig),
     ):
         lines += [
             f"## [{table}]",

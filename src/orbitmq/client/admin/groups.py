@@ -17,6 +17,7 @@ from orbitmq.client.admin.base import (
 from orbitmq.client.admin.types import RESET_POSITIONS, GroupDescription
 from orbitmq.client.dlq import DlqMessage
 from orbitmq.client.route import (
+    MessageQueue,
     TopicRouteNotFoundError,
 )
 from orbitmq.common.codes import ResponseCode
@@ -50,7 +51,9 @@ from orbitmq.protocol.requests import (
     GetConsumerGroupListRequest,
     GetConsumeStatsRequest,
     GetDlqMessagesRequest,
+    QueryConsumerOffsetRequest,
     ResetOffsetRequest,
+    UpdateConsumerOffsetRequest,
     UpdateSubscriptionGroupRequest,
 )
 
@@ -233,6 +236,36 @@ class GroupAdmin(AdminBase):
         for name in unknown:
             out[name] = []
         return dict(sorted(out.items()))
+
+    async def commit_offsets(self, group: str, offsets: dict[MessageQueue, int]) -> None:
+        """Store ``group``'s offsets (UPDATE_CONSUMER_OFFSET, one request per broker with an
+        OffsetsBody): what a consumer's commit does, for gateways and tools."""
+        by_broker: dict[str, list[QueueOffset]] = {}
+        for mq, offset in offsets.items():
+            by_broker.setdefault(mq.broker_name, []).append(
+                QueueOffset(topic=mq.topic, queue_id=mq.queue_id, offset=offset)
+            )
+        calls = {}
+        for name, items in by_broker.items():
+            mq = next(q for q in offsets if q.broker_name == name)
+            addr = await self._addr_of(mq)
+            body = encode_body(OffsetsBody(group=group, offsets=items))
+            calls[name] = self._call(addr, UpdateConsumerOffsetRequest(group=group), body)
+        await _all_or_raise(calls, f"commit offsets of group {group!r}")
+
+    async def committed_offset(self, group: str, mq: MessageQueue) -> int | None:
+        """``group``'s stored offset in ``mq`` (QUERY_CONSUMER_OFFSET, stored offsets only), or
+        None when it never committed there."""
+        addr = await self._addr_of(mq)
+        header = QueryConsumerOffsetRequest(
+            group=group, topic=mq.topic, queue_id=mq.queue_id, set_zero_if_not_found=False
+        )
+        resp = await self._call(
+            addr, header, ok=frozenset({ResponseCode.SUCCESS, ResponseCode.QUERY_NOT_FOUND})
+        )
+        if resp.code == ResponseCode.QUERY_NOT_FOUND:
+            return None
+        return _int_field(resp, "offset")
 
     # ------------------------------------------------------------------ group configs, DLQ
     async def update_group_config(
