@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: help up test lint fmt test-crash test-chaos bench proto clean
+.PHONY: help up test lint fmt test-crash test-chaos bench proto clean browser vendor
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
@@ -12,7 +12,7 @@ help: ## list the targets
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV) || { echo "could not create $(VENV): on Debian, apt-get install python3-venv" >&2; exit 1; }
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[dev,spark]'
+	$(PY) -m pip install -q -e '.[dev,spark,console]'
 	touch $(STAMP)
 
 up: $(STAMP) ## start OrbitMQ: NameServer + Broker + gRPC proxy (8081) in one process, data in ./orbitmq-data
@@ -28,8 +28,17 @@ fmt: $(STAMP) ## format the code
 	$(VENV)/bin/ruff format src tests examples
 	$(VENV)/bin/ruff check --fix src tests examples
 
-test: lint ## lint, then the whole test suite
+test: lint browser ## lint, then the whole test suite
 	$(PY) -m pytest
+
+browser: ## Debian's chromium for the console's browser tests (skipped without it)
+	@command -v chromium >/dev/null 2>&1 || { command -v apt-get >/dev/null 2>&1 && [ "$$(id -u)" = 0 ] && \
+		apt-get install -y -q --no-install-recommends chromium >/dev/null 2>&1 || \
+		echo "chromium not installed: the console's browser tests will be skipped"; }
+
+vendor: ## refresh the console's vendored htmx and uPlot (npm pack; see its static/VENDOR.md)
+	cd $$(mktemp -d) && npm pack -q htmx.org@2.0.8 htmx-ext-sse@2.2.4 uplot@1.6.32 && \
+		for f in *.tgz; do tar xzf $$f; cp package/dist/htmx.min.js package/dist/sse.min.js package/dist/uPlot.iife.min.js package/dist/uPlot.min.css $(CURDIR)/src/orbitmq/console/static/ 2>/dev/null; rm -rf package; done
 
 test-crash: $(STAMP) ## only the crash tests (ORBITMQ_CRASH_ITERATIONS=N for longer runs)
 	$(PY) -m pytest -m crash

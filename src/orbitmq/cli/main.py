@@ -36,6 +36,7 @@ from orbitmq.cli import (
     proxy,
     tail,
 )
+from orbitmq.cli import console as console_cli
 from orbitmq.cli.cluster import cluster_app
 from orbitmq.cli.ha import broker_app, cluster_describe
 from orbitmq.cli.message import message_app
@@ -67,6 +68,7 @@ app.add_typer(dlq.dlq_app, name="dlq")
 app.add_typer(pipeline.pipeline_app, name="pipeline")
 app.add_typer(proxy.proxy_app, name="proxy")
 app.add_typer(kafka.kafka_app, name="kafka")
+app.add_typer(console_cli.console_app, name="console")
 app.add_typer(broker_app, name="broker")
 cluster_app.command("describe")(cluster_describe)
 
@@ -128,10 +130,14 @@ def up(
         int | None,
         typer.Option(help="Kafka listener port for Kafka clients (default 9092; -1: none)."),
     ] = None,
+    console_port: Annotated[
+        int | None,
+        typer.Option(help="Web console port (default 8088; -1: none; needs orbitmq[console])."),
+    ] = None,
     log_level: LogLevel = "INFO",
 ) -> None:
-    """Start NameServer + Broker + gRPC proxy + Kafka listener in one process (dev profile: topics are created
-    on first use)."""
+    """Start NameServer + Broker + gRPC proxy + Kafka listener + web console in one process (dev
+    profile: topics are created on first use)."""
     from orbitmq.cli.server import dev_settings, run_all_in_one
 
     configure_logging(log_level)
@@ -150,6 +156,7 @@ def up(
             announcer("OrbitMQ up", "up"),
             proxy_port,
             kafka_port,
+            console_port,
         )
     )
 

@@ -34,6 +34,7 @@ from orbitmq.cli.settings import Settings
 from orbitmq.namesrv.controller import NamesrvController
 
 if TYPE_CHECKING:
+    from orbitmq.console.config import ConsoleConfig
     from orbitmq.controller.config import ControllerConfig
     from orbitmq.kafka.config import KafkaConfig
     from orbitmq.proxy.config import ProxyConfig
@@ -162,6 +163,63 @@ async def local_kafka(
         await gateway.stop()
 
 
+def console_available() -> bool:
+    """The console's optional dependencies (extra ``orbitmq[console]``) are installed."""
+    import importlib.util
+
+    return all(importlib.util.find_spec(m) for m in ("starlette", "jinja2", "uvicorn"))
+
+
+def up_console_config(
+    settings: Settings, namesrv_addrs: tuple[str, ...], port_flag: int | None
+) -> ConsoleConfig | None:
+    """`orbitmq up`'s console: 8088 (``--console-port``, the ``[console]`` table), on the up's
+    NameServer unless the table names one; None when switched off (a negative port), not
+    installed, or when up is a throwaway instance (its NameServer on a free port: tests and
+    benchmarks) and nobody asked for a console."""
+    if port_flag is not None:
+        port = port_flag
+    elif "console.port" in settings.sources:
+        port = settings.console.port
+    else:
+        port = -1 if settings.namesrv.port == 0 else settings.console.port
+    if port < 0 or not console_available():
+        return None
+    given = {key.partition(".")[2] for key in settings.sources if key.startswith("console.")}
+    console = dataclasses.replace(settings.console, port=port)
+    if "namesrv_addrs" not in given:
+        console = dataclasses.replace(console, namesrv_addrs=namesrv_addrs)
+    return console
+
+
+@contextlib.asynccontextmanager
+async def local_console(
+    config: ConsoleConfig | None, endpoints: dict[str, str], *, required: bool
+) -> AsyncIterator[None]:
+    """Run the web console for the body of the ``with`` (None: none); a default port already
+    taken is reported, not fatal."""
+    if config is None:
+        yield
+        return
+    from orbitmq.console.serve import serve_console
+
+    try:
+        cm = serve_console(config)
+        url = await cm.__aenter__()
+    except OSError as exc:
+        if required:
+            raise
+        log.warning("console not started: %s", exc)
+        endpoints["console"] = f"off ({exc})"
+        yield
+        return
+    endpoints["console"] = url
+    try:
+        yield
+    finally:
+        await cm.__aexit__(None, None, None)
+
+
 def dev_settings(settings: Settings, data_dir: Path) -> Settings:
     """`orbitmq up`'s profile: everything under one folder, topics created on first use."""
     store = settings.broker.store
@@ -178,6 +236,7 @@ async def run_all_in_one(
     announce: Announce,
     proxy_port: int | None = None,
     kafka_port_flag: int | None = None,
+    console_port: int | None = None,
 ) -> None:
     """NameServer, Broker and gRPC proxy in one process and one event loop; Ctrl-C stops them
     cleanly. ``proxy_port``: see :func:`up_proxy_port` (negative: no proxy)."""
@@ -208,9 +267,12 @@ async def run_all_in_one(
         kport = kafka_port(settings, kafka_port_flag, 0 if settings.namesrv.port == 0 else 9092)
         kconfig = None if kport is None else local_kafka_config(settings, (namesrv.address,), kport)
         krequired = kafka_port_flag is not None or "kafka.port" in settings.sources
+        cconfig = up_console_config(settings, (namesrv.address,), console_port)
+        crequired = console_port is not None or "console.port" in settings.sources
         async with (
             local_proxy(config, endpoints, required=required),
             local_kafka(kconfig, endpoints, required=krequired),
+            local_console(cconfig, endpoints, required=crequired),
         ):
             await until_signal(lambda: announce(endpoints))
     finally:
@@ -319,3 +381,10 @@ async def run_kafka(settings: Settings, announce: Announce) -> None:
     endpoints = {"namesrv": ";".join(settings.kafka.namesrv_addrs)}
     async with local_kafka(settings.kafka, endpoints, required=True):
         await until_signal(lambda: announce({"kafka": endpoints["kafka"], **endpoints}))
+
+
+async def run_console(settings: Settings, announce: Announce) -> None:
+    """The web console alone, in front of the cluster its NameServers know."""
+    endpoints = {"namesrv": ";".join(settings.console.namesrv_addrs)}
+    async with local_console(settings.console, endpoints, required=True):
+        await until_signal(lambda: announce({"console": endpoints["console"], **endpoints}))

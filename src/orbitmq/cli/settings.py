@@ -46,6 +46,7 @@ from typing import Any, TypeVar
 from orbitmq.broker.config import BrokerConfig
 from orbitmq.common.config import documented
 from orbitmq.common.errors import ConfigError
+from orbitmq.console.config import ConsoleConfig
 from orbitmq.controller.config import ControllerConfig
 from orbitmq.kafka.config import KafkaConfig
 from orbitmq.namesrv.config import NamesrvConfig
@@ -54,8 +55,10 @@ from orbitmq.store.config import StoreConfig
 
 T = TypeVar("T")
 ENV_PREFIX = "ORBITMQ_"
-TABLES = ("namesrv", "broker", "store", "proxy", "controller", "kafka")
-SECRETS = frozenset({"proxy.access_keys", "controller.raft_secret"})
+TABLES = ("namesrv", "broker", "store", "proxy", "controller", "kafka", "console")
+SECRETS = frozenset(
+    {"proxy.access_keys", "controller.raft_secret", "console.users", "console.secret"}
+)
 """Settings `config show` prints masked."""
 
 
@@ -72,6 +75,9 @@ class Settings:
     """The Kafka gateway's: ``orbitmq kafka``'s, and the one ``orbitmq up`` (port 9092) and
     ``orbitmq broker --kafka-port`` run beside a broker (which takes the broker's NameServers
     and host for what the table does not set)."""
+    console: ConsoleConfig = field(default_factory=ConsoleConfig)
+    """The web console's: ``orbitmq console``'s, and the one ``orbitmq up`` runs on 8088 (with
+    the up's NameServer when the table does not name one)."""
     """``orbitmq controller``'s node, and the one ``orbitmq namesrv --controller`` runs beside
     its NameServer."""
     sources: dict[str, str] = field(default_factory=dict)
@@ -194,6 +200,7 @@ def load_settings(
     proxy = _build(ProxyConfig, layers["proxy"], "proxy", base.proxy)
     controller = _build(ControllerConfig, layers["controller"], "controller", base.controller)
     kafka = _build(KafkaConfig, layers["kafka"], "kafka", base.kafka)
+    console = _build(ConsoleConfig, layers["console"], "console", base.console)
     sources = {f"{t}.{k}": src for t in TABLES for k, (_v, src) in layers[t].items()}
     return Settings(
         namesrv=namesrv,
@@ -201,6 +208,7 @@ def load_settings(
         proxy=proxy,
         controller=controller,
         kafka=kafka,
+        console=console,
         sources=sources,
     )
 
@@ -215,6 +223,7 @@ def settings_rows(settings: Settings) -> list[tuple[str, str, str]]:
         ("proxy", settings.proxy),
         ("controller", settings.controller),
         ("kafka", settings.kafka),
+        ("console", settings.console),
     ):
         for f in fields(obj):
             if f.name == "store":
@@ -268,6 +277,7 @@ def settings_markdown() -> str:
         ("proxy", ProxyConfig),
         ("controller", ControllerConfig),
         ("kafka", KafkaConfig),
+        ("console", ConsoleConfig),
     ):
         lines += [
             f"## [{table}]",

@@ -1,0 +1,42 @@
+"""ConsoleConfig: the console's settings (the ``[console]`` table).
+
+Loopback by default; writes (topic create/delete, test sends, offset resets, DLQ resends) and
+message bodies can each be switched off; users are optional (no users: anyone who reaches the
+port is an admin, which is why the default bind is 127.0.0.1).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from orbitmq.common.config import PORT, at_least, non_empty, setting
+
+
+@dataclass(frozen=True, slots=True)
+class ConsoleConfig:
+    namesrv_addrs: tuple[str, ...] = setting(
+        ("127.0.0.1:9876",), "NameServers of the cluster shown.", non_empty()
+    )
+    host: str = setting("127.0.0.1", "HTTP listen address (loopback unless you add users).")
+    port: int = setting(8088, "HTTP port; 0 picks a free one.", PORT)
+    allow_writes: bool = setting(
+        True, "Topic create/delete, test sends, offset resets, DLQ resends (off: every POST 403)."
+    )
+    allow_message_bodies: bool = setting(
+        True, "Show message bodies (off: no body byte reaches the browser)."
+    )
+    users: Mapping[str, str] = setting(
+        None,
+        "name -> 'role:pbkdf2_sha256$iterations$salt$hash' with role viewer or admin "
+        "(`orbitmq console hash-password`); empty: no login, everyone is admin.",
+        factory=dict,
+    )
+    secret: str | None = setting(
+        None, "Key that signs session cookies and CSRF tokens (None: random per start)."
+    )
+    audit_log: str | None = setting(
+        None, "JSON-lines file of every write (None: orbitmq-console-audit.jsonl in the cwd)."
+    )
+    poll_interval_ms: int = setting(1000, "How often lag and rates are sampled.", at_least(100))
+    history_s: int = setting(900, "Seconds of samples kept for the charts.", at_least(10))

@@ -1,0 +1,47 @@
+"""Serving the console on the caller's event loop (`orbitmq console`, and `orbitmq up`).
+
+uvicorn runs as a task of the running loop; its own signal handling is switched off because
+the process that embeds it (the CLI runner) owns SIGINT/SIGTERM and stops it in order.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+from collections.abc import AsyncIterator, Generator
+
+import uvicorn
+
+from orbitmq.console.app import create_app
+from orbitmq.console.config import ConsoleConfig
+
+
+class _EmbeddedServer(uvicorn.Server):
+    @contextlib.contextmanager
+    def capture_signals(self) -> Generator[None, None, None]:
+        yield  # the host process handles signals
+
+
+@contextlib.asynccontextmanager
+async def serve_console(config: ConsoleConfig) -> AsyncIterator[str]:
+    """Serve for the body of the ``with``; yields the console's URL."""
+    sock = socket.socket(socket.AF_INET6 if ":" in config.host else socket.AF_INET)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((config.host, config.port))
+    port = sock.getsockname()[1]
+    server = _EmbeddedServer(uvicorn.Config(create_app(config), log_level="warning", lifespan="on"))
+    task = asyncio.get_running_loop().create_task(server.serve(sockets=[sock]), name="console")
+    try:
+        for _ in range(400):  # bounded: 20 s
+            if server.started or task.done():
+                break
+            await asyncio.sleep(0.05)
+        if task.done():
+            task.result()  # raises why it could not start
+        yield f"http://{config.host}:{port}"
+    finally:
+        server.should_exit = True
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await asyncio.wait_for(task, 10)
+        sock.close()
