@@ -22,7 +22,7 @@ from orbitmq.console.auth import Session
 from orbitmq.console.poller import is_system_topic
 
 if TYPE_CHECKING:
-    from orbitmq.console.app import Console
+    from orbitmq.console.state import Console
 
 Page = Callable[["Console", Request, Session], Awaitable[Response]]
 Action = Callable[["Console", Request, Session, dict[str, str], list[Any]], Awaitable[Response]]
