@@ -14,6 +14,7 @@ import gc
 import logging
 import time
 
+from orbitmq.auth.server import ServerAuth
 from orbitmq.broker.config import BrokerConfig
 from orbitmq.broker.consumer_manager import ConsumerManager
 from orbitmq.broker.consumer_processor import ConsumerProcessor
@@ -53,6 +54,7 @@ from orbitmq.net.connection import Connection
 from orbitmq.net.server import RemotingServer
 from orbitmq.protocol.bodies import RegisterBrokerBody, TopicConfig, encode_body
 from orbitmq.protocol.requests import RegisterBrokerRequest, UnregisterBrokerRequest
+from orbitmq.protocol.signature import Signer
 from orbitmq.store.message_store import MessageStore
 from orbitmq.store.recovery import RecoveryReport
 from orbitmq.store.retention import TopicRetention
@@ -163,7 +165,16 @@ class BrokerController:
             timers=TimerProcessor(self.timer),
             transactions=TransactionProcessor(ctx, self.transactions),
         )
-        self.dispatcher = Dispatcher(routes, self.metrics)
+        self.auth = ServerAuth.open(
+            enabled=config.auth_enabled,
+            auth_file=config.auth_file
+            or (config.store.store_path / "config" / "auth.json" if config.auth_enabled else None),
+            audit_file=config.audit_file or config.store.store_path / "audit.jsonl",
+            cluster=config.cluster,
+            node=f"broker {config.broker_name}/{config.broker_id}",
+        )
+        """Authentication, authorization and the user/ACL admin codes (docs/security.md)."""
+        self.dispatcher = Dispatcher(routes, self.metrics, self.auth)
         self.server = RemotingServer(
             self.dispatcher.handle,
             host=config.host,
@@ -171,7 +182,12 @@ class BrokerController:
             name="broker",
             on_disconnect=self._on_disconnect,
         )
-        self.namesrv_client = RemotingClient(name="broker-to-namesrv")
+        self.namesrv_client = RemotingClient(
+            name="broker-to-namesrv",
+            signer=None
+            if config.access_key is None
+            else Signer(config.access_key, config.secret_key or ""),
+        )
         self.recovery: RecoveryReport | None = None
         self._tasks = TaskSet("broker", logger=log)
         self.register_health = ServiceHealth("namesrv-register")

@@ -8,6 +8,11 @@ for reads, the record views that follow it). `Dispatcher.handle` is what the
 answers REQUEST_CODE_NOT_SUPPORTED for a code not in the table, and turns an exception from the
 error hierarchy (or a body that does not decode) into its response code, so handlers raise
 rather than build error frames.
+
+It is also the broker's one point of authentication and authorization: with ``auth`` given,
+every request, whatever its code, first passes ``ServerAuth.before`` (orbitmq.auth), which
+refuses it (NO_PERMISSION) or answers the user/ACL admin codes itself; no handler checks
+permissions on its own.
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ from typing import TYPE_CHECKING
 
 import msgspec
 
+from orbitmq.auth.server import ServerAuth
 from orbitmq.broker.consumer_processor import ConsumerProcessor
 from orbitmq.broker.group_config_processor import GroupConfigProcessor
 from orbitmq.broker.metrics import BrokerMetrics
@@ -94,18 +100,31 @@ def build_routes(
 class Dispatcher:
     """Calls a request's handler from the route table; the one place errors become codes."""
 
-    def __init__(self, routes: dict[RequestCode, Handler], metrics: BrokerMetrics) -> None:
+    def __init__(
+        self,
+        routes: dict[RequestCode, Handler],
+        metrics: BrokerMetrics,
+        auth: ServerAuth | None = None,
+    ) -> None:
         self.routes: dict[int, Handler] = {int(code): h for code, h in routes.items()}
         self.metrics = metrics
+        self.auth = auth
 
     async def handle(self, frame: Frame, conn: Connection) -> Reply:
-        handler = self.routes.get(frame.code)
         self.metrics.requests.labels(str(frame.code)).inc()
-        if handler is None:
-            return frame.reply(
-                ResponseCode.REQUEST_CODE_NOT_SUPPORTED, f"request code {frame.code} not supported"
-            )
         try:
+            if self.auth is not None:
+                answer = self.auth.before(frame, conn)
+                if answer is not None:
+                    if answer.code != ResponseCode.SUCCESS:
+                        self.metrics.errors.labels(str(int(answer.code))).inc()
+                    return answer
+            handler = self.routes.get(frame.code)
+            if handler is None:
+                return frame.reply(
+                    ResponseCode.REQUEST_CODE_NOT_SUPPORTED,
+                    f"request code {frame.code} not supported",
+                )
             return await handler(frame, conn)
         except (MQError, msgspec.DecodeError, msgspec.ValidationError, UnicodeDecodeError) as exc:
             code = exc.code if isinstance(exc, MQError) else ResponseCode.MESSAGE_ILLEGAL

@@ -6,6 +6,10 @@ refused changes nothing. The header classes of ``orbitmq.protocol.requests`` che
 a body that does not decode is MESSAGE_ILLEGAL (13) with a remark naming the field, as the
 broker answers; an unknown request code is REQUEST_CODE_NOT_SUPPORTED. The transport answers
 nothing of this on its own once a handler is installed, so it is done here, for every code.
+
+``process`` is also the NameServer's one point of authentication and authorization: with
+``auth`` given, every request first passes ``ServerAuth.before`` (orbitmq.auth), which refuses
+it (NO_PERMISSION) or answers the user/ACL admin codes itself.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ from collections.abc import Callable, Hashable
 
 import msgspec
 
+from orbitmq.auth.server import ServerAuth
 from orbitmq.common.codes import ResponseCode
 from orbitmq.common.errors import MQError
 from orbitmq.common.validation import validate_topic
@@ -73,8 +78,9 @@ def register_body(data: bytes | bytearray | memoryview) -> RegisterBrokerBody:
 class NamesrvProcessor:
     """Maps request codes to RouteInfoManager calls. Synchronous: the tables live on one loop."""
 
-    def __init__(self, routes: RouteInfoManager) -> None:
+    def __init__(self, routes: RouteInfoManager, auth: ServerAuth | None = None) -> None:
         self.routes = routes
+        self.auth = auth
         self._handlers: dict[int, Handler] = {
             RequestCode.REGISTER_BROKER: self.register_broker,
             RequestCode.UNREGISTER_BROKER: self.unregister_broker,
@@ -85,11 +91,18 @@ class NamesrvProcessor:
             RequestCode.WIPE_WRITE_PERM_OF_BROKER: self.wipe_write_perm,
             RequestCode.ADD_WRITE_PERM_OF_BROKER: self.add_write_perm,
         }
-        self.codes = frozenset(self._handlers)
+        self.codes = frozenset(self._handlers) | (frozenset() if auth is None else auth.codes)
         """The request codes this NameServer answers."""
 
     def process(self, request: Frame, connection: Hashable | None = None) -> Frame:
         """The response to ``request``; ``connection`` is remembered by REGISTER_BROKER."""
+        if self.auth is not None:
+            try:
+                answer = self.auth.before(request, connection)
+            except MQError as exc:
+                return request.reply(exc.code, str(exc) or type(exc).__name__)
+            if answer is not None:
+                return answer
         handler = self._handlers.get(request.code)
         if handler is None:
             return request.reply(
