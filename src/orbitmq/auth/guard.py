@@ -10,8 +10,8 @@ and returns the authenticated user's name (go on) or the refusal Frame to send b
    by its first DNS/URI subjectAltName, else its CN. No credentials, an unknown user, a wrong
    signature and a disabled user all get the same answer, NO_PERMISSION (16), as RocketMQ's
    "check signature failed", so a caller cannot probe for user names.
-2. **Authorization.** ``orbitmq.auth.actions`` maps the code to its checks (an unmapped code is
-   refused) and ``orbitmq.auth.model.decide`` applies the user's ACL from the source IP.
+2. **Authorization.** ``orbitmq.auth.actions`` maps the code to its checks (an unmapped code,
+   or a request whose resource names cannot be read, is refused) and ``orbitmq.auth.model.decide`` applies the user's ACL from the source IP.
 
 Refusals go to the audit log. The store is re-read when its file changed, looked at no more
 often than every ``refresh_interval_s`` (0.25 s): a revocation holds within 1 s.
@@ -28,6 +28,7 @@ from orbitmq.auth.audit import AuditLog
 from orbitmq.auth.model import decide
 from orbitmq.auth.store import AuthStore
 from orbitmq.common.codes import ResponseCode
+from orbitmq.protocol.fields import FieldError
 from orbitmq.protocol.frame import Frame
 from orbitmq.protocol.signature import NonceCache, SignatureError, claim_of, verify
 
@@ -131,6 +132,8 @@ class Guard:
             return self._refuse(
                 frame, name, source, "-", "-", f"request code {frame.code} is not authorized here"
             )
+        except FieldError as exc:  # fail closed: what cannot be named cannot be allowed
+            return self._refuse(frame, name, source, "-", "-", f"cannot authorize: {exc}")
         verdict = decide(user, self.store.acl(name), checks, ip)
         if not verdict.allowed:
             failed = verdict.failed
