@@ -27,6 +27,20 @@ ADMIN_SECRET_ENV = "ORBITMQ_AUTH_ADMIN_SECRET"
 """The initial admin's secret when a store has no Super user yet (else one is generated)."""
 
 
+def bootstrap_admin(store: AuthStore, admin_user: str = "admin") -> None:
+    """Give a store without a Super user its first admin: the secret of ADMIN_SECRET_ENV, or a
+    generated one printed once to stderr (never logged, never stored in clear)."""
+    generated = store.bootstrap(admin_user, os.environ.get(ADMIN_SECRET_ENV) or None)
+    if generated is not None:
+        print(
+            f"orbitmq: authentication is on and the auth store had no Super user: created "
+            f"{admin_user!r} with secret {generated} (shown once; keep it, or set "
+            f"{ADMIN_SECRET_ENV} before the first start)",
+            file=sys.stderr,
+            flush=True,
+        )
+
+
 class ServerAuth:
     def __init__(self, store: AuthStore | None, audit: AuditLog, guard: Guard | None) -> None:
         self.store = store
@@ -57,15 +71,7 @@ class ServerAuth:
         store = AuthStore(auth_file)
         if not enabled:
             return cls(store, audit, None)
-        generated = store.bootstrap(admin_user, os.environ.get(ADMIN_SECRET_ENV) or None)
-        if generated is not None:
-            print(
-                f"orbitmq: authentication is on and the auth store had no Super user: created "
-                f"{admin_user!r} with secret {generated} (shown once; keep it, or set "
-                f"{ADMIN_SECRET_ENV} before the first start)",
-                file=sys.stderr,
-                flush=True,
-            )
+        bootstrap_admin(store, admin_user)
         return cls(store, audit, Guard(store, audit, cluster=cluster))
 
     @property
