@@ -54,7 +54,9 @@ from orbitmq.store.config import StoreConfig
 T = TypeVar("T")
 ENV_PREFIX = "ORBITMQ_"
 TABLES = ("namesrv", "broker", "store", "proxy", "controller")
-SECRETS = frozenset({"proxy.access_keys", "controller.raft_secret", "broker.secret_key"})
+SECRETS = frozenset(
+    {"proxy.access_keys", "controller.raft_secret", "broker.secret_key", "proxy.secret_key"}
+)
 """Settings `config show` prints masked."""
 
 
