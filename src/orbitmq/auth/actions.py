@@ -179,6 +179,10 @@ RULES: dict[int, Rule] = {
     R.GET_ALL_TOPIC_CONFIG: _cluster_rule(LIST, GET),
     R.GET_TOPIC_STATS: _topic_rule(GET),
     R.GET_BROKER_RUNTIME_INFO: _cluster_rule(GET),
+    R.UPDATE_BROKER_CONFIG: _cluster_rule(UPDATE),
+    R.GET_BROKER_CONFIG: _cluster_rule(GET),
+    R.UPDATE_NAMESRV_CONFIG: _cluster_rule(UPDATE),
+    R.GET_NAMESRV_CONFIG: _cluster_rule(GET),
     # Pop
     R.POP_MESSAGE: _topic_group(SUB),
     R.ACK_MESSAGE: _topic_group(SUB),

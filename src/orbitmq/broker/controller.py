@@ -37,6 +37,7 @@ from orbitmq.broker.pop.processor import PopProcessor
 from orbitmq.broker.pop.service import PopService
 from orbitmq.broker.processor import BrokerProcessor
 from orbitmq.broker.routes import Dispatcher, build_routes
+from orbitmq.broker.runtime_config import RuntimeConfigProcessor
 from orbitmq.broker.store_bridge import StoreBridge
 from orbitmq.broker.timer_delivery import DelayedDelivery
 from orbitmq.broker.timer_processor import TimerProcessor
@@ -157,14 +158,6 @@ class BrokerController:
         self.processor = BrokerProcessor(
             ctx, self.delayed, self.halves, self.long_polling, self.timer.stats
         )
-        routes = build_routes(
-            messages=self.processor,
-            consumers=ConsumerProcessor(ctx, self.delayed, inflight=self.pop.inflight),
-            group_configs=GroupConfigProcessor(ctx),
-            pop=PopProcessor(ctx, self.pop),
-            timers=TimerProcessor(self.timer),
-            transactions=TransactionProcessor(ctx, self.transactions),
-        )
         self.auth = ServerAuth.open(
             enabled=config.auth_enabled,
             auth_file=config.auth_file
@@ -174,6 +167,18 @@ class BrokerController:
             node=f"broker {config.broker_name}/{config.broker_id}",
         )
         """Authentication, authorization and the user/ACL admin codes (docs/security.md)."""
+        self.pop_processor = PopProcessor(ctx, self.pop)
+        routes = build_routes(
+            messages=self.processor,
+            consumers=ConsumerProcessor(ctx, self.delayed, inflight=self.pop.inflight),
+            group_configs=GroupConfigProcessor(ctx),
+            pop=self.pop_processor,
+            timers=TimerProcessor(self.timer),
+            transactions=TransactionProcessor(ctx, self.transactions),
+            runtime_config=RuntimeConfigProcessor(
+                lambda: self.config, self.apply_config, self.auth.audit
+            ),
+        )
         self.dispatcher = Dispatcher(routes, self.metrics, self.auth)
         self.server = RemotingServer(
             self.dispatcher.handle,
@@ -208,6 +213,15 @@ class BrokerController:
         self.metrics_port: int | None = None
         self._registered = 0
         self.started = False
+
+    def apply_config(self, new: BrokerConfig) -> None:
+        """A runtime change (UPDATE_BROKER_CONFIG, runtime_config.py's allowlist): the new
+        config goes to every object that reads those settings at request time."""
+        self.config = new
+        object.__setattr__(self.ctx, "config", new)  # frozen for services; replaced whole here
+        self.processor.config = new
+        self.pop_processor.config = new
+        self.halves.config = new
 
     # ---------------------------------------------------------------- lifecycle
 

@@ -28,6 +28,7 @@ from orbitmq.broker.group_config_processor import GroupConfigProcessor
 from orbitmq.broker.metrics import BrokerMetrics
 from orbitmq.broker.pop.processor import PopProcessor
 from orbitmq.broker.processor import BrokerProcessor
+from orbitmq.broker.runtime_config import RuntimeConfigProcessor
 from orbitmq.broker.timer_processor import TimerProcessor
 from orbitmq.broker.transaction.processor import TransactionProcessor
 from orbitmq.common.codes import ResponseCode
@@ -50,6 +51,7 @@ def build_routes(
     pop: PopProcessor,
     timers: TimerProcessor,
     transactions: TransactionProcessor,
+    runtime_config: RuntimeConfigProcessor,
 ) -> dict[RequestCode, Handler]:
     """Every request code the broker answers, with its handler (docs/protocol.md)."""
     return {
@@ -71,6 +73,8 @@ def build_routes(
         RequestCode.GET_ALL_TOPIC_CONFIG: messages.all_topics,
         RequestCode.GET_TOPIC_STATS: messages.topic_stats,
         RequestCode.GET_BROKER_RUNTIME_INFO: messages.runtime_info,
+        RequestCode.UPDATE_BROKER_CONFIG: runtime_config.update,  # runtime_config.py: allowlist
+        RequestCode.GET_BROKER_CONFIG: runtime_config.get,
         # Pop consumption (pop/processor.py)
         RequestCode.POP_MESSAGE: pop.pop,
         RequestCode.ACK_MESSAGE: pop.ack,

@@ -32,6 +32,7 @@ from orbitmq.protocol.bodies import (
     encode_body,
 )
 from orbitmq.protocol.codes import RequestCode
+from orbitmq.protocol.config_requests import parse_properties
 from orbitmq.protocol.fields import FieldError
 from orbitmq.protocol.frame import Frame
 from orbitmq.protocol.requests import (
@@ -90,6 +91,8 @@ class NamesrvProcessor:
             RequestCode.DELETE_TOPIC_IN_NAMESRV: self.delete_topic,
             RequestCode.WIPE_WRITE_PERM_OF_BROKER: self.wipe_write_perm,
             RequestCode.ADD_WRITE_PERM_OF_BROKER: self.add_write_perm,
+            RequestCode.UPDATE_NAMESRV_CONFIG: self.update_config,
+            RequestCode.GET_NAMESRV_CONFIG: self.get_config,
         }
         self.codes = frozenset(self._handlers) | (frozenset() if auth is None else auth.codes)
         """The request codes this NameServer answers."""
@@ -145,6 +148,25 @@ class NamesrvProcessor:
     def add_write_perm(self, request: Frame, _connection: Hashable | None) -> Frame:
         count = self.routes.add_write_perm(AddWritePermRequest.decode(request).broker_name)
         return request.reply(ResponseCode.SUCCESS, fields={"add_topic_count": count})
+
+    # ------------------------------------------------------------------ configuration
+
+    def update_config(self, request: Frame, _connection: Hashable | None) -> Frame:
+        """RocketMQ's UPDATE_NAMESRV_CONFIG (CVE-2023-37582 wrote a file through it): the
+        NameServer has no runtime-changeable setting, so every key is refused and nothing is
+        written; a malformed body is MESSAGE_ILLEGAL."""
+        keys = parse_properties(request.body)
+        if not keys:
+            return request.reply(ResponseCode.SUCCESS)
+        first = sorted(keys)[0]
+        return request.reply(
+            ResponseCode.NO_PERMISSION,
+            f"config key {first[:64]!r} cannot be changed at runtime on the NameServer; "
+            "nothing was changed",
+        )
+
+    def get_config(self, request: Frame, _connection: Hashable | None) -> Frame:
+        return request.reply(ResponseCode.SUCCESS, body=b"")
 
     # ------------------------------------------------------------------ topics
 

@@ -19,6 +19,8 @@ class RequestCode(enum.IntEnum):
     QUERY_MESSAGE = 12
     UPDATE_AND_CREATE_TOPIC = 17
     GET_ALL_TOPIC_CONFIG = 21
+    UPDATE_BROKER_CONFIG = 25
+    GET_BROKER_CONFIG = 26
     SEARCH_OFFSET_BY_TIMESTAMP = 29
     GET_MAX_OFFSET = 30
     GET_MIN_OFFSET = 31
@@ -51,6 +53,8 @@ class RequestCode(enum.IntEnum):
     RESET_CONSUMER_CLIENT_OFFSET = 220
     INVOKE_BROKER_TO_RESET_OFFSET = 222
     SEND_BATCH_MESSAGE = 320
+    UPDATE_NAMESRV_CONFIG = 318
+    GET_NAMESRV_CONFIG = 319
     # Pop: RocketMQ numbers these 200050..200151, which do not fit the frame's 16-bit code
     # field; OrbitMQ keeps the last digits in its own range.
     POP_MESSAGE = 1050
