@@ -162,3 +162,53 @@ async def test_a_disabled_user_is_refused_by_the_proxy_within_a_second(
         assert time.monotonic() - started < 1.0
         await asyncio.sleep(0.05)
     assert await _route(env, "orders", "alice") == Code.UNAUTHORIZED
+
+
+async def test_every_grpc_method_refuses_a_user_without_acl(env: Env) -> None:
+    """Brief T2 on gRPC: carol (authenticated, no ACL) gets FORBIDDEN from every method."""
+    carol = auth("carol")
+    topic, group = res("orders"), res("g1")
+    mq = pb.MessageQueue(topic=topic)
+    unary: dict[str, Any] = {
+        "QueryRoute": svc.QueryRouteRequest(topic=topic),
+        "Heartbeat": svc.HeartbeatRequest(group=group),
+        "SendMessage": svc.SendMessageRequest(messages=[_message("orders", 1)]),
+        "QueryAssignment": svc.QueryAssignmentRequest(topic=topic, group=group),
+        "AckMessage": svc.AckMessageRequest(group=group, topic=topic),
+        "ForwardMessageToDeadLetterQueue": svc.ForwardMessageToDeadLetterQueueRequest(
+            group=group, topic=topic
+        ),
+        "EndTransaction": svc.EndTransactionRequest(topic=topic),
+        "NotifyClientTermination": svc.NotifyClientTerminationRequest(group=group),
+        "ChangeInvisibleDuration": svc.ChangeInvisibleDurationRequest(group=group, topic=topic),
+        "RecallMessage": svc.RecallMessageRequest(topic=topic),
+        "UpdateOffset": svc.UpdateOffsetRequest(group=group, message_queue=mq),
+        "GetOffset": svc.GetOffsetRequest(group=group, message_queue=mq),
+        "QueryOffset": svc.QueryOffsetRequest(message_queue=mq),
+        "SyncLiteSubscription": svc.SyncLiteSubscriptionRequest(topic=topic, group=group),
+    }
+    served = {m.name for m in svc.DESCRIPTOR.services_by_name["MessagingService"].methods}
+    for name, request in unary.items():
+        if name not in served:
+            continue
+        resp = await getattr(env.stub, name)(request, metadata=carol, timeout=10)
+        assert resp.status.code == Code.FORBIDDEN, (name, resp.status)
+    for name, request in (
+        ("ReceiveMessage", svc.ReceiveMessageRequest(group=group, message_queue=mq)),
+        ("PullMessage", svc.PullMessageRequest(group=group, message_queue=mq)),
+    ):
+        answers = [r async for r in getattr(env.stub, name)(request, metadata=carol, timeout=10)]
+        assert [a.status.code for a in answers] == [Code.FORBIDDEN], name
+
+    async def settings() -> AsyncIterator[svc.TelemetryCommand]:
+        yield svc.TelemetryCommand(
+            settings=pb.Settings(
+                client_type=pb.ClientType.PRODUCER, publishing=pb.Publishing(topics=[topic])
+            )
+        )
+
+    stream = env.stub.Telemetry(settings(), metadata=carol, timeout=10)
+    first = await asyncio.wait_for(stream.read(), 10)
+    assert first.status.code == Code.FORBIDDEN
+    checked = set(unary) | {"ReceiveMessage", "PullMessage", "Telemetry"}
+    assert served <= checked, served - checked

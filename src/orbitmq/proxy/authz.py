@@ -5,7 +5,8 @@ As on Remoting (``orbitmq.auth.actions``), a request type without a mapping is r
 SendMessage is checked on the topic of **every** message (RocketMQ checks only the first). The
 refusal is FORBIDDEN (40300), the answer RocketMQ 5's proxy gives. Telemetry (a stream of
 settings, whose publishing and subscription topics the client also names in the calls it then
-makes) needs an authenticated user only; each send, receive and ack is checked on its own.
+makes) has each settings command checked as RocketMQ does: Pub on every publishing topic, Sub
+on the group and every subscribed topic.
 """
 
 from __future__ import annotations
@@ -81,6 +82,24 @@ class Authorizer:
                 type(request).__name__,
                 str(failed) if failed else "-",
                 verdict.reason,
+            )
+
+    def check_settings(self, principal: str, command: svc.TelemetryCommand, peer: str) -> None:
+        """A Telemetry settings command: Pub on each publishing topic; Sub on the group and
+        each subscribed topic. Other commands (thread stacks, verify results) pass."""
+        if not command.HasField("settings"):
+            return
+        settings = command.settings
+        checks: list[Check] = [_topic(t, PUB) for t in settings.publishing.topics]
+        sub = settings.subscription
+        if settings.HasField("subscription"):
+            checks += _group(sub.group, SUB) + [_topic(e.topic, SUB) for e in sub.subscriptions]
+        user, entries = self.store.user(principal), self.store.acl(principal)
+        verdict = decide(user, entries, checks, _peer_ip(peer))
+        if not verdict.allowed:
+            failed = verdict.failed
+            self._refuse(
+                principal, peer, "Telemetry", str(failed) if failed else "-", verdict.reason
             )
 
     def _refuse(self, principal: str, peer: str, rpc: str, what: str, reason: str) -> NoReturn:

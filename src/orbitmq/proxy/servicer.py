@@ -206,7 +206,21 @@ class MessagingServicer:
         if refused is not None:
             yield svc.TelemetryCommand(status=refused)
             return
-        async for cmd in self.clients.telemetry(_parsed(requests), self.ctx.client_id(context)):
+        commands = _parsed(requests)
+        if self.authorizer is not None:
+            # Each settings command is authorized (its publishing topics, or its group and
+            # subscriptions) before the session sees it; a refused first one is answered.
+            principal = self.ctx.auth.check(context.invocation_metadata())
+            first = await anext(commands, None)
+            if first is None:
+                return
+            try:
+                self.authorizer.check_settings(principal, first, context.peer())
+            except ProxyError as exc:
+                yield svc.TelemetryCommand(status=status.from_error(exc))
+                return
+            commands = _authorized(first, commands, self.authorizer, principal, context.peer())
+        async for cmd in self.clients.telemetry(commands, self.ctx.client_id(context)):
             yield cmd
 
     # ------------------------------------------------------------------ RPCs of this package
@@ -323,6 +337,25 @@ class MessagingServicer:
             response_serializer=svc.TelemetryCommand.SerializeToString,
         )
         return grpc.method_handlers_generic_handler(SERVICE_NAME, handlers)
+
+
+async def _authorized(
+    first: svc.TelemetryCommand,
+    rest: AsyncIterator[svc.TelemetryCommand],
+    authorizer: Authorizer,
+    principal: str,
+    peer: str,
+) -> AsyncIterator[svc.TelemetryCommand]:
+    """``first``, then ``rest`` while every settings command passes; a refused later one ends
+    the stream (the client reconnects, and its next settings are refused with a status)."""
+    yield first
+    async for cmd in rest:
+        try:
+            authorizer.check_settings(principal, cmd, peer)
+        except ProxyError as exc:
+            log.info("telemetry of %s ended: %s", principal, exc)
+            return
+        yield cmd
 
 
 async def _parsed(
