@@ -46,7 +46,11 @@ def peer_ip(conn: Any) -> tuple[str, str]:
 
 
 def cert_principal(conn: Any) -> str | None:
-    """The user a verified client certificate names (None: no certificate)."""
+    """The user a verified client certificate names (None: no certificate). A connection that
+    already names it (``conn.principal``, set by the TLS layer) is taken at its word."""
+    named = getattr(conn, "principal", None)
+    if isinstance(named, str) and named:
+        return named
     transport = getattr(conn, "transport", None)
     if transport is None:
         return None
