@@ -276,3 +276,15 @@ async def test_user_admin_rules_and_audit(cluster: Cluster, tmp_path: Any) -> No
     assert '"principal": "bob"' in text and '"AUTH_CREATE_USER"' in text
     for secret in (*SECRETS.values(), "dave-secret-4", "eve-secret-55", "taken-over-1"):
         assert secret not in text
+
+
+async def test_a_connection_is_closed_after_five_failed_authentications(cluster: Cluster) -> None:
+    client = RemotingClient(signer=signer("alice", secret="wrong-secret-9"))
+    try:
+        conn = await client.connection(cluster.broker.address)
+        for _ in range(5):
+            resp = await conn.request(send("orders"), 5.0)
+            assert resp.code == ResponseCode.NO_PERMISSION
+        await asyncio.wait_for(conn.closed.wait(), 5.0)
+    finally:
+        await client.close()

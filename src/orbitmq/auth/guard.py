@@ -13,12 +13,14 @@ and returns the authenticated user's name (go on) or the refusal Frame to send b
 2. **Authorization.** ``orbitmq.auth.actions`` maps the code to its checks (an unmapped code,
    or a request whose resource names cannot be read, is refused) and ``orbitmq.auth.model.decide`` applies the user's ACL from the source IP.
 
-Refusals go to the audit log. The store is re-read when its file changed, looked at no more
+Refusals go to the audit log. A connection is closed after MAX_AUTH_FAILURES (5) failed
+authentications, its last refusal written first. The store is re-read when its file changed, looked at no more
 often than every ``refresh_interval_s`` (0.25 s): a revocation holds within 1 s.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from typing import Any
@@ -35,6 +37,8 @@ from orbitmq.protocol.signature import NonceCache, SignatureError, claim_of, ver
 log = logging.getLogger(__name__)
 
 AUTH_FAILED = "authentication failed: check signature failed or unknown access key"
+MAX_AUTH_FAILURES = 5
+"""Authentication failures after which a connection is closed (brief 6.1)."""
 
 
 def peer_ip(conn: Any) -> tuple[str, str]:
@@ -124,11 +128,13 @@ class Guard:
         name = self.principal(frame, conn)
         if name is None:
             claimed = frame.fields.get("AccessKey")
+            self._failed(conn)
             return self._refuse(
                 frame, str(claimed)[:64] if claimed else "-", source, "-", "-", AUTH_FAILED
             )
         user = self.store.user(name)
         if user is None or not user.enabled:
+            self._failed(conn)
             return self._refuse(frame, name, source, "-", "-", AUTH_FAILED)
         try:
             checks = checks_for(frame, self.cluster)
@@ -160,6 +166,22 @@ class Guard:
                 result="authorized",
             )
         return name
+
+    def _failed(self, conn: Any) -> None:
+        """Count an authentication failure on ``conn``; the MAX_AUTH_FAILURES-th closes it
+        (brute force then costs a connection per few guesses; the refusal is still sent)."""
+        attributes = getattr(conn, "attributes", None)
+        if not isinstance(attributes, dict):
+            return
+        failures = attributes["auth_failures"] = int(attributes.get("auth_failures", 0)) + 1
+        if failures >= MAX_AUTH_FAILURES and hasattr(conn, "close"):
+            reason = f"{failures} authentication failures"
+            try:
+                loop = asyncio.get_running_loop()
+            except RuntimeError:
+                conn.close(reason)
+            else:  # after this request's refusal is written
+                loop.call_soon(conn.close, reason)
 
     def _refuse(
         self, frame: Frame, principal: str, source: str, resource: str, action: str, reason: str
