@@ -252,3 +252,21 @@ def audit_verify(path: Annotated[Path, typer.Argument(help="An audit log file.")
     if report.broken_at is not None:
         fail(f"{path}: the chain breaks at line {report.broken_at} of {report.lines}")
     out().print(json.dumps({"lines": report.lines, "chain": "ok"}))
+
+
+# ------------------------------------------------------------------------------------ bench
+
+
+def bench_auth(
+    count: Annotated[int, typer.Option("--count", min=1, help="Requests per mode.")] = 20_000,
+    batch: Annotated[int, typer.Option("--batch", min=1, help="Messages per request.")] = 32,
+    size: Annotated[int, typer.Option("--size", min=1, help="Body size in bytes.")] = 1024,
+) -> None:
+    """Cost of the server's authentication and authorization check per SEND_BATCH request
+    (off, v1, v2), and of the client's signing (orbitmq.bench.auth)."""
+    from orbitmq.bench.auth import run_auth_bench
+
+    table = Table("mode", "requests", "check us/request", "sign us/request")
+    for r in run_auth_bench(count, batch, size):
+        table.add_row(r.mode, f"{r.requests:,}", f"{r.check_us:.1f}", f"{r.sign_us:.1f}")
+    out().print(table)

@@ -35,6 +35,7 @@ from orbitmq.cli import (
     proxy,
     tail,
 )
+from orbitmq.cli import auth as auth_cli
 from orbitmq.cli.auth import acl_app, audit_app, user_app
 from orbitmq.cli.cluster import cluster_app
 from orbitmq.cli.common import ACCESS_KEY_ENV, SECRET_KEY_ENV, set_credentials
@@ -377,6 +378,7 @@ bench_app.command("e2e")(bench_consume.bench_e2e)
 bench_app.command("timer")(bench_timer.bench_timer)
 bench_app.command("grpc")(bench_grpc.bench_grpc)
 bench_app.command("spark")(bench_spark.bench_spark)
+bench_app.command("auth")(auth_cli.bench_auth)
 
 
 def main() -> None:

@@ -70,12 +70,15 @@ def _body(frame: Frame) -> bytes | bytearray | memoryview:
     return frame.body if frame.body is not None else b""
 
 
-def v1_content(fields: dict[str, Any], body: bytes | bytearray | memoryview) -> list[bytes]:
-    """What v1 signs, as parts: the sorted values (``Signature`` excluded), then the body."""
+def v1_content(
+    fields: dict[str, Any], body: bytes | bytearray | memoryview
+) -> list[bytes | bytearray | memoryview]:
+    """What v1 signs, as parts: the sorted values (``Signature`` excluded), then the body (not
+    copied: a batch body is hashed in place)."""
     text = "".join(
         t for k in sorted(fields) if k != SIGNATURE and (t := _text(fields[k])) is not None
     )
-    return [text.encode("utf-8"), bytes(body)]
+    return [text.encode("utf-8"), body]
 
 
 def v1_signature(secret: str, fields: dict[str, Any], body: bytes | bytearray | memoryview) -> str:
@@ -100,7 +103,8 @@ def v2_signature(
         text = _text(fields[key])
         if text is not None:
             mac.update(_lp(key.encode("utf-8")) + _lp(text.encode("utf-8")))
-    mac.update(_lp(bytes(body)))
+    mac.update(struct.pack(">I", len(body) if not isinstance(body, memoryview) else body.nbytes))
+    mac.update(body)
     return base64.b64encode(mac.digest()).decode("ascii")
 
 
