@@ -10,7 +10,8 @@ Names come from the header fields and, where the header has none, from the body 
 groups and subscribed topics, a lock's group, a batch ack's group and topic, a created topic's
 or group's name). A send or batch send carries one topic in its header and every message of the
 batch goes to it, so checking that topic checks every message. ``%RETRY%g`` is group ``g``
-(Sub), as in RocketMQ. END_TRANSACTION names no topic in OrbitMQ's header: it needs Pub on its
+(``model.Resource.of``): Sub when a consumer uses it, as in RocketMQ; the admin actions
+(Create, Update, Delete) when they are asked alone, where RocketMQ asks only Sub. END_TRANSACTION names no topic in OrbitMQ's header: it needs Pub on its
 producer group's ``Group:`` resource.
 """
 
@@ -20,7 +21,7 @@ from collections.abc import Callable
 
 import msgspec
 
-from orbitmq.auth.model import RETRY_PREFIX, Action, Check, ResourceType, check
+from orbitmq.auth.model import Action, Check, ResourceType, check
 from orbitmq.protocol.bodies import TopicConfig, decode_body
 from orbitmq.protocol.codes import RequestCode
 from orbitmq.protocol.consumer import (
@@ -61,8 +62,6 @@ def _body(frame: Frame, typ: type[msgspec.Struct]) -> msgspec.Struct:
 
 
 def _topic(name: str, *actions: Action) -> Check:
-    if name.startswith(RETRY_PREFIX):
-        return check(GROUP, name[len(RETRY_PREFIX) :], SUB)
     return check(TOPIC, name, *actions)
 
 

@@ -236,7 +236,15 @@ class Check:
 
 
 def check(rtype: ResourceType, name: str, *actions: Action) -> Check:
-    return Check(Resource.of(rtype, name), frozenset(actions))
+    """What a request needs of a resource. A retry topic ``%RETRY%g`` is group ``g``: Sub when
+    the request consumes or produces (Pub, Sub or Get asked, RocketMQ's rule), else the admin
+    actions asked (creating or deleting a retry topic is not a consumer's right)."""
+    resource = Resource.of(rtype, name)
+    wanted = frozenset(actions)
+    retry = rtype is ResourceType.TOPIC and resource.type is ResourceType.GROUP
+    if retry and wanted & {Action.PUB, Action.SUB, Action.GET}:
+        wanted = frozenset({Action.SUB})
+    return Check(resource, wanted)
 
 
 @dataclass(frozen=True, slots=True)

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from typing import Any, NoReturn
 
 from orbitmq.auth.audit import AuditLog
-from orbitmq.auth.model import RETRY_PREFIX, Action, Check, ResourceType, check, decide
+from orbitmq.auth.model import Action, Check, ResourceType, check, decide
 from orbitmq.auth.store import AuthStore
 from orbitmq.proxy.grpc_v2 import definition_pb2 as pb
 from orbitmq.proxy.grpc_v2 import service_pb2 as svc
@@ -26,10 +26,7 @@ TOPIC, GROUP = ResourceType.TOPIC, ResourceType.GROUP
 
 
 def _topic(res: pb.Resource, *actions: Action) -> Check:
-    name = res.name
-    if name.startswith(RETRY_PREFIX):
-        return check(GROUP, name[len(RETRY_PREFIX) :], SUB)
-    return check(TOPIC, name, *actions)
+    return check(TOPIC, res.name, *actions)
 
 
 def _group(res: pb.Resource, *actions: Action) -> list[Check]:
