@@ -288,3 +288,14 @@ async def test_a_connection_is_closed_after_five_failed_authentications(cluster:
         await asyncio.wait_for(conn.closed.wait(), 5.0)
     finally:
         await client.close()
+
+
+def test_every_code_a_server_answers_is_mapped(cluster: Cluster) -> None:
+    """A handler without a (resource, action) rule would be refused to everyone, Super users
+    included: every route of the broker and the NameServer must have a rule."""
+    from orbitmq.auth.actions import RULES
+
+    broker_codes = set(cluster.broker.dispatcher.routes) | set(cluster.broker.auth.codes)
+    namesrv_codes = set(cluster.namesrv.processor.codes)
+    assert broker_codes - set(RULES) == set()
+    assert namesrv_codes - set(RULES) == set()
