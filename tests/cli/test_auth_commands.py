@@ -67,3 +67,23 @@ def test_user_and_acl_commands_on_an_authenticated_cluster(
     assert "alice-secret-1" not in audit.read_text()
     log = up.log()
     assert "admin-secret-0" not in log and "alice-secret-1" not in log
+
+
+def test_the_local_proxy_shares_the_brokers_users_and_credentials(tmp_path: Path) -> None:
+    import dataclasses
+
+    from orbitmq.broker.config import BrokerConfig
+    from orbitmq.cli.server import local_proxy_config
+    from orbitmq.cli.settings import Settings
+
+    broker = BrokerConfig(
+        auth_enabled=True,
+        auth_file=str(tmp_path / "a.json"),
+        access_key="inner",
+        secret_key="s" * 12,
+    )
+    proxy = local_proxy_config(dataclasses.replace(Settings(), broker=broker), ("n:1",), 0)
+    assert proxy.acl_enabled and proxy.auth_file == str(tmp_path / "a.json")
+    assert (proxy.access_key, proxy.secret_key) == ("inner", "s" * 12)
+    off = local_proxy_config(Settings(), ("n:1",), 0)
+    assert not off.acl_enabled and off.access_key is None

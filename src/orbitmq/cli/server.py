@@ -66,7 +66,8 @@ def local_proxy_config(
 ) -> ProxyConfig:
     """The proxy beside a broker: the ``[proxy]`` table, with what it does not set taken from
     the broker: its NameServers, its host and its body limit (so clients are told the size the
-    broker really accepts)."""
+    broker really accepts), and, with the broker's authentication on, its users (ACL on, the
+    same auth file) and its credentials for the proxy's own requests."""
     given = {key.partition(".")[2] for key in settings.sources if key.startswith("proxy.")}
     proxy = dataclasses.replace(settings.proxy, port=port)
     if "namesrv_addrs" not in given:
@@ -75,6 +76,17 @@ def local_proxy_config(
         proxy = dataclasses.replace(proxy, host=settings.broker.host)
     if "max_message_size" not in given:
         proxy = dataclasses.replace(proxy, max_message_size=settings.broker.store.max_message_size)
+    broker = settings.broker
+    if broker.auth_enabled and "acl_enabled" not in given:
+        # the broker's users, and the broker's own credentials toward the brokers
+        default_file = str(broker.store.store_path / "config" / "auth.json")
+        proxy = dataclasses.replace(
+            proxy, acl_enabled=True, auth_file=proxy.auth_file or broker.auth_file or default_file
+        )
+        if proxy.access_key is None and broker.access_key:
+            proxy = dataclasses.replace(
+                proxy, access_key=broker.access_key, secret_key=broker.secret_key
+            )
     return proxy
 
 
