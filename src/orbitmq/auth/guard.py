@@ -13,14 +13,13 @@ and returns the authenticated user's name (go on) or the refusal Frame to send b
 2. **Authorization.** ``orbitmq.auth.actions`` maps the code to its checks (an unmapped code,
    or a request whose resource names cannot be read, is refused) and ``orbitmq.auth.model.decide`` applies the user's ACL from the source IP.
 
-Refusals go to the audit log. A connection is closed after MAX_AUTH_FAILURES (5) failed
-authentications, its last refusal written first. The store is re-read when its file changed, looked at no more
+Refusals go to the audit log. Failed authentications are counted per connection;
+``ServerAuth.penalize`` delays their answers and closes the connection at MAX_AUTH_FAILURES. The store is re-read when its file changed, looked at no more
 often than every ``refresh_interval_s`` (0.25 s): a revocation holds within 1 s.
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 from typing import Any
@@ -168,20 +167,11 @@ class Guard:
         return name
 
     def _failed(self, conn: Any) -> None:
-        """Count an authentication failure on ``conn``; the MAX_AUTH_FAILURES-th closes it
-        (brute force then costs a connection per few guesses; the refusal is still sent)."""
+        """Count an authentication failure on ``conn`` (``ServerAuth.penalize`` closes it at
+        MAX_AUTH_FAILURES)."""
         attributes = getattr(conn, "attributes", None)
-        if not isinstance(attributes, dict):
-            return
-        failures = attributes["auth_failures"] = int(attributes.get("auth_failures", 0)) + 1
-        if failures >= MAX_AUTH_FAILURES and hasattr(conn, "close"):
-            reason = f"{failures} authentication failures"
-            try:
-                loop = asyncio.get_running_loop()
-            except RuntimeError:
-                conn.close(reason)
-            else:  # after this request's refusal is written
-                loop.call_soon(conn.close, reason)
+        if isinstance(attributes, dict):
+            attributes["auth_failures"] = int(attributes.get("auth_failures", 0)) + 1
 
     def _refuse(
         self, frame: Frame, principal: str, source: str, resource: str, action: str, reason: str

@@ -10,6 +10,7 @@ reach the port, as every other request then is: `make up`'s development mode, on
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import sys
@@ -17,12 +18,14 @@ from typing import Any
 
 from orbitmq.auth.admin import AuthAdmin
 from orbitmq.auth.audit import AuditLog
-from orbitmq.auth.guard import Guard, peer_ip
+from orbitmq.auth.guard import AUTH_FAILED, MAX_AUTH_FAILURES, Guard, peer_ip
 from orbitmq.auth.store import AuthStore
+from orbitmq.common.codes import ResponseCode
 from orbitmq.protocol.frame import Frame
 
 log = logging.getLogger(__name__)
 
+AUTH_FAILURE_DELAY_S = 0.1
 ADMIN_SECRET_ENV = "ORBITMQ_AUTH_ADMIN_SECRET"
 """The initial admin's secret when a store has no Super user yet (else one is generated)."""
 
@@ -77,6 +80,20 @@ class ServerAuth:
     @property
     def enabled(self) -> bool:
         return self.guard is not None
+
+    @staticmethod
+    async def penalize(answer: Frame, conn: Any) -> None:
+        """Call before sending ``answer``: a failed authentication waits AUTH_FAILURE_DELAY_S,
+        and the MAX_AUTH_FAILURES-th on a connection closes it once this answer is written
+        (brief 6.1: guessing a secret costs time and connections)."""
+        if answer.code != ResponseCode.NO_PERMISSION or answer.remark != AUTH_FAILED:
+            return
+        await asyncio.sleep(AUTH_FAILURE_DELAY_S)
+        attributes = getattr(conn, "attributes", None)
+        failures = attributes.get("auth_failures", 0) if isinstance(attributes, dict) else 0
+        if failures >= MAX_AUTH_FAILURES and hasattr(conn, "close"):
+            # call_soon: the caller writes the answer first, in this same step
+            asyncio.get_running_loop().call_soon(conn.close, f"{failures} authentication failures")
 
     def before(self, frame: Frame, conn: Any) -> Frame | None:
         principal: str | None = None

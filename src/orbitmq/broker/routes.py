@@ -122,6 +122,7 @@ class Dispatcher:
                 if answer is not None:
                     if answer.code != ResponseCode.SUCCESS:
                         self.metrics.errors.labels(str(int(answer.code))).inc()
+                        await self.auth.penalize(answer, conn)
                     return answer
             handler = self.routes.get(frame.code)
             if handler is None:

@@ -163,6 +163,7 @@ class NamesrvController:
         except Exception as exc:  # a bug: answer, log, keep serving
             log.exception("NameServer: request code %d failed", request.code)
             reply = request.reply(ResponseCode.SYSTEM_ERROR, f"{type(exc).__name__}: {exc}")
+        await self.auth.penalize(reply, conn)  # a failed authentication waits (auth/server.py)
         name = (
             _code_name(RequestCode, request.code)
             if request.code in self.processor.codes
