@@ -83,9 +83,30 @@ def cells() -> list[tuple[str, Frame, list[tuple[str, str, set[str]]]]]:
              [("Group", g, {"Sub", "Get"})]),
             ("b", Frame(R.GET_CONSUME_STATS, fields={"group": g}), [("Group", g, {"Get"})]),
         ]  # fmt: skip
+    cluster = [("Cluster", "DefaultCluster", {"Get", "List"})]
+    out += [
+        ("n", Frame(R.GET_BROKER_CLUSTER_INFO), [("Cluster", "DefaultCluster", {"Get"})]),
+        (
+            "n",
+            Frame(R.GET_ALL_TOPIC_LIST_FROM_NAMESERVER),
+            [("Cluster", "DefaultCluster", {"List"})],
+        ),
+        ("b", Frame(R.GET_ALL_TOPIC_CONFIG), cluster),
+        ("b", Frame(R.GET_BROKER_CONFIG), [("Cluster", "DefaultCluster", {"Get"})]),
+        ("n", Frame(R.AUTH_LIST_USER), cluster),
+    ]
     for t in TOPICS:  # deletions last: they change what the cells above see
         out.append(("b", Frame(R.DELETE_TOPIC_IN_BROKER, fields={"topic": t}),
                     [("Topic", t, {"Delete"})]))  # fmt: skip
+    register = {"cluster": "DefaultCluster", "broker_name": "ghost", "broker_id": 0,
+                "broker_addr": "127.0.0.9:10911"}  # fmt: skip
+    out += [
+        ("n", Frame(R.REGISTER_BROKER, fields=register), [("Cluster", "DefaultCluster", {"Update"})]),
+        ("n", Frame(R.WIPE_WRITE_PERM_OF_BROKER, fields={"broker_name": "ghost"}),
+         [("Cluster", "DefaultCluster", {"Update"})]),
+        ("b", Frame(R.UPDATE_BROKER_CONFIG, body=b"long_polling_max_ms=5000\n"),
+         [("Cluster", "DefaultCluster", {"Update"})]),
+    ]  # fmt: skip
     return out
 
 
