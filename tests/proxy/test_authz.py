@@ -212,3 +212,33 @@ async def test_every_grpc_method_refuses_a_user_without_acl(env: Env) -> None:
     assert first.status.code == Code.FORBIDDEN
     checked = set(unary) | {"ReceiveMessage", "PullMessage", "Telemetry"}
     assert served <= checked, served - checked
+
+
+async def test_grpc_matrix_matches_the_reference(env: Env) -> None:
+    """Brief T1 on gRPC: the users of tests/auth/conftest.py x topics x groups x RPCs, each
+    cell compared with tests/auth/test_matrix.py's independent reference."""
+    from tests.auth.test_matrix import GROUPS, TOPICS, reference
+
+    wrong: list[str] = []
+    for user in ("carol", "alice", "bob", "admin"):
+        md = auth(user)
+        for t in TOPICS:
+            topic = res(t)
+            calls: list[tuple[str, Any, list[tuple[str, str, set[str]]]]] = [
+                ("QueryRoute", svc.QueryRouteRequest(topic=topic), [("Topic", t, {"Pub", "Sub", "Get"})]),
+                ("SendMessage", svc.SendMessageRequest(messages=[_message(t, 1)]), [("Topic", t, {"Pub"})]),
+            ]  # fmt: skip
+            for g in GROUPS:
+                need = [("Topic", t, {"Sub"}), ("Group", g, {"Sub"})]
+                calls.append(("AckMessage", svc.AckMessageRequest(group=res(g), topic=topic), need))
+                calls.append(
+                    ("GetOffset",
+                     svc.GetOffsetRequest(group=res(g), message_queue=pb.MessageQueue(topic=topic)),
+                     [("Topic", t, {"Sub", "Get"}), ("Group", g, {"Sub", "Get"})])
+                )  # fmt: skip
+            for name, request, needs in calls:
+                resp = await getattr(env.stub, name)(request, metadata=md, timeout=10)
+                refused = resp.status.code == Code.FORBIDDEN
+                if refused == reference(user, needs):
+                    wrong.append(f"{user} {name} {t}: {resp.status.code} {resp.status.message}")
+    assert not wrong, "\n".join(wrong[:20])
