@@ -59,3 +59,65 @@ def test_wrong_credentials_are_refused(
     assert receive["error"], "an unauthorized client must not receive"
     log = out["client_log"].read_text(errors="replace")
     assert "UNAUTHORIZED" in log.upper() or "40100" in log, log[-3000:]
+
+
+# ---------------------------------------------------------------------------- ACL 2.0 users
+
+
+@pytest.fixture(scope="module")
+def store_proxy(orbit: Orbit, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    """A proxy whose users and ACLs come from an auth store (docs/security.md)."""
+    from orbitmq.auth.model import PolicyEntry
+    from orbitmq.auth.store import AuthStore
+    from orbitmq.testing import settings_toml
+
+    base = tmp_path_factory.mktemp("acl2")
+    store = AuthStore(base / "auth.json")
+    store.create_user("compat-alice", "compat-alice-secret")
+    store.put_entries(
+        "compat-alice",
+        [
+            PolicyEntry.make("Topic:CompatAllowed*", ["Pub", "Sub"], "Allow"),
+            PolicyEntry.make("Group:CompatAG*", ["Sub"], "Allow"),
+        ],
+        create=True,
+    )
+    config = base / "proxy.toml"
+    config.write_text(
+        settings_toml({"proxy": {"acl_enabled": True, "auth_file": str(base / "auth.json")}})
+    )
+    proxy = orbit.start_proxy("--config", str(config))
+    try:
+        yield proxy
+    finally:
+        proxy.stop()
+
+
+def test_acl2_user_is_authorized_per_topic(orbit: Orbit, store_proxy: ServerProcess) -> None:
+    allowed = orbit.topic(unique("CompatAllowed"))
+    out = orbit.run(
+        _send_and_receive(orbit, allowed),
+        endpoint=store_proxy.address,
+        ak="compat-alice",
+        sk="compat-alice-secret",
+    )
+    send, receive = out["results"][1], out["results"][3]
+    assert send["error"] is None and send["receipts"][0]["message_id"]
+    assert receive["error"] is None
+    denied = orbit.topic(unique("CompatDenied"))
+    out = orbit.run(
+        _send_and_receive(orbit, denied),
+        endpoint=store_proxy.address,
+        ak="compat-alice",
+        sk="compat-alice-secret",
+    )
+    assert out["results"][1]["error"], "a topic outside the ACL must be refused"
+    log = out["client_log"].read_text(errors="replace")
+    assert "FORBIDDEN" in log.upper() or "40300" in log, log[-3000:]
+    wrong = orbit.run(
+        _send_and_receive(orbit, allowed),
+        endpoint=store_proxy.address,
+        ak="compat-alice",
+        sk="not-her-secret",
+    )
+    assert wrong["results"][1]["error"]

@@ -29,7 +29,12 @@ from orbitmq.protocol.requests import (
 
 ALL = sorted(REQUESTS.values(), key=lambda c: int(c.code))
 
-_VALID_STR = {"cluster": "DefaultCluster", "broker_name": "broker-a", "topic": "T_1"}
+_VALID_STR = {
+    "cluster": "DefaultCluster",
+    "broker_name": "broker-a",
+    "topic": "T_1",
+    "password": "password-",
+}
 
 
 def _value(spec: FieldSpec, variant: int) -> Any:

@@ -269,6 +269,31 @@ class BrokerConfig:
         False,
         "A slave serves pulls (never above its confirm offset); off: it answers NO_PERMISSION.",
     )
+    # Authentication and authorization (docs/security.md).
+    auth_enabled: bool = setting(
+        False,
+        "Every request must be signed by a user (AK/SK) or come with a client certificate, and "
+        "is authorized by that user's ACL; off: anyone who reaches the port may do anything.",
+    )
+    auth_file: str | None = setting(
+        None,
+        "The users-and-ACLs file, shared by every server of the cluster (None: "
+        "<store_path>/config/auth.json). Only settable at start, never remotely.",
+    )
+    audit_file: str | None = setting(
+        None,
+        "The hash-chained audit log of admin changes and refusals (None: "
+        "<store_path>/audit.jsonl).",
+    )
+    access_key: str | None = setting(
+        None,
+        "The user this broker signs its own requests to NameServers with (auth on there).",
+    )
+    secret_key: str | None = setting(
+        None,
+        "That user's secret (keep the config file private; or ORBITMQ_BROKER_SECRET_KEY).",
+        secret=True,
+    )
     store: StoreConfig = field(default_factory=StoreConfig)
 
     def __post_init__(self) -> None:

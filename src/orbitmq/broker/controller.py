@@ -14,6 +14,7 @@ import gc
 import logging
 import time
 
+from orbitmq.auth.server import ServerAuth
 from orbitmq.broker.config import BrokerConfig
 from orbitmq.broker.consumer_manager import ConsumerManager
 from orbitmq.broker.consumer_processor import ConsumerProcessor
@@ -36,6 +37,7 @@ from orbitmq.broker.pop.processor import PopProcessor
 from orbitmq.broker.pop.service import PopService
 from orbitmq.broker.processor import BrokerProcessor
 from orbitmq.broker.routes import Dispatcher, build_routes
+from orbitmq.broker.runtime_config import RuntimeConfigProcessor
 from orbitmq.broker.store_bridge import StoreBridge
 from orbitmq.broker.timer_delivery import DelayedDelivery
 from orbitmq.broker.timer_processor import TimerProcessor
@@ -53,6 +55,7 @@ from orbitmq.net.connection import Connection
 from orbitmq.net.server import RemotingServer
 from orbitmq.protocol.bodies import RegisterBrokerBody, TopicConfig, encode_body
 from orbitmq.protocol.requests import RegisterBrokerRequest, UnregisterBrokerRequest
+from orbitmq.protocol.signature import Signer
 from orbitmq.store.message_store import MessageStore
 from orbitmq.store.recovery import RecoveryReport
 from orbitmq.store.retention import TopicRetention
@@ -155,15 +158,28 @@ class BrokerController:
         self.processor = BrokerProcessor(
             ctx, self.delayed, self.halves, self.long_polling, self.timer.stats
         )
+        self.auth = ServerAuth.open(
+            enabled=config.auth_enabled,
+            auth_file=config.auth_file
+            or (config.store.store_path / "config" / "auth.json" if config.auth_enabled else None),
+            audit_file=config.audit_file or config.store.store_path / "audit.jsonl",
+            cluster=config.cluster,
+            node=f"broker {config.broker_name}/{config.broker_id}",
+        )
+        """Authentication, authorization and the user/ACL admin codes (docs/security.md)."""
+        self.pop_processor = PopProcessor(ctx, self.pop)
         routes = build_routes(
             messages=self.processor,
             consumers=ConsumerProcessor(ctx, self.delayed, inflight=self.pop.inflight),
             group_configs=GroupConfigProcessor(ctx),
-            pop=PopProcessor(ctx, self.pop),
+            pop=self.pop_processor,
             timers=TimerProcessor(self.timer),
             transactions=TransactionProcessor(ctx, self.transactions),
+            runtime_config=RuntimeConfigProcessor(
+                lambda: self.config, self.apply_config, self.auth.audit
+            ),
         )
-        self.dispatcher = Dispatcher(routes, self.metrics)
+        self.dispatcher = Dispatcher(routes, self.metrics, self.auth)
         self.server = RemotingServer(
             self.dispatcher.handle,
             host=config.host,
@@ -171,7 +187,12 @@ class BrokerController:
             name="broker",
             on_disconnect=self._on_disconnect,
         )
-        self.namesrv_client = RemotingClient(name="broker-to-namesrv")
+        self.namesrv_client = RemotingClient(
+            name="broker-to-namesrv",
+            signer=None
+            if config.access_key is None
+            else Signer(config.access_key, config.secret_key or ""),
+        )
         self.recovery: RecoveryReport | None = None
         self._tasks = TaskSet("broker", logger=log)
         self.register_health = ServiceHealth("namesrv-register")
@@ -192,6 +213,15 @@ class BrokerController:
         self.metrics_port: int | None = None
         self._registered = 0
         self.started = False
+
+    def apply_config(self, new: BrokerConfig) -> None:
+        """A runtime change (UPDATE_BROKER_CONFIG, runtime_config.py's allowlist): the new
+        config goes to every object that reads those settings at request time."""
+        self.config = new
+        object.__setattr__(self.ctx, "config", new)  # frozen for services; replaced whole here
+        self.processor.config = new
+        self.pop_processor.config = new
+        self.halves.config = new
 
     # ---------------------------------------------------------------- lifecycle
 

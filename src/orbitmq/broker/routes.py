@@ -8,6 +8,11 @@ for reads, the record views that follow it). `Dispatcher.handle` is what the
 answers REQUEST_CODE_NOT_SUPPORTED for a code not in the table, and turns an exception from the
 error hierarchy (or a body that does not decode) into its response code, so handlers raise
 rather than build error frames.
+
+It is also the broker's one point of authentication and authorization: with ``auth`` given,
+every request, whatever its code, first passes ``ServerAuth.before`` (orbitmq.auth), which
+refuses it (NO_PERMISSION) or answers the user/ACL admin codes itself; no handler checks
+permissions on its own.
 """
 
 from __future__ import annotations
@@ -17,11 +22,13 @@ from typing import TYPE_CHECKING
 
 import msgspec
 
+from orbitmq.auth.server import ServerAuth
 from orbitmq.broker.consumer_processor import ConsumerProcessor
 from orbitmq.broker.group_config_processor import GroupConfigProcessor
 from orbitmq.broker.metrics import BrokerMetrics
 from orbitmq.broker.pop.processor import PopProcessor
 from orbitmq.broker.processor import BrokerProcessor
+from orbitmq.broker.runtime_config import RuntimeConfigProcessor
 from orbitmq.broker.timer_processor import TimerProcessor
 from orbitmq.broker.transaction.processor import TransactionProcessor
 from orbitmq.common.codes import ResponseCode
@@ -44,6 +51,7 @@ def build_routes(
     pop: PopProcessor,
     timers: TimerProcessor,
     transactions: TransactionProcessor,
+    runtime_config: RuntimeConfigProcessor,
 ) -> dict[RequestCode, Handler]:
     """Every request code the broker answers, with its handler (docs/protocol.md)."""
     return {
@@ -65,6 +73,8 @@ def build_routes(
         RequestCode.GET_ALL_TOPIC_CONFIG: messages.all_topics,
         RequestCode.GET_TOPIC_STATS: messages.topic_stats,
         RequestCode.GET_BROKER_RUNTIME_INFO: messages.runtime_info,
+        RequestCode.UPDATE_BROKER_CONFIG: runtime_config.update,  # runtime_config.py: allowlist
+        RequestCode.GET_BROKER_CONFIG: runtime_config.get,
         # Pop consumption (pop/processor.py)
         RequestCode.POP_MESSAGE: pop.pop,
         RequestCode.ACK_MESSAGE: pop.ack,
@@ -94,18 +104,32 @@ def build_routes(
 class Dispatcher:
     """Calls a request's handler from the route table; the one place errors become codes."""
 
-    def __init__(self, routes: dict[RequestCode, Handler], metrics: BrokerMetrics) -> None:
+    def __init__(
+        self,
+        routes: dict[RequestCode, Handler],
+        metrics: BrokerMetrics,
+        auth: ServerAuth | None = None,
+    ) -> None:
         self.routes: dict[int, Handler] = {int(code): h for code, h in routes.items()}
         self.metrics = metrics
+        self.auth = auth
 
     async def handle(self, frame: Frame, conn: Connection) -> Reply:
-        handler = self.routes.get(frame.code)
         self.metrics.requests.labels(str(frame.code)).inc()
-        if handler is None:
-            return frame.reply(
-                ResponseCode.REQUEST_CODE_NOT_SUPPORTED, f"request code {frame.code} not supported"
-            )
         try:
+            if self.auth is not None:
+                answer = self.auth.before(frame, conn)
+                if answer is not None:
+                    if answer.code != ResponseCode.SUCCESS:
+                        self.metrics.errors.labels(str(int(answer.code))).inc()
+                        await self.auth.penalize(answer, conn)
+                    return answer
+            handler = self.routes.get(frame.code)
+            if handler is None:
+                return frame.reply(
+                    ResponseCode.REQUEST_CODE_NOT_SUPPORTED,
+                    f"request code {frame.code} not supported",
+                )
             return await handler(frame, conn)
         except (MQError, msgspec.DecodeError, msgspec.ValidationError, UnicodeDecodeError) as exc:
             code = exc.code if isinstance(exc, MQError) else ResponseCode.MESSAGE_ILLEGAL

@@ -20,6 +20,7 @@ from orbitmq.cli.common import (
     DEFAULT_NAMESRV,
     NamesrvOpt,
     TopicOpt,
+    admin_config,
     human_bytes,
     out,
     parse_perm,
@@ -188,7 +189,7 @@ def topic_create(
     )
 
     async def go() -> None:
-        async with AsyncAdminClient(namesrv) as admin:
+        async with AsyncAdminClient(namesrv, admin_config()) as admin:
             if topic in await admin.list_topics():
                 raise ClientError(
                     f"topic {topic!r} already exists (change it with `orbitmq topic update`)"
@@ -255,7 +256,7 @@ def topic_update(
     new_type = _message_type(message_type)
 
     async def go() -> None:
-        async with AsyncAdminClient(namesrv) as admin:
+        async with AsyncAdminClient(namesrv, admin_config()) as admin:
             current, holders = await _current_config(admin, topic)
             changes: dict[str, Any] = {}
             if queues is not None:
@@ -295,7 +296,7 @@ def topic_delete(
     """
 
     async def go() -> None:
-        async with AsyncAdminClient(namesrv) as admin:
+        async with AsyncAdminClient(namesrv, admin_config()) as admin:
             addrs = await admin.delete_topic(topic, cluster=cluster)
             gone = await _wait_for_absence(admin, topic)
         console = out()
@@ -320,7 +321,7 @@ def topic_list(
     """
 
     async def go() -> None:
-        async with AsyncAdminClient(namesrv) as admin:
+        async with AsyncAdminClient(namesrv, admin_config()) as admin:
             names = await admin.list_topics()
             if quiet:
                 for name in names:
@@ -382,7 +383,7 @@ def topic_describe(topic: TopicOpt, namesrv: NamesrvOpt = DEFAULT_NAMESRV) -> No
     """
 
     async def go() -> None:
-        async with AsyncAdminClient(namesrv) as admin:
+        async with AsyncAdminClient(namesrv, admin_config()) as admin:
             desc = await admin.describe_topic(topic)
             addrs = {
                 bd.broker_name: bd.master_addr() or ""

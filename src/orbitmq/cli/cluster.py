@@ -15,7 +15,7 @@ from rich import box
 from rich.markup import escape
 from rich.table import Column, Table
 
-from orbitmq.cli.common import DEFAULT_NAMESRV, NamesrvOpt, human_bytes, out, run
+from orbitmq.cli.common import DEFAULT_NAMESRV, NamesrvOpt, admin_config, human_bytes, out, run
 from orbitmq.client import AsyncAdminClient
 from orbitmq.common.errors import MQError
 
@@ -30,7 +30,7 @@ def cluster_list(namesrv: NamesrvOpt = DEFAULT_NAMESRV) -> None:
     """
 
     async def go() -> None:
-        async with AsyncAdminClient(namesrv) as admin:
+        async with AsyncAdminClient(namesrv, admin_config()) as admin:
             info = await admin.cluster_info()
             rows: list[tuple[str, str, int, str]] = []
             for cluster in sorted(info.cluster_addr_table):

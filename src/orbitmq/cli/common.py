@@ -40,6 +40,36 @@ NamesrvOpt = Annotated[
 ]
 TopicOpt = Annotated[str, typer.Option("--topic", "-t", help="Topic name.")]
 
+ACCESS_KEY_ENV = "ORBITMQ_ACCESS_KEY"
+SECRET_KEY_ENV = "ORBITMQ_SECRET_KEY"
+_credentials: dict[str, str] = {}
+
+
+def set_credentials(access_key: str | None, secret_key: str | None) -> None:
+    """The root options ``--access-key``/``--secret-key`` (or their environment variables)."""
+    _credentials.clear()
+    if access_key:
+        if not secret_key:
+            fail(f"--access-key needs --secret-key (or {SECRET_KEY_ENV})")
+        _credentials.update(access_key=access_key, secret_key=secret_key)
+
+
+def credentials() -> dict[str, Any]:
+    """Keyword arguments every client config of a command takes: who signs its requests."""
+    return dict(_credentials)
+
+
+def admin_config() -> Any:
+    from orbitmq.client import AdminConfig
+
+    return AdminConfig(**credentials())
+
+
+def producer_config() -> Any:
+    from orbitmq.client import ProducerConfig
+
+    return ProducerConfig(**credentials())
+
 
 def out() -> Console:
     """Console on stdout. Made per command so it sees the current stdout and COLUMNS."""

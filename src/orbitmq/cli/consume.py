@@ -30,6 +30,8 @@ from orbitmq.cli.common import (
     DEFAULT_NAMESRV,
     NamesrvOpt,
     TopicOpt,
+    admin_config,
+    credentials,
     err,
     expected_errors,
     fail,
@@ -198,6 +200,7 @@ def _start(
             consume_threads=1,
             consume_batch_size=1,
             removal_timeout_s=HOLD_RELEASE_S,
+            **credentials(),
         ),
     )
 
@@ -217,7 +220,7 @@ def _start(
 
 async def _check_topic(namesrv: str, topic: str) -> None:
     """A topic no NameServer routes is an error here (a consumer would wait for it quietly)."""
-    async with AsyncAdminClient(namesrv) as admin:
+    async with AsyncAdminClient(namesrv, admin_config()) as admin:
         await admin.queues(topic)
 
 

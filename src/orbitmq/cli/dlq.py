@@ -17,7 +17,17 @@ from rich import box
 from rich.markup import escape
 from rich.table import Column, Table
 
-from orbitmq.cli.common import DEFAULT_NAMESRV, NamesrvOpt, body_preview, fail, out, run, timestamp
+from orbitmq.cli.common import (
+    DEFAULT_NAMESRV,
+    NamesrvOpt,
+    admin_config,
+    body_preview,
+    fail,
+    out,
+    producer_config,
+    run,
+    timestamp,
+)
 from orbitmq.client import AsyncAdminClient, AsyncProducer
 from orbitmq.client.dlq import DlqMessage
 from orbitmq.common.errors import MQError
@@ -34,7 +44,7 @@ MaxOpt = Annotated[
 
 
 async def _read(namesrv: str, group: str, limit: int) -> list[DlqMessage]:
-    async with AsyncAdminClient(namesrv) as admin:
+    async with AsyncAdminClient(namesrv, admin_config()) as admin:
         return await admin.dlq_messages(group, max_messages=limit)
 
 
@@ -122,7 +132,7 @@ def dlq_resend(
             fail(f"no dead-lettered {what} for group {group}")
         done: list[str] = []
         failed: list[str] = []
-        async with AsyncProducer(namesrv) as producer:
+        async with AsyncProducer(namesrv, producer_config()) as producer:
             for m in chosen:
                 try:
                     result = await producer.send(m.resend_message())

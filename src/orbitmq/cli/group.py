@@ -21,6 +21,7 @@ from orbitmq.cli.common import (
     DEFAULT_NAMESRV,
     NamesrvOpt,
     TopicOpt,
+    admin_config,
     fail,
     out,
     run,
@@ -75,7 +76,7 @@ def group_list(
     """
 
     async def go() -> None:
-        async with AsyncAdminClient(namesrv) as admin:
+        async with AsyncAdminClient(namesrv, admin_config()) as admin:
             groups = await admin.list_groups()
         if quiet:
             for g in groups:
@@ -113,7 +114,7 @@ def group_describe(group: GroupArg, namesrv: NamesrvOpt = DEFAULT_NAMESRV) -> No
     """
 
     async def go() -> GroupDescription:
-        async with AsyncAdminClient(namesrv) as admin:
+        async with AsyncAdminClient(namesrv, admin_config()) as admin:
             return await admin.describe_group(group)
 
     desc = run(go())
@@ -232,7 +233,7 @@ def group_reset_offset(
         where = position
 
     async def go() -> dict[str, list[tuple[int, int]]]:
-        async with AsyncAdminClient(namesrv) as admin:
+        async with AsyncAdminClient(namesrv, admin_config()) as admin:
             result = await admin.reset_offset(group, topic, position, ts_ms)
         return {b: [(o.queue_id, o.offset) for o in offs] for b, offs in result.items()}
 
@@ -335,7 +336,7 @@ def group_config_show(group: GroupArg, namesrv: NamesrvOpt = DEFAULT_NAMESRV) ->
     """
 
     async def go() -> SubscriptionGroupConfig:
-        async with AsyncAdminClient(namesrv) as admin:
+        async with AsyncAdminClient(namesrv, admin_config()) as admin:
             return await admin.get_group_config(group)
 
     print_group_config(run(go()))
@@ -403,7 +404,7 @@ def group_config_set(
         raise typer.BadParameter("give at least one setting to change", param_hint="options")
 
     async def go() -> tuple[SubscriptionGroupConfig, list[str]]:
-        async with AsyncAdminClient(namesrv) as admin:
+        async with AsyncAdminClient(namesrv, admin_config()) as admin:
             current = await admin.get_group_config(group)
             updated = msgspec.structs.replace(current, **changes)
             return updated, await admin.update_group_config(updated)
@@ -418,7 +419,7 @@ def group_config_delete(group: GroupArg, namesrv: NamesrvOpt = DEFAULT_NAMESRV) 
     """Forget a group's config on every broker: it is back to RocketMQ's defaults."""
 
     async def go() -> list[str]:
-        async with AsyncAdminClient(namesrv) as admin:
+        async with AsyncAdminClient(namesrv, admin_config()) as admin:
             return await admin.delete_group_config(group)
 
     brokers = run(go())

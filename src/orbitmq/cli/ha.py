@@ -19,7 +19,7 @@ from rich import box
 from rich.markup import escape
 from rich.table import Column, Table
 
-from orbitmq.cli.common import DEFAULT_NAMESRV, NamesrvOpt, fail, out, run, split_list
+from orbitmq.cli.common import DEFAULT_NAMESRV, NamesrvOpt, admin_config, fail, out, run, split_list
 from orbitmq.common.errors import MQError
 from orbitmq.controller.client import ControllerClient
 from orbitmq.protocol.controller import ControllerMetadata, ReplicaInfo
@@ -93,7 +93,7 @@ def describe_cluster(
     async def names_from_namesrv() -> list[str]:
         from orbitmq.client import AsyncAdminClient
 
-        async with AsyncAdminClient(namesrv) as admin:
+        async with AsyncAdminClient(namesrv, admin_config()) as admin:
             info = await admin.cluster_info()
         return sorted(info.broker_addr_table)
 

@@ -7,7 +7,8 @@ Configuration: ``config show``. Benchmarks: ``bench store``, ``bench produce``,
 ``bench consume``, ``bench e2e``, ``bench timer``.
 HA admin: ``broker elect``, ``cluster describe``.
 Clients (docs/cli.md): ``topic``, ``cluster``, ``message``, ``group``, ``dlq``, ``send``,
-``tail``, ``consume``.
+``tail``, ``consume``. Security (docs/security.md): ``user``, ``acl``, ``audit verify``; the
+root options ``--access-key``/``--secret-key`` sign every client command's requests.
 """
 
 from __future__ import annotations
@@ -36,8 +37,11 @@ from orbitmq.cli import (
     proxy,
     tail,
 )
+from orbitmq.cli import auth as auth_cli
 from orbitmq.cli import console as console_cli
+from orbitmq.cli.auth import acl_app, audit_app, user_app
 from orbitmq.cli.cluster import cluster_app
+from orbitmq.cli.common import ACCESS_KEY_ENV, SECRET_KEY_ENV, set_credentials
 from orbitmq.cli.ha import broker_app, cluster_describe
 from orbitmq.cli.message import message_app
 from orbitmq.cli.runner import (
@@ -70,6 +74,35 @@ app.add_typer(proxy.proxy_app, name="proxy")
 app.add_typer(kafka.kafka_app, name="kafka")
 app.add_typer(console_cli.console_app, name="console")
 app.add_typer(broker_app, name="broker")
+app.add_typer(user_app, name="user")
+app.add_typer(acl_app, name="acl")
+app.add_typer(audit_app, name="audit")
+
+
+@app.callback()
+def _root(
+    access_key: Annotated[
+        str | None,
+        typer.Option(
+            "--access-key",
+            envvar=ACCESS_KEY_ENV,
+            show_envvar=True,
+            help="User that signs the client commands' requests (servers with auth on).",
+        ),
+    ] = None,
+    secret_key: Annotated[
+        str | None,
+        typer.Option(
+            "--secret-key",
+            envvar=SECRET_KEY_ENV,
+            show_envvar=True,
+            help="That user's secret (prefer the environment variable to the flag).",
+        ),
+    ] = None,
+) -> None:
+    set_credentials(access_key, secret_key)
+
+
 cluster_app.command("describe")(cluster_describe)
 
 console = Console()
@@ -372,6 +405,7 @@ bench_app.command("timer")(bench_timer.bench_timer)
 bench_app.command("grpc")(bench_grpc.bench_grpc)
 bench_app.command("spark")(bench_spark.bench_spark)
 bench_app.command("kafka")(bench_kafka.bench_kafka)
+bench_app.command("auth")(auth_cli.bench_auth)
 
 
 def main() -> None:

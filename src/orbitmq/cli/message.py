@@ -15,6 +15,7 @@ from orbitmq.cli.common import (
     DEFAULT_NAMESRV,
     NamesrvOpt,
     TopicOpt,
+    admin_config,
     body_preview,
     fail,
     out,
@@ -79,7 +80,7 @@ def message_get(
     """
 
     async def go() -> None:
-        async with AsyncAdminClient(namesrv) as admin:
+        async with AsyncAdminClient(namesrv, admin_config()) as admin:
             msg = await admin.get_message_by_id(topic, msg_id)
         if msg is None:
             fail(f"no message {msg_id} in topic {topic!r}")
@@ -102,7 +103,7 @@ def message_query(
     """
 
     async def go() -> None:
-        async with AsyncAdminClient(namesrv) as admin:
+        async with AsyncAdminClient(namesrv, admin_config()) as admin:
             found = await admin.query_by_key(topic, key, max_num=max_num)
         if not found:
             fail(f"no message with key {key!r} in topic {topic!r}")

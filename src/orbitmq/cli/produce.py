@@ -27,6 +27,7 @@ from orbitmq.cli.common import (
     err,
     human_bytes,
     out,
+    producer_config,
     run,
     split_list,
 )
@@ -108,7 +109,7 @@ def send(
 
 
 async def _send_one(namesrv: str, msg: Message, sync: bool) -> None:
-    async with AsyncProducer(namesrv) as producer:
+    async with AsyncProducer(namesrv, producer_config()) as producer:
         result = await (producer.send(msg) if sync else producer.send_async(msg))
     _print_result(result)
 
@@ -143,7 +144,7 @@ async def _send_many(
     )
     task = progress.add_task("send", total=count)
     started = time.perf_counter()
-    async with AsyncProducer(namesrv) as producer:
+    async with AsyncProducer(namesrv, producer_config()) as producer:
         with progress:
             if sync:
                 for i in range(count):

@@ -68,7 +68,8 @@ def local_proxy_config(
 ) -> ProxyConfig:
     """The proxy beside a broker: the ``[proxy]`` table, with what it does not set taken from
     the broker: its NameServers, its host and its body limit (so clients are told the size the
-    broker really accepts)."""
+    broker really accepts), and, with the broker's authentication on, its users (ACL on, the
+    same auth file) and its credentials for the proxy's own requests."""
     given = {key.partition(".")[2] for key in settings.sources if key.startswith("proxy.")}
     proxy = dataclasses.replace(settings.proxy, port=port)
     if "namesrv_addrs" not in given:
@@ -77,6 +78,17 @@ def local_proxy_config(
         proxy = dataclasses.replace(proxy, host=settings.broker.host)
     if "max_message_size" not in given:
         proxy = dataclasses.replace(proxy, max_message_size=settings.broker.store.max_message_size)
+    broker = settings.broker
+    if broker.auth_enabled and "acl_enabled" not in given:
+        # the broker's users, and the broker's own credentials toward the brokers
+        default_file = str(broker.store.store_path / "config" / "auth.json")
+        proxy = dataclasses.replace(
+            proxy, acl_enabled=True, auth_file=proxy.auth_file or broker.auth_file or default_file
+        )
+        if proxy.access_key is None and broker.access_key:
+            proxy = dataclasses.replace(
+                proxy, access_key=broker.access_key, secret_key=broker.secret_key
+            )
     return proxy
 
 
@@ -231,6 +243,55 @@ def dev_settings(settings: Settings, data_dir: Path) -> Settings:
     return dataclasses.replace(settings, broker=dataclasses.replace(broker, store=store))
 
 
+def auth_notice(role: str, enabled: bool, host: str) -> None:
+    """Say at start whether anyone who reaches the port may do anything (docs/security.md)."""
+    if enabled:
+        log.info("%s: authentication and authorization are on", role)
+    elif host in ("127.0.0.1", "::1", "localhost"):
+        log.warning(
+            "%s: authentication is OFF (development mode): anyone on this host may do anything, "
+            "admin requests included; only loopback (%s) is listened on (docs/security.md)",
+            role,
+            host,
+        )
+    else:
+        log.warning(
+            "%s: authentication is OFF on %s: anyone who can reach the port may do anything, "
+            "admin requests included; set auth_enabled (docs/security.md)",
+            role,
+            host,
+        )
+
+
+def shared_auth(settings: Settings) -> Settings:
+    """`up` with the broker's auth on: the NameServer shares its auth file, and the broker
+    signs its registrations as an inner Super user made for it with a fresh secret (kept in
+    memory only; RocketMQ's innerClientAuthenticationCredentials)."""
+    broker = settings.broker
+    if not broker.auth_enabled:
+        return settings
+    import secrets
+
+    from orbitmq.auth.model import UserType
+    from orbitmq.auth.server import bootstrap_admin
+    from orbitmq.auth.store import AuthStore, ExistsError
+
+    auth_file = broker.auth_file or str(broker.store.store_path / "config" / "auth.json")
+    namesrv = dataclasses.replace(settings.namesrv, auth_enabled=True, auth_file=auth_file)
+    if broker.access_key is None:
+        store = AuthStore(auth_file)
+        bootstrap_admin(store)
+        inner, secret = f"inner-{broker.broker_name}", secrets.token_urlsafe(24)
+        try:
+            store.create_user(inner, secret, UserType.SUPER)
+        except ExistsError:
+            store.update_user(inner, secret=secret, utype=UserType.SUPER, enabled=True)
+        broker = dataclasses.replace(
+            broker, auth_file=auth_file, access_key=inner, secret_key=secret
+        )
+    return dataclasses.replace(settings, namesrv=namesrv, broker=broker)
+
+
 async def run_all_in_one(
     settings: Settings,
     announce: Announce,
@@ -240,6 +301,8 @@ async def run_all_in_one(
 ) -> None:
     """NameServer, Broker and gRPC proxy in one process and one event loop; Ctrl-C stops them
     cleanly. ``proxy_port``: see :func:`up_proxy_port` (negative: no proxy)."""
+    auth_notice("up", settings.broker.auth_enabled, settings.broker.host)
+    settings = shared_auth(settings)
     namesrv = NamesrvController(settings.namesrv)
     await namesrv.start()
     broker_cfg = settings.broker
@@ -308,6 +371,7 @@ async def run_namesrv(
 ) -> None:
     """A NameServer; with ``controller`` also a controller node in this process (started
     after the NameServer, stopped before it)."""
+    auth_notice("namesrv", settings.namesrv.auth_enabled, settings.namesrv.host)
     namesrv = NamesrvController(settings.namesrv)
     await namesrv.start()
     try:
@@ -337,6 +401,7 @@ async def run_broker(
 ) -> None:
     """A Broker; with a proxy port (:func:`broker_proxy_port`) also a gRPC proxy in the same
     process (local mode), which routes by the broker's NameServers like any proxy."""
+    auth_notice("broker", settings.broker.auth_enabled, settings.broker.host)
     broker = BrokerController(settings.broker)
     await broker.start()
     try:

@@ -57,7 +57,14 @@ T = TypeVar("T")
 ENV_PREFIX = "ORBITMQ_"
 TABLES = ("namesrv", "broker", "store", "proxy", "controller", "kafka", "console")
 SECRETS = frozenset(
-    {"proxy.access_keys", "controller.raft_secret", "console.users", "console.secret"}
+    {
+        "proxy.access_keys",
+        "controller.raft_secret",
+        "console.users",
+        "console.secret",
+        "broker.secret_key",
+        "proxy.secret_key",
+    }
 )
 """Settings `config show` prints masked."""
 

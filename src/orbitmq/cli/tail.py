@@ -23,6 +23,7 @@ from orbitmq.cli.common import (
     DEFAULT_NAMESRV,
     NamesrvOpt,
     TopicOpt,
+    admin_config,
     err,
     message_line,
     out,
@@ -91,7 +92,7 @@ async def _tail(
     warn = err()
     turn = asyncio.Lock()  # one queue prints at a time: lines of a pull stay together
     done = asyncio.Event()
-    async with AsyncAdminClient(namesrv) as admin:
+    async with AsyncAdminClient(namesrv, admin_config()) as admin:
         queues = await admin.queues(topic)
         starts = await asyncio.gather(
             *(admin.min_offset(mq) if from_beginning else admin.max_offset(mq) for mq in queues)

@@ -14,8 +14,9 @@ from typing import Any
 
 from orbitmq.common import config as common
 from orbitmq.common.errors import ClientError, ConfigError
+from orbitmq.protocol.signature import Signer
 
-__all__ = ["ClientConfigError", "check_settings"]
+__all__ = ["ClientConfigError", "check_settings", "signer_of"]
 
 
 class ClientConfigError(ClientError, ConfigError):
@@ -28,3 +29,14 @@ def check_settings(config: Any, kind: str) -> None:
         common.check_settings(config, kind)
     except ConfigError as exc:
         raise ClientConfigError(str(exc)) from None
+
+
+def signer_of(config: Any) -> Signer | None:
+    """The request signer of a client config's ``access_key``/``secret_key`` (None: unsigned)."""
+    access_key = getattr(config, "access_key", None)
+    if not access_key:
+        return None
+    secret = getattr(config, "secret_key", None)
+    if not secret:
+        raise ClientConfigError(f"{type(config).__name__}.access_key is set without a secret_key")
+    return Signer(access_key, secret, version=getattr(config, "signature_version", 2))

@@ -73,13 +73,15 @@ def setting(
     check: Check | None = None,
     *,
     factory: Callable[[], Any] | None = None,
+    secret: bool = False,
 ) -> Any:
     """A dataclass field with its doc and check in the field's metadata. ``factory`` instead of
-    ``default`` for mutable defaults (``factory=dict``)."""
-    metadata = {"doc": " ".join(doc.split()), "check": check}
+    ``default`` for mutable defaults (``factory=dict``). ``secret``: left out of ``repr`` (so a
+    logged config never shows it) and masked by ``config show``."""
+    metadata = {"doc": " ".join(doc.split()), "check": check, "secret": secret}
     if factory is not None:
-        return dataclasses.field(default_factory=factory, metadata=metadata)
-    return dataclasses.field(default=default, metadata=metadata)
+        return dataclasses.field(default_factory=factory, metadata=metadata, repr=not secret)
+    return dataclasses.field(default=default, metadata=metadata, repr=not secret)
 
 
 def check_settings(config: Any, table: str) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from orbitmq.common.config import PORT, above, check_settings, optional, setting
+from orbitmq.common.errors import ConfigError
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,6 +35,25 @@ class NamesrvConfig:
         "Prometheus endpoint port (None: off; 0: a free port).",
         optional(PORT),
     )
+    auth_enabled: bool = setting(
+        False,
+        "Every request must be signed by a user (AK/SK) or come with a client certificate, and "
+        "is authorized by that user's ACL (brokers register with Cluster Update).",
+    )
+    auth_file: str | None = setting(
+        None,
+        "The users-and-ACLs file shared with the brokers (required when auth_enabled).",
+    )
+    audit_file: str | None = setting(
+        None,
+        "The hash-chained audit log of admin changes and refusals (None: the log only).",
+    )
+    cluster: str = setting(
+        "DefaultCluster",
+        "The cluster name Cluster resources of this NameServer's admin requests are checked on.",
+    )
 
     def __post_init__(self) -> None:
         check_settings(self, "namesrv")
+        if self.auth_enabled and not self.auth_file:
+            raise ConfigError("namesrv.auth_enabled needs namesrv.auth_file (the users and ACLs)")

@@ -23,6 +23,7 @@ from wsgiref.simple_server import WSGIServer
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_server
 
+from orbitmq.auth.server import ServerAuth
 from orbitmq.common.codes import ResponseCode
 from orbitmq.common.errors import ConfigError
 from orbitmq.namesrv.config import NamesrvConfig
@@ -78,7 +79,15 @@ class NamesrvController:
             raise ConfigError("broker expiry and scan interval must be positive")
         self.config = config
         self.routes = RouteInfoManager(clock)
-        self.processor = NamesrvProcessor(self.routes)
+        self.auth = ServerAuth.open(
+            enabled=config.auth_enabled,
+            auth_file=config.auth_file,
+            audit_file=config.audit_file,
+            cluster=config.cluster,
+            node="namesrv",
+        )
+        """Authentication, authorization and the user/ACL admin codes (docs/security.md)."""
+        self.processor = NamesrvProcessor(self.routes, self.auth)
         self.metrics = NamesrvMetrics()
         self.server = RemotingServer(
             self._handle,
@@ -154,6 +163,7 @@ class NamesrvController:
         except Exception as exc:  # a bug: answer, log, keep serving
             log.exception("NameServer: request code %d failed", request.code)
             reply = request.reply(ResponseCode.SYSTEM_ERROR, f"{type(exc).__name__}: {exc}")
+        await self.auth.penalize(reply, conn)  # a failed authentication waits (auth/server.py)
         name = (
             _code_name(RequestCode, request.code)
             if request.code in self.processor.codes

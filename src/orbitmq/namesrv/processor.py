@@ -6,6 +6,10 @@ refused changes nothing. The header classes of ``orbitmq.protocol.requests`` che
 a body that does not decode is MESSAGE_ILLEGAL (13) with a remark naming the field, as the
 broker answers; an unknown request code is REQUEST_CODE_NOT_SUPPORTED. The transport answers
 nothing of this on its own once a handler is installed, so it is done here, for every code.
+
+``process`` is also the NameServer's one point of authentication and authorization: with
+``auth`` given, every request first passes ``ServerAuth.before`` (orbitmq.auth), which refuses
+it (NO_PERMISSION) or answers the user/ACL admin codes itself.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ from collections.abc import Callable, Hashable
 
 import msgspec
 
+from orbitmq.auth.server import ServerAuth
 from orbitmq.common.codes import ResponseCode
 from orbitmq.common.errors import MQError
 from orbitmq.common.validation import validate_topic
@@ -27,6 +32,7 @@ from orbitmq.protocol.bodies import (
     encode_body,
 )
 from orbitmq.protocol.codes import RequestCode
+from orbitmq.protocol.config_requests import parse_properties
 from orbitmq.protocol.fields import FieldError
 from orbitmq.protocol.frame import Frame
 from orbitmq.protocol.requests import (
@@ -73,8 +79,9 @@ def register_body(data: bytes | bytearray | memoryview) -> RegisterBrokerBody:
 class NamesrvProcessor:
     """Maps request codes to RouteInfoManager calls. Synchronous: the tables live on one loop."""
 
-    def __init__(self, routes: RouteInfoManager) -> None:
+    def __init__(self, routes: RouteInfoManager, auth: ServerAuth | None = None) -> None:
         self.routes = routes
+        self.auth = auth
         self._handlers: dict[int, Handler] = {
             RequestCode.REGISTER_BROKER: self.register_broker,
             RequestCode.UNREGISTER_BROKER: self.unregister_broker,
@@ -84,12 +91,21 @@ class NamesrvProcessor:
             RequestCode.DELETE_TOPIC_IN_NAMESRV: self.delete_topic,
             RequestCode.WIPE_WRITE_PERM_OF_BROKER: self.wipe_write_perm,
             RequestCode.ADD_WRITE_PERM_OF_BROKER: self.add_write_perm,
+            RequestCode.UPDATE_NAMESRV_CONFIG: self.update_config,
+            RequestCode.GET_NAMESRV_CONFIG: self.get_config,
         }
-        self.codes = frozenset(self._handlers)
+        self.codes = frozenset(self._handlers) | (frozenset() if auth is None else auth.codes)
         """The request codes this NameServer answers."""
 
     def process(self, request: Frame, connection: Hashable | None = None) -> Frame:
         """The response to ``request``; ``connection`` is remembered by REGISTER_BROKER."""
+        if self.auth is not None:
+            try:
+                answer = self.auth.before(request, connection)
+            except MQError as exc:
+                return request.reply(exc.code, str(exc) or type(exc).__name__)
+            if answer is not None:
+                return answer
         handler = self._handlers.get(request.code)
         if handler is None:
             return request.reply(
@@ -132,6 +148,25 @@ class NamesrvProcessor:
     def add_write_perm(self, request: Frame, _connection: Hashable | None) -> Frame:
         count = self.routes.add_write_perm(AddWritePermRequest.decode(request).broker_name)
         return request.reply(ResponseCode.SUCCESS, fields={"add_topic_count": count})
+
+    # ------------------------------------------------------------------ configuration
+
+    def update_config(self, request: Frame, _connection: Hashable | None) -> Frame:
+        """RocketMQ's UPDATE_NAMESRV_CONFIG (CVE-2023-37582 wrote a file through it): the
+        NameServer has no runtime-changeable setting, so every key is refused and nothing is
+        written; a malformed body is MESSAGE_ILLEGAL."""
+        keys = parse_properties(request.body)
+        if not keys:
+            return request.reply(ResponseCode.SUCCESS)
+        first = sorted(keys)[0]
+        return request.reply(
+            ResponseCode.NO_PERMISSION,
+            f"config key {first[:64]!r} cannot be changed at runtime on the NameServer; "
+            "nothing was changed",
+        )
+
+    def get_config(self, request: Frame, _connection: Hashable | None) -> Frame:
+        return request.reply(ResponseCode.SUCCESS, body=b"")
 
     # ------------------------------------------------------------------ topics
 

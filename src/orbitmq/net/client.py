@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import ssl
+from collections.abc import Callable
 
 from orbitmq.common.errors import ClientError
 from orbitmq.net.connection import Connection, ConnectionClosedError, Handler
@@ -33,8 +34,12 @@ class RemotingClient:
         ssl_context: ssl.SSLContext | None = None,
         handler: Handler | None = None,
         name: str = "client",
+        signer: Callable[[Frame], None] | None = None,
     ) -> None:
+        """``signer``: signs every request sent (orbitmq.protocol.signature.Signer; None: the
+        requests go unsigned, for servers with authentication off)."""
         self.connect_timeout = connect_timeout
+        self.signer = signer
         self.max_frame_size = max_frame_size
         self.ssl_context = ssl_context
         self.handler = handler
@@ -72,7 +77,10 @@ class RemotingClient:
             async with asyncio.timeout(self.connect_timeout):
                 _t, conn = await loop.create_connection(
                     lambda: Connection(
-                        self.handler, max_frame_size=self.max_frame_size, name=self.name
+                        self.handler,
+                        max_frame_size=self.max_frame_size,
+                        name=self.name,
+                        signer=self.signer,
                     ),
                     host,
                     port,

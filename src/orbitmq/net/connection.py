@@ -9,7 +9,9 @@ waiting for them (by opaque), hands requests to a handler, and applies back-pres
   passes its high-water mark), reading stops too, so a slow or hostile peer cannot make us
   buffer without limit.
 
-A frame that cannot be decoded closes the connection, with the reason logged.
+A frame that cannot be decoded closes the connection, with the reason logged. A ``signer``
+(orbitmq.protocol.signature.Signer) adds the sender's AccessKey and Signature to every request
+this side sends, oneway ones included, never to a response.
 """
 
 from __future__ import annotations
@@ -60,8 +62,10 @@ class Connection(asyncio.Protocol):
         max_in_flight: int = 256,
         on_close: Callable[[Connection], None] | None = None,
         name: str = "conn",
+        signer: Callable[[Frame], None] | None = None,
     ) -> None:
         self.handler = handler
+        self.signer = signer
         self.decoder = FrameDecoder(max_frame_size)
         self.max_in_flight = max_in_flight
         self.on_close = on_close
@@ -200,6 +204,8 @@ class Connection(asyncio.Protocol):
         if self.transport is None or self.transport.is_closing():
             raise ConnectionClosedError(f"connection to {self.peer} is closed")
         opaque = frame.opaque = next(self._opaque) & 0xFFFFFFFF
+        if self.signer is not None:
+            self.signer(frame)
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[Frame] = loop.create_future()
         self.pending[opaque] = fut
@@ -231,6 +237,8 @@ class Connection(asyncio.Protocol):
             raise ConnectionClosedError(f"connection to {self.peer} is closed")
         frame.opaque = next(self._opaque) & 0xFFFFFFFF
         frame.flags |= FLAG_ONEWAY
+        if self.signer is not None:
+            self.signer(frame)
         self._send(frame)
 
     async def drain(self) -> None:

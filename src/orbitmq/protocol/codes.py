@@ -19,6 +19,8 @@ class RequestCode(enum.IntEnum):
     QUERY_MESSAGE = 12
     UPDATE_AND_CREATE_TOPIC = 17
     GET_ALL_TOPIC_CONFIG = 21
+    UPDATE_BROKER_CONFIG = 25
+    GET_BROKER_CONFIG = 26
     SEARCH_OFFSET_BY_TIMESTAMP = 29
     GET_MAX_OFFSET = 30
     GET_MIN_OFFSET = 31
@@ -51,6 +53,8 @@ class RequestCode(enum.IntEnum):
     RESET_CONSUMER_CLIENT_OFFSET = 220
     INVOKE_BROKER_TO_RESET_OFFSET = 222
     SEND_BATCH_MESSAGE = 320
+    UPDATE_NAMESRV_CONFIG = 318
+    GET_NAMESRV_CONFIG = 319
     # Pop: RocketMQ numbers these 200050..200151, which do not fit the frame's 16-bit code
     # field; OrbitMQ keeps the last digits in its own range.
     POP_MESSAGE = 1050
@@ -79,3 +83,14 @@ class RequestCode(enum.IntEnum):
     CLEAN_BROKER_DATA = 1211
     CONTROLLER_GET_NEXT_BROKER_ID = 1212
     CONTROLLER_APPLY_BROKER_ID = 1213
+    # Users and ACLs (docs/security.md), RocketMQ 5.3's numbers.
+    AUTH_CREATE_USER = 3001
+    AUTH_UPDATE_USER = 3002
+    AUTH_DELETE_USER = 3003
+    AUTH_GET_USER = 3004
+    AUTH_LIST_USER = 3005
+    AUTH_CREATE_ACL = 3006
+    AUTH_UPDATE_ACL = 3007
+    AUTH_DELETE_ACL = 3008
+    AUTH_GET_ACL = 3009
+    AUTH_LIST_ACL = 3010

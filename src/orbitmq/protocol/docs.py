@@ -13,7 +13,7 @@ import re
 import sys
 from pathlib import Path
 
-from orbitmq.protocol import controller_requests, requests
+from orbitmq.protocol import auth_requests, config_requests, controller_requests, requests
 from orbitmq.protocol.header import I64_MAX, I64_MIN, FieldSpec, Header, fields_of
 
 _BLOCK = re.compile(r"(<!-- requests:([a-z-]+) -->\n)(.*?)(<!-- /requests:\2 -->)", re.S)
@@ -70,7 +70,7 @@ def _declared() -> list[type[Header]]:
     """The header classes in the order requests.py declares them (related codes together)."""
     return [
         c
-        for module in (requests, controller_requests)
+        for module in (requests, controller_requests, auth_requests, config_requests)
         for c in vars(module).values()
         if isinstance(c, type) and issubclass(c, Header) and c in requests.REQUESTS.values()
     ]

@@ -20,7 +20,7 @@ from typing import Annotated, Any, ClassVar
 
 from msgspec import Meta
 
-from orbitmq.protocol import controller_requests
+from orbitmq.protocol import auth_requests, config_requests, controller_requests
 from orbitmq.protocol.codes import RequestCode
 from orbitmq.protocol.fields import FieldError
 from orbitmq.protocol.frame import Frame
@@ -565,7 +565,12 @@ class ChangeInvisibleTimeRequest(Header):
 
 
 def _all_requests() -> dict[RequestCode, type[Header]]:
-    modules = {__name__, controller_requests.__name__}
+    modules = {
+        __name__,
+        controller_requests.__name__,
+        auth_requests.__name__,
+        config_requests.__name__,
+    }
     out: dict[RequestCode, type[Header]] = {}
     todo: list[type[Header]] = [Header]
     while todo:

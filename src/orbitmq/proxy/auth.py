@@ -3,7 +3,10 @@
 Every call carries ``authorization: MQv2-HMAC-SHA1 Credential=<AK>, SignedHeaders=x-mq-date-time,
 Signature=<hex>`` where the signature is ``hex(HMAC-SHA1(secret key, x-mq-date-time header))``.
 Clients send it even without credentials (empty ``Credential=``), so it only matters when ACL is
-on. No clock-skew check, on purpose: the Python client stamps local time labelled as UTC, and the
+on. The secrets come from the shared auth store (``auth_file``: the users of the brokers and
+NameServers, re-read when the file changes, so a disabled or deleted user is refused within a
+second) or, without one, from the proxy's own ``access_keys`` table. An unknown access key, a
+disabled user and a wrong signature get the same answer. No clock-skew check, on purpose: the Python client stamps local time labelled as UTC, and the
 Telemetry stream is signed once and lives for a year (the Java proxy does not check skew either).
 """
 
@@ -11,15 +14,21 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import logging
+import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
+from orbitmq.auth.store import AuthStore
 from orbitmq.proxy.grpc_v2 import definition_pb2 as pb
 from orbitmq.proxy.status import ProxyError
+
+log = logging.getLogger(__name__)
 
 ALGORITHM = "MQv2-HMAC-SHA1"
 HEADER_AUTHORIZATION = "authorization"
 HEADER_DATE_TIME = "x-mq-date-time"
+BAD_CREDENTIAL = "authentication failed: check signature failed or unknown access key"
 MAX_HEADER_CHARS = 4096
 """A longer Authorization header is refused before parsing (no client sends one)."""
 
@@ -59,12 +68,42 @@ def sign(secret_key: str, date_time: str) -> str:
 
 
 class Authenticator:
-    """Verifies calls against the configured access keys. ``check`` returns the access key (or
-    "" when ACL is off) and raises ProxyError(UNAUTHORIZED) otherwise."""
+    """Verifies calls against the auth store's users (or the configured access keys). ``check``
+    returns the access key (or "" when ACL is off) and raises ProxyError(UNAUTHORIZED)
+    otherwise."""
 
-    def __init__(self, enabled: bool, access_keys: Mapping[str, str]) -> None:
+    def __init__(
+        self,
+        enabled: bool,
+        access_keys: Mapping[str, str],
+        *,
+        store: AuthStore | None = None,
+        refresh_interval_s: float = 0.25,
+    ) -> None:
         self.enabled = enabled
         self._keys = dict(access_keys)
+        self.store = store
+        self.refresh_interval_s = refresh_interval_s
+        self._next_refresh = 0.0
+
+    def refresh(self) -> None:
+        """Re-read the store if its file changed, at most every refresh_interval_s."""
+        now = time.monotonic()
+        if self.store is not None and now >= self._next_refresh:
+            self._next_refresh = now + self.refresh_interval_s
+            try:
+                self.store.refresh()
+            except Exception:  # a half-written file: keep the last good version
+                log.exception("auth store %s could not be read", self.store.path)
+
+    def _secret(self, access_key: str) -> str | None:
+        if self.store is None:
+            return self._keys.get(access_key)
+        self.refresh()
+        user = self.store.user(access_key)
+        if user is None or not user.enabled:
+            return None
+        return self.store.secret(access_key)
 
     def check(self, metadata: Iterable[tuple[str, str | bytes]] | None) -> str:
         if not self.enabled:
@@ -78,15 +117,13 @@ class Authenticator:
         if not auth:
             raise ProxyError(pb.Code.UNAUTHORIZED, "ACL is on: the call carries no authorization")
         cred = parse_authorization(auth)
-        secret = self._keys.get(cred.access_key)
+        secret = self._secret(cred.access_key)
         if secret is None:
-            raise ProxyError(pb.Code.UNAUTHORIZED, f"unknown access key {cred.access_key[:64]!r}")
+            raise ProxyError(pb.Code.UNAUTHORIZED, BAD_CREDENTIAL)
         if not date_time:
             raise ProxyError(pb.Code.UNAUTHORIZED, f"missing {HEADER_DATE_TIME} header")
         expected = sign(secret, date_time)
         given = cred.signature.strip().lower().encode("utf-8", "replace")
         if not hmac.compare_digest(expected.encode(), given):
-            raise ProxyError(
-                pb.Code.UNAUTHORIZED, f"bad signature for access key {cred.access_key!r}"
-            )
+            raise ProxyError(pb.Code.UNAUTHORIZED, BAD_CREDENTIAL)
         return cred.access_key

@@ -78,6 +78,23 @@ class ProxyConfig:
         "access key -> secret key, used when acl_enabled (TOML: a table; env: AK:SK,AK2:SK2).",
         factory=dict,
     )
+    auth_file: str | None = setting(
+        None,
+        "The users-and-ACLs file the brokers and NameServers use (docs/security.md): with "
+        "acl_enabled, a call's access key is a user of it and each RPC is authorized by the "
+        "user's ACL (FORBIDDEN otherwise); access_keys is then not needed.",
+    )
+    audit_file: str | None = setting(
+        None, "The hash-chained audit log of refused calls (None: the orbitmq.audit log only)."
+    )
+    access_key: str | None = setting(
+        None,
+        "The user the proxy signs its own requests to brokers and NameServers with (their "
+        "authentication on): an inner user allowed what the proxy relays.",
+    )
+    secret_key: str | None = setting(
+        None, "That user's secret (or ORBITMQ_PROXY_SECRET_KEY).", secret=True
+    )
     max_message_size: int = setting(
         DEFAULT_MAX_MESSAGE_SIZE,
         "Largest body accepted; advertised to clients as ``publishing.max_body_size``. Keep it "
@@ -186,8 +203,8 @@ class ProxyConfig:
                 "tls_client_ca_file (mutual TLS) needs tls_mode=required: "
                 "plaintext clients would bypass the client certificate check"
             )
-        if self.acl_enabled and not self.access_keys:
-            raise ConfigError("acl_enabled needs at least one access key")
+        if self.acl_enabled and not self.access_keys and not self.auth_file:
+            raise ConfigError("acl_enabled needs an auth_file or at least one access key")
 
     @property
     def grpc_max_receive_bytes(self) -> int:

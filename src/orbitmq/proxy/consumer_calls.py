@@ -34,6 +34,7 @@ from orbitmq.protocol.requests import (
     Header,
     SendMessageBackRequest,
 )
+from orbitmq.protocol.signature import Signer
 from orbitmq.proxy import receipt, status
 
 if TYPE_CHECKING:
@@ -80,7 +81,9 @@ class ConsumerCalls:
 
     async def start(self) -> None:
         if self.remoting is None:
-            self.remoting = RemotingClient(name="proxy-consumer")
+            cfg = self.ctx.config
+            signer = None if not cfg.access_key else Signer(cfg.access_key, cfg.secret_key or "")
+            self.remoting = RemotingClient(name="proxy-consumer", signer=signer)
 
     async def close(self) -> None:
         if self.remoting is not None:

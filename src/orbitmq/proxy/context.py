@@ -13,7 +13,9 @@ from dataclasses import dataclass
 
 import grpc
 
+from orbitmq.auth.store import AuthStore
 from orbitmq.client.admin.client import AsyncAdminClient
+from orbitmq.client.admin.config import AdminConfig
 from orbitmq.client.producer.config import ProducerConfig
 from orbitmq.client.producer.producer import AsyncProducer
 from orbitmq.client.route import MessageQueue, TopicRouteCache
@@ -55,10 +57,15 @@ class ProxyContext:
                 # A topic no NameServer knows is TOPIC_NOT_FOUND for gRPC clients (as in
                 # RocketMQ 5), not a guess at brokers that might auto-create it.
                 auto_create_fallback=False,
+                access_key=config.access_key,
+                secret_key=config.secret_key,
             ),
         )
         await producer.start()
-        admin = AsyncAdminClient(config.namesrv_addrs)
+        admin = AsyncAdminClient(
+            config.namesrv_addrs,
+            AdminConfig(access_key=config.access_key, secret_key=config.secret_key),
+        )
         try:
             await admin.start()
         except BaseException:
@@ -72,7 +79,11 @@ class ProxyContext:
             routes=producer.routes,
             sessions=ClientSessions(),
             topic_types=topic_types,
-            auth=Authenticator(config.acl_enabled, config.access_keys),
+            auth=Authenticator(
+                config.acl_enabled,
+                config.access_keys,
+                store=AuthStore(config.auth_file) if config.auth_file else None,
+            ),
         )
 
     async def close(self) -> None:

@@ -1,6 +1,7 @@
 """The MessagingService servicer: authentication, then delegation to the RPC groups.
 
-Every RPC goes through the same frame: the ACL check (when enabled), the client id, and a last
+Every RPC goes through the same frame: authentication and authorization (when enabled; the
+per-RPC resource checks are :mod:`orbitmq.proxy.authz`), the client id, and a last
 line of defence that turns an unexpected exception into INTERNAL_ERROR *in the response body*
 (the clients expect a Status in every answer; a bare gRPC error reaches the user only after the
 producer's retries). A request whose bytes do not parse is answered BAD_REQUEST the same way, so
@@ -20,7 +21,9 @@ import grpc
 from google.protobuf.message import DecodeError
 from google.protobuf.message import Message as PbMessage
 
+from orbitmq.auth.audit import AuditLog
 from orbitmq.proxy import status
+from orbitmq.proxy.authz import Authorizer
 from orbitmq.proxy.client_service import ClientRpcs
 from orbitmq.proxy.context import ProxyContext
 from orbitmq.proxy.grpc_v2 import definition_pb2 as pb
@@ -109,6 +112,11 @@ class MessagingServicer:
         self.clients = ClientRpcs(
             ctx, self.relay, on_settings=self._on_settings, on_gone=self._on_client_gone
         )
+        store = ctx.auth.store
+        self.authorizer = (
+            None if store is None else Authorizer(store, AuditLog(ctx.config.audit_file, "proxy"))
+        )
+        """Per-RPC ACL checks when the users come from the shared auth store (authz.py)."""
 
     async def start(self) -> None:
         self.relay.start()
@@ -143,7 +151,9 @@ class MessagingServicer:
         if not self.ctx.auth.enabled:
             return None
         try:
-            self.ctx.auth.check(context.invocation_metadata())
+            principal = self.ctx.auth.check(context.invocation_metadata())
+            if self.authorizer is not None and request is not None:
+                self.authorizer.check(principal, request, context.peer())
         except ProxyError as exc:
             return status.from_error(exc)
         return None
@@ -196,7 +206,21 @@ class MessagingServicer:
         if refused is not None:
             yield svc.TelemetryCommand(status=refused)
             return
-        async for cmd in self.clients.telemetry(_parsed(requests), self.ctx.client_id(context)):
+        commands = _parsed(requests)
+        if self.authorizer is not None:
+            # Each settings command is authorized (its publishing topics, or its group and
+            # subscriptions) before the session sees it; a refused first one is answered.
+            principal = self.ctx.auth.check(context.invocation_metadata())
+            first = await anext(commands, None)
+            if first is None:
+                return
+            try:
+                self.authorizer.check_settings(principal, first, context.peer())
+            except ProxyError as exc:
+                yield svc.TelemetryCommand(status=status.from_error(exc))
+                return
+            commands = _authorized(first, commands, self.authorizer, principal, context.peer())
+        async for cmd in self.clients.telemetry(commands, self.ctx.client_id(context)):
             yield cmd
 
     # ------------------------------------------------------------------ RPCs of this package
@@ -313,6 +337,25 @@ class MessagingServicer:
             response_serializer=svc.TelemetryCommand.SerializeToString,
         )
         return grpc.method_handlers_generic_handler(SERVICE_NAME, handlers)
+
+
+async def _authorized(
+    first: svc.TelemetryCommand,
+    rest: AsyncIterator[svc.TelemetryCommand],
+    authorizer: Authorizer,
+    principal: str,
+    peer: str,
+) -> AsyncIterator[svc.TelemetryCommand]:
+    """``first``, then ``rest`` while every settings command passes; a refused later one ends
+    the stream (the client reconnects, and its next settings are refused with a status)."""
+    yield first
+    async for cmd in rest:
+        try:
+            authorizer.check_settings(principal, cmd, peer)
+        except ProxyError as exc:
+            log.info("telemetry of %s ended: %s", principal, exc)
+            return
+        yield cmd
 
 
 async def _parsed(

@@ -66,10 +66,19 @@ class QueueBounds:
 class Connection:
     """An :class:`AsyncAdminClient` on a private loop thread, shared by a process's readers."""
 
-    def __init__(self, namesrv: str, timeout_s: float) -> None:
+    def __init__(
+        self,
+        namesrv: str,
+        timeout_s: float,
+        access_key: str | None = None,
+        secret_key: str | None = None,
+    ) -> None:
         self.timeout_s = timeout_s
         self.thread = LoopThread("orbitmq-spark")
-        self.admin = AsyncAdminClient(namesrv, AdminConfig(timeout_s=timeout_s))
+        self.admin = AsyncAdminClient(
+            namesrv,
+            AdminConfig(timeout_s=timeout_s, access_key=access_key, secret_key=secret_key),
+        )
         self.requester = BrokerRequester(
             self.admin.routes, self.admin.remoting, timeout_s=timeout_s
         )
@@ -253,23 +262,29 @@ class Connection:
 
 
 _LOCK = threading.Lock()
-_CACHE: dict[tuple[int, str], Connection] = {}
+_CACHE: dict[tuple[int, str, str | None], Connection] = {}
 
 
-def connection(namesrv: str, timeout_s: float = 10.0) -> Connection:
-    """This process's client for ``namesrv`` (opened on first use, closed at exit)."""
-    key = (os.getpid(), namesrv)
+def connection(
+    namesrv: str,
+    timeout_s: float = 10.0,
+    access_key: str | None = None,
+    secret_key: str | None = None,
+) -> Connection:
+    """This process's client for ``namesrv`` as ``access_key`` (opened on first use, closed at
+    exit)."""
+    key = (os.getpid(), namesrv, access_key)
     with _LOCK:
         conn = _CACHE.get(key)
         if conn is None:
-            conn = _CACHE[key] = Connection(namesrv, timeout_s)
+            conn = _CACHE[key] = Connection(namesrv, timeout_s, access_key, secret_key)
         return conn
 
 
 @atexit.register
 def _close_all() -> None:
     with _LOCK:
-        mine = [c for (pid, _), c in _CACHE.items() if pid == os.getpid()]
+        mine = [c for (pid, _, _), c in _CACHE.items() if pid == os.getpid()]
         _CACHE.clear()
     for conn in mine:
         conn.close()

@@ -171,7 +171,7 @@ SOURCE_OPTIONS = (
     "startingTimestamp", "startingOffsetsByTimestamp", "endingTimestamp",
     "maxOffsetsPerTrigger", "minOffsetsPerTrigger", "maxTriggerDelay", "failOnDataLoss",
     "tagExpression", "sqlFilter", "maxBytesPerPartition", "groupId", "commitToGroup",
-    "pullBatchSize", "timeoutMs", "path",
+    "pullBatchSize", "timeoutMs", "path", "accessKey", "secretKey",
 )  # fmt: skip
 """Every option the source understands ("path" is what ``load(path)`` passes; unused)."""
 
@@ -194,6 +194,8 @@ class SourceOptions:
     commit_to_group: bool = False
     pull_batch_size: int = 8192
     timeout_s: float = 10.0
+    access_key: str | None = None
+    secret_key: str | None = field(default=None, repr=False)
 
     @property
     def filtered(self) -> bool:
@@ -341,7 +343,18 @@ def parse_source_options(options: Mapping[str, str], *, streaming: bool) -> Sour
         commit_to_group=commit,
         pull_batch_size=get_int(opts, "pullBatchSize", 8192, lo=1) or 8192,
         timeout_s=timeout_ms / 1000.0,
+        **credentials(opts),
     )
+
+
+def credentials(opts: Mapping[str, str]) -> dict[str, str]:
+    """Options accessKey and secretKey (docs/security.md): both or neither. Spark's default
+    ``spark.redaction.regex``, ``(?i)secret|password|token|access[.]?key``, hides both names'
+    values in the UI and the logs."""
+    ak, sk = opts.get("accesskey", "").strip(), opts.get("secretkey", "")
+    if bool(ak) != bool(sk):
+        raise OptionError("options accessKey and secretKey go together")
+    return {"access_key": ak, "secret_key": sk} if ak else {}
 
 
 # ------------------------------------------------------------------------------------ sink
@@ -359,6 +372,8 @@ SINK_OPTIONS = (
     "path",  # save(path) arrives as an option: refused below when set
     "checkpointLocation",  # Spark's own options, passed through to every sink: ignored
     "queryName",
+    "accessKey",
+    "secretKey",
 )
 DEFAULT_PRODUCER_GROUP = "orbitmq-spark-sink"
 EXACTLY_ONCE = "exactlyOnce"
@@ -378,6 +393,8 @@ class SinkOptions:
     max_batch_bytes: int
     send_timeout_s: float
     commit_timeout_s: float
+    access_key: str | None = None
+    secret_key: str | None = field(default=None, repr=False)
 
 
 def parse_sink_options(options: Mapping[str, str], *, streaming: bool) -> SinkOptions:
@@ -423,4 +440,5 @@ def parse_sink_options(options: Mapping[str, str], *, streaming: bool) -> SinkOp
         max_batch_bytes=max_bytes,
         send_timeout_s=send_ms / 1000.0,
         commit_timeout_s=commit_ms / 1000.0,
+        **credentials(opts),
     )

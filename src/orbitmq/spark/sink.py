@@ -69,6 +69,7 @@ from pyspark.sql.types import (
 
 from orbitmq.client._loop_thread import LoopThread
 from orbitmq.client.admin.client import AsyncAdminClient
+from orbitmq.client.admin.config import AdminConfig
 from orbitmq.client.transaction.producer import AsyncTransactionProducer
 from orbitmq.client.transaction.types import HalfBatchResult, TransactionConfig
 from orbitmq.common.clock import now_ms
@@ -212,10 +213,14 @@ async def _make_clients(opts: SinkOptions, thread: LoopThread) -> _Clients:
         TransactionConfig(
             send_timeout_s=opts.send_timeout_s,
             batch_max_bytes=max(opts.max_batch_bytes, 1024 * 1024),
+            access_key=opts.access_key,
+            secret_key=opts.secret_key,
         ),
         topics=[opts.marker_topic],
     )
-    admin = AsyncAdminClient(opts.namesrv)
+    admin = AsyncAdminClient(
+        opts.namesrv, AdminConfig(access_key=opts.access_key, secret_key=opts.secret_key)
+    )
     stores = MarkerStoreFactory(admin, tx.producer, opts.marker_topic)
     checker.stores = stores
     try:

@@ -190,7 +190,7 @@ def read_range(opts: SourceOptions, part: QueueRange) -> Iterator[pa.RecordBatch
     """The records of one range as RecordBatches of the source schema."""
     if part.end <= part.start:
         return
-    conn = connection(opts.namesrv, opts.timeout_s)
+    conn = connection(opts.namesrv, opts.timeout_s, opts.access_key, opts.secret_key)
     expr: tuple[str, str] | None = None
     tag_set: pa.Array | None = None
     if opts.sql_filter is not None:
@@ -253,7 +253,7 @@ class OrbitMQBatchReader(DataSourceReader):
 
     def partitions(self) -> Sequence[InputPartition]:
         opts = self.opts
-        conn = connection(opts.namesrv, opts.timeout_s)
+        conn = connection(opts.namesrv, opts.timeout_s, opts.access_key, opts.secret_key)
         bounds = conn.bounds(_topics(opts, conn))
         starts = _resolve(opts.starting, bounds, conn, EARLIEST, "startingOffsets")
         ends = _resolve(opts.ending, bounds, conn, LATEST, "endingOffsets")
@@ -319,7 +319,9 @@ class OrbitMQStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     # -- driver side (the query's streaming runner process) --------------------
 
     def _conn(self) -> Connection:
-        return connection(self.opts.namesrv, self.opts.timeout_s)
+        return connection(
+            self.opts.namesrv, self.opts.timeout_s, self.opts.access_key, self.opts.secret_key
+        )
 
     def _fresh_bounds(self) -> list[QueueBounds]:
         now = time.monotonic()

@@ -12,6 +12,7 @@ from typing import Any, Self, TypeVar
 import msgspec
 
 from orbitmq.client import _codec
+from orbitmq.client._settings import signer_of
 from orbitmq.client.admin.config import AdminConfig
 from orbitmq.client.route import (
     MessageQueue,
@@ -59,7 +60,10 @@ class AdminBase:
             raise ClientError(f"config must be an AdminConfig, not {type(cfg).__name__}")
         self.timeout_s = cfg.timeout_s
         self.remoting = RemotingClient(
-            connect_timeout=cfg.connect_timeout_s, ssl_context=ssl_context, name="admin"
+            connect_timeout=cfg.connect_timeout_s,
+            ssl_context=ssl_context,
+            name="admin",
+            signer=signer_of(cfg),
         )
         self.routes = TopicRouteCache(
             namesrv_addrs,

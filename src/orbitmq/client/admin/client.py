@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from orbitmq.client._loop_thread import BlockingFacade, LoopThread
+from orbitmq.client.admin.auth import AuthAdminOps
 from orbitmq.client.admin.config import AdminConfig
 from orbitmq.client.admin.groups import GroupAdmin
 from orbitmq.client.admin.topics import TopicAdmin
@@ -47,7 +48,7 @@ log = logging.getLogger(__name__)
 __all__ = ["AdminClient", "AsyncAdminClient"]
 
 
-class AsyncAdminClient(TopicAdmin, GroupAdmin):
+class AsyncAdminClient(TopicAdmin, GroupAdmin, AuthAdminOps):
     """Administration over the Remoting protocol. ``async with AsyncAdminClient(addrs) as admin:``."""
 
 

@@ -68,6 +68,16 @@ class ConsumerConfig:
     )
     route_refresh_interval_s: float = setting(30.0, "How often cached routes are refreshed.")
 
+    access_key: str | None = setting(
+        None, "User to sign every request with (servers with authentication on; docs/security.md)."
+    )
+    secret_key: str | None = setting(None, "That user's secret key (never logged).", secret=True)
+    signature_version: int = setting(
+        2,
+        "2: OrbitMQ's HMAC-SHA256 with timestamp and nonce; 1: RocketMQ's HMAC-SHA1.",
+        one_of(1, 2),
+    )
+
     def __post_init__(self) -> None:
         check_settings(self, "consumer")
 
@@ -122,6 +132,16 @@ class SimpleConfig:
     namesrv_timeout_s: float = setting(3.0, "Timeout of one NameServer request.", above(0))
     route_refresh_interval_s: float = setting(30.0, "How often cached routes are refreshed.")
     connect_timeout_s: float = setting(3.0, "Timeout of one connection attempt.", above(0))
+
+    access_key: str | None = setting(
+        None, "User to sign every request with (servers with authentication on; docs/security.md)."
+    )
+    secret_key: str | None = setting(None, "That user's secret key (never logged).", secret=True)
+    signature_version: int = setting(
+        2,
+        "2: OrbitMQ's HMAC-SHA256 with timestamp and nonce; 1: RocketMQ's HMAC-SHA1.",
+        one_of(1, 2),
+    )
 
     def __post_init__(self) -> None:
         check_settings(self, "simple consumer")

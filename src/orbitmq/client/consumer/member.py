@@ -27,6 +27,7 @@ from typing import ClassVar
 
 import msgspec
 
+from orbitmq.client._settings import signer_of
 from orbitmq.client.allocate import resolve_strategy
 from orbitmq.client.consumer.config import ConsumerConfig
 from orbitmq.client.consumer.puller import PullMessageService
@@ -177,6 +178,7 @@ class GroupMember:
             ssl_context=self.ssl_context,
             handler=self._on_server_request,
             name=self.kind,
+            signer=signer_of(cfg),
         )
         self.routes = TopicRouteCache(
             self.namesrv_addrs,

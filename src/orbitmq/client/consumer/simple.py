@@ -47,6 +47,7 @@ import msgspec
 
 from orbitmq.client import _codec
 from orbitmq.client._loop_thread import BlockingFacade, LoopThread
+from orbitmq.client._settings import signer_of
 from orbitmq.client.consumer.config import SimpleConfig
 from orbitmq.client.consumer.subscription import Subscription
 from orbitmq.client.consumer_types import ReceivedMessage, new_client_id
@@ -169,6 +170,7 @@ class AsyncSimpleConsumer:
             ssl_context=ssl_context,
             handler=_ignore_server_requests,
             name="simple-consumer",
+            signer=signer_of(cfg),
         )
         self.routes = TopicRouteCache(
             namesrv_addrs,

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from orbitmq.client._settings import check_settings
-from orbitmq.common.config import above, at_least, between, setting
+from orbitmq.common.config import above, at_least, between, one_of, setting
 from orbitmq.common.validation import DEFAULT_MAX_MESSAGE_SIZE
 from orbitmq.protocol.frame import DEFAULT_MAX_FRAME_SIZE, MAX_HEADER_SIZE
 
@@ -68,6 +68,16 @@ class ProducerConfig:
         True,
         "For a topic no NameServer knows, send to every master with queue id -1 (brokers with "
         "auto_create_topic on; others answer TOPIC_NOT_EXIST, then not retried).",
+    )
+
+    access_key: str | None = setting(
+        None, "User to sign every request with (servers with authentication on; docs/security.md)."
+    )
+    secret_key: str | None = setting(None, "That user's secret key (never logged).", secret=True)
+    signature_version: int = setting(
+        2,
+        "2: OrbitMQ's HMAC-SHA256 with timestamp and nonce; 1: RocketMQ's HMAC-SHA1.",
+        one_of(1, 2),
     )
 
     def __post_init__(self) -> None:

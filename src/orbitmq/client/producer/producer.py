@@ -22,6 +22,7 @@ import ssl
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from orbitmq.client._settings import signer_of
 from orbitmq.client.fault import FaultStrategy
 from orbitmq.client.fifo import check_batch_groups, selector_for
 from orbitmq.client.producer.accumulator import RecordAccumulator, select_queue
@@ -68,7 +69,10 @@ class AsyncProducer:
         if not isinstance(cfg, ProducerConfig):
             raise ClientError(f"config must be a ProducerConfig, not {type(cfg).__name__}")
         self.remoting = RemotingClient(
-            connect_timeout=cfg.connect_timeout_s, ssl_context=ssl_context, name="producer"
+            connect_timeout=cfg.connect_timeout_s,
+            ssl_context=ssl_context,
+            name="producer",
+            signer=signer_of(cfg),
         )
         self.routes = TopicRouteCache(
             namesrv_addrs,

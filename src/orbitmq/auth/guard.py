@@ -1,0 +1,188 @@
+"""The one check every request passes on a broker or NameServer: who sent it, may they do it.
+
+``Guard.admit(frame, conn)`` runs before any handler (``broker/routes.py:Dispatcher.handle``,
+``namesrv/processor.py:NamesrvProcessor.process``, through ``orbitmq.auth.server.ServerAuth``)
+and returns the authenticated user's name (go on) or the refusal Frame to send back:
+
+1. **Authentication.** The request's ``AccessKey``/``Signature`` (v1 RocketMQ, v2 OrbitMQ with a
+   replay window; ``orbitmq.protocol.signature``) is checked against the user's secret in
+   constant time; or, without an AccessKey, a verified client certificate (mTLS) names the user
+   by its first DNS/URI subjectAltName, else its CN. No credentials, an unknown user, a wrong
+   signature and a disabled user all get the same answer, NO_PERMISSION (16), as RocketMQ's
+   "check signature failed", so a caller cannot probe for user names.
+2. **Authorization.** ``orbitmq.auth.actions`` maps the code to its checks (an unmapped code,
+   or a request whose resource names cannot be read, is refused) and ``orbitmq.auth.model.decide`` applies the user's ACL from the source IP.
+
+Refusals go to the audit log. Failed authentications are counted per connection;
+``ServerAuth.penalize`` delays their answers and closes the connection at MAX_AUTH_FAILURES. The store is re-read when its file changed, looked at no more
+often than every ``refresh_interval_s`` (0.25 s): a revocation holds within 1 s.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+from orbitmq.auth.actions import ADMIN_CODES, Unmapped, checks_for
+from orbitmq.auth.audit import AuditLog
+from orbitmq.auth.model import decide
+from orbitmq.auth.store import AuthStore
+from orbitmq.common.codes import ResponseCode
+from orbitmq.protocol.fields import FieldError
+from orbitmq.protocol.frame import Frame
+from orbitmq.protocol.signature import NonceCache, SignatureError, claim_of, verify
+
+log = logging.getLogger(__name__)
+
+AUTH_FAILED = "authentication failed: check signature failed or unknown access key"
+MAX_AUTH_FAILURES = 5
+"""Authentication failures after which a connection is closed (brief 6.1)."""
+
+
+def peer_ip(conn: Any) -> tuple[str, str]:
+    """(ip, "ip:port") of a server connection (anything with ``peer``)."""
+    source = str(getattr(conn, "peer", "?"))
+    host, sep, _port = source.rpartition(":")
+    ip = host if sep else source
+    return ip.strip("[]"), source
+
+
+def cert_principal(conn: Any) -> str | None:
+    """The user a verified client certificate names (None: no certificate). A connection that
+    already names it (``conn.principal``, set by the TLS layer) is taken at its word."""
+    named = getattr(conn, "principal", None)
+    if isinstance(named, str) and named:
+        return named
+    transport = getattr(conn, "transport", None)
+    if transport is None:
+        return None
+    cert = transport.get_extra_info("peercert")
+    if not cert:
+        return None
+    for kind, value in cert.get("subjectAltName", ()):
+        if kind in ("DNS", "URI") and value:
+            return str(value)
+    for rdn in cert.get("subject", ()):
+        for key, value in rdn:
+            if key == "commonName" and value:
+                return str(value)
+    return None
+
+
+class Guard:
+    """Authenticates and authorizes requests against an AuthStore."""
+
+    def __init__(
+        self,
+        store: AuthStore,
+        audit: AuditLog,
+        *,
+        cluster: str,
+        refresh_interval_s: float = 0.25,
+        clock_ms: Any = None,
+    ) -> None:
+        self.store = store
+        self.audit = audit
+        self.cluster = cluster
+        self.refresh_interval_s = refresh_interval_s
+        self.nonces = NonceCache()
+        self._clock_ms = clock_ms or (lambda: int(time.time() * 1000))
+        self._next_refresh = 0.0
+        self.refused = 0
+        """Requests refused so far (authentication and authorization)."""
+
+    def refresh(self) -> None:
+        now = time.monotonic()
+        if now >= self._next_refresh:
+            self._next_refresh = now + self.refresh_interval_s
+            try:
+                self.store.refresh()
+            except Exception:  # a half-edited or unreadable file: keep the last good version
+                log.exception(
+                    "auth store %s could not be read; keeping version %d",
+                    self.store.path,
+                    self.store.version,
+                )
+
+    def principal(self, frame: Frame, conn: Any) -> str | None:
+        """The authenticated user of ``frame`` (None: not authenticated)."""
+        try:
+            claim = claim_of(frame)
+        except SignatureError:
+            return None
+        if claim is None:
+            return cert_principal(conn)
+        secret = self.store.secret(claim.access_key)
+        if secret is None or not verify(secret, frame, claim):
+            return None
+        if claim.version == 2 and self.nonces.admit(claim, self._clock_ms()) is not None:
+            return None
+        return claim.access_key
+
+    def admit(self, frame: Frame, conn: Any) -> str | Frame:
+        """The principal when ``frame`` may go to its handler, else the refusal to answer."""
+        self.refresh()
+        ip, source = peer_ip(conn)
+        name = self.principal(frame, conn)
+        if name is None:
+            claimed = frame.fields.get("AccessKey")
+            self._failed(conn)
+            return self._refuse(
+                frame, str(claimed)[:64] if claimed else "-", source, "-", "-", AUTH_FAILED
+            )
+        user = self.store.user(name)
+        if user is None or not user.enabled:
+            self._failed(conn)
+            return self._refuse(frame, name, source, "-", "-", AUTH_FAILED)
+        try:
+            checks = checks_for(frame, self.cluster)
+        except Unmapped:
+            return self._refuse(
+                frame, name, source, "-", "-", f"request code {frame.code} is not authorized here"
+            )
+        except FieldError as exc:  # fail closed: what cannot be named cannot be allowed
+            return self._refuse(frame, name, source, "-", "-", f"cannot authorize: {exc}")
+        verdict = decide(user, self.store.acl(name), checks, ip)
+        if not verdict.allowed:
+            failed = verdict.failed
+            return self._refuse(
+                frame,
+                name,
+                source,
+                str(failed.resource) if failed else "-",
+                "|".join(sorted(a.value for a in failed.actions)) if failed else "-",
+                verdict.reason,
+            )
+        if frame.code in ADMIN_CODES and not 3001 <= frame.code <= 3010:
+            # user and ACL changes are recorded by the admin handler, with before and after
+            self.audit.admin(
+                principal=name,
+                source=source,
+                code=frame.code,
+                resource=";".join(str(c.resource) for c in checks),
+                action=";".join("|".join(sorted(a.value for a in c.actions)) for c in checks),
+                result="authorized",
+            )
+        return name
+
+    def _failed(self, conn: Any) -> None:
+        """Count an authentication failure on ``conn`` (``ServerAuth.penalize`` closes it at
+        MAX_AUTH_FAILURES)."""
+        attributes = getattr(conn, "attributes", None)
+        if isinstance(attributes, dict):
+            attributes["auth_failures"] = int(attributes.get("auth_failures", 0)) + 1
+
+    def _refuse(
+        self, frame: Frame, principal: str, source: str, resource: str, action: str, reason: str
+    ) -> Frame:
+        self.refused += 1
+        self.audit.deny(
+            principal=principal,
+            source=source,
+            code=frame.code,
+            resource=resource,
+            action=action,
+            reason=reason,
+        )
+        return frame.reply(ResponseCode.NO_PERMISSION, reason)
