@@ -21,7 +21,7 @@ from typer.testing import CliRunner, Result
 
 from orbitmq.bench.__main__ import main as bench_main
 from orbitmq.cli.main import app
-from orbitmq.client import AdminClient, Message, Producer
+from orbitmq.client import BlockingAdminClient, Message, Producer
 from tests.cli.conftest import CliCluster
 from tests.harness import REPO, ProcessCluster
 
@@ -86,7 +86,7 @@ def test_topic_create_list_describe_update_delete(cli_cluster: CliCluster) -> No
     # update keeps what is not given: type and retention stay, queues and perm change.
     r = cli(cli_cluster, "topic", "update", "-t", t, "--write-queues", "2", "--perm", "R")
     assert "3 read / 2 write queues, perm R-, type FIFO" in r.stdout
-    with AdminClient(cli_cluster.namesrv) as admin:
+    with BlockingAdminClient(cli_cluster.namesrv) as admin:
         for addr in cli_cluster.brokers.values():
             (config,) = [c for c in admin.topic_configs(addr) if c.topic_name == t]
             assert (config.read_queue_nums, config.write_queue_nums) == (3, 2)
@@ -137,7 +137,7 @@ def test_send_then_tail_from_beginning(cli_cluster: CliCluster) -> None:
     per_queue: dict[str, list[int]] = {}
     for line in lines:
         per_queue.setdefault(line[0], []).append(int(line[1]))
-    with AdminClient(cli_cluster.namesrv) as admin:
+    with BlockingAdminClient(cli_cluster.namesrv) as admin:
         stored = {
             f"{s.broker_name}/{q.queue_id}": q.max_offset
             for s in admin.describe_topic(t).stats

@@ -42,11 +42,13 @@ import logging
 import ssl
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import msgspec
 
 from orbitmq.client import _codec
 from orbitmq.client._loop_thread import BlockingFacade, LoopThread
+from orbitmq.client._settings import resolve_config
 from orbitmq.client.consumer.config import SimpleConfig
 from orbitmq.client.consumer.subscription import Subscription
 from orbitmq.client.consumer_types import ReceivedMessage, new_client_id
@@ -148,12 +150,11 @@ class AsyncSimpleConsumer:
         *,
         subscriptions: Mapping[str, str | tuple[str, str]] | None = None,
         ssl_context: ssl.SSLContext | None = None,
+        **overrides: Any,
     ) -> None:
         if not group:
             raise ClientError("a consumer group is required")
-        cfg = SimpleConfig() if config is None else config
-        if not isinstance(cfg, SimpleConfig):
-            raise ClientError(f"config must be a SimpleConfig, not {type(cfg).__name__}")
+        cfg = resolve_config(SimpleConfig, config, overrides, "AsyncSimpleConsumer")
         self.config = cfg
         self.group = group
         self.client_id = cfg.client_id or new_client_id()
@@ -529,7 +530,9 @@ class SimpleConsumer(BlockingFacade[AsyncSimpleConsumer]):
         *,
         subscriptions: Mapping[str, str | tuple[str, str]] | None = None,
         ssl_context: ssl.SSLContext | None = None,
+        **overrides: Any,
     ) -> None:
+        config = resolve_config(SimpleConfig, config, overrides, "SimpleConsumer")
         self._async = AsyncSimpleConsumer(
             namesrv_addrs, group, config, subscriptions=subscriptions, ssl_context=ssl_context
         )

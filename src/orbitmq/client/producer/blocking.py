@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from orbitmq.client._loop_thread import BlockingFacade, LoopThread
+from orbitmq.client._settings import resolve_config
 from orbitmq.client.producer.config import ProducerConfig
 from orbitmq.client.producer.prepare import PreparedMessage
 from orbitmq.client.producer.producer import AsyncProducer, callback_adapter
@@ -44,7 +45,9 @@ class Producer(BlockingFacade[AsyncProducer]):
         config: ProducerConfig | None = None,
         *,
         ssl_context: ssl.SSLContext | None = None,
+        **overrides: Any,
     ) -> None:
+        config = resolve_config(ProducerConfig, config, overrides, "Producer")
         self._async = AsyncProducer(namesrv_addrs, config, ssl_context=ssl_context)
         self.config = self._async.config
         self._buffered = 0

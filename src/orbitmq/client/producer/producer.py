@@ -22,6 +22,7 @@ import ssl
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from orbitmq.client._settings import resolve_config
 from orbitmq.client.fault import FaultStrategy
 from orbitmq.client.fifo import check_batch_groups, selector_for
 from orbitmq.client.producer.accumulator import RecordAccumulator, select_queue
@@ -54,7 +55,8 @@ class AsyncProducer:
     """The asyncio producer. Use it from one event loop: ``start()`` there, then send.
 
     ``async with AsyncProducer(["127.0.0.1:9876"], ProducerConfig(linger_ms=0)) as p:
-    await p.send(Message("T", b"x"))``
+    await p.send(Message("T", b"x"))``; keyword overrides of the config's fields work too
+    (``AsyncProducer(ns, linger_ms=0)``).
     """
 
     def __init__(
@@ -63,10 +65,9 @@ class AsyncProducer:
         config: ProducerConfig | None = None,
         *,
         ssl_context: ssl.SSLContext | None = None,
+        **overrides: Any,
     ) -> None:
-        self.config = cfg = config or ProducerConfig()
-        if not isinstance(cfg, ProducerConfig):
-            raise ClientError(f"config must be a ProducerConfig, not {type(cfg).__name__}")
+        self.config = cfg = resolve_config(ProducerConfig, config, overrides, "AsyncProducer")
         self.remoting = RemotingClient(
             connect_timeout=cfg.connect_timeout_s, ssl_context=ssl_context, name="producer"
         )
