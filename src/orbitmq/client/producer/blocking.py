@@ -2,13 +2,17 @@
 
 Takes the same :class:`~orbitmq.client.producer.config.ProducerConfig`. ``send_async``
 prepares the message in the caller's thread (a bad message raises there, compression runs off
-the I/O thread) and submits it on the loop; ``max_buffered_bytes`` bounds what it may hold
-unanswered.
+the I/O thread) and hands it to the loop through an inbox drained once per loop iteration, and
+results come back settled per batch (:mod:`.handoff`): no thread hop and no lock round per
+message, so it costs about what ``AsyncProducer.send_async`` does. ``max_buffered_bytes``
+bounds what it may hold unanswered; beyond it ``send_async`` blocks (up to ``max_block_s``):
+that is the back-pressure, which also slows callers while the broker answers SYSTEM_BUSY (the
+sender retries those with a back-off, :mod:`.sender`). ``send`` and ``send_batch`` wait on the
+loop thread for their own answer, as before.
 """
 
 from __future__ import annotations
 
-import asyncio
 import concurrent.futures
 import ssl
 import threading
@@ -18,8 +22,8 @@ from typing import Any
 from orbitmq.client._loop_thread import BlockingFacade, LoopThread
 from orbitmq.client._settings import resolve_config
 from orbitmq.client.producer.config import ProducerConfig
-from orbitmq.client.producer.prepare import PreparedMessage
-from orbitmq.client.producer.producer import AsyncProducer, callback_adapter
+from orbitmq.client.producer.handoff import Entry, Inbox, SendFuture, fail_all
+from orbitmq.client.producer.producer import AsyncProducer
 from orbitmq.client.producer.types import MessageQueueSelector, SendCallback, SendResult
 from orbitmq.client.route import MessageQueue
 from orbitmq.common.errors import ClientError
@@ -34,7 +38,7 @@ class Producer(BlockingFacade[AsyncProducer]):
     Starts on construction (connections are made on first use) and is safe to share between
     threads. ``send_async`` callbacks run on the producer's I/O thread: keep them short and do
     not call blocking producer methods from them. Beyond ``max_buffered_bytes`` unanswered,
-    send_async blocks (up to send_timeout_s, then ClientError).
+    send_async blocks (up to max_block_s, then ClientError).
 
     ``with Producer("127.0.0.1:9876") as p: p.send(Message("T", b"x"))``
     """
@@ -51,8 +55,12 @@ class Producer(BlockingFacade[AsyncProducer]):
         self._async = AsyncProducer(namesrv_addrs, config, ssl_context=ssl_context)
         self.config = self._async.config
         self._buffered = 0
-        self._space = threading.Condition()
+        self._waiting = 0
+        self._space = threading.Condition(threading.Lock())
+        self._settled = threading.Condition()
+        """Shared by every SendFuture of this producer (see .handoff)."""
         self._thread = LoopThread("orbitmq-producer")
+        self._inbox = Inbox(self._thread.loop, self._submit)
         try:
             self._thread.run(self._async.start())
         except BaseException:
@@ -109,60 +117,86 @@ class Producer(BlockingFacade[AsyncProducer]):
         selector: MessageQueueSelector | None = None,
         arg: Any = None,
     ) -> concurrent.futures.Future[SendResult]:
-        """Batch the message (see AsyncProducer.send_async); a bad message raises here."""
-        if self._closed:
-            raise ClientError("producer is closed")
+        """Batch the message (see AsyncProducer.send_async); a bad message raises here.
+
+        Blocks while ``max_buffered_bytes`` are unanswered (up to ``max_block_s``, then
+        ClientError): the producer's back-pressure, which also holds callers back while the
+        broker answers SYSTEM_BUSY. ``callback(result, error)`` runs on the I/O thread.
+        """
+        self._check_open()
         item = self._async.prepare(msg)
         size = item.size
         self._reserve(size)
-        out: concurrent.futures.Future[SendResult] = concurrent.futures.Future()
-        out.set_running_or_notify_cancel()
-
-        def done(fut: asyncio.Future[SendResult]) -> None:
-            self._release(size)
-            if fut.cancelled():
-                out.set_exception(ClientError("send cancelled"))
-            elif (exc := fut.exception()) is not None:
-                out.set_exception(exc)
-            else:
-                out.set_result(fut.result())
-
-        def submit(item: PreparedMessage) -> None:
-            fut = self._async.submit(item, queue=queue, selector=selector, arg=arg)
-            fut.add_done_callback(done)
-            if callback is not None:
-                fut.add_done_callback(callback_adapter(callback))
-
+        fut = SendFuture(self._settled, self, size, callback)
         try:
-            self._thread.call_soon(submit, item)
-        except BaseException:
-            self._release(size)
-            raise
-        return out
+            self._inbox.put((item, queue, selector, arg, fut))
+        except RuntimeError:  # the loop is gone: closed meanwhile
+            fut.set_exception(ClientError("producer is closed"))
+        if self._closed:  # closed meanwhile: what close() did not see must not hang
+            self._fail_inbox()
+        return fut
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise ClientError("producer is closed")
+
+    def _submit(self, entry: Entry) -> None:
+        # On the loop: what the inbox hands over, straight to the accumulator.
+        item, queue, selector, arg, fut = entry
+        self._async.submit_to_batch(item, queue, selector, arg, fut)
+
+    def _fail_inbox(self) -> None:
+        left = [entry[4] for entry in self._inbox.take_all()]
+        if left:
+            fail_all(left, ClientError("producer is closed"))
 
     def _reserve(self, size: int) -> None:
         # From a callback (the I/O thread) waiting would block the releases: do not wait there.
-        timeout = 0.0 if self._thread.in_loop_thread else self.config.send_timeout_s
         limit = self.config.max_buffered_bytes
         with self._space:
-            if not self._space.wait_for(
-                lambda: self._buffered == 0 or self._buffered + size <= limit,
-                timeout=timeout,
-            ):
-                raise ClientError(
-                    f"send_async buffer full ({self._buffered} bytes) for {self.config.send_timeout_s}s"
-                )
+            if self._buffered and self._buffered + size > limit:
+                timeout = 0.0 if self._thread.in_loop_thread else self.config.max_block_s
+                self._waiting += 1
+                try:
+                    fits = self._space.wait_for(
+                        lambda: self._buffered == 0 or self._buffered + size <= limit,
+                        timeout=timeout,
+                    )
+                finally:
+                    self._waiting -= 1
+                if not fits:
+                    raise ClientError(
+                        f"send_async buffer full ({self._buffered} bytes unanswered) for "
+                        f"{timeout}s (max_block_s)"
+                    )
             self._buffered += size
 
-    def _release(self, size: int) -> None:
+    def release(self, nbytes: int) -> None:
+        """Give back buffer space (on the loop thread, once per settled batch)."""
         with self._space:
-            self._buffered -= size
-            self._space.notify_all()
+            self._buffered -= nbytes
+            if self._waiting:
+                self._space.notify_all()
 
     def flush(self) -> None:
         """Send every batch now and wait for all answers."""
-        self._thread.run(self._async.flush())
+        self._thread.run(self._flush())
+
+    async def _flush(self) -> None:
+        self._inbox.drain()
+        await self._async.flush()
 
     def close(self) -> None:
         """Send what is batched, wait for the answers, stop the I/O thread. Idempotent."""
-        super().close()
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            self._thread.run(self._close())
+        finally:
+            self._thread.stop()
+            self._fail_inbox()
+
+    async def _close(self) -> None:
+        self._inbox.drain()
+        await self._async.close()
