@@ -288,6 +288,26 @@ def test_bench_produce_two_processes_sync_batches(cli_cluster: CliCluster, tmp_p
     assert data["messages"] == 101 and data["stored"] == 101 + data["warmup"]
 
 
+def test_bench_produce_blocking_api(cli_cluster: CliCluster, tmp_path: Path) -> None:
+    report = tmp_path / "r.json"
+    r = cli(cli_cluster, "bench", "produce", "--topic", "CliBenchB", "--count", "300",
+            "--size", "100", "--api", "blocking", "--json", str(report))  # fmt: skip
+    assert "mode async, automatic batching, blocking Producer, 1 producer" in r.stdout
+    assert re.search(r"client CPU [\d.,]+ us/msg", r.stdout), r.stdout
+    data = json.loads(report.read_text())
+    assert data["messages"] == 300 and data["errors"] == 0
+    assert data["stored"] == 300 + data["warmup"]
+    assert data["client_cpu_us_per_msg"] > 0
+    lat = data["latency_ms"]
+    assert 0 < lat["p50"] <= lat["max"]
+    # Two processes, sync sends of batches of 10 through the blocking Producer.
+    r = cli(cli_cluster, "bench", "produce", "--topic", "CliBenchB", "--producers", "2",
+            "--count", "41", "--size", "64", "--mode", "sync", "--batch", "10",
+            "--api", "blocking", "--json", str(report))  # fmt: skip
+    data = json.loads(report.read_text())
+    assert [w["messages"] for w in data["workers"]] == [21, 20] and data["errors"] == 0
+
+
 def test_python_m_bench_produce_oneway_for_a_duration_at_a_rate(
     cli_cluster: CliCluster, capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:

@@ -11,6 +11,8 @@ from typing import Any
 from hdrh.histogram import HdrHistogram
 
 MODES = ("async", "sync", "oneway")
+APIS = ("async", "blocking")
+"""Which client sends: AsyncProducer on an event loop, or the blocking Producer from a thread."""
 DEFAULT_TOPIC = "BenchProduce"
 DEFAULT_COUNT = 100_000
 DEFAULT_QUEUES = 8
@@ -44,13 +46,19 @@ class ProduceBenchOptions:
     rate: float = 0.0
     """Target msgs/s over all producers (0: as fast as possible)."""
     window: int = 16_384
-    """async: unanswered messages per producer at most."""
+    """async: unanswered messages per producer at most (api async; the blocking Producer keeps
+    its own bound, max_buffered_bytes)."""
+    api: str = "async"
     command: str = ""
 
     def validate(self) -> None:
         problems = []
         if self.mode not in MODES:
             problems.append(f"mode {self.mode!r} is not one of {', '.join(MODES)}")
+        if self.api not in APIS:
+            problems.append(f"api {self.api!r} is not one of {', '.join(APIS)}")
+        if self.api == "blocking" and self.batch and self.mode != "sync":
+            problems.append("api blocking: --batch only with --mode sync")
         if self.producers < 1:
             problems.append("producers must be at least 1")
         if self.size < 1:
@@ -91,6 +99,8 @@ class WorkerResult:
     first_error: str | None = None
     histogram: str = ""
     """HdrHistogram.encode() of the latencies in microseconds (ASCII)."""
+    cpu_s: float = 0.0
+    """CPU time of the producer's process while it sent (all its threads)."""
 
 
 @dataclass(slots=True)
@@ -119,6 +129,12 @@ class ProduceBenchResult:
         return self.messages / self.seconds if self.seconds > 0 else 0.0
 
     @property
+    def client_cpu_us_per_msg(self) -> float:
+        """The producers' CPU time per message answered, in microseconds."""
+        cpu = sum(w.cpu_s for w in self.workers)
+        return cpu * 1e6 / self.messages if self.messages else 0.0
+
+    @property
     def mib_per_s(self) -> float:
         return self.body_bytes / 1024 / 1024 / self.seconds if self.seconds > 0 else 0.0
 
@@ -126,7 +142,11 @@ class ProduceBenchResult:
         data = asdict(self)
         for w in data["workers"]:
             w.pop("histogram", None)
-        data.update(msgs_per_s=self.msgs_per_s, mib_per_s=self.mib_per_s)
+        data.update(
+            msgs_per_s=self.msgs_per_s,
+            mib_per_s=self.mib_per_s,
+            client_cpu_us_per_msg=self.client_cpu_us_per_msg,
+        )
         return data
 
 

@@ -34,7 +34,7 @@ from orbitmq.common.tasks import TaskSet
 from orbitmq.net.loop import run as run_loop
 
 
-class _Recorder:
+class Recorder:
     """Counts answers and keeps latencies; cheap per message (an append), binned afterwards.
 
     Latencies (ns) go to an array and into the histogram in bulk (numpy) when the run is over,
@@ -89,7 +89,7 @@ async def produce(
     count = options.share(index)
     body = (f"bench {index} ".encode() + b"x" * options.size)[: options.size]
     msg = Message(options.topic, body)
-    rec = _Recorder()
+    rec = Recorder()
     async with AsyncProducer(options.namesrv, ProducerConfig(compress_over_bytes=-1)) as producer:
         info = await producer.routes.get(options.topic)
         first: dict[str, MessageQueue] = {}
@@ -101,6 +101,7 @@ async def produce(
             await producer.send(msg, queue=mq)
         if wait_for_start is not None:
             await wait_for_start()
+        cpu0 = time.process_time()
         started = time.perf_counter()
         deadline = None if options.duration_s is None else started + options.duration_s
         interval = options.producers / options.rate if options.rate > 0 else 0.0
@@ -219,6 +220,7 @@ async def produce(
                     await asyncio.sleep(0)  # let full batches go out
             await producer.flush()
         seconds = time.perf_counter() - started
+        cpu = time.process_time() - cpu0
     rec.spill()
     return WorkerResult(
         index=index,
@@ -228,6 +230,7 @@ async def produce(
         warmup=len(first),
         first_error=rec.first_error,
         histogram=rec.hist.encode().decode("ascii"),
+        cpu_s=cpu,
     )
 
 
@@ -245,8 +248,17 @@ def _worker_process(
         ready.put((index, None))
         await asyncio.to_thread(go.wait)
 
+    def wait_for_start_blocking() -> None:
+        ready.put((index, None))
+        go.wait()
+
     try:
-        result = run_loop(produce(options, index, wait_for_start))
+        if options.api == "blocking":
+            from orbitmq.bench.produce.blocking import produce_blocking
+
+            result = produce_blocking(options, index, wait_for_start_blocking)
+        else:
+            result = run_loop(produce(options, index, wait_for_start))
     except BaseException as exc:  # noqa: BLE001 - reported to the parent, which fails the run
         ready.put((index, f"{type(exc).__name__}: {exc}"))
         results.put((index, f"{type(exc).__name__}: {exc}"))

@@ -178,6 +178,10 @@ class Producer(BlockingFacade[AsyncProducer]):
             if self._waiting:
                 self._space.notify_all()
 
+    def publish_queues(self, topic: str) -> list[MessageQueue]:
+        """See :meth:`AsyncProducer.publish_queues`."""
+        return self._thread.run(self._async.publish_queues(topic))
+
     def flush(self) -> None:
         """Send every batch now and wait for all answers."""
         self._thread.run(self._flush())

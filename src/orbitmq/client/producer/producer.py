@@ -128,6 +128,12 @@ class AsyncProducer:
         """Send every batch now and wait until all sends so far have their answer."""
         await self.accumulator.flush()
 
+    async def publish_queues(self, topic: str) -> list[MessageQueue]:
+        """The topic's writable queues, from its route (fetched if not cached): RocketMQ's
+        ``fetchPublishMessageQueues``, e.g. to pick a queue for ``send(..., queue=)``."""
+        self.check_running()
+        return list((await self.routes.get(topic)).write_queues)
+
     def check_running(self) -> asyncio.AbstractEventLoop:
         """The producer's loop; ClientError unless it is running."""
         if self._state is not _State.RUNNING or self._loop is None:
