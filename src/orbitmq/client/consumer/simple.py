@@ -74,7 +74,6 @@ from orbitmq.protocol.consumer import (
     pop_retry_topic,
 )
 from orbitmq.protocol.frame import Frame
-from orbitmq.protocol.messages import decode_records
 from orbitmq.protocol.requests import (
     AckMessageRequest,
     BatchAckRequest,
@@ -371,7 +370,7 @@ class AsyncSimpleConsumer:
             if err.refresh_route:
                 self.routes.refresh_soon(target.topic)
             raise err
-        return _received(resp, target, invisible_ms)
+        return _received(resp, target, invisible_ms, self.config.check_crc)
 
     # ------------------------------------------------------------------ ack and change
 
@@ -489,8 +488,10 @@ def _int_field(resp: Frame, name: str, default: int) -> int:
     return value
 
 
-def _received(resp: Frame, target: _Target, invisible_ms: int) -> list[ReceivedMessage]:
-    records = decode_records(memoryview(resp.body))
+def _received(
+    resp: Frame, target: _Target, invisible_ms: int, check_crc: bool = True
+) -> list[ReceivedMessage]:
+    records = _codec.decode_pulled(memoryview(resp.body), verify_crc=check_crc)
     handles = resp.fields.get("handles")
     if (
         not isinstance(handles, list)
