@@ -246,9 +246,14 @@ class AsyncProducer:
         message raises here; send failures go to the future (and the callback, which runs on
         the event loop).
         """
-        self.check_running()
-        return self.submit(self.prepare(msg), queue=queue, selector=selector, arg=arg,
-                           callback=callback)  # fmt: skip
+        # Per message: the checks, the id, one Future; everything else happens per batch (one
+        # task sends it, one pass settles its futures).
+        fut: asyncio.Future[SendResult] = self.check_running().create_future()
+        item = self.prepare(msg)
+        if callback is not None:
+            fut.add_done_callback(callback_adapter(callback))
+        self.accumulator.submit(item, queue, selector, arg, fut)
+        return fut
 
     def submit(
         self,
@@ -261,7 +266,7 @@ class AsyncProducer:
     ) -> asyncio.Future[SendResult]:
         """``send_async`` of a message already prepared with :meth:`prepare`; on the producer's
         loop. Never raises: a closed producer fails the future."""
-        fut: asyncio.Future[SendResult] = asyncio.get_running_loop().create_future()
+        fut: asyncio.Future[SendResult] = (self._loop or asyncio.get_running_loop()).create_future()
         if callback is not None:
             fut.add_done_callback(callback_adapter(callback))
         self.accumulator.submit(item, queue, selector, arg, fut)
