@@ -17,8 +17,7 @@ import functools
 import time
 from collections.abc import Callable
 
-from orbitmq.bench.produce.model import ProduceBenchOptions, WorkerResult
-from orbitmq.bench.produce.worker import Recorder
+from orbitmq.bench.produce.model import ProduceBenchOptions, Recorder, WorkerResult
 from orbitmq.client import Message, MessageQueue, Producer, SendResult
 from orbitmq.common.errors import ClientError, MQError
 

@@ -1,13 +1,17 @@
 """The producer benchmark's defaults, options and results (:class:`ProduceBenchOptions`,
-:class:`WorkerResult`, :class:`ProduceBenchResult`) and the latency histogram they share.
+:class:`WorkerResult`, :class:`ProduceBenchResult`), the latency histogram they share and the
+:class:`Recorder` every producer (async or blocking) counts its answers with.
 """
 
 from __future__ import annotations
 
+import array
+import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+import numpy as np
 from hdrh.histogram import HdrHistogram
 
 MODES = ("async", "sync", "oneway")
@@ -152,3 +156,49 @@ class ProduceBenchResult:
 
 def new_histogram() -> HdrHistogram:
     return HdrHistogram(1, HIST_MAX_US, 3)
+
+
+class Recorder:
+    """Counts answers and keeps latencies; cheap per message (an append), binned afterwards.
+
+    Latencies (ns) go to an array and into the histogram in bulk (numpy) when the run is over,
+    or every SPILL_EVERY samples, so measuring costs the sender little.
+    """
+
+    SPILL_EVERY = 4_000_000
+
+    def __init__(self) -> None:
+        self.hist = new_histogram()
+        self.samples = array.array("q")
+        self.ok = 0
+        self.errors = 0
+        self.first_error: str | None = None
+
+    def success(self, started_ns: int, n: int = 1) -> None:
+        if n == 1:
+            self.samples.append(time.perf_counter_ns() - started_ns)
+            if len(self.samples) >= self.SPILL_EVERY:
+                self.spill()
+        else:
+            us = (time.perf_counter_ns() - started_ns) // 1000
+            self.hist.record_value(min(max(us, 1), HIST_MAX_US), n)
+        self.ok += n
+
+    def spill(self) -> None:
+        """Move the kept samples into the histogram."""
+        if not self.samples:
+            return
+        us = np.clip(np.frombuffer(self.samples, dtype=np.int64) // 1000, 1, HIST_MAX_US)
+        values, counts = np.unique(us, return_counts=True)
+        for v, c in zip(values.tolist(), counts.tolist(), strict=True):
+            self.hist.record_value(v, c)
+        self.samples = array.array("q")
+
+    def failure(self, exc: BaseException, n: int = 1) -> None:
+        self.errors += n
+        if self.first_error is None:
+            self.first_error = f"{type(exc).__name__}: {exc}"
+
+    @property
+    def give_up(self) -> bool:
+        return self.errors >= MAX_ERRORS
