@@ -30,7 +30,7 @@ class _Owner:
     def __init__(self) -> None:
         self.released: list[int] = []
 
-    def release(self, nbytes: int) -> None:
+    def release_buffer(self, nbytes: int) -> None:
         self.released.append(nbytes)
 
 

@@ -171,8 +171,9 @@ class Producer(BlockingFacade[AsyncProducer]):
                     )
             self._buffered += size
 
-    def release(self, nbytes: int) -> None:
-        """Give back buffer space (on the loop thread, once per settled batch)."""
+    def release_buffer(self, nbytes: int) -> None:
+        """Give back buffer space; called by the settling of a batch of SendFutures (on the
+        loop thread, once per batch), not by users."""
         with self._space:
             self._buffered -= nbytes
             if self._waiting:

@@ -53,7 +53,7 @@ class Completion(Protocol):
 class BufferOwner(Protocol):
     """The producer whose buffer a SendFuture's bytes count against."""
 
-    def release(self, nbytes: int) -> None: ...
+    def release_buffer(self, nbytes: int) -> None: ...
 
 
 class SendFuture(concurrent.futures.Future[SendResult]):
@@ -139,11 +139,11 @@ def _settle(entries: list[tuple[SendFuture, SendResult | None, BaseException | N
                 log.exception("send callback %r raised", fut.callback)
         if owner is not fut.owner:
             if owner is not None:
-                owner.release(nbytes)
+                owner.release_buffer(nbytes)
             owner, nbytes = fut.owner, 0
         nbytes += fut.size
     if owner is not None:
-        owner.release(nbytes)
+        owner.release_buffer(nbytes)
     if others:
         _settle(others)
 
