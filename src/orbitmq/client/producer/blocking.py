@@ -56,7 +56,9 @@ class Producer(BlockingFacade[AsyncProducer]):
         self.config = self._async.config
         self._buffered = 0
         self._waiting = 0
-        self._space = threading.Condition(threading.Lock())
+        self._lock = threading.Lock()
+        self._space = threading.Condition(self._lock)
+        """Waits for buffer room (on ``_lock``, which also guards ``_buffered``)."""
         self._settled = threading.Condition()
         """Shared by every SendFuture of this producer (see .handoff)."""
         self._thread = LoopThread("orbitmq-producer")
@@ -151,30 +153,33 @@ class Producer(BlockingFacade[AsyncProducer]):
             fail_all(left, ClientError("producer is closed"))
 
     def _reserve(self, size: int) -> None:
-        # From a callback (the I/O thread) waiting would block the releases: do not wait there.
         limit = self.config.max_buffered_bytes
+        with self._lock:  # the common case: room, one plain lock round
+            if not self._buffered or self._buffered + size <= limit:
+                self._buffered += size
+                return
+        # From a callback (the I/O thread) waiting would block the releases: do not wait there.
+        timeout = 0.0 if self._thread.in_loop_thread else self.config.max_block_s
         with self._space:
-            if self._buffered and self._buffered + size > limit:
-                timeout = 0.0 if self._thread.in_loop_thread else self.config.max_block_s
-                self._waiting += 1
-                try:
-                    fits = self._space.wait_for(
-                        lambda: self._buffered == 0 or self._buffered + size <= limit,
-                        timeout=timeout,
-                    )
-                finally:
-                    self._waiting -= 1
-                if not fits:
-                    raise ClientError(
-                        f"send_async buffer full ({self._buffered} bytes unanswered) for "
-                        f"{timeout}s (max_block_s)"
-                    )
+            self._waiting += 1
+            try:
+                fits = self._space.wait_for(
+                    lambda: self._buffered == 0 or self._buffered + size <= limit,
+                    timeout=timeout,
+                )
+            finally:
+                self._waiting -= 1
+            if not fits:
+                raise ClientError(
+                    f"send_async buffer full ({self._buffered} bytes unanswered) for "
+                    f"{timeout}s (max_block_s)"
+                )
             self._buffered += size
 
     def release_buffer(self, nbytes: int) -> None:
         """Give back buffer space; called by the settling of a batch of SendFutures (on the
         loop thread, once per batch), not by users."""
-        with self._space:
+        with self._lock:
             self._buffered -= nbytes
             if self._waiting:
                 self._space.notify_all()
