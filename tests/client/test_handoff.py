@@ -92,7 +92,7 @@ def test_inbox_wakes_the_loop_once_per_iteration_and_keeps_order() -> None:
     got: list[tuple[int, int]] = []
     drains = 0
     try:
-        inbox = Inbox(thread.loop, lambda entry: got.append(entry))
+        inbox = Inbox(thread.loop, lambda *entry: got.append(entry))
         original = inbox.drain
 
         def counting_drain() -> None:

@@ -22,7 +22,7 @@ from typing import Any
 from orbitmq.client._loop_thread import BlockingFacade, LoopThread
 from orbitmq.client._settings import resolve_config
 from orbitmq.client.producer.config import ProducerConfig
-from orbitmq.client.producer.handoff import Entry, Inbox, SendFuture, fail_all
+from orbitmq.client.producer.handoff import Inbox, SendFuture, fail_all
 from orbitmq.client.producer.producer import AsyncProducer
 from orbitmq.client.producer.types import MessageQueueSelector, SendCallback, SendResult
 from orbitmq.client.route import MessageQueue
@@ -62,7 +62,8 @@ class Producer(BlockingFacade[AsyncProducer]):
         self._settled = threading.Condition()
         """Shared by every SendFuture of this producer (see .handoff)."""
         self._thread = LoopThread("orbitmq-producer")
-        self._inbox = Inbox(self._thread.loop, self._submit)
+        # The drain hands each (item, queue, selector, arg, future) straight to the batches.
+        self._inbox = Inbox(self._thread.loop, self._async.accumulator.submit)
         try:
             self._thread.run(self._async.start())
         except BaseException:
@@ -141,11 +142,6 @@ class Producer(BlockingFacade[AsyncProducer]):
     def _check_open(self) -> None:
         if self._closed:
             raise ClientError("producer is closed")
-
-    def _submit(self, entry: Entry) -> None:
-        # On the loop: what the inbox hands over, straight to the accumulator.
-        item, queue, selector, arg, fut = entry
-        self._async.submit_to_batch(item, queue, selector, arg, fut)
 
     def _fail_inbox(self) -> None:
         left = [entry[4] for entry in self._inbox.take_all()]

@@ -153,10 +153,10 @@ Entry = tuple[Any, ...]
 
 
 class Inbox:
-    """Entries from any thread, handed to ``handle`` on the loop in order, one wake-up per
+    """Entries from any thread, handed to ``handle(*entry)`` on the loop in order, one wake-up per
     loop iteration (see the module docstring)."""
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, handle: Callable[[Entry], None]) -> None:
+    def __init__(self, loop: asyncio.AbstractEventLoop, handle: Callable[..., None]) -> None:
         self._loop = loop
         self._handle = handle
         self._entries: collections.deque[Entry] = collections.deque()
@@ -181,7 +181,7 @@ class Inbox:
         self._scheduled = False  # first: an entry put from here on schedules its own drain
         entries, handle = self._entries, self._handle
         while entries:
-            handle(entries.popleft())
+            handle(*entries.popleft())
 
     def take_all(self) -> list[Entry]:
         """Remove and return what is queued (for failing it once the loop is gone)."""

@@ -27,7 +27,6 @@ from orbitmq.client.fault import FaultStrategy
 from orbitmq.client.fifo import check_batch_groups, selector_for
 from orbitmq.client.producer.accumulator import RecordAccumulator, select_queue
 from orbitmq.client.producer.config import MAX_BATCH_BYTES, ProducerConfig
-from orbitmq.client.producer.handoff import Completion
 from orbitmq.client.producer.prepare import MessagePreparer, PreparedMessage
 from orbitmq.client.producer.sender import Sender, check_queue
 from orbitmq.client.producer.types import (
@@ -271,18 +270,6 @@ class AsyncProducer:
             fut.add_done_callback(callback_adapter(callback))
         self.accumulator.submit(item, queue, selector, arg, fut)
         return fut
-
-    def submit_to_batch(
-        self,
-        item: PreparedMessage,
-        queue: MessageQueue | None,
-        selector: MessageQueueSelector | None,
-        arg: Any,
-        fut: Completion,
-    ) -> None:
-        """:meth:`submit` with the caller's own completion (the blocking Producer's
-        SendFuture, settled per batch); on the producer's loop, never raises."""
-        self.accumulator.submit(item, queue, selector, arg, fut)
 
     async def choose_fixed_queue(
         self,
