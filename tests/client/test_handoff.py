@@ -234,3 +234,52 @@ def test_send_async_blocks_for_room_then_gives_up_after_max_block_s() -> None:
             server_thread.run(stop(ns, broker))
     finally:
         server_thread.stop()
+
+
+def test_close_while_other_threads_send_leaves_no_future_pending() -> None:
+    """Every future send_async returned is done once close() returns: answered, or failed
+    with 'producer is closed'; none is stranded in the inbox."""
+    from tests.client.fakes import FakeBroker, FakeNamesrv
+
+    server_thread = LoopThread("fake-servers")
+
+    async def setup() -> tuple[FakeNamesrv, FakeBroker]:
+        b = await FakeBroker("broker-a").start()
+        b.add_topic("T", 2)
+        ns = await FakeNamesrv().start()
+        ns.register([b])
+        return ns, b
+
+    async def stop(ns: FakeNamesrv, b: FakeBroker) -> None:
+        await b.stop()
+        await ns.stop()
+
+    try:
+        ns, broker = server_thread.run(setup())
+        try:
+            p = Producer(ns.addr, linger_ms=1, compress_over_bytes=-1)
+            futs: list[concurrent.futures.Future[SendResult]] = []
+            stop_at = time.monotonic() + 5
+
+            def sender() -> None:
+                while time.monotonic() < stop_at:
+                    try:
+                        futs.append(p.send_async(Message("T", b"x")))
+                    except ClientError:
+                        return  # closed: what it raised was not queued
+
+            threads = [threading.Thread(target=sender) for _ in range(3)]
+            for t in threads:
+                t.start()
+            time.sleep(0.2)
+            p.close()
+            for t in threads:
+                t.join(10)
+            assert futs and all(f.done() for f in futs)
+            for f in futs:
+                exc = f.exception(0)
+                assert exc is None or "closed" in str(exc), exc
+        finally:
+            server_thread.run(stop(ns, broker))
+    finally:
+        server_thread.stop()
