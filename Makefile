@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: help up test lint fmt test-crash test-chaos bench proto clean browser vendor
+.PHONY: help up test lint fmt test-crash test-chaos bench bench-store proto clean browser vendor
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
@@ -46,7 +46,16 @@ test-crash: $(STAMP) ## only the crash tests (ORBITMQ_CRASH_ITERATIONS=N for lon
 test-chaos: $(STAMP) ## I/O faults at random store sites, 300 iterations (ORBITMQ_CHAOS_ITERATIONS=N)
 	ORBITMQ_CHAOS_ITERATIONS=$${ORBITMQ_CHAOS_ITERATIONS:-300} $(PY) -m pytest -m chaos tests/chaos
 
-bench: $(STAMP) ## storage benchmark
+# The side-by-side harness (NATS, RabbitMQ, Redis, Mosquitto and OrbitMQ in one run) lives beside
+# the checkout and is read-only for the project; PEERS=path/to/peers points elsewhere.
+PEERS ?= ../shared/bench/peers
+
+bench: $(STAMP) ## peer comparison: installs the peer brokers (Debian packages) and runs every figure of RESULTS.md (not part of make test)
+	test -f $(PEERS)/run_all.sh || { echo "no peer harness at $(PEERS); set PEERS=" >&2; exit 2; }
+	bash $(PEERS)/setup.sh
+	bash $(PEERS)/run_all.sh
+
+bench-store: $(STAMP) ## storage benchmark
 	$(PY) -m orbitmq.bench store
 
 proto: $(STAMP) ## regenerate the gRPC proxy's protobuf modules (orbitmq/proxy/grpc_v2)

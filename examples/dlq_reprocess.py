@@ -35,7 +35,7 @@ import time
 from typing import Any
 
 from orbitmq.client import (
-    AdminClient,
+    BlockingAdminClient,
     ConsumedMessage,
     ConsumeFromWhere,
     ConsumeResult,
@@ -69,7 +69,7 @@ def dlq_end(namesrv: str, group: str) -> str:
     """Where the group's DLQ ends now, as ``startingOffsets`` JSON ("earliest" if it has none
     yet): reprocessing then takes only the dead letters this run makes."""
     topic = pipelines.dlq_topic(group)
-    with AdminClient(namesrv) as admin:
+    with BlockingAdminClient(namesrv) as admin:
         try:
             route = admin.topic_route(topic)
         except TopicRouteNotFoundError:

@@ -33,7 +33,7 @@ import shutil
 import tempfile
 from typing import Any
 
-from orbitmq.client import AdminClient, Message, Producer
+from orbitmq.client import BlockingAdminClient, Message, Producer
 from orbitmq.client.route import TopicRouteNotFoundError
 from orbitmq.spark import pipelines
 from orbitmq.spark.session import SessionOptions, build_session
@@ -66,7 +66,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def end_offsets(namesrv: str, topic: str) -> str:
     """The topic's current end, as ``startingOffsets`` JSON ("earliest" if it has no queue
     yet): the job then reads only what is sent after this moment."""
-    with AdminClient(namesrv) as admin:
+    with BlockingAdminClient(namesrv) as admin:
         try:
             queues = admin.queues(topic)
         except TopicRouteNotFoundError:

@@ -21,7 +21,7 @@ from typer.testing import CliRunner, Result
 
 from orbitmq.bench.__main__ import main as bench_main
 from orbitmq.cli.main import app
-from orbitmq.client import AdminClient, Message, Producer
+from orbitmq.client import BlockingAdminClient, Message, Producer
 from tests.cli.conftest import CliCluster
 from tests.harness import REPO, ProcessCluster
 
@@ -86,7 +86,7 @@ def test_topic_create_list_describe_update_delete(cli_cluster: CliCluster) -> No
     # update keeps what is not given: type and retention stay, queues and perm change.
     r = cli(cli_cluster, "topic", "update", "-t", t, "--write-queues", "2", "--perm", "R")
     assert "3 read / 2 write queues, perm R-, type FIFO" in r.stdout
-    with AdminClient(cli_cluster.namesrv) as admin:
+    with BlockingAdminClient(cli_cluster.namesrv) as admin:
         for addr in cli_cluster.brokers.values():
             (config,) = [c for c in admin.topic_configs(addr) if c.topic_name == t]
             assert (config.read_queue_nums, config.write_queue_nums) == (3, 2)
@@ -137,7 +137,7 @@ def test_send_then_tail_from_beginning(cli_cluster: CliCluster) -> None:
     per_queue: dict[str, list[int]] = {}
     for line in lines:
         per_queue.setdefault(line[0], []).append(int(line[1]))
-    with AdminClient(cli_cluster.namesrv) as admin:
+    with BlockingAdminClient(cli_cluster.namesrv) as admin:
         stored = {
             f"{s.broker_name}/{q.queue_id}": q.max_offset
             for s in admin.describe_topic(t).stats
@@ -286,6 +286,26 @@ def test_bench_produce_two_processes_sync_batches(cli_cluster: CliCluster, tmp_p
     data = json.loads(report.read_text())
     assert [w["messages"] for w in data["workers"]] == [51, 50]
     assert data["messages"] == 101 and data["stored"] == 101 + data["warmup"]
+
+
+def test_bench_produce_blocking_api(cli_cluster: CliCluster, tmp_path: Path) -> None:
+    report = tmp_path / "r.json"
+    r = cli(cli_cluster, "bench", "produce", "--topic", "CliBenchB", "--count", "300",
+            "--size", "100", "--api", "blocking", "--json", str(report))  # fmt: skip
+    assert "mode async, automatic batching, blocking Producer, 1 producer" in r.stdout
+    assert re.search(r"client CPU [\d.,]+ us/msg", r.stdout), r.stdout
+    data = json.loads(report.read_text())
+    assert data["messages"] == 300 and data["errors"] == 0
+    assert data["stored"] == 300 + data["warmup"]
+    assert data["client_cpu_us_per_msg"] > 0
+    lat = data["latency_ms"]
+    assert 0 < lat["p50"] <= lat["max"]
+    # Two processes, sync sends of batches of 10 through the blocking Producer.
+    r = cli(cli_cluster, "bench", "produce", "--topic", "CliBenchB", "--producers", "2",
+            "--count", "41", "--size", "64", "--mode", "sync", "--batch", "10",
+            "--api", "blocking", "--json", str(report))  # fmt: skip
+    data = json.loads(report.read_text())
+    assert [w["messages"] for w in data["workers"]] == [21, 20] and data["errors"] == 0
 
 
 def test_python_m_bench_produce_oneway_for_a_duration_at_a_rate(

@@ -13,7 +13,7 @@ import pytest
 from typer.testing import CliRunner, Result
 
 from orbitmq.cli.main import app
-from orbitmq.client import AdminClient, Message, Producer
+from orbitmq.client import BlockingAdminClient, Message, Producer
 from orbitmq.common.codes import ResponseCode
 from orbitmq.net.client import RemotingClient
 from orbitmq.protocol.codes import RequestCode
@@ -69,7 +69,7 @@ def test_dlq_list_and_resend(cli_cluster: CliCluster) -> None:
 
     out = cli(cli_cluster, "dlq", "resend", "--group", "G-DLQ", "--msg-id", ids[1]).output
     assert f"resent {ids[1]} to DLQT" in out and "1 resent, 0 failed" in out
-    with AdminClient(cli_cluster.namesrv) as admin:
+    with BlockingAdminClient(cli_cluster.namesrv) as admin:
         copies = admin.query_by_key("DLQT", "DLQT-k1")
         assert len(copies) == 2  # the original and the resent one
         resent = max(copies, key=lambda m: m.queue_offset)
@@ -81,7 +81,7 @@ def test_dlq_list_and_resend(cli_cluster: CliCluster) -> None:
 
     out = cli(cli_cluster, "dlq", "resend", "--group", "G-DLQ", "--all").output
     assert "2 resent, 0 failed" in out
-    with AdminClient(cli_cluster.namesrv) as admin:
+    with BlockingAdminClient(cli_cluster.namesrv) as admin:
         assert len(admin.query_by_key("DLQT", "DLQT-k0")) == 2
 
 

@@ -17,7 +17,7 @@ from typer.testing import CliRunner, Result
 from orbitmq.cli.common import message_line
 from orbitmq.cli.group import parse_time
 from orbitmq.cli.main import app
-from orbitmq.client import AdminClient, Message, MessageQueue, Producer
+from orbitmq.client import BlockingAdminClient, Message, MessageQueue, Producer
 from orbitmq.client.consumer.config import PushConfig
 from orbitmq.client.consumer.push import PushConsumer
 from orbitmq.client.consumer_types import ConsumedMessage, ConsumeFromWhere, ConsumeResult
@@ -156,7 +156,7 @@ def test_unknown_group_is_an_error(cli_cluster: CliCluster) -> None:
         r = cli(cli_cluster, *args, code=1)
         assert r.stderr.startswith("error: consumer group 'GrpNobody' is unknown"), r.stderr
     with (
-        AdminClient(cli_cluster.namesrv) as admin,
+        BlockingAdminClient(cli_cluster.namesrv) as admin,
         pytest.raises(SubscriptionGroupNotExistError),
     ):
         admin.consume_stats("GrpNobody")
@@ -215,7 +215,7 @@ def test_admin_sees_online_members_and_resets_them(cli_cluster: CliCluster) -> N
     consumer.start()
     try:
         _wait_until(lambda: len(got) >= 20)
-        with AdminClient(cli_cluster.namesrv) as admin:
+        with BlockingAdminClient(cli_cluster.namesrv) as admin:
             _wait_until(lambda: admin.describe_group(g).total_lag == 0)
             desc = admin.describe_group(g)
             assert [m.client_id for m in desc.members] == [consumer.client_id]
@@ -281,7 +281,7 @@ def test_group_config_show_set_delete(cli_cluster: CliCluster) -> None:
     r = cli(cli_cluster, "group", "config", "set", g, "--retry-max-times", "3",
             "--retry-delays", "5s, 30s,1m", "--pop-retry-delays", "none")  # fmt: skip
     assert "updated on 2 brokers" in r.stdout
-    with AdminClient(cli_cluster.namesrv) as admin:
+    with BlockingAdminClient(cli_cluster.namesrv) as admin:
         configs = admin.group_configs()
         for broker in ("broker-a", "broker-b"):
             (cfg,) = [c for c in configs[broker] if c.group_name == g]

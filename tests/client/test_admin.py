@@ -144,7 +144,7 @@ async def test_namesrv_failover_and_broadcast(cluster: FakeCluster) -> None:
 
 
 def test_blocking_admin_client() -> None:
-    from orbitmq.client import AdminClient, Producer
+    from orbitmq.client import BlockingAdminClient, Producer
     from orbitmq.client._loop_thread import LoopThread
     from tests.client.fakes import FakeBroker, FakeNamesrv
 
@@ -158,7 +158,7 @@ def test_blocking_admin_client() -> None:
             return ns, b
 
         ns, broker = servers.run(setup())
-        with AdminClient([ns.addr], AdminConfig(timeout_s=2.0)) as admin:
+        with BlockingAdminClient([ns.addr], AdminConfig(timeout_s=2.0)) as admin:
             assert admin.create_topic("B", write_queue_nums=2, read_queue_nums=2) == [broker.addr]
             ns.register([broker])
             with Producer([ns.addr], ProducerConfig(linger_ms=1)) as p:

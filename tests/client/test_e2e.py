@@ -16,9 +16,9 @@ import pytest
 from orbitmq.broker.config import BrokerConfig
 from orbitmq.broker.controller import BrokerController
 from orbitmq.client import (
-    AdminClient,
     AsyncAdminClient,
     AsyncProducer,
+    BlockingAdminClient,
     Message,
     MessageQueue,
     Producer,
@@ -256,7 +256,7 @@ def real_on_thread(tmp_path: Path) -> Iterator[tuple[LoopThread, RealCluster]]:
 def test_blocking_clients_end_to_end(real_on_thread: tuple[LoopThread, RealCluster]) -> None:
     _thread, real = real_on_thread
     with (
-        AdminClient([real.addr]) as admin,
+        BlockingAdminClient([real.addr]) as admin,
         Producer([real.addr], ProducerConfig(linger_ms=2)) as p,
     ):
         admin.create_topic("Blocking", read_queue_nums=2, write_queue_nums=2)

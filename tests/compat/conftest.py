@@ -24,7 +24,7 @@ from typing import Any
 
 import pytest
 
-from orbitmq.client import AdminClient
+from orbitmq.client import BlockingAdminClient
 from orbitmq.protocol.group_config import SubscriptionGroupConfig
 from tests.harness import ProcessCluster, ServerProcess
 
@@ -50,7 +50,7 @@ class Orbit:
     namesrv: str
     broker: ServerProcess
     proxy: ServerProcess
-    admin: AdminClient
+    admin: BlockingAdminClient
     runs: int = 0
     extra_proxies: list[ServerProcess] = field(default_factory=list)
 
@@ -189,7 +189,7 @@ def _proxy(
 def running_orbit(base: Path) -> Iterator[Orbit]:
     """NameServer, broker and proxy as three processes in ``base``, stopped at the end."""
     cluster = ProcessCluster(base)
-    admin: AdminClient | None = None
+    admin: BlockingAdminClient | None = None
     try:
         ns = cluster.namesrv()
         # Short check-back timings (the check-back test would otherwise wait 6 s plus up to
@@ -205,7 +205,7 @@ def running_orbit(base: Path) -> Iterator[Orbit]:
         )  # fmt: skip
         proxy = _proxy(cluster, ns.address, [], start=False)
         cluster.start_all([broker, proxy])  # the proxy needs only the NameServer to start
-        admin = AdminClient(ns.address)
+        admin = BlockingAdminClient(ns.address)
         yield Orbit(base, cluster, ns.address, broker, proxy, admin)
     finally:
         if admin is not None:

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from orbitmq.client import AdminClient
+from orbitmq.client import BlockingAdminClient
 from tests.compat.conftest import Orbit, need_official_client, running_orbit, unique
 
 pytestmark = [pytest.mark.compat, pytest.mark.integration, pytest.mark.crash]
@@ -44,7 +44,7 @@ def rng() -> random.Random:
     return random.Random(seed)
 
 
-def stored_bodies(admin: AdminClient, topic: str) -> list[str]:
+def stored_bodies(admin: BlockingAdminClient, topic: str) -> list[str]:
     bodies: list[str] = []
     for mq in admin.queues(topic):
         offset = admin.min_offset(mq)

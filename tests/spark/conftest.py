@@ -99,9 +99,9 @@ class OrbitCluster:
 
     def topic_named(self, name: str, queues: int = 2) -> str:
         """Create (or update) topic ``name`` and wait until the NameServer routes it."""
-        from orbitmq.client import AdminClient
+        from orbitmq.client import BlockingAdminClient
 
-        with AdminClient(self.namesrv) as admin:
+        with BlockingAdminClient(self.namesrv) as admin:
             admin.create_topic(name, read_queue_nums=queues, write_queue_nums=queues)
             deadline = time.monotonic() + 15
             while time.monotonic() < deadline:  # the NameServer learns it on the next register

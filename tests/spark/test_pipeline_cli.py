@@ -19,7 +19,7 @@ from typer.testing import CliRunner, Result
 
 from orbitmq.cli import pipeline as pipeline_cli
 from orbitmq.cli.main import app
-from orbitmq.client import AdminClient, Message, Producer
+from orbitmq.client import BlockingAdminClient, Message, Producer
 from orbitmq.common.codes import ResponseCode
 from orbitmq.net.client import RemotingClient
 from orbitmq.protocol.codes import RequestCode
@@ -50,7 +50,7 @@ def send(cluster: OrbitCluster, topic: str, bodies: list[str]) -> list[Any]:
 def bodies(cluster: OrbitCluster, topic: str) -> list[str]:
     """Every body in ``topic``, read with plain pulls (cheaper than a Spark job)."""
     out: list[str] = []
-    with AdminClient(cluster.namesrv) as admin:
+    with BlockingAdminClient(cluster.namesrv) as admin:
         for mq in admin.queues(topic):
             offset = admin.min_offset(mq)
             while offset < admin.max_offset(mq):

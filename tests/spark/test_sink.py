@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from orbitmq.client import AdminClient
+from orbitmq.client import BlockingAdminClient
 from orbitmq.common.record import StoredMessage
 from tests.spark.conftest import OrbitCluster
 
@@ -26,7 +26,7 @@ pq = pytest.importorskip("pyarrow.parquet")
 def read_topic(namesrv: str, topic: str) -> list[StoredMessage]:
     """Every message of the topic, queue by queue, with the native client."""
     out: list[StoredMessage] = []
-    with AdminClient(namesrv) as admin:
+    with BlockingAdminClient(namesrv) as admin:
         for mq in admin.queues(topic):
             offset, end = admin.min_offset(mq), admin.max_offset(mq)
             while offset < end:

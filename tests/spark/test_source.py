@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from orbitmq.client import AdminClient, Producer
+from orbitmq.client import BlockingAdminClient, Producer
 from orbitmq.client.route import MessageQueue
 from orbitmq.common.message import Message
 from tests.spark.conftest import OrbitCluster
@@ -67,7 +67,7 @@ def test_batch_read_equals_native_client(
     rows = read(spark, orbit_cluster.namesrv, loaded).collect()
     assert len(rows) == 100
     got = {(r.queue_id, r.queue_offset): r for r in rows}
-    with AdminClient(orbit_cluster.namesrv) as admin:
+    with BlockingAdminClient(orbit_cluster.namesrv) as admin:
         for q, n in ((0, 60), (1, 40)):
             msgs = admin.pull(MessageQueue(loaded, BROKER, q), 0, max_nums=n).messages
             assert len(msgs) == n
@@ -224,7 +224,7 @@ def test_fail_on_data_loss_below_a_deleted_start(spark: Any, orbit_cluster: Orbi
     topic = orbit_cluster.topic("lost", queues=1)
     produce(ns, topic, 0, 60)
     mq = MessageQueue(topic, BROKER, 0)
-    with AdminClient(ns) as admin:  # keep about the newest 2 KB: the start is gone
+    with BlockingAdminClient(ns) as admin:  # keep about the newest 2 KB: the start is gone
         admin.create_topic(topic, read_queue_nums=1, write_queue_nums=1, retention_bytes=2000)
         lo = admin.min_offset(mq)
     assert 0 < lo < 60

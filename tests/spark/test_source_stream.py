@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from orbitmq.client import AdminClient
+from orbitmq.client import BlockingAdminClient
 from tests.spark.conftest import OrbitCluster
 from tests.spark.test_source import BROKER, produce
 
@@ -45,7 +45,7 @@ def test_admission_control_and_group_progress(spark: Any, orbit_cluster: OrbitCl
     assert sorted((r.queue_id, r.queue_offset) for r in rows) == [
         (q, o) for q, n in ((0, 60), (1, 40)) for o in range(n)
     ]
-    with AdminClient(ns) as admin:
+    with BlockingAdminClient(ns) as admin:
         desc = admin.describe_group(group)
     mine = {(q.broker_name, q.queue_id): q for q in desc.queues if q.topic == topic}
     # Spark commits a batch's offsets to the source when it plans the next one, so the group
@@ -80,7 +80,7 @@ def test_restart_from_checkpoint_exactly_once(
     produce(ns, topic, 1, 20)
     run()
     produce(ns, topic, 0, 10, first=30)
-    with AdminClient(ns) as admin:
+    with BlockingAdminClient(ns) as admin:
         admin.create_topic(topic, read_queue_nums=3, write_queue_nums=3)
         deadline = time.monotonic() + 15
         while len(admin.queues(topic)) < 3 and time.monotonic() < deadline:
@@ -114,7 +114,7 @@ def test_queue_added_while_running(spark: Any, orbit_cluster: OrbitCluster) -> N
         deadline = time.monotonic() + 60
         while count() < 5 and time.monotonic() < deadline:
             time.sleep(0.2)
-        with AdminClient(ns) as admin:
+        with BlockingAdminClient(ns) as admin:
             admin.create_topic(topic, read_queue_nums=2, write_queue_nums=2)
             while len(admin.queues(topic)) < 2 and time.monotonic() < deadline:
                 time.sleep(0.1)
@@ -152,7 +152,7 @@ def test_queue_reset_is_data_loss(spark: Any, orbit_cluster: OrbitCluster, tmp_p
 
     produce(ns, topic, 0, 10)
     assert run().exception() is None
-    with AdminClient(ns) as admin:
+    with BlockingAdminClient(ns) as admin:
         admin.delete_topic(topic)
     orbit_cluster.topic_named(topic, queues=1)
     produce(ns, topic, 0, 3, first=100)

@@ -12,6 +12,7 @@ import typer
 from rich.markup import escape
 
 from orbitmq.bench.produce import (
+    APIS,
     DEFAULT_COUNT,
     DEFAULT_TOPIC,
     MODES,
@@ -46,6 +47,9 @@ def bench_produce(
         int, typer.Option("--batch", min=0, help="Explicit send_batch size; 0: automatic.")
     ] = 0,
     mode: Annotated[str, typer.Option("--mode", help="async, sync or oneway.")] = "async",
+    api: Annotated[
+        str, typer.Option("--api", help="async (AsyncProducer) or blocking (Producer).")
+    ] = "async",
     queues: Annotated[
         int | None,
         typer.Option("--queues", min=1, help="Create (or reset) the topic with N queues."),
@@ -65,9 +69,12 @@ def bench_produce(
     """Producer throughput and latency against a running cluster.
 
     Example: orbitmq bench produce --producers 2 --size 1024 --count 200000 --mode async
+    (add --api blocking to send through the blocking Producer instead)
     """
     if mode not in MODES:
         raise typer.BadParameter(f"{mode!r}: one of {', '.join(MODES)}", param_hint="--mode")
+    if api not in APIS:
+        raise typer.BadParameter(f"{api!r}: one of {', '.join(APIS)}", param_hint="--api")
     options = ProduceBenchOptions(
         namesrv=namesrv,
         topic=topic,
@@ -81,6 +88,7 @@ def bench_produce(
         cluster=cluster,
         rate=rate,
         window=window,
+        api=api,
         command=shlex.join(["orbitmq", "bench", "produce", *sys.argv[3:]])
         if sys.argv[1:3] == ["bench", "produce"]
         else "",

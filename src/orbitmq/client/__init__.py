@@ -4,9 +4,13 @@ Every client comes as a pair named one way: ``AsyncX`` runs on the caller's even
 is the blocking one, the async one on a private event loop thread (``AsyncProducer`` /
 ``Producer``, ``AsyncPushConsumer`` / ``PushConsumer``, ``AsyncLitePullConsumer`` /
 ``LitePullConsumer``, ``AsyncSimpleConsumer`` / ``SimpleConsumer``,
-``AsyncTransactionProducer`` / ``TransactionProducer``, ``AsyncAdminClient`` / ``AdminClient``).
+``AsyncTransactionProducer`` / ``TransactionProducer``), except the admin client, whose wave-1
+name stays: ``AdminClient`` is the async one (``AsyncAdminClient`` is the same class) and
+``BlockingAdminClient`` the blocking one.
 Both take the same config object (``ProducerConfig``, ``PushConfig``, ``LitePullConfig``,
-``SimpleConfig``, ``TransactionConfig``, ``AdminConfig``).
+``SimpleConfig``, ``TransactionConfig``, ``AdminConfig``) as ``config=``, or keyword overrides of
+its fields (``AsyncProducer(ns, linger_ms=0)``; both: the config with those fields replaced); an
+unknown keyword is a TypeError naming it.
 
 Names are imported on first use (PEP 562): a process that needs only the route cache or the
 admin client (a Spark worker, the streaming runner Spark starts per query) does not pay for
@@ -19,7 +23,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from orbitmq.client.admin.client import AdminClient, AsyncAdminClient
+    from orbitmq.client.admin.client import AdminClient, AsyncAdminClient, BlockingAdminClient
     from orbitmq.client.admin.config import AdminConfig
     from orbitmq.client.admin.types import PullResult, PullStatus, TopicDescription
     from orbitmq.client.allocate import (
@@ -94,6 +98,7 @@ _WHERE: dict[str, str] = {
     "AsyncPushConsumer": "orbitmq.client.consumer.push",
     "AsyncSimpleConsumer": "orbitmq.client.consumer.simple",
     "AsyncTransactionProducer": "orbitmq.client.transaction.producer",
+    "BlockingAdminClient": "orbitmq.client.admin.client",
     "AdminClient": "orbitmq.client.admin.client",
     "AdminConfig": "orbitmq.client.admin.config",
     "ConsumeFromWhere": "orbitmq.client.consumer_types",
@@ -162,6 +167,7 @@ __all__ = [
     "AsyncPushConsumer",
     "AsyncSimpleConsumer",
     "AsyncTransactionProducer",
+    "BlockingAdminClient",
     "ConsumeFromWhere",
     "ConsumeResult",
     "ConsumedMessage",

@@ -16,7 +16,7 @@ import zstandard
 
 from orbitmq.common.errors import ProtocolError
 from orbitmq.common.message import SYSFLAG_COMPRESSED, SYSFLAG_COMPRESSION_ZSTD
-from orbitmq.common.record import StoredMessage
+from orbitmq.common.record import Buffer, RecordError, StoredMessage, decode_batch
 
 ZSTD_FLAGS = SYSFLAG_COMPRESSED | SYSFLAG_COMPRESSION_ZSTD
 MAX_DECOMPRESSED_BYTES = 64 * 1024 * 1024
@@ -35,6 +35,17 @@ def _compressor(level: int) -> zstandard.ZstdCompressor:
     if comp is None:
         comp = cache[level] = zstandard.ZstdCompressor(level=level, write_content_size=True)
     return comp
+
+
+def decode_pulled(body: Buffer, *, verify_crc: bool) -> list[StoredMessage]:
+    """The records of a pull or pop answer, each record's CRC32C checked only when
+    ``verify_crc``: the broker checks CRCs when it stores and when it reads from disk, and TCP
+    checksums the way here, so RocketMQ's clients skip the check by default (the consumers'
+    ``check_crc`` setting turns it on). Framing is always checked; ProtocolError if it fails."""
+    try:
+        return decode_batch(body, verify_crc=verify_crc)
+    except RecordError as exc:
+        raise ProtocolError(f"pull body: {exc}") from exc
 
 
 def compress(body: bytes, level: int = 3) -> bytes:

@@ -33,7 +33,7 @@ from orbitmq.bench.grpc.model import (
 from orbitmq.bench.grpc.sides import client_version, run_native_side, run_official_side
 from orbitmq.bench.grpc_floor import run_floor
 from orbitmq.bench.machine import cpu_model, loadavg
-from orbitmq.client import AdminClient
+from orbitmq.client import BlockingAdminClient
 from orbitmq.common.clock import now_ms
 from orbitmq.common.errors import ClientError, MQError
 
@@ -72,7 +72,7 @@ def target(options: GrpcBenchOptions, say: Say) -> Iterator[tuple[str, str, Path
 
 
 def _prepare_topics(namesrv: str, topics: list[str]) -> None:
-    admin = AdminClient(namesrv)
+    admin = BlockingAdminClient(namesrv)
     try:
         existing = set(admin.list_topics())
         for topic in topics:

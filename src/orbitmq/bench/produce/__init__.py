@@ -13,6 +13,10 @@ of ``--count`` messages (or sends for ``--duration`` seconds) with ``--size``-by
     sync    one ``send`` (or ``send_batch`` of B) at a time. Latency: the round trip.
     oneway  one ``send_oneway`` at a time, no answer. Latency: the call (a socket write).
 
+``--api blocking`` sends through the blocking ``Producer`` from a plain thread instead of
+``AsyncProducer`` on an event loop (:mod:`.blocking`); the report's client CPU per message
+(the producer process's CPU time over the messages answered) compares the two.
+
 Throughput is messages answered (sent, for oneway) over the longest producer's time from the
 start signal to its last answer. Latencies go to an HdrHistogram per producer (microseconds,
 3 significant digits), merged for the report. The broker side is reported too: each broker's
@@ -26,11 +30,12 @@ A CLI calls :func:`run_produce_bench` with :class:`ProduceBenchOptions` and prin
 :func:`format_report`.
 
 The package: :mod:`.model` (defaults, options, results), :mod:`.worker` (one producer and the
-producer processes) and :mod:`.run` (broker side, driver, report, command line); every public
-name is re-exported here.
+producer processes), :mod:`.blocking` (one producer through the blocking API) and :mod:`.run`
+(broker side, driver, report, command line); every public name is re-exported here.
 """
 
 from orbitmq.bench.produce.model import (
+    APIS,
     DEFAULT_COUNT,
     DEFAULT_QUEUES,
     DEFAULT_TOPIC,
@@ -56,6 +61,7 @@ from orbitmq.bench.produce.run import (
 from orbitmq.bench.produce.worker import produce
 
 __all__ = [
+    "APIS",
     "DEFAULT_COUNT",
     "DEFAULT_QUEUES",
     "DEFAULT_TOPIC",

@@ -16,7 +16,9 @@ import sys
 
 from hdrh.histogram import HdrHistogram
 
+from orbitmq.bench.produce.blocking import produce_blocking
 from orbitmq.bench.produce.model import (
+    APIS,
     DEFAULT_COUNT,
     DEFAULT_QUEUES,
     DEFAULT_TOPIC,
@@ -111,7 +113,10 @@ def run_produce_bench(
     flush, before = run_loop(_prepare_topic(options, say))
     if options.producers == 1:
         say("warming up and running 1 producer in this process")
-        workers = [run_loop(produce(options, 0))]
+        if options.api == "blocking":
+            workers = [produce_blocking(options, 0)]
+        else:
+            workers = [run_loop(produce(options, 0))]
     else:
         workers = run_processes(options, say)
     hist = new_histogram()
@@ -156,13 +161,16 @@ def format_report(result: ProduceBenchResult) -> str:
         f"started: {result.started_at}; python {result.machine.get('python')}, "
         f"{result.machine.get('cpus')} cpus",
         f"topic {o.topic}, mode {o.mode}{', ' + batching if batching else ''}, "
-        f"{o.producers} producer{'s' if o.producers != 1 else ''}, {o.size} B bodies, {what}"
+        + ("blocking Producer, " if o.api == "blocking" else "")
+        + f"{o.producers} producer{'s' if o.producers != 1 else ''}, {o.size} B bodies, {what}"
         + (f", rate {o.rate:g} msgs/s" if o.rate else ""),
         f"broker flush: {flush or '?'}",
         "",
         f"messages   {result.messages:,} in {result.seconds:.2f} s"
         + (f" ({result.errors:,} failed)" if result.errors else ""),
         f"throughput {result.msgs_per_s:,.0f} msgs/s, {result.mib_per_s:,.2f} MiB/s",
+        f"client CPU {result.client_cpu_us_per_msg:,.1f} us/msg (producer process CPU time "
+        "over messages answered)",
         "latency ms "
         + "  ".join(f"{k} {v:.3f}" for k, v in lat.items() if k != "mean")
         + f"  (mean {lat['mean']:.3f}; "
@@ -221,6 +229,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--batch", type=int, default=0, help="send_batch size; 0: automatic")
     parser.add_argument("--mode", choices=MODES, default="async")
     parser.add_argument(
+        "--api", choices=APIS, default="async", help="AsyncProducer or the blocking Producer"
+    )
+    parser.add_argument(
         "--queues", type=int, default=None, help="(re)create the topic with N queues"
     )
     parser.add_argument("--cluster", default=None)
@@ -243,6 +254,7 @@ def options_from_args(ns: argparse.Namespace, command: str) -> ProduceBenchOptio
         cluster=ns.cluster,
         rate=ns.rate,
         window=ns.window,
+        api=ns.api,
         command=command,
     )
     options.validate()

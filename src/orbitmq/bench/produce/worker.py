@@ -5,7 +5,6 @@ its share, record latencies) and the spawned processes that run several at once
 
 from __future__ import annotations
 
-import array
 import asyncio
 import functools
 import logging
@@ -16,68 +15,19 @@ from collections.abc import Awaitable, Callable
 from multiprocessing.queues import Queue as MPQueue
 from typing import Any
 
-import numpy as np
-
+from orbitmq.bench.produce.blocking import produce_blocking
 from orbitmq.bench.produce.model import (
-    HIST_MAX_US,
-    MAX_ERRORS,
     STARTUP_TIMEOUT_S,
     ProduceBenchOptions,
     Progress,
+    Recorder,
     WorkerResult,
-    new_histogram,
 )
 from orbitmq.client import AsyncProducer, Message, MessageQueue, SendResult
 from orbitmq.client.producer.config import ProducerConfig
 from orbitmq.common.errors import ClientError, MQError
 from orbitmq.common.tasks import TaskSet
 from orbitmq.net.loop import run as run_loop
-
-
-class _Recorder:
-    """Counts answers and keeps latencies; cheap per message (an append), binned afterwards.
-
-    Latencies (ns) go to an array and into the histogram in bulk (numpy) when the run is over,
-    or every SPILL_EVERY samples, so measuring costs the sender little.
-    """
-
-    SPILL_EVERY = 4_000_000
-
-    def __init__(self) -> None:
-        self.hist = new_histogram()
-        self.samples = array.array("q")
-        self.ok = 0
-        self.errors = 0
-        self.first_error: str | None = None
-
-    def success(self, started_ns: int, n: int = 1) -> None:
-        if n == 1:
-            self.samples.append(time.perf_counter_ns() - started_ns)
-            if len(self.samples) >= self.SPILL_EVERY:
-                self.spill()
-        else:
-            us = (time.perf_counter_ns() - started_ns) // 1000
-            self.hist.record_value(min(max(us, 1), HIST_MAX_US), n)
-        self.ok += n
-
-    def spill(self) -> None:
-        """Move the kept samples into the histogram."""
-        if not self.samples:
-            return
-        us = np.clip(np.frombuffer(self.samples, dtype=np.int64) // 1000, 1, HIST_MAX_US)
-        values, counts = np.unique(us, return_counts=True)
-        for v, c in zip(values.tolist(), counts.tolist(), strict=True):
-            self.hist.record_value(v, c)
-        self.samples = array.array("q")
-
-    def failure(self, exc: BaseException, n: int = 1) -> None:
-        self.errors += n
-        if self.first_error is None:
-            self.first_error = f"{type(exc).__name__}: {exc}"
-
-    @property
-    def give_up(self) -> bool:
-        return self.errors >= MAX_ERRORS
 
 
 async def produce(
@@ -89,7 +39,7 @@ async def produce(
     count = options.share(index)
     body = (f"bench {index} ".encode() + b"x" * options.size)[: options.size]
     msg = Message(options.topic, body)
-    rec = _Recorder()
+    rec = Recorder()
     async with AsyncProducer(options.namesrv, ProducerConfig(compress_over_bytes=-1)) as producer:
         info = await producer.routes.get(options.topic)
         first: dict[str, MessageQueue] = {}
@@ -101,6 +51,7 @@ async def produce(
             await producer.send(msg, queue=mq)
         if wait_for_start is not None:
             await wait_for_start()
+        cpu0 = time.process_time()
         started = time.perf_counter()
         deadline = None if options.duration_s is None else started + options.duration_s
         interval = options.producers / options.rate if options.rate > 0 else 0.0
@@ -219,6 +170,7 @@ async def produce(
                     await asyncio.sleep(0)  # let full batches go out
             await producer.flush()
         seconds = time.perf_counter() - started
+        cpu = time.process_time() - cpu0
     rec.spill()
     return WorkerResult(
         index=index,
@@ -228,6 +180,7 @@ async def produce(
         warmup=len(first),
         first_error=rec.first_error,
         histogram=rec.hist.encode().decode("ascii"),
+        cpu_s=cpu,
     )
 
 
@@ -245,8 +198,15 @@ def _worker_process(
         ready.put((index, None))
         await asyncio.to_thread(go.wait)
 
+    def wait_for_start_blocking() -> None:
+        ready.put((index, None))
+        go.wait()
+
     try:
-        result = run_loop(produce(options, index, wait_for_start))
+        if options.api == "blocking":
+            result = produce_blocking(options, index, wait_for_start_blocking)
+        else:
+            result = run_loop(produce(options, index, wait_for_start))
     except BaseException as exc:  # noqa: BLE001 - reported to the parent, which fails the run
         ready.put((index, f"{type(exc).__name__}: {exc}"))
         results.put((index, f"{type(exc).__name__}: {exc}"))

@@ -12,7 +12,7 @@ from typing import Any, Self, TypeVar
 import msgspec
 
 from orbitmq.client import _codec
-from orbitmq.client._settings import signer_of
+from orbitmq.client._settings import resolve_config, signer_of
 from orbitmq.client.admin.config import AdminConfig
 from orbitmq.client.route import (
     MessageQueue,
@@ -54,10 +54,9 @@ class AdminBase:
         config: AdminConfig | None = None,
         *,
         ssl_context: ssl.SSLContext | None = None,
+        **overrides: Any,
     ) -> None:
-        self.config = cfg = AdminConfig() if config is None else config
-        if not isinstance(cfg, AdminConfig):
-            raise ClientError(f"config must be an AdminConfig, not {type(cfg).__name__}")
+        self.config = cfg = resolve_config(AdminConfig, config, overrides, "AdminClient")
         self.timeout_s = cfg.timeout_s
         self.remoting = RemotingClient(
             connect_timeout=cfg.connect_timeout_s,

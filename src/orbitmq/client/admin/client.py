@@ -1,8 +1,9 @@
 """The admin client behind the CLI: topics, cluster, offsets, pulls, message lookups and
 consumer groups.
 
-:class:`AsyncAdminClient` is async; :class:`AdminClient` runs one on a private event loop
-thread. Messages come back decoded (:class:`orbitmq.common.record.StoredMessage`, CRC-checked)
+:class:`AdminClient` is async (``AsyncAdminClient`` is the same class, named like the other
+async clients); :class:`BlockingAdminClient` runs one on a private event loop thread. The names
+are wave 1's: ``AdminClient`` was released as the async client, so it stays that. Messages come back decoded (:class:`orbitmq.common.record.StoredMessage`, CRC-checked)
 with compressed bodies already inflated and the compression bits cleared from ``sys_flag``.
 """
 
@@ -14,6 +15,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from orbitmq.client._loop_thread import BlockingFacade, LoopThread
+from orbitmq.client._settings import resolve_config
 from orbitmq.client.admin.auth import AuthAdminOps
 from orbitmq.client.admin.config import AdminConfig
 from orbitmq.client.admin.groups import GroupAdmin
@@ -45,15 +47,19 @@ from orbitmq.protocol.group_config import (
 
 log = logging.getLogger(__name__)
 
-__all__ = ["AdminClient", "AsyncAdminClient"]
+__all__ = ["AdminClient", "AsyncAdminClient", "BlockingAdminClient"]
 
 
-class AsyncAdminClient(TopicAdmin, GroupAdmin, AuthAdminOps):
-    """Administration over the Remoting protocol. ``async with AsyncAdminClient(addrs) as admin:``."""
+class AdminClient(TopicAdmin, GroupAdmin, AuthAdminOps):
+    """Administration over the Remoting protocol. ``async with AdminClient(addrs) as admin:``."""
 
 
-class AdminClient(BlockingFacade[AsyncAdminClient]):
-    """:class:`AsyncAdminClient` with blocking methods, on a private event loop thread."""
+AsyncAdminClient = AdminClient
+"""The same class, under the name the other async clients follow (``AsyncProducer``, ...)."""
+
+
+class BlockingAdminClient(BlockingFacade[AdminClient]):
+    """:class:`AdminClient` with blocking methods, on a private event loop thread."""
 
     def __init__(
         self,
@@ -61,13 +67,15 @@ class AdminClient(BlockingFacade[AsyncAdminClient]):
         config: AdminConfig | None = None,
         *,
         ssl_context: ssl.SSLContext | None = None,
+        **overrides: Any,
     ) -> None:
+        config = resolve_config(AdminConfig, config, overrides, "BlockingAdminClient")
         self._thread = LoopThread("orbitmq-admin")
-        self._async = AsyncAdminClient(namesrv_addrs, config, ssl_context=ssl_context)
+        self._async = AdminClient(namesrv_addrs, config, ssl_context=ssl_context)
         self._closed = False
 
     @property
-    def async_client(self) -> AsyncAdminClient:
+    def async_client(self) -> AdminClient:
         return self._async
 
     def cluster_info(self) -> ClusterInfo:

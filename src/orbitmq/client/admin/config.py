@@ -1,6 +1,6 @@
 """Admin client settings: each default, what it is for and its valid values written once.
 
-``AsyncAdminClient(namesrv, AdminConfig(timeout_s=10))``; the blocking AdminClient takes the
+``AsyncAdminClient(namesrv, AdminConfig(timeout_s=10))``; BlockingAdminClient takes the
 same object.
 """
 

@@ -67,6 +67,11 @@ class ConsumerConfig:
         1.0, "After a membership change, additions wait this long after removals.", at_least(0)
     )
     route_refresh_interval_s: float = setting(30.0, "How often cached routes are refreshed.")
+    check_crc: bool = setting(
+        False,
+        "Check each pulled record's CRC32C in the client (off, as in RocketMQ's clients: the "
+        "broker checks at append and on disk reads).",
+    )
 
     access_key: str | None = setting(
         None, "User to sign every request with (servers with authentication on; docs/security.md)."
@@ -132,6 +137,9 @@ class SimpleConfig:
     namesrv_timeout_s: float = setting(3.0, "Timeout of one NameServer request.", above(0))
     route_refresh_interval_s: float = setting(30.0, "How often cached routes are refreshed.")
     connect_timeout_s: float = setting(3.0, "Timeout of one connection attempt.", above(0))
+    check_crc: bool = setting(
+        False, "Check each received record's CRC32C in the client (off, as in RocketMQ's clients)."
+    )
 
     access_key: str | None = setting(
         None, "User to sign every request with (servers with authentication on; docs/security.md)."

@@ -34,6 +34,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from orbitmq.client._loop_thread import BlockingFacade, LoopThread
+from orbitmq.client._settings import resolve_config
 from orbitmq.client.consumer.config import LitePullConfig
 from orbitmq.client.consumer.member import GroupMember, State
 from orbitmq.client.consumer_types import ConsumedMessage
@@ -58,10 +59,9 @@ class AsyncLitePullConsumer(GroupMember):
         config: LitePullConfig | None = None,
         *,
         ssl_context: ssl.SSLContext | None = None,
+        **overrides: Any,
     ) -> None:
-        cfg = LitePullConfig() if config is None else config
-        if not isinstance(cfg, LitePullConfig):
-            raise ClientError(f"config must be a LitePullConfig, not {type(cfg).__name__}")
+        cfg = resolve_config(LitePullConfig, config, overrides, "AsyncLitePullConsumer")
         super().__init__(namesrv_addrs, group, cfg, ssl_context=ssl_context)
         self.config: LitePullConfig = cfg
         self.auto_commit = cfg.auto_commit
@@ -230,7 +230,9 @@ class LitePullConsumer(BlockingFacade[AsyncLitePullConsumer]):
         config: LitePullConfig | None = None,
         *,
         ssl_context: ssl.SSLContext | None = None,
+        **overrides: Any,
     ) -> None:
+        config = resolve_config(LitePullConfig, config, overrides, "LitePullConsumer")
         self._async = AsyncLitePullConsumer(namesrv_addrs, group, config, ssl_context=ssl_context)
         self._started: LoopThread | None = None
         self._closed = False

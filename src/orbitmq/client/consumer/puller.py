@@ -26,7 +26,6 @@ from orbitmq.client.route import MessageQueue
 from orbitmq.common.codes import ResponseCode
 from orbitmq.common.errors import MQError, ProtocolError
 from orbitmq.common.record import StoredMessage
-from orbitmq.protocol.messages import decode_records
 from orbitmq.protocol.requests import PullMessageRequest
 
 log = logging.getLogger(__name__)
@@ -145,7 +144,7 @@ class PullMessageService:
             raise ProtocolError(f"pull answer without next_begin_offset: {resp.fields!r}")
         code = resp.code
         if code == ResponseCode.SUCCESS:
-            msgs = _codec.plain_all(decode_records(resp.body))
+            msgs = _codec.plain_all(_codec.decode_pulled(resp.body, verify_crc=cfg.check_crc))
             added = pq.put(sub.accept(msgs), next_begin)
             if added:
                 self._on_pulled(pq, added)

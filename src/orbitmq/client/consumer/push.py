@@ -30,6 +30,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, cast
 
 from orbitmq.client._loop_thread import BlockingFacade, LoopThread
+from orbitmq.client._settings import resolve_config
 from orbitmq.client.consumer.concurrent import ConsumeMessageConcurrentlyService
 from orbitmq.client.consumer.config import PushConfig
 from orbitmq.client.consumer.listener import (
@@ -65,10 +66,9 @@ class AsyncPushConsumer(GroupMember):
         config: PushConfig | None = None,
         *,
         ssl_context: ssl.SSLContext | None = None,
+        **overrides: Any,
     ) -> None:
-        cfg = PushConfig() if config is None else config
-        if not isinstance(cfg, PushConfig):
-            raise ClientError(f"config must be a PushConfig, not {type(cfg).__name__}")
+        cfg = resolve_config(PushConfig, config, overrides, "AsyncPushConsumer")
         super().__init__(namesrv_addrs, group, cfg, ssl_context=ssl_context)
         self.config: PushConfig = cfg
         self.runner = ListenerRunner(group)
@@ -220,7 +220,9 @@ class PushConsumer(BlockingFacade[AsyncPushConsumer]):
         config: PushConfig | None = None,
         *,
         ssl_context: ssl.SSLContext | None = None,
+        **overrides: Any,
     ) -> None:
+        config = resolve_config(PushConfig, config, overrides, "PushConsumer")
         self._async = AsyncPushConsumer(namesrv_addrs, group, config, ssl_context=ssl_context)
         self._thread_started: LoopThread | None = None
         self._closed = False

@@ -42,12 +42,13 @@ import logging
 import ssl
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import msgspec
 
 from orbitmq.client import _codec
 from orbitmq.client._loop_thread import BlockingFacade, LoopThread
-from orbitmq.client._settings import signer_of
+from orbitmq.client._settings import resolve_config, signer_of
 from orbitmq.client.consumer.config import SimpleConfig
 from orbitmq.client.consumer.subscription import Subscription
 from orbitmq.client.consumer_types import ReceivedMessage, new_client_id
@@ -73,7 +74,6 @@ from orbitmq.protocol.consumer import (
     pop_retry_topic,
 )
 from orbitmq.protocol.frame import Frame
-from orbitmq.protocol.messages import decode_records
 from orbitmq.protocol.requests import (
     AckMessageRequest,
     BatchAckRequest,
@@ -149,12 +149,11 @@ class AsyncSimpleConsumer:
         *,
         subscriptions: Mapping[str, str | tuple[str, str]] | None = None,
         ssl_context: ssl.SSLContext | None = None,
+        **overrides: Any,
     ) -> None:
         if not group:
             raise ClientError("a consumer group is required")
-        cfg = SimpleConfig() if config is None else config
-        if not isinstance(cfg, SimpleConfig):
-            raise ClientError(f"config must be a SimpleConfig, not {type(cfg).__name__}")
+        cfg = resolve_config(SimpleConfig, config, overrides, "AsyncSimpleConsumer")
         self.config = cfg
         self.group = group
         self.client_id = cfg.client_id or new_client_id()
@@ -372,7 +371,7 @@ class AsyncSimpleConsumer:
             if err.refresh_route:
                 self.routes.refresh_soon(target.topic)
             raise err
-        return _received(resp, target, invisible_ms)
+        return _received(resp, target, invisible_ms, self.config.check_crc)
 
     # ------------------------------------------------------------------ ack and change
 
@@ -490,8 +489,10 @@ def _int_field(resp: Frame, name: str, default: int) -> int:
     return value
 
 
-def _received(resp: Frame, target: _Target, invisible_ms: int) -> list[ReceivedMessage]:
-    records = decode_records(memoryview(resp.body))
+def _received(
+    resp: Frame, target: _Target, invisible_ms: int, check_crc: bool = True
+) -> list[ReceivedMessage]:
+    records = _codec.decode_pulled(memoryview(resp.body), verify_crc=check_crc)
     handles = resp.fields.get("handles")
     if (
         not isinstance(handles, list)
@@ -531,7 +532,9 @@ class SimpleConsumer(BlockingFacade[AsyncSimpleConsumer]):
         *,
         subscriptions: Mapping[str, str | tuple[str, str]] | None = None,
         ssl_context: ssl.SSLContext | None = None,
+        **overrides: Any,
     ) -> None:
+        config = resolve_config(SimpleConfig, config, overrides, "SimpleConsumer")
         self._async = AsyncSimpleConsumer(
             namesrv_addrs, group, config, subscriptions=subscriptions, ssl_context=ssl_context
         )

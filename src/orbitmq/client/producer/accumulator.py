@@ -16,21 +16,21 @@ Everything here runs on the producer's event loop.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from orbitmq.client.fifo import selector_for
 from orbitmq.client.producer.config import ProducerConfig
+from orbitmq.client.producer.handoff import Completion, complete_all, fail_all
 from orbitmq.client.producer.prepare import PreparedMessage
 from orbitmq.client.producer.sender import Sender, check_queue
-from orbitmq.client.producer.types import MessageQueueSelector, SendResult
+from orbitmq.client.producer.types import MessageQueueSelector
 from orbitmq.client.route import MessageQueue, TopicPublishInfo, TopicRouteCache
 from orbitmq.common.errors import ClientError, MQError
 from orbitmq.common.message import Message
 from orbitmq.common.tasks import TaskSet
 
-__all__ = ["RecordAccumulator", "fail_all", "select_queue"]
+__all__ = ["RecordAccumulator", "select_queue"]
 
 _BatchKey = tuple[str, MessageQueue | None, int, int]  # topic, queue, sys_flag, flag
 
@@ -39,13 +39,13 @@ _BatchKey = tuple[str, MessageQueue | None, int, int]  # topic, queue, sys_flag,
 class _Batch:
     key: _BatchKey
     items: list[PreparedMessage] = field(default_factory=list)
-    futures: list[asyncio.Future[SendResult]] = field(default_factory=list)
+    futures: list[Completion] = field(default_factory=list)
     nbytes: int = 0
     timer: asyncio.TimerHandle | asyncio.Handle | None = None
     flushed: bool = False
 
 
-_Waiter = tuple[PreparedMessage, MessageQueueSelector, Any, asyncio.Future[SendResult]]
+_Waiter = tuple[PreparedMessage, MessageQueueSelector, Any, Completion]
 
 
 class RecordAccumulator:
@@ -91,18 +91,18 @@ class RecordAccumulator:
         queue: MessageQueue | None,
         selector: MessageQueueSelector | None,
         arg: Any,
-        fut: asyncio.Future[SendResult],
+        fut: Completion,
     ) -> None:
         """Add ``item`` to its batch; ``fut`` gets its SendResult or error (never raises)."""
         if not self.accepting:
-            fut.set_exception(ClientError("producer is closed"))
+            fail_all([fut], ClientError("producer is closed"))
             return
         topic = item.msg.topic
         if queue is not None:
             try:
                 check_queue(queue, topic)
             except ClientError as exc:
-                fut.set_exception(exc)
+                fail_all([fut], exc)
                 return
         elif selector is not None or (selector := selector_for(item.msg)) is not None:
             info = self.routes.cached(topic)
@@ -116,7 +116,7 @@ class RecordAccumulator:
             try:
                 queue = select_queue(info, item.msg, selector, arg)
             except Exception as exc:  # noqa: BLE001 - the selector's error goes to the caller
-                fut.set_exception(exc)
+                fail_all([fut], exc)
                 return
         self._enqueue(item, queue, fut)
 
@@ -131,18 +131,16 @@ class RecordAccumulator:
             if fut.done():
                 continue
             if info is None:
-                fut.set_exception(error or ClientError(f"no route for {topic!r}"))
+                fail_all([fut], error or ClientError(f"no route for {topic!r}"))
                 continue
             try:
                 queue = select_queue(info, item.msg, selector, arg)
             except Exception as exc:  # noqa: BLE001 - the selector's error goes to the caller
-                fut.set_exception(exc)
+                fail_all([fut], exc)
                 continue
             self._enqueue(item, queue, fut)
 
-    def _enqueue(
-        self, item: PreparedMessage, queue: MessageQueue | None, fut: asyncio.Future[SendResult]
-    ) -> None:
+    def _enqueue(self, item: PreparedMessage, queue: MessageQueue | None, fut: Completion) -> None:
         cfg = self.config
         key: _BatchKey = (item.msg.topic, queue, item.sys_flag, item.msg.flag)
         batch = self._batches.get(key)
@@ -177,15 +175,19 @@ class RecordAccumulator:
         self._tasks.spawn(self._send_batch(batch))
 
     async def _send_batch(self, batch: _Batch) -> None:
+        # The send budget starts when the batch may go out (it holds an in-flight slot): time
+        # queued behind max_in_flight_batches is back-pressure, bounded by whoever fills the
+        # queue (the blocking Producer's max_buffered_bytes), not a reason to fail the send.
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.config.send_timeout_s
+        budget = self.config.send_timeout_s
         topic, queue, sys_flag, flag = batch.key
         try:
             if queue is None:
                 async with self._in_flight:
                     results = await self.sender.send(
-                        topic, batch.items, sys_flag, flag, queue=None, deadline=deadline
-                    )
+                        topic, batch.items, sys_flag, flag, queue=None,
+                        deadline=loop.time() + budget, busy_waits=True,
+                    )  # fmt: skip
             else:
                 # One batch per explicit queue at a time, in order: the broker may process
                 # pipelined requests concurrently, which would reorder them.
@@ -194,17 +196,16 @@ class RecordAccumulator:
                     lock = self._queue_locks[batch.key] = asyncio.Lock()
                 async with lock, self._in_flight:
                     results = await self.sender.send(
-                        topic, batch.items, sys_flag, flag, queue=queue, deadline=deadline
-                    )
+                        topic, batch.items, sys_flag, flag, queue=queue,
+                        deadline=loop.time() + budget, busy_waits=True,
+                    )  # fmt: skip
         except asyncio.CancelledError:
             fail_all(batch.futures, ClientError("producer closed before the send completed"))
             raise
         except Exception as exc:  # noqa: BLE001 - every error reaches the senders' futures
             fail_all(batch.futures, exc)
         else:
-            for fut, result in zip(batch.futures, results, strict=True):
-                if not fut.done():
-                    fut.set_result(result)
+            complete_all(batch.futures, results)
         finally:
             self._sending -= len(batch.items)
 
@@ -218,9 +219,3 @@ def select_queue(
     mq = selector(info.write_queues, msg, arg)
     check_queue(mq, msg.topic)
     return mq
-
-
-def fail_all(futures: Sequence[asyncio.Future[SendResult]], exc: BaseException) -> None:
-    for fut in futures:
-        if not fut.done():
-            fut.set_exception(exc)

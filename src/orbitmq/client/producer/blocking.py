@@ -2,13 +2,17 @@
 
 Takes the same :class:`~orbitmq.client.producer.config.ProducerConfig`. ``send_async``
 prepares the message in the caller's thread (a bad message raises there, compression runs off
-the I/O thread) and submits it on the loop; ``max_buffered_bytes`` bounds what it may hold
-unanswered.
+the I/O thread) and hands it to the loop through an inbox drained once per loop iteration, and
+results come back settled per batch (:mod:`.handoff`): no thread hop and no lock round per
+message, so it costs about what ``AsyncProducer.send_async`` does. ``max_buffered_bytes``
+bounds what it may hold unanswered; beyond it ``send_async`` blocks (up to ``max_block_s``):
+that is the back-pressure, which also slows callers while the broker answers SYSTEM_BUSY (the
+sender retries those with a back-off, :mod:`.sender`). ``send`` and ``send_batch`` wait on the
+loop thread for their own answer, as before.
 """
 
 from __future__ import annotations
 
-import asyncio
 import concurrent.futures
 import ssl
 import threading
@@ -16,9 +20,10 @@ from collections.abc import Sequence
 from typing import Any
 
 from orbitmq.client._loop_thread import BlockingFacade, LoopThread
+from orbitmq.client._settings import resolve_config
 from orbitmq.client.producer.config import ProducerConfig
-from orbitmq.client.producer.prepare import PreparedMessage
-from orbitmq.client.producer.producer import AsyncProducer, callback_adapter
+from orbitmq.client.producer.handoff import Inbox, SendFuture, fail_all
+from orbitmq.client.producer.producer import AsyncProducer
 from orbitmq.client.producer.types import MessageQueueSelector, SendCallback, SendResult
 from orbitmq.client.route import MessageQueue
 from orbitmq.common.errors import ClientError
@@ -33,7 +38,7 @@ class Producer(BlockingFacade[AsyncProducer]):
     Starts on construction (connections are made on first use) and is safe to share between
     threads. ``send_async`` callbacks run on the producer's I/O thread: keep them short and do
     not call blocking producer methods from them. Beyond ``max_buffered_bytes`` unanswered,
-    send_async blocks (up to send_timeout_s, then ClientError).
+    send_async blocks (up to max_block_s, then ClientError).
 
     ``with Producer("127.0.0.1:9876") as p: p.send(Message("T", b"x"))``
     """
@@ -44,12 +49,21 @@ class Producer(BlockingFacade[AsyncProducer]):
         config: ProducerConfig | None = None,
         *,
         ssl_context: ssl.SSLContext | None = None,
+        **overrides: Any,
     ) -> None:
+        config = resolve_config(ProducerConfig, config, overrides, "Producer")
         self._async = AsyncProducer(namesrv_addrs, config, ssl_context=ssl_context)
         self.config = self._async.config
         self._buffered = 0
-        self._space = threading.Condition()
+        self._waiting = 0
+        self._lock = threading.Lock()
+        self._space = threading.Condition(self._lock)
+        """Waits for buffer room (on ``_lock``, which also guards ``_buffered``)."""
+        self._settled = threading.Condition()
+        """Shared by every SendFuture of this producer (see .handoff)."""
         self._thread = LoopThread("orbitmq-producer")
+        # The drain hands each (item, queue, selector, arg, future) straight to the batches.
+        self._inbox = Inbox(self._thread.loop, self._async.accumulator.submit)
         try:
             self._thread.run(self._async.start())
         except BaseException:
@@ -106,60 +120,89 @@ class Producer(BlockingFacade[AsyncProducer]):
         selector: MessageQueueSelector | None = None,
         arg: Any = None,
     ) -> concurrent.futures.Future[SendResult]:
-        """Batch the message (see AsyncProducer.send_async); a bad message raises here."""
-        if self._closed:
-            raise ClientError("producer is closed")
+        """Batch the message (see AsyncProducer.send_async); a bad message raises here.
+
+        Blocks while ``max_buffered_bytes`` are unanswered (up to ``max_block_s``, then
+        ClientError): the producer's back-pressure, which also holds callers back while the
+        broker answers SYSTEM_BUSY. ``callback(result, error)`` runs on the I/O thread.
+        """
+        self._check_open()
         item = self._async.prepare(msg)
         size = item.size
         self._reserve(size)
-        out: concurrent.futures.Future[SendResult] = concurrent.futures.Future()
-        out.set_running_or_notify_cancel()
-
-        def done(fut: asyncio.Future[SendResult]) -> None:
-            self._release(size)
-            if fut.cancelled():
-                out.set_exception(ClientError("send cancelled"))
-            elif (exc := fut.exception()) is not None:
-                out.set_exception(exc)
-            else:
-                out.set_result(fut.result())
-
-        def submit(item: PreparedMessage) -> None:
-            fut = self._async.submit(item, queue=queue, selector=selector, arg=arg)
-            fut.add_done_callback(done)
-            if callback is not None:
-                fut.add_done_callback(callback_adapter(callback))
-
+        fut = SendFuture(self._settled, self, size, callback)
         try:
-            self._thread.call_soon(submit, item)
-        except BaseException:
-            self._release(size)
-            raise
-        return out
+            self._inbox.put((item, queue, selector, arg, fut))
+        except RuntimeError:  # the loop is gone: closed meanwhile
+            fut.set_exception(ClientError("producer is closed"))
+        if self._closed:  # closed meanwhile: what close() did not see must not hang
+            self._fail_inbox()
+        return fut
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise ClientError("producer is closed")
+
+    def _fail_inbox(self) -> None:
+        left = [entry[4] for entry in self._inbox.take_all()]
+        if left:
+            fail_all(left, ClientError("producer is closed"))
 
     def _reserve(self, size: int) -> None:
-        # From a callback (the I/O thread) waiting would block the releases: do not wait there.
-        timeout = 0.0 if self._thread.in_loop_thread else self.config.send_timeout_s
         limit = self.config.max_buffered_bytes
+        with self._lock:  # the common case: room, one plain lock round
+            if not self._buffered or self._buffered + size <= limit:
+                self._buffered += size
+                return
+        # From a callback (the I/O thread) waiting would block the releases: do not wait there.
+        timeout = 0.0 if self._thread.in_loop_thread else self.config.max_block_s
         with self._space:
-            if not self._space.wait_for(
-                lambda: self._buffered == 0 or self._buffered + size <= limit,
-                timeout=timeout,
-            ):
+            self._waiting += 1
+            try:
+                fits = self._space.wait_for(
+                    lambda: self._buffered == 0 or self._buffered + size <= limit,
+                    timeout=timeout,
+                )
+            finally:
+                self._waiting -= 1
+            if not fits:
                 raise ClientError(
-                    f"send_async buffer full ({self._buffered} bytes) for {self.config.send_timeout_s}s"
+                    f"send_async buffer full ({self._buffered} bytes unanswered) for "
+                    f"{timeout}s (max_block_s)"
                 )
             self._buffered += size
 
-    def _release(self, size: int) -> None:
-        with self._space:
-            self._buffered -= size
-            self._space.notify_all()
+    def release_buffer(self, nbytes: int) -> None:
+        """Give back buffer space; called by the settling of a batch of SendFutures (on the
+        loop thread, once per batch), not by users."""
+        with self._lock:
+            self._buffered -= nbytes
+            if self._waiting:
+                self._space.notify_all()
+
+    def publish_queues(self, topic: str) -> list[MessageQueue]:
+        """See :meth:`AsyncProducer.publish_queues`."""
+        return self._thread.run(self._async.publish_queues(topic))
 
     def flush(self) -> None:
         """Send every batch now and wait for all answers."""
-        self._thread.run(self._async.flush())
+        self._thread.run(self._flush())
+
+    async def _flush(self) -> None:
+        self._inbox.drain()
+        await self._async.flush()
 
     def close(self) -> None:
         """Send what is batched, wait for the answers, stop the I/O thread. Idempotent."""
-        super().close()
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            self._thread.run(self._close())
+        finally:
+            self._thread.stop()
+            self._fail_inbox()
+
+    async def _close(self) -> None:
+        self._inbox.drain()
+        await self._async.close()

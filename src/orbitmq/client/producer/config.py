@@ -56,7 +56,22 @@ class ProducerConfig:
     max_buffered_bytes: int = setting(
         64 * 1024 * 1024,
         "Blocking Producer only: bytes send_async may hold unanswered; beyond it send_async "
-        "blocks (up to send_timeout_s, then ClientError).",
+        "blocks (up to max_block_s, then ClientError).",
+    )
+    busy_backoff_ms: float = setting(
+        5.0,
+        "send_async: first pause before a batch answered SYSTEM_BUSY is sent again; busy "
+        "answers do not use up retry_times_when_send_failed (send_timeout_s bounds them).",
+        above(0),
+    )
+    busy_backoff_max_ms: float = setting(
+        200.0, "The pause after SYSTEM_BUSY doubles up to this.", above(0)
+    )
+    max_block_s: float = setting(
+        60.0,
+        "Blocking Producer only: how long send_async may block for buffer space (Kafka's "
+        "max.block.ms) before it raises ClientError.",
+        at_least(0),
     )
     namesrv_timeout_s: float = setting(3.0, "Timeout of one NameServer request.", above(0))
     route_refresh_interval_s: float = setting(30.0, "How often cached routes are refreshed.")

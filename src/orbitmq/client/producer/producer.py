@@ -22,7 +22,7 @@ import ssl
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from orbitmq.client._settings import signer_of
+from orbitmq.client._settings import resolve_config, signer_of
 from orbitmq.client.fault import FaultStrategy
 from orbitmq.client.fifo import check_batch_groups, selector_for
 from orbitmq.client.producer.accumulator import RecordAccumulator, select_queue
@@ -55,7 +55,8 @@ class AsyncProducer:
     """The asyncio producer. Use it from one event loop: ``start()`` there, then send.
 
     ``async with AsyncProducer(["127.0.0.1:9876"], ProducerConfig(linger_ms=0)) as p:
-    await p.send(Message("T", b"x"))``
+    await p.send(Message("T", b"x"))``; keyword overrides of the config's fields work too
+    (``AsyncProducer(ns, linger_ms=0)``).
     """
 
     def __init__(
@@ -64,10 +65,9 @@ class AsyncProducer:
         config: ProducerConfig | None = None,
         *,
         ssl_context: ssl.SSLContext | None = None,
+        **overrides: Any,
     ) -> None:
-        self.config = cfg = config or ProducerConfig()
-        if not isinstance(cfg, ProducerConfig):
-            raise ClientError(f"config must be a ProducerConfig, not {type(cfg).__name__}")
+        self.config = cfg = resolve_config(ProducerConfig, config, overrides, "AsyncProducer")
         self.remoting = RemotingClient(
             connect_timeout=cfg.connect_timeout_s,
             ssl_context=ssl_context,
@@ -129,6 +129,12 @@ class AsyncProducer:
     async def flush(self) -> None:
         """Send every batch now and wait until all sends so far have their answer."""
         await self.accumulator.flush()
+
+    async def publish_queues(self, topic: str) -> list[MessageQueue]:
+        """The topic's writable queues, from its route (fetched if not cached): RocketMQ's
+        ``fetchPublishMessageQueues``, e.g. to pick a queue for ``send(..., queue=)``."""
+        self.check_running()
+        return list((await self.routes.get(topic)).write_queues)
 
     def check_running(self) -> asyncio.AbstractEventLoop:
         """The producer's loop; ClientError unless it is running."""
@@ -242,9 +248,14 @@ class AsyncProducer:
         message raises here; send failures go to the future (and the callback, which runs on
         the event loop).
         """
-        self.check_running()
-        return self.submit(self.prepare(msg), queue=queue, selector=selector, arg=arg,
-                           callback=callback)  # fmt: skip
+        # Per message: the checks, the id, one Future; everything else happens per batch (one
+        # task sends it, one pass settles its futures).
+        fut: asyncio.Future[SendResult] = self.check_running().create_future()
+        item = self.prepare(msg)
+        if callback is not None:
+            fut.add_done_callback(callback_adapter(callback))
+        self.accumulator.submit(item, queue, selector, arg, fut)
+        return fut
 
     def submit(
         self,
@@ -257,7 +268,7 @@ class AsyncProducer:
     ) -> asyncio.Future[SendResult]:
         """``send_async`` of a message already prepared with :meth:`prepare`; on the producer's
         loop. Never raises: a closed producer fails the future."""
-        fut: asyncio.Future[SendResult] = asyncio.get_running_loop().create_future()
+        fut: asyncio.Future[SendResult] = (self._loop or asyncio.get_running_loop()).create_future()
         if callback is not None:
             fut.add_done_callback(callback_adapter(callback))
         self.accumulator.submit(item, queue, selector, arg, fut)

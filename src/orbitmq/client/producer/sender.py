@@ -3,8 +3,15 @@
 :meth:`Sender.send` picks a queue (the fixed one, or one the fault strategy likes, avoiding the
 broker that just failed), writes SEND_MESSAGE or SEND_BATCH_MESSAGE, and reads the answer. A
 retriable failure (connection lost, or an answer whose error class is ``retriable``:
-SYSTEM_BUSY, SERVICE_NOT_AVAILABLE, TOPIC_NOT_EXIST, ...; not NO_PERMISSION) is tried again, up to ``retry_times_when_send_failed`` more times, within
-one deadline for all tries. ``oneway=True`` writes the frame with the ONEWAY flag and reads no
+SYSTEM_BUSY, SERVICE_NOT_AVAILABLE, TOPIC_NOT_EXIST, ...; not NO_PERMISSION) is tried again,
+up to ``retry_times_when_send_failed`` more times, within one deadline for all tries.
+For the automatic batches of ``send_async`` (``busy_waits=True``), SYSTEM_BUSY is the broker's
+back-pressure, not a failure: the sender pauses (``busy_backoff_ms``, doubling up to
+``busy_backoff_max_ms``, jittered) and sends again without using up a retry, until the
+deadline; batches waiting so hold their in-flight slots, which is what slows ``send_async``
+callers (the blocking Producer then blocks on ``max_buffered_bytes``). A caller of ``send`` or
+``send_batch`` waits for its own answer, so there SYSTEM_BUSY is a retriable failure as
+RocketMQ's clients treat it: tried again at once, within the retry budget. ``oneway=True`` writes the frame with the ONEWAY flag and reads no
 answer: only a failure to write is retried (nothing was written then).
 
 Answers that mean "stored, but not as safely as asked" (FLUSH_DISK_TIMEOUT, FLUSH_SLAVE_TIMEOUT,
@@ -15,6 +22,7 @@ message went, and are never retried (a retry would store the message twice).
 from __future__ import annotations
 
 import asyncio
+import random
 from collections.abc import Sequence
 from itertools import accumulate
 
@@ -30,6 +38,7 @@ from orbitmq.common.errors import (
     ProtocolError,
     RemoteError,
     RequestTimeoutError,
+    SystemBusyError,
     TopicNotExistError,
     error_for,
 )
@@ -58,6 +67,13 @@ class Sender:
         self.fault = fault
         self.frames_sent = 0
         """Send frames written (tries included); for tests and metrics."""
+
+    def _busy_pause(self, busy: int) -> float:
+        """Seconds to wait after the ``busy``-th SYSTEM_BUSY answer in a row: doubling from
+        busy_backoff_ms up to busy_backoff_max_ms, jittered so batches do not come back in step."""
+        cfg = self.config
+        pause = min(cfg.busy_backoff_ms * (1 << min(busy - 1, 16)), cfg.busy_backoff_max_ms)
+        return pause * random.uniform(0.5, 1.0) / 1000.0
 
     async def route(self, topic: str, remaining: float) -> TopicPublishInfo:
         """The topic's route, or RequestTimeoutError when it takes longer than ``remaining``."""
@@ -92,9 +108,11 @@ class Sender:
         queue: MessageQueue | None,
         deadline: float,
         oneway: bool = False,
+        busy_waits: bool = False,
     ) -> list[SendResult]:
         """One send frame, tried up to 1 + retry_times_when_send_failed times before
-        ``deadline`` (loop time); one SendResult per item ([] when ``oneway``)."""
+        ``deadline`` (loop time); one SendResult per item ([] when ``oneway``).
+        ``busy_waits``: SYSTEM_BUSY answers pause and resend without using up a try."""
         loop = asyncio.get_running_loop()
         kind = SendBatchMessageRequest if len(items) > 1 else SendMessageRequest
         body = encode_send_body([i.body for i in items], [i.props for i in items])
@@ -102,10 +120,12 @@ class Sender:
         last_broker: str | None = None
         last_exc: MQError | None = None
         tries: list[str] = []
-        for _ in range(attempts):
+        busy = 0
+        while attempts > 0:
             remaining = deadline - loop.time()
             if remaining <= 0:
                 break
+            attempts -= 1
             info = await self.route(topic, remaining)
             mq = queue or self.fault.select_queue(topic, info.write_queues, last_broker)
             try:
@@ -149,7 +169,16 @@ class Sender:
             if not retriable:
                 raise err
             last_exc, last_broker = err, mq.broker_name
+            if busy_waits and isinstance(err, SystemBusyError):
+                # Back-pressure, not a failure: pause, then try again (on another broker if
+                # the fault strategy has one), without using up a retry; the deadline bounds it.
+                attempts += 1
+                busy += 1
+                await asyncio.sleep(min(self._busy_pause(busy), max(0.0, deadline - loop.time())))
+                continue
             tries.append(f"{mq} at {addr}: {err}")
+        if busy:
+            tries.append(f"{busy} SYSTEM_BUSY answer(s), the last from {last_broker}")
         if last_exc is None:
             last_exc = RequestTimeoutError(
                 f"send to {topic!r} found no time left of its {self.config.send_timeout_s}s budget"

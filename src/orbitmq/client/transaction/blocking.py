@@ -9,6 +9,7 @@ from collections.abc import Awaitable, Mapping, Sequence
 from typing import Any
 
 from orbitmq.client._loop_thread import BlockingFacade, LoopThread
+from orbitmq.client._settings import resolve_config
 from orbitmq.client.producer.types import SendResult, SendStatus
 from orbitmq.client.route import MessageQueue
 from orbitmq.client.transaction.producer import AsyncTransactionProducer
@@ -48,7 +49,10 @@ class TransactionProducer(BlockingFacade[AsyncTransactionProducer]):
         *,
         topics: Sequence[str] = (),
         ssl_context: ssl.SSLContext | None = None,
+        **overrides: Any,
     ) -> None:
+        if overrides:
+            config = resolve_config(TransactionConfig, config, overrides, "TransactionProducer")
         self._thread = LoopThread("orbitmq-tx-producer")
         self._closed = False
         make = _make(namesrv_addrs, group, listener, config, topics, ssl_context)

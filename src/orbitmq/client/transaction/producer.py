@@ -40,6 +40,7 @@ import ssl
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from orbitmq.client._settings import resolve_config
 from orbitmq.client.consumer_types import new_client_id
 from orbitmq.client.fifo import check_batch_groups
 from orbitmq.client.producer.producer import AsyncProducer
@@ -114,11 +115,12 @@ class AsyncTransactionProducer:
         *,
         topics: Sequence[str] = (),
         ssl_context: ssl.SSLContext | None = None,
+        **overrides: Any,
     ) -> None:
         validate_group(group)
-        cfg = TransactionConfig(group=group) if config is None else config
-        if not isinstance(cfg, TransactionConfig):
-            raise ClientError(f"config must be a TransactionConfig, not {type(cfg).__name__}")
+        if config is None:
+            config = TransactionConfig(group=group)
+        cfg = resolve_config(TransactionConfig, config, overrides, "AsyncTransactionProducer")
         if cfg.group != group:
             cfg = dataclasses.replace(cfg, group=group)
         self.config = cfg

@@ -1,0 +1,194 @@
+"""How the blocking Producer hands messages to its event loop thread and gets results back
+without a thread hop, a lock round or a Future's own lock per message.
+
+**To the loop: one wake-up per loop iteration.** ``send_async`` (in the caller's thread)
+appends the prepared message to an :class:`Inbox` (a deque: appends and pops are atomic under
+the GIL) and schedules :meth:`Inbox.drain` with ``call_soon_threadsafe`` only when no drain is
+pending. The drain (on the loop) clears the flag first, then empties the deque, so a message
+appended after the flag was cleared schedules the next drain itself: none is ever stranded,
+and a burst of N sends costs one cross-thread wake-up, not N.
+
+**Back: one lock round per batch.** Each message gets a :class:`SendFuture`, a
+``concurrent.futures.Future`` whose condition is the producer's shared one (no Condition and
+RLock made per message). :func:`complete_all` and :func:`fail_all` settle every future of a
+batch under one acquisition of that condition, notify waiters once, then run callbacks (on
+the loop thread, as ``send_async`` documents) and give the batch's bytes back to the
+producer's buffer in one call. Any other future (an ``asyncio.Future`` of
+``AsyncProducer.send_async``) is settled the usual way, so one batch may hold both.
+
+``SendFuture`` fills the six attributes the stdlib's ``Future.__init__`` sets (``_condition``,
+``_state``, ``_result``, ``_exception``, ``_waiters``, ``_done_callbacks``) so every inherited
+method (``result``, ``add_done_callback``, ``concurrent.futures.wait``, ...) works unchanged;
+tests/client/test_handoff.py fails if a Python release changes that set.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import concurrent.futures
+import logging
+import threading
+from collections.abc import Callable, Sequence
+from concurrent.futures._base import FINISHED, RUNNING
+from typing import Any, Protocol
+
+from orbitmq.client.producer.types import SendCallback, SendResult
+
+log = logging.getLogger(__name__)
+
+__all__ = ["Completion", "Inbox", "SendFuture", "complete_all", "fail_all"]
+
+
+class Completion(Protocol):
+    """What a batch settles per message: an asyncio.Future or a :class:`SendFuture`."""
+
+    def done(self) -> bool: ...
+
+    def set_result(self, result: SendResult, /) -> None: ...
+
+    def set_exception(self, exception: BaseException, /) -> None: ...
+
+
+class BufferOwner(Protocol):
+    """The producer whose buffer a SendFuture's bytes count against."""
+
+    def release_buffer(self, nbytes: int) -> None: ...
+
+
+class SendFuture(concurrent.futures.Future[SendResult]):
+    """A blocking ``send_async``'s future: already running (``cancel()`` returns False), its
+    condition shared with every future of the same producer."""
+
+    def __init__(
+        self,
+        condition: threading.Condition,
+        owner: BufferOwner,
+        size: int,
+        callback: SendCallback | None,
+    ) -> None:
+        # What Future.__init__ sets, with the shared condition (see the module docstring).
+        self._condition = condition
+        self._state = RUNNING
+        self._result: SendResult | None = None
+        self._exception: BaseException | None = None
+        self._waiters: list[Any] = []
+        self._done_callbacks: list[Callable[[concurrent.futures.Future[SendResult]], Any]] = []
+        self.owner = owner
+        self.size = size
+        self.callback = callback
+
+    def set_result(self, result: SendResult) -> None:
+        complete_all([self], [result])
+
+    def set_exception(self, exception: BaseException | None) -> None:
+        fail_all([self], exception or concurrent.futures.CancelledError())
+
+
+def complete_all(futures: Sequence[Completion], results: Sequence[SendResult]) -> None:
+    """Give each future its result (futures already done are skipped)."""
+    mine: list[tuple[SendFuture, SendResult | None, BaseException | None]] = []
+    for fut, result in zip(futures, results, strict=True):
+        if type(fut) is SendFuture:
+            mine.append((fut, result, None))
+        elif not fut.done():
+            fut.set_result(result)
+    if mine:
+        _settle(mine)
+
+
+def fail_all(futures: Sequence[Completion], exc: BaseException) -> None:
+    """Fail each future with ``exc`` (futures already done are skipped)."""
+    mine: list[tuple[SendFuture, SendResult | None, BaseException | None]] = []
+    for fut in futures:
+        if type(fut) is SendFuture:
+            mine.append((fut, None, exc))
+        elif not fut.done():
+            fut.set_exception(exc)
+    if mine:
+        _settle(mine)
+
+
+def _settle(entries: list[tuple[SendFuture, SendResult | None, BaseException | None]]) -> None:
+    settled: list[tuple[SendFuture, SendResult | None, BaseException | None]] = []
+    others: list[tuple[SendFuture, SendResult | None, BaseException | None]] = []
+    condition = entries[0][0]._condition
+    with condition:
+        for entry in entries:
+            fut, result, exc = entry
+            if fut._condition is not condition:  # another producer's: after this lock
+                others.append(entry)
+            elif fut._state == RUNNING:  # else settled already
+                fut._result, fut._exception, fut._state = result, exc, FINISHED
+                for waiter in fut._waiters:
+                    if exc is None:
+                        waiter.add_result(fut)
+                    else:
+                        waiter.add_exception(fut)
+                settled.append(entry)
+        condition.notify_all()
+    nbytes = 0
+    owner: BufferOwner | None = None
+    for fut, result, exc in settled:
+        if fut._done_callbacks:
+            fut._invoke_callbacks()  # type: ignore[attr-defined]  # the stdlib's, see above
+        if fut.callback is not None:
+            try:
+                fut.callback(result, exc)
+            except Exception:
+                log.exception("send callback %r raised", fut.callback)
+        if owner is not fut.owner:
+            if owner is not None:
+                owner.release_buffer(nbytes)
+            owner, nbytes = fut.owner, 0
+        nbytes += fut.size
+    if owner is not None:
+        owner.release_buffer(nbytes)
+    if others:
+        _settle(others)
+
+
+Entry = tuple[Any, ...]
+"""What one ``send_async`` puts in the inbox; the consumer of the inbox knows its shape."""
+
+
+class Inbox:
+    """Entries from any thread, handed to ``handle(*entry)`` on the loop in order, one wake-up per
+    loop iteration (see the module docstring)."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, handle: Callable[..., None]) -> None:
+        self._loop = loop
+        self._handle = handle
+        self._entries: collections.deque[Entry] = collections.deque()
+        self._scheduled = False
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def put(self, entry: Entry) -> None:
+        """Queue ``entry`` (any thread); RuntimeError when the loop is closed."""
+        self._entries.append(entry)
+        if not self._scheduled:
+            self._scheduled = True
+            try:
+                self._loop.call_soon_threadsafe(self.drain)
+            except BaseException:
+                self._scheduled = False
+                raise
+
+    def drain(self) -> None:
+        """Hand every queued entry to ``handle`` (on the loop)."""
+        self._scheduled = False  # first: an entry put from here on schedules its own drain
+        entries, handle = self._entries, self._handle
+        while entries:
+            handle(*entries.popleft())
+
+    def take_all(self) -> list[Entry]:
+        """Remove and return what is queued (for failing it once the loop is gone)."""
+        out: list[Entry] = []
+        while self._entries:
+            try:
+                out.append(self._entries.popleft())
+            except IndexError:  # emptied by another thread meanwhile
+                break
+        return out

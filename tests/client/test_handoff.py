@@ -1,0 +1,285 @@
+"""The blocking Producer's hand-off to its loop (one wake-up per loop iteration, results settled
+per batch) and its back-pressure: a burst against a broker that answers SYSTEM_BUSY often ends
+with every send stored, none failed."""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import os
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from orbitmq.broker.controller import BrokerController
+from orbitmq.client import BlockingAdminClient, Message, Producer, SendResult, SendStatus
+from orbitmq.client._loop_thread import LoopThread
+from orbitmq.client.producer.handoff import Inbox, SendFuture, complete_all, fail_all
+from orbitmq.client.route import MessageQueue
+from orbitmq.common.errors import ClientError
+from orbitmq.namesrv.config import NamesrvConfig
+from orbitmq.namesrv.controller import NamesrvController
+from orbitmq.testing import small_broker_config
+
+
+class _Owner:
+    def __init__(self) -> None:
+        self.released: list[int] = []
+
+    def release_buffer(self, nbytes: int) -> None:
+        self.released.append(nbytes)
+
+
+def _result(i: int) -> SendResult:
+    return SendResult(SendStatus.SEND_OK, f"id{i}", MessageQueue("T", "b", 0), i, i)
+
+
+def test_send_future_sets_what_the_stdlib_future_sets() -> None:
+    """SendFuture fills Future's private attributes itself; a Python that changes them fails."""
+    fut = SendFuture(threading.Condition(), _Owner(), 1, None)
+    stdlib = set(vars(concurrent.futures.Future()))
+    assert stdlib <= set(vars(fut))
+    assert fut.running() and not fut.cancel()
+
+
+def test_a_batch_settles_once_callbacks_run_and_bytes_come_back() -> None:
+    cond = threading.Condition()
+    owner = _Owner()
+    seen: list[tuple[Any, Any]] = []
+    futs = [
+        SendFuture(cond, owner, 10, lambda r, e: seen.append((r.msg_id if r else None, e)))
+        for _ in range(5)
+    ]
+    chained: list[str] = []
+    futs[0].add_done_callback(lambda f: chained.append(f.result().msg_id))
+    loop = asyncio.new_event_loop()
+    try:
+        plain = loop.create_future()  # an AsyncProducer.send_async future in the same batch
+        mixed: list[Any] = [*futs[:3], plain]
+        complete_all(mixed, [_result(i) for i in range(4)])
+        assert [f.result(0).msg_id for f in futs[:3]] == ["id0", "id1", "id2"]
+        assert plain.result().msg_id == "id3"
+        assert owner.released == [30]  # one release for the batch
+        assert chained == ["id0"]
+        boom = ClientError("boom")
+        fail_all(futs, boom)  # the settled ones are left alone
+        assert futs[0].result(0).msg_id == "id0"
+        assert futs[3].exception(0) is boom and futs[4].exception(0) is boom
+        assert owner.released == [30, 20]
+        assert seen == [("id0", None), ("id1", None), ("id2", None), (None, boom), (None, boom)]
+        done, not_done = concurrent.futures.wait(futs, timeout=0)
+        assert len(done) == 5 and not not_done
+    finally:
+        loop.close()
+
+
+def test_result_waits_for_the_batch() -> None:
+    fut = SendFuture(threading.Condition(), _Owner(), 1, None)
+    timer = threading.Timer(0.05, complete_all, ([fut], [_result(7)]))
+    timer.start()
+    try:
+        assert fut.result(timeout=5).msg_id == "id7"
+    finally:
+        timer.cancel()
+
+
+def test_inbox_wakes_the_loop_once_per_iteration_and_keeps_order() -> None:
+    thread = LoopThread("inbox-test")
+    got: list[tuple[int, int]] = []
+    drains = 0
+    try:
+        inbox = Inbox(thread.loop, lambda *entry: got.append(entry))
+        original = inbox.drain
+
+        def counting_drain() -> None:
+            nonlocal drains
+            drains += 1
+            original()
+
+        inbox.drain = counting_drain  # type: ignore[method-assign]  # count the wake-ups
+
+        def writer(k: int) -> None:
+            for i in range(5000):
+                inbox.put((k, i))
+
+        writers = [threading.Thread(target=writer, args=(k,)) for k in range(3)]
+        for w in writers:
+            w.start()
+        for w in writers:
+            w.join(10)
+
+        async def settled() -> None:
+            inbox.drain()
+
+        thread.run(settled())
+        assert len(got) == 15000
+        for k in range(3):
+            assert [i for kk, i in got if kk == k] == list(range(5000))
+        assert drains < 15000 // 10, drains  # one wake-up carries many sends
+    finally:
+        thread.stop()
+
+
+# ---------------------------------------------------------------- against a real broker
+
+
+@pytest.fixture
+def busy_broker(tmp_path: Path) -> Iterator[str]:
+    """A NameServer and a broker that answers SYSTEM_BUSY whenever a send is already waiting
+    for its store (send_queue_capacity=1), on their own loop thread."""
+    thread = LoopThread("servers")
+
+    async def start() -> tuple[NamesrvController, BrokerController]:
+        ns = NamesrvController(NamesrvConfig(port=0))
+        await ns.start()
+        cfg = small_broker_config(
+            tmp_path / "b", broker_name="broker-a", namesrv_addrs=(ns.address,),
+            default_queue_nums=4, send_queue_capacity=1,
+        )  # fmt: skip
+        b = BrokerController(cfg)
+        try:
+            await b.start()
+        except BaseException:
+            await ns.stop()
+            raise
+        return ns, b
+
+    async def stop(ns: NamesrvController, b: BrokerController) -> None:
+        try:
+            await b.stop()
+        finally:
+            await ns.stop()
+
+    try:
+        ns, b = thread.run(start())
+        try:
+            yield ns.address
+        finally:
+            thread.run(stop(ns, b))
+    finally:
+        thread.stop()
+
+
+def test_a_burst_against_a_busy_broker_fails_no_send(busy_broker: str) -> None:
+    """ORBITMQ_TEST_BURST=200000 runs the issue's full burst (the suite runs 4,000)."""
+    burst = int(os.environ.get("ORBITMQ_TEST_BURST", "4000"))
+    with Producer(
+        busy_broker, linger_ms=0, batch_max_messages=32, max_in_flight_batches=16,
+        max_buffered_bytes=32 * 1024, busy_backoff_ms=1.0, busy_backoff_max_ms=20.0,
+        send_timeout_s=10.0, compress_over_bytes=-1,
+    ) as p:  # fmt: skip
+        p.send(Message("Busy", b"warm"))  # the route, the topic (auto-created), a connection
+        lock = threading.Lock()
+        errors: list[BaseException] = []
+        ok = 0
+
+        def cb(result: SendResult | None, error: BaseException | None) -> None:
+            nonlocal ok
+            with lock:
+                if error is not None:
+                    errors.append(error)
+                elif result is not None and result.status is SendStatus.SEND_OK:
+                    ok += 1
+
+        started = time.monotonic()
+        futs = [p.send_async(Message("Busy", b"m%05d" % i + b"x" * 200), cb) for i in range(burst)]
+        p.flush()
+        assert not errors, errors[:3]
+        assert ok == burst
+        assert all(f.done() and f.exception() is None for f in futs)
+        assert time.monotonic() - started < 60 + burst / 1000
+    with BlockingAdminClient(busy_broker) as admin:
+        masters = admin.masters()
+        info = admin.broker_runtime_info(next(iter(masters.values())))
+        assert int(info["busy_rejections"]) > 0, info  # the broker did push back
+        stored = sum(admin.max_offset(mq) for mq in admin.queues("Busy"))
+        assert stored == burst + 1  # each message stored once: busy answers stored nothing
+
+
+def test_send_async_blocks_for_room_then_gives_up_after_max_block_s() -> None:
+    """While the broker sits on the answer, a full buffer blocks the caller max_block_s, then
+    send_async raises."""
+    from tests.client.fakes import FakeBroker, FakeNamesrv
+
+    server_thread = LoopThread("fake-servers")
+
+    async def setup() -> tuple[FakeNamesrv, FakeBroker]:
+        b = await FakeBroker("broker-a").start()
+        b.add_topic("T", 1)
+        b.delay_s = 1.0
+        ns = await FakeNamesrv().start()
+        ns.register([b])
+        return ns, b
+
+    async def stop(ns: FakeNamesrv, b: FakeBroker) -> None:
+        await b.stop()
+        await ns.stop()
+
+    try:
+        ns, broker = server_thread.run(setup())
+        try:
+            with Producer(ns.addr, max_buffered_bytes=100, max_block_s=0.2, linger_ms=0,
+                          compress_over_bytes=-1) as p:  # fmt: skip
+                first = p.send_async(Message("T", b"x" * 80))
+                started = time.monotonic()
+                with pytest.raises(ClientError, match="max_block_s"):
+                    p.send_async(Message("T", b"y" * 80))
+                assert 0.15 < time.monotonic() - started < 0.9
+                assert first.result(timeout=5).status is SendStatus.SEND_OK
+        finally:
+            server_thread.run(stop(ns, broker))
+    finally:
+        server_thread.stop()
+
+
+def test_close_while_other_threads_send_leaves_no_future_pending() -> None:
+    """Every future send_async returned is done once close() returns: answered, or failed
+    with 'producer is closed'; none is stranded in the inbox."""
+    from tests.client.fakes import FakeBroker, FakeNamesrv
+
+    server_thread = LoopThread("fake-servers")
+
+    async def setup() -> tuple[FakeNamesrv, FakeBroker]:
+        b = await FakeBroker("broker-a").start()
+        b.add_topic("T", 2)
+        ns = await FakeNamesrv().start()
+        ns.register([b])
+        return ns, b
+
+    async def stop(ns: FakeNamesrv, b: FakeBroker) -> None:
+        await b.stop()
+        await ns.stop()
+
+    try:
+        ns, broker = server_thread.run(setup())
+        try:
+            p = Producer(ns.addr, linger_ms=1, compress_over_bytes=-1)
+            futs: list[concurrent.futures.Future[SendResult]] = []
+            stop_at = time.monotonic() + 5
+
+            def sender() -> None:
+                while time.monotonic() < stop_at:
+                    try:
+                        futs.append(p.send_async(Message("T", b"x")))
+                    except ClientError:
+                        return  # closed: what it raised was not queued
+
+            threads = [threading.Thread(target=sender) for _ in range(3)]
+            for t in threads:
+                t.start()
+            time.sleep(0.2)
+            p.close()
+            for t in threads:
+                t.join(10)
+            assert futs and all(f.done() for f in futs)
+            for f in futs:
+                exc = f.exception(0)
+                assert exc is None or "closed" in str(exc), exc
+        finally:
+            server_thread.run(stop(ns, broker))
+    finally:
+        server_thread.stop()
