@@ -30,7 +30,21 @@ def _batch(pid: int, epoch: int, seq: int, n: int, tag: str) -> bytes:
                        producer_epoch=epoch, base_sequence=seq)  # fmt: skip
 
 
-def _fetch_values(c: RawClient, topic: str, offset: int = 0) -> list[bytes]:
+def _fetch_values(c: RawClient, topic: str, want: int, offset: int = 0) -> list[bytes]:
+    """The values from ``offset`` on, once ``want`` of them are readable (a produce is answered
+    before its ConsumeQueue entries are dispatched, as in RocketMQ: a fetch right after may
+    see them a moment later)."""
+    import time
+
+    deadline = time.monotonic() + 10
+    while True:
+        values = _fetch_once(c, topic, offset)
+        if len(values) >= want or time.monotonic() > deadline:
+            return values
+        time.sleep(0.02)
+
+
+def _fetch_once(c: RawClient, topic: str, offset: int) -> list[bytes]:
     from orbitmq.protocol.kafka.records import read_batches
 
     body = {"replica_id": -1, "max_wait_ms": 0, "min_bytes": 1, "max_bytes": 1 << 20,
@@ -65,7 +79,7 @@ async def test_idempotent_replays_and_restart(stack: Stack) -> None:
             assert (again["error_code"], again["base_offset"]) == (0, 0)
             gap = _produce(c, "idem", _batch(p, 0, 9, 1, "gap"))
             assert gap["error_code"] == 45  # OUT_OF_ORDER_SEQUENCE_NUMBER
-            assert _fetch_values(c, "idem") == [b"a-0", b"a-1", b"a-2", b"b-0", b"b-1"]
+            assert _fetch_values(c, "idem", 5) == [b"a-0", b"a-1", b"a-2", b"b-0", b"b-1"]
             return int(p)
         finally:
             c.close()
@@ -87,7 +101,14 @@ async def test_idempotent_replays_and_restart(stack: Stack) -> None:
                 assert (bumped["error_code"], bumped["base_offset"]) == (0, 5)
                 fenced = _produce(c, "idem", _batch(pid, 0, 5, 1, "z"))
                 assert fenced["error_code"] == 47  # INVALID_PRODUCER_EPOCH
-                assert _fetch_values(c, "idem") == [b"a-0", b"a-1", b"a-2", b"b-0", b"b-1", b"c-0"]
+                assert _fetch_values(c, "idem", 6) == [
+                    b"a-0",
+                    b"a-1",
+                    b"a-2",
+                    b"b-0",
+                    b"b-1",
+                    b"c-0",
+                ]
             finally:
                 c.close()
 
@@ -118,7 +139,7 @@ async def test_bad_batches_transactions_and_acks0(stack: Stack) -> None:
             )
             assert tx_pid["error_code"] == 53  # transactions: a clear refusal, at once
             assert _produce(c, "checks", good)["base_offset"] == 0
-            assert _fetch_values(c, "checks") == [b"g-0", b"g-1"]  # nothing of the refused ones
+            assert _fetch_values(c, "checks", 2) == [b"g-0", b"g-1"]  # nothing of the refused ones
             body = {"replica_id": -1, "isolation_level": 0, "topics": [{"name": "checks", "partitions": [
                 {"partition_index": 0, "current_leader_epoch": -1, "timestamp": t}
                 for t in (-2, -1, 1_700_000_000_000)]}]}  # fmt: skip
