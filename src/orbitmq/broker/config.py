@@ -86,6 +86,14 @@ class BrokerConfig:
         "every 700 keeps the per-send GC work and pauses small (docs/benchmarks.md).",
         Check(lambda v: len(v) in (0, 3) and all(n >= 1 for n in v), "three counts >= 1, or empty"),
     )
+    send_inline_max_bytes: int = setting(
+        256 * 1024,
+        "Sends with up to this many body bytes are appended on the event loop, those of one "
+        "loop iteration together, and made readable there (no thread hand-off); larger ones "
+        "on a writer thread, since encoding them would hold the loop. 0: every send on the "
+        "writer thread.",
+        at_least(0),
+    )
     long_polling_max_ms: int = setting(
         30_000,
         "Upper bound on a pull's suspend time.",

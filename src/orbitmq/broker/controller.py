@@ -91,6 +91,7 @@ class BrokerController:
             config.send_queue_capacity,
             config.send_wait_timeout_ms,
             on_append=self.metrics.append_latency.observe,
+            inline_max_bytes=config.send_inline_max_bytes,
         )
         self.groups = SubscriptionGroupManager(
             config.store.store_path / "config" / "subscriptionGroup.json"

@@ -8,9 +8,10 @@
     replication (docs/ha.md): epochs, read_replication, append_replicated, truncate_to,
     set_confirm_offset (reads and dispatch stop there; without replicas, at the max offset)
 
-Every call is synchronous and may block on disk, so an event loop calls it from a worker
-thread (``loop.run_in_executor``) and awaits ``asyncio.wrap_future(flush_future(...))``; the
-store itself starts no event loop. Background threads: dispatcher, flusher, checkpointer,
+Every call is synchronous and may block on disk. An event loop may append and dispatch on its
+own thread (page-cache writes; the broker does so for small batches, docs/benchmarks.md) and
+run other calls on a worker thread; it awaits fsyncs through ``request_flush`` and a flush
+listener. The store itself starts no event loop. Background threads: dispatcher, flusher, checkpointer,
 retention. The store is opened by one process at a time (flock on ``lock``).
 
 The store builds its parts (CommitLog, ConsumeQueueTable, IndexService, Dispatcher) and hands
@@ -350,8 +351,11 @@ class MessageStore:
         if batch.queue_id < 0:
             raise ValueError("queue_id must be >= 0")
 
-    def append(self, batch: MessageBatch) -> AppendResult:
-        """Validate and append to the page cache. Raises before writing anything on bad input."""
+    def append(self, batch: MessageBatch, *, wake_dispatcher: bool = True) -> AppendResult:
+        """Validate and append to the page cache. Raises before writing anything on bad input.
+
+        ``wake_dispatcher=False``: the caller calls ``dispatch_ready`` itself once it has
+        appended what it holds (one inline dispatch round for many appends)."""
         if not self.is_open:
             raise StoreClosedError("store is not open")
         self.validate(batch)
@@ -374,8 +378,15 @@ class MessageStore:
             self.retention.note_no_space(str(exc))
             self._recheck_disk()
             raise
-        self.dispatcher.wake()
+        if wake_dispatcher:
+            self.dispatcher.wake()
         return result
+
+    def dispatch_ready(self) -> bool:
+        """Make what was appended readable now, on the caller's thread, and notify the arrival
+        listeners there (:meth:`Dispatcher.dispatch_ready`); if a dispatch round is running
+        elsewhere, the dispatcher thread does it. True if done here."""
+        return self.dispatcher.dispatch_ready()
 
     def _recheck_disk(self) -> bool:
         """While writes are refused: look again whether they fit (a statvfs, so writes resume
@@ -425,8 +436,8 @@ class MessageStore:
         self.flusher.listeners.append(listener)
 
     def add_arrival_listener(self, listener: ArrivalListener) -> None:
-        """``listener(topic, queue_id, max_offset)`` runs on the dispatcher thread: keep it short
-        (a long-polling broker hands it to its loop with ``call_soon_threadsafe``)."""
+        """``listener(topic, queue_id, max_offset)`` runs on the dispatcher thread, or on the
+        thread that called ``dispatch_ready``: keep it short and check which thread it is on."""
         self.dispatcher.listeners.append(listener)
 
     def wait_for_dispatch(self, timeout: float = 10.0) -> bool:
