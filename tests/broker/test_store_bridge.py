@@ -48,16 +48,21 @@ def batch(n: int = 1, size: int = 16, queue_id: int = 0, topic: str = "B") -> Me
     return MessageBatch(topic, queue_id, [b"m" * size] * n, [b""] * n)
 
 
-def appending_threads(store: MessageStore) -> list[int]:
-    """Record which thread runs each append."""
-    seen: list[int] = []
-    real = store.append
+def appending_threads(store: MessageStore) -> list[tuple[str, int]]:
+    """Record each store append: (which call, which thread)."""
+    seen: list[tuple[str, int]] = []
+    one, many = store.append, store.append_many
 
-    def spy(b: MessageBatch, **kw: Any) -> AppendResult:
-        seen.append(threading.get_ident())
-        return real(b, **kw)
+    def spy_one(b: MessageBatch, **kw: Any) -> AppendResult:
+        seen.append(("append", threading.get_ident()))
+        return one(b, **kw)
 
-    store.append = spy  # type: ignore[method-assign]  # a spy on the real append
+    def spy_many(bs: list[MessageBatch], **kw: Any) -> list[AppendResult] | None:
+        seen.append(("append_many", threading.get_ident()))
+        return many(bs, **kw)
+
+    store.append = spy_one  # type: ignore[method-assign]  # a spy on the real append
+    store.append_many = spy_many  # type: ignore[method-assign]  # and on the grouped one
     return seen
 
 
@@ -65,7 +70,8 @@ async def test_one_iteration_appends_on_the_loop_and_is_readable_at_once(make: M
     store, bridge = make()
     seen = appending_threads(store)
     results = await asyncio.gather(*(bridge.put(batch(2, queue_id=q % 3)) for q in range(30)))
-    assert set(seen) == {threading.get_ident()}
+    # One store append for the 30 sends of the iteration, on the loop's thread.
+    assert seen == [("append_many", threading.get_ident())]
     assert bridge.inline_appends == 30 and bridge.writer_appends == 0
     # Dispatched in the same callback: readable without waiting for the dispatcher thread.
     assert store.dispatcher.reput_offset >= max(r.end_offset for r in results)
@@ -106,7 +112,8 @@ async def test_big_batches_go_to_the_writer_and_order_is_kept(make: Make) -> Non
     offsets = [r.first_queue_offset for r in results]
     assert offsets == [0, 1, 5, 6]  # arrival order, although two paths appended
     loop_thread = threading.get_ident()
-    assert seen[0] == loop_thread and seen[1] != loop_thread
+    assert seen[0] == ("append_many", loop_thread) and seen[1] == ("append", seen[1][1])
+    assert seen[1][1] != loop_thread
     assert bridge.inline_appends >= 1 and bridge.writer_appends >= 1
     assert store.wait_for_dispatch(5)
     assert store.max_offset("B", 0) == 7
@@ -116,7 +123,7 @@ async def test_all_on_the_writer_when_inline_is_off(make: Make) -> None:
     store, bridge = make(inline_max_bytes=0)
     seen = appending_threads(store)
     await asyncio.gather(*(bridge.put(batch()) for _ in range(10)))
-    assert threading.get_ident() not in seen and bridge.inline_appends == 0
+    assert threading.get_ident() not in {t for _c, t in seen} and bridge.inline_appends == 0
 
 
 async def test_sync_flush_acks_after_fsync_with_few_fsyncs(make: Make) -> None:
@@ -151,3 +158,13 @@ async def test_capacity_answers_system_busy(make: Make) -> None:
     busy = [d for d in done if isinstance(d, SystemBusyError)]
     assert len(busy) == 3 and bridge.busy_rejections == 3
     assert sum(isinstance(d, AppendResult) for d in done) == 5
+
+
+async def test_a_bad_send_in_a_group_is_answered_alone(make: Make) -> None:
+    store, bridge = make()
+    sends = [batch(), batch(topic="bad topic!"), batch(), batch(queue_id=-1)]
+    done = await asyncio.gather(*(bridge.put(b) for b in sends), return_exceptions=True)
+    assert isinstance(done[0], AppendResult) and isinstance(done[2], AppendResult)
+    assert isinstance(done[1], Exception) and isinstance(done[3], Exception)
+    assert (done[0].first_queue_offset, done[2].first_queue_offset) == (0, 1)
+    assert store.max_offset("B", 0) == 2

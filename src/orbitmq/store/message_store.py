@@ -30,6 +30,7 @@ import time
 from collections.abc import Callable, Iterable
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
+from typing import TypeVar
 
 from orbitmq.common.clock import now_ms
 from orbitmq.common.errors import (
@@ -73,7 +74,7 @@ from orbitmq.store.supervise import ServiceHealth
 from orbitmq.store.truncate import TruncateReport, check_cut, truncate
 
 __all__ = ["GetResult", "GetStatus", "MessageStore"]
-
+_T = TypeVar("_T")
 log = logging.getLogger(__name__)
 
 
@@ -203,7 +204,7 @@ class MessageStore:
                 dispatch_safe_offset=end,
                 commit_log_flushed=end,
                 clean_end_offset=end,
-                last_record_offset=self._last_record_offset(),
+                last_record_offset=self.queues.last_record_offset(end),
                 written_at_ms=self.clock(),
                 clean=True,
             ).save(self.checkpoint_path, self.fs)
@@ -229,18 +230,6 @@ class MessageStore:
         if self._lock_fd >= 0:
             os.close(self._lock_fd)
             self._lock_fd = -1
-
-    def _last_record_offset(self) -> int:
-        """Start of the newest record, from the ConsumeQueues (-1 if the log is empty)."""
-        best = -1
-        for cq in self.queues.queues.values():
-            if cq.max_offset > cq.min_offset:
-                entry = cq.entry(cq.max_offset - 1)
-                if entry is not None and entry[0] + entry[1] == self.commit_log.max_offset:
-                    return entry[0]
-                if entry is not None:
-                    best = max(best, entry[0])
-        return best
 
     def __enter__(self) -> MessageStore:
         self.open()
@@ -353,12 +342,32 @@ class MessageStore:
 
     def append(self, batch: MessageBatch, *, wake_dispatcher: bool = True) -> AppendResult:
         """Validate and append to the page cache. Raises before writing anything on bad input.
-
-        ``wake_dispatcher=False``: the caller calls ``dispatch_ready`` itself once it has
-        appended what it holds (one inline dispatch round for many appends)."""
+        ``wake_dispatcher=False``: the caller calls ``dispatch_ready`` itself."""
         if not self.is_open:
             raise StoreClosedError("store is not open")
         self.validate(batch)
+        self._check_writable()
+        result = self._write(lambda: self.commit_log.append(batch, self._store_host))
+        if wake_dispatcher:
+            self.dispatcher.wake()
+        return result
+
+    def append_many(
+        self, batches: list[MessageBatch], *, validated: bool = False
+    ) -> list[AppendResult] | None:
+        """Several batches in one write (``CommitLog.append_many``: one lock, one ``pwrite``;
+        None: they straddle a segment end, append them one by one), made readable by the
+        caller's ``dispatch_ready``. Bad input in any batch raises before anything is written
+        (``validated``: the caller ran ``validate`` on each, to answer a bad one alone)."""
+        if not self.is_open:
+            raise StoreClosedError("store is not open")
+        if not validated:
+            for batch in batches:
+                self.validate(batch)
+        self._check_writable()
+        return self._write(lambda: self.commit_log.append_many(batches, self._store_host))
+
+    def _check_writable(self) -> None:
         failure = self.dispatcher.failure
         if failure is not None:
             raise StoreUnavailableError(
@@ -372,20 +381,17 @@ class MessageStore:
                 f"disk use {self.retention.disk_ratio:.0f}% is above "
                 f"{self.config.disk_space_warning_level_ratio}%: writes refused until space frees"
             )
+
+    def _write(self, write: Callable[[], _T]) -> _T:
         try:
-            result = self.commit_log.append(batch, self._store_host)
+            return write()
         except DiskFullError as exc:  # no room for a new segment: refuse until there is
             self.retention.note_no_space(str(exc))
             self._recheck_disk()
             raise
-        if wake_dispatcher:
-            self.dispatcher.wake()
-        return result
 
     def dispatch_ready(self) -> bool:
-        """Make what was appended readable now, on the caller's thread, and notify the arrival
-        listeners there (:meth:`Dispatcher.dispatch_ready`); if a dispatch round is running
-        elsewhere, the dispatcher thread does it. True if done here."""
+        """Make what was appended readable now, here if no round runs elsewhere (True)."""
         return self.dispatcher.dispatch_ready()
 
     def _recheck_disk(self) -> bool:
