@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: help up test lint fmt test-crash test-chaos bench proto clean
+.PHONY: help up test lint fmt test-crash test-chaos bench proto clean native
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
@@ -30,6 +30,9 @@ fmt: $(STAMP) ## format the code
 
 test: lint ## lint, then the whole test suite
 	$(PY) -m pytest
+
+native: $(STAMP) ## rebuild the optional C codec orbitmq._native in place (after editing _native.c)
+	$(PY) setup.py -q build_ext --inplace
 
 test-crash: $(STAMP) ## only the crash tests (ORBITMQ_CRASH_ITERATIONS=N for longer runs)
 	$(PY) -m pytest -m crash
