@@ -14,7 +14,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from orbitmq.common.native import NATIVE
-from orbitmq.common.record import BatchHeader, encode_batch, encode_batch_py
+from orbitmq.common.record import (
+    BatchHeader,
+    RecordError,
+    decode_batch,
+    decode_batch_py,
+    encode_batch,
+    encode_batch_py,
+)
 
 native = pytest.mark.skipif(NATIVE is None, reason="orbitmq._native not built here")
 
@@ -86,6 +93,42 @@ def test_crc32c_large_buffer_without_the_gil() -> None:
     data = os.urandom(1 << 20)
     assert NATIVE is not None
     assert NATIVE.crc32c(memoryview(data)) == crc32c.crc32c(data)
+
+
+@native
+@settings(max_examples=150, deadline=None)
+@given(
+    head=heads,
+    recs=records,
+    flip=st.integers(0, 10**6),
+    cut=st.integers(0, 10**6),
+    verify=st.booleans(),
+)
+def test_pull_body_decode_matches_and_rejects_alike(
+    head: BatchHeader, recs: list[tuple[bytes, bytes]], flip: int, cut: int, verify: bool
+) -> None:
+    """Same messages from a valid body; from a damaged or cut one, the same RecordError."""
+    data = bytes(encode_batch_py(head, [b for b, _ in recs], [p for _, p in recs]))
+    try:
+        want = decode_batch_py(data, verify_crc=verify)
+    except RecordError as exc:  # a random topic need not be valid UTF-8 in every position
+        with pytest.raises(RecordError, match=str(exc)):
+            decode_batch(data, verify_crc=verify)
+        return
+    got = decode_batch(data, verify_crc=verify)
+    assert got == want
+    assert [m.properties for m in got] == [m.properties for m in want]
+    damaged = bytearray(data)
+    damaged[flip % len(data)] ^= 0x5A
+    for body in (bytes(damaged), data[: cut % len(data)]):
+        try:
+            expected: object = decode_batch_py(body, verify_crc=verify)
+        except RecordError as exc:
+            with pytest.raises(RecordError) as info:
+                decode_batch(body, verify_crc=verify)
+            assert str(info.value) == str(exc)
+        else:
+            assert decode_batch(body, verify_crc=verify) == expected
 
 
 def test_without_the_extension_the_python_codec_serves() -> None:
