@@ -98,3 +98,19 @@ def test_bad_input_in_a_group_writes_nothing(tmp_path: Path) -> None:
         assert store.commit_log.max_offset == 0
     finally:
         store.close()
+
+
+def test_no_inline_dispatch_while_the_dispatcher_is_stopped(tmp_path: Path) -> None:
+    """truncate_to and close stop the dispatcher: an appender's inline round must not run
+    then (it would race with the truncation)."""
+    store = _open(tmp_path / "s")
+    try:
+        store.dispatcher.stop()
+        assert store.append_many([MessageBatch("A", 0, [b"x"], [b""])]) is not None
+        assert not store.dispatch_ready()
+        assert store.max_offset("A", 0) == 0
+        store.dispatcher.start()
+        assert store.dispatch_ready() or store.wait_for_dispatch(5)
+        assert store.max_offset("A", 0) == 1
+    finally:
+        store.close()

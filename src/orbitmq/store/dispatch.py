@@ -109,10 +109,10 @@ class Dispatcher:
         """Dispatch, on the caller's thread, everything appended and confirmed so far, and
         notify the arrival listeners there: the appender already has the records in cache,
         and doing it here saves the hand-off to the dispatcher thread and back (the latency
-        tail, docs/benchmarks.md). When a round is running elsewhere, or dispatch is failing
-        (the thread reports and retries that), the thread is woken instead. True if done
-        here."""
-        if self.failure is not None or not self._lock.acquire(blocking=False):
+        tail, docs/benchmarks.md). When a round is running elsewhere, dispatch is failing
+        (the thread reports and retries that) or the dispatcher is stopped (truncation,
+        close), the thread is woken instead. True if done here."""
+        if self._stop or self.failure is not None or not self._lock.acquire(blocking=False):
             self.wake()
             return False
         try:
@@ -484,3 +484,5 @@ class Dispatcher:
         if self._thread is not None:
             self._thread.join()
             self._thread = None
+        with self._lock:  # an inline round (dispatch_ready) under way ends first; no new one
+            pass  # starts while stopped (truncate_to, close)
