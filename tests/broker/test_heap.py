@@ -78,13 +78,17 @@ def test_settle_freezes_and_refreezes_only_after_a_bulk_load(fresh_state: None) 
     heap._State.settled = heap._State.loaded = False
     heap.note_bulk_load()
     assert not heap.settle_if_loaded()  # a library process that never settled: left alone
+    full = heap.PAUSES.counts[2]
     heap.settle_heap()
+    assert heap.PAUSES.counts[2] == full  # before serving: not a serving pause
+    assert heap.PAUSES.recording
     frozen = gc.get_freeze_count()
     assert frozen > 0
     assert not heap.settle_if_loaded()  # nothing loaded since
     metadata = [{"topic": f"t{i}", "queues": [i]} for i in range(5_000)]
     heap.note_bulk_load()
     assert heap.settle_if_loaded()
+    assert heap.PAUSES.counts[2] >= full + 1  # while serving: counted
     assert gc.get_freeze_count() >= frozen + len(metadata)
     assert not heap.settle_if_loaded()
 

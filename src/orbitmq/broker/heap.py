@@ -50,6 +50,8 @@ class GcPauses:
         """Collections that took longer than LONG_PAUSE_S."""
         self._started = 0.0
         self._installed = False
+        self.recording = True
+        """False while settle_heap collects before the server is ready (not a serving pause)."""
 
     def install(self) -> None:
         """Start measuring (idempotent)."""
@@ -68,7 +70,8 @@ class GcPauses:
         if phase == "start":
             self._started = time.perf_counter()
             return
-        self.record(int(info["generation"]), time.perf_counter() - self._started)
+        if self.recording:
+            self.record(int(info["generation"]), time.perf_counter() - self._started)
 
     def record(self, generation: int, seconds: float) -> None:
         row = self.buckets[generation]
@@ -146,7 +149,11 @@ def settle_heap() -> None:
     """Collect, then freeze everything alive (called by the process entry points once the
     server is ready); later ``settle_if_loaded`` calls freeze again after bulk loads."""
     PAUSES.install()
-    gc.collect()
+    PAUSES.recording = False  # the start-up heap's one full walk happens before serving
+    try:
+        gc.collect()
+    finally:
+        PAUSES.recording = True
     gc.freeze()
     _State.settled = True
     _State.loaded = False
