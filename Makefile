@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: help up test lint fmt test-crash test-chaos bench bench-store proto clean browser vendor
+.PHONY: help up test lint fmt test-crash test-chaos bench bench-store proto clean browser vendor native
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
@@ -39,6 +39,8 @@ browser: ## Debian's chromium for the console's browser tests (skipped without i
 vendor: ## refresh the console's vendored htmx and uPlot (npm pack; see its static/VENDOR.md)
 	cd $$(mktemp -d) && npm pack -q htmx.org@2.0.8 htmx-ext-sse@2.2.4 uplot@1.6.32 && \
 		for f in *.tgz; do tar xzf $$f; cp package/dist/htmx.min.js package/dist/sse.min.js package/dist/uPlot.iife.min.js package/dist/uPlot.min.css $(CURDIR)/src/orbitmq/console/static/ 2>/dev/null; rm -rf package; done
+native: $(STAMP) ## rebuild the optional C codec orbitmq._native in place (after editing _native.c)
+	$(PY) setup.py -q build_ext --inplace
 
 test-crash: $(STAMP) ## only the crash tests (ORBITMQ_CRASH_ITERATIONS=N for longer runs)
 	$(PY) -m pytest -m crash

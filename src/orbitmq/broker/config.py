@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 
 from orbitmq.common.config import (
     PORT,
+    Check,
     above,
     at_least,
     between,
@@ -77,6 +78,21 @@ class BrokerConfig:
         1_000,
         "A send that waited this long for the store answers SYSTEM_BUSY (RocketMQ: 200 ms, fixed).",
         at_least(1),
+    )
+    gc_thresholds: tuple[int, ...] = setting(
+        (10_000, 20, 100),
+        "gc.set_threshold for the broker's process, applied at start (empty: leave "
+        "CPython's 700/10/10). A young collection every ~10,000 net new objects instead of "
+        "every 700 keeps the per-send GC work and pauses small (docs/benchmarks.md).",
+        Check(lambda v: len(v) in (0, 3) and all(n >= 1 for n in v), "three counts >= 1, or empty"),
+    )
+    send_inline_max_bytes: int = setting(
+        256 * 1024,
+        "Sends with up to this many body bytes are appended on the event loop, those of one "
+        "loop iteration together, and made readable there (no thread hand-off); larger ones "
+        "on a writer thread, since encoding them would hold the loop. 0: every send on the "
+        "writer thread.",
+        at_least(0),
     )
     long_polling_max_ms: int = setting(
         30_000,

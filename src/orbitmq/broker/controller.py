@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import gc
 import logging
 import time
 
 from orbitmq.auth.server import ServerAuth
+from orbitmq.broker import heap
 from orbitmq.broker.config import BrokerConfig
 from orbitmq.broker.consumer_manager import ConsumerManager
 from orbitmq.broker.consumer_processor import ConsumerProcessor
@@ -64,18 +64,6 @@ from orbitmq.store.supervise import ServiceHealth
 log = logging.getLogger(__name__)
 
 
-def settle_heap() -> None:
-    """Move everything allocated during start-up out of the cyclic GC's reach (gc.freeze).
-
-    Called by the process entry points once the broker is ready: full collections then scan
-    only what serving allocates, not the start-up heap (a full collection of the broker was
-    measured at 27-47 ms, a stall every message waiting at that moment pays). A library
-    user's process is left alone.
-    """
-    gc.collect()
-    gc.freeze()
-
-
 class RegistrationError(Exception):
     """Registration with one or more NameServers failed (the causes, one per NameServer)."""
 
@@ -106,6 +94,7 @@ class BrokerController:
             config.send_queue_capacity,
             config.send_wait_timeout_ms,
             on_append=self.metrics.append_latency.observe,
+            inline_max_bytes=config.send_inline_max_bytes,
         )
         self.groups = SubscriptionGroupManager(
             config.store.store_path / "config" / "subscriptionGroup.json"
@@ -227,6 +216,8 @@ class BrokerController:
 
     async def start(self) -> None:
         self.long_polling.bind(asyncio.get_running_loop())
+        heap.PAUSES.install()
+        heap.tune(self.config.gc_thresholds)
         self.topics.load()
         self.offsets.load()
         self.groups.load()
@@ -366,6 +357,7 @@ class BrokerController:
             try:
                 self.consumers.scan_expired()
                 self.locks.purge_expired()
+                heap.settle_if_loaded()
                 if time.monotonic() >= next_persist:
                     next_persist = time.monotonic() + persist_s
                     await self.offsets.persist_if_changed()
@@ -377,6 +369,7 @@ class BrokerController:
     def topics_changed(self) -> None:
         """Register again soon so NameServers learn the change without waiting 30 s."""
         self._register_now.set()
+        heap.note_bulk_load()
 
     # ---------------------------------------------------------------- NameServers
 

@@ -1,12 +1,15 @@
 """Long polling: a pull that finds nothing waits until a message arrives or its time is up.
 
-The store's dispatcher thread reports each queue's new max offset; this hands that to the event
-loop with ``call_soon_threadsafe`` and wakes the pulls waiting on that queue.
+The store reports each queue's new max offset. Usually that happens on the event loop itself
+(the broker dispatches inline after its appends, store_bridge.py) and the waiting pulls are
+woken right there; from the store's dispatcher thread (catch-up, replicated data, big batches)
+the news goes to the loop with one ``call_soon_threadsafe``.
 """
 
 from __future__ import annotations
 
 import asyncio
+import threading
 from collections.abc import Callable
 
 
@@ -16,14 +19,21 @@ class LongPolling:
         """The loop the pulls wait on, set by `bind` at start (arrivals before it wake nobody)."""
         self.waiters: dict[tuple[str, int], list[tuple[int, asyncio.Future[None]]]] = {}
         self.held = 0
+        self._loop_thread = -1
 
     def bind(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Call on the loop's own thread."""
         self.loop = loop
+        self._loop_thread = threading.get_ident()
 
     def on_arrival(self, topic: str, queue_id: int, max_offset: int) -> None:
-        """Called on the dispatcher thread."""
+        """Called on the loop (inline dispatch) or on the dispatcher thread."""
         loop = self.loop
-        if loop is not None and (topic, queue_id) in self.waiters:
+        if loop is None or (topic, queue_id) not in self.waiters:
+            return
+        if threading.get_ident() == self._loop_thread:
+            self._wake(topic, queue_id, max_offset)
+        elif not loop.is_closed():
             loop.call_soon_threadsafe(self._wake, topic, queue_id, max_offset)
 
     def _wake(self, topic: str, queue_id: int, max_offset: int) -> None:

@@ -8,6 +8,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from orbitmq.broker.heap import GcCollector
+
 LATENCY_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5, 1.0)
 
 
@@ -81,6 +83,7 @@ class BrokerMetrics:
             "Records read for a pull but not served because its SQL92 filter rejected them",
             registry=r,
         )
+        r.register(GcCollector())  # GC pauses of this process (docs/operations.md)
 
 
 HealthSource = Callable[[], tuple[Mapping[str, int], Mapping[str, str]]]

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from orbitmq.broker.context import BrokerContext
+from orbitmq.broker.heap import PAUSES
 from orbitmq.broker.long_polling import LongPolling
 from orbitmq.broker.timer_delivery import DelayedDelivery
 from orbitmq.broker.transaction.half import HalfMessages
@@ -486,4 +487,5 @@ class BrokerProcessor:
             health=self.bridge.health_text(),
         )
         info.update(self.timer_stats())
+        info.update(PAUSES.info())
         return frame.reply(ResponseCode.SUCCESS, fields=info)

@@ -1,14 +1,24 @@
 """The bridge between the broker's event loop and the blocking store.
 
-Appends run on one writer thread (the store serialises them anyway). Sends that arrive while
-the writer is busy queue up and go to it together, so under load one thread hand-off carries
-many appends instead of one each. In SYNC_FLUSH a send then waits on a plain asyncio Future;
-the store's flusher reports each fsync once, and one callback on the loop completes every send
-it covered (group commit without a Future per message crossing threads).
+One thread on the hot path (Redis's shape: group commit per loop iteration). Sends that arrive
+during one loop iteration go on a list; one ``call_soon`` callback appends them all on the
+loop thread as one store append (``MessageStore.append_many``: one lock, one ``pwrite``,
+page cache only), then runs one inline dispatch round
+(``MessageStore.dispatch_ready``), which makes them readable and wakes long-polled pulls on
+this same thread. ASYNC_FLUSH replies at once. In SYNC_FLUSH each send's Future waits in a
+heap by end offset; the drain asks the flusher once for the highest end, the flusher fsyncs
+(GIL released) and reports once per fsync, and one callback on the loop completes every send
+it covered: two hand-offs per fsync, none per message.
+
+Batches with more than ``inline_max_bytes`` of bodies are appended on one writer thread
+instead (encoding them would hold the loop); while the writer is busy, later sends queue
+behind it, so appends stay in arrival order. ``inline_max_bytes=0`` puts every append on the
+writer.
 
 Overload is answered quickly: beyond ``capacity`` waiting sends, or once a send has waited
 ``wait_timeout_ms`` for the writer, the broker replies SYSTEM_BUSY instead of letting clients
-time out (RocketMQ's "broker busy", with the wait made explicit). Reads run on a small pool.
+time out (RocketMQ's "broker busy", with the wait made explicit). Reads run on a small pool
+(the pull path reads the tail on the loop itself).
 
 The writer is supervised like the store's services (``health``): if handing jobs to it or a
 whole batch of jobs fails, every send of that batch gets the error (none is left waiting),
@@ -46,13 +56,17 @@ class StoreBridge:
         capacity: int,
         wait_timeout_ms: int,
         on_append: Callable[[float], None] | None = None,
+        inline_max_bytes: int = 256 * 1024,
     ) -> None:
         self.store = store
         self.on_append = on_append
-        """Called on the writer thread with each append's duration (metrics)."""
+        """Called with each append's duration (metrics), on the thread that appended."""
         self.capacity = capacity
         self.wait_timeout_s = wait_timeout_ms / 1000
+        self.inline_max_bytes = inline_max_bytes
         self.busy_rejections = 0
+        self.inline_appends = 0
+        self.writer_appends = 0
         self.health = ServiceHealth("writer")
         self._watched: list[ServiceHealth] = []
         self._writer = ThreadPoolExecutor(1, thread_name_prefix="orbitmq-store-write")
@@ -60,10 +74,13 @@ class StoreBridge:
         self._queue: list[_Job] = []
         self._in_writer = 0
         self._writer_busy = False
+        self._drain_scheduled = False
         self._loop: asyncio.AbstractEventLoop | None = None
         # (end offset, seq, future, deadline, result): a heap by offset, which is also the
         # order of their deadlines, so one timer checks the oldest instead of one per send.
-        self._flush_waiters: list[tuple[int, int, asyncio.Future[None], float, AppendResult]] = []
+        self._flush_waiters: list[
+            tuple[int, int, asyncio.Future[AppendResult], float, AppendResult]
+        ] = []
         self._expiry: asyncio.TimerHandle | None = None
         self._seq = itertools.count()
         self._listening = False
@@ -75,25 +92,87 @@ class StoreBridge:
     # ------------------------------------------------------------------ appends
 
     async def put(self, batch: MessageBatch) -> AppendResult:
-        """Append and, in SYNC_FLUSH, wait for the fsync. Raises SystemBusyError when full."""
+        """Append and, in SYNC_FLUSH, wait for the fsync. Raises SystemBusyError when full,
+        FlushTimeoutError (carrying the result) when the fsync does not come in time."""
         loop = asyncio.get_running_loop()
         if self._loop is None:
             self._loop = loop
+            if not self._listening:
+                self._listening = True
+                self.store.add_flush_listener(self._on_flushed)
         if self.pending >= self.capacity:
             self.busy_rejections += 1
             raise SystemBusyError(f"{self.pending} sends are waiting for the store")
         fut: asyncio.Future[AppendResult] = loop.create_future()
         self._queue.append((batch, fut, time.monotonic()))
-        if not self._writer_busy:
-            self._kick()
+        if not self._drain_scheduled and not self._writer_busy:
+            self._drain_scheduled = True
+            loop.call_soon(self._drain)
         try:
-            result = await fut
+            return await fut
         except SystemBusyError:
             self.busy_rejections += 1
             raise
-        if self.store.sync_flush and self.store.commit_log.flushed_offset < result.end_offset:
-            await self._wait_flushed(result)
-        return result
+
+    def _drain(self) -> None:
+        """On the loop, once per iteration with sends: append the small ones here, in arrival
+        order, up to the first large one; that one and everything after it go to the writer."""
+        self._drain_scheduled = False
+        if self._writer_busy or not self._queue:
+            return  # the writer's completion drains what queued behind it
+        jobs = self._queue
+        cut = len(jobs)
+        limit = self.inline_max_bytes
+        for i, (batch, _f, _t) in enumerate(jobs):
+            if limit <= 0 or sum(map(len, batch.bodies)) > limit:
+                cut = i
+                break
+        inline, self._queue = jobs[:cut], jobs[cut:]
+        if inline:
+            results = self._append_group(inline)
+            self.inline_appends += len(inline)
+            try:
+                self.store.dispatch_ready()
+            except Exception:  # the messages are stored: the dispatcher thread makes them visible
+                log.exception("inline dispatch failed")
+                self.store.dispatcher.wake()
+            self._settle(inline, results)
+        if self._queue:
+            self._kick()
+
+    def _append_group(self, jobs: list[_Job]) -> list[AppendResult | BaseException]:
+        """On the loop: the sends of one iteration as one store append (one lock, one
+        ``pwrite``); a send with bad input is answered alone. Where the group straddles a
+        segment end, one append per send."""
+        out: list[AppendResult | BaseException | None] = []
+        valid: list[MessageBatch] = []
+        for batch, _fut, _t in jobs:
+            try:
+                self.store.validate(batch)
+            except Exception as exc:  # noqa: BLE001 - that send's answer
+                out.append(exc)
+                continue
+            out.append(None)
+            valid.append(batch)
+        if not valid:
+            return [r for r in out if r is not None]
+        began = time.perf_counter()
+        try:
+            grouped = self.store.append_many(valid, validated=True)
+        except Exception as exc:  # noqa: BLE001 - nothing written: every valid send's answer
+            return [exc if r is None else r for r in out]
+        if grouped is None:
+            return self._run_jobs(jobs, wake_dispatcher=False)
+        self._observe(began)
+        done = iter(grouped)
+        return [next(done) if r is None else r for r in out]
+
+    def _observe(self, began: float) -> None:
+        if self.on_append is not None:
+            try:
+                self.on_append(time.perf_counter() - began)
+            except Exception:  # the message is stored: a metric must not fail its send
+                log.exception("append listener failed")
 
     def _kick(self) -> None:
         assert self._loop is not None
@@ -113,10 +192,13 @@ class StoreBridge:
         loop = self._loop
         done.add_done_callback(lambda f: loop.call_soon_threadsafe(self._jobs_done, jobs, f))
 
-    def _run_jobs(self, jobs: list[_Job]) -> list[AppendResult | BaseException]:
-        """On the writer thread: every queued append, in arrival order."""
+    def _run_jobs(
+        self, jobs: list[_Job], wake_dispatcher: bool = True
+    ) -> list[AppendResult | BaseException]:
+        """Every queued append, in arrival order (on the loop or on the writer thread)."""
         out: list[AppendResult | BaseException] = []
         now = time.monotonic()
+        append = self.store.append
         for batch, _fut, queued_at in jobs:
             waited = now - queued_at
             if waited > self.wait_timeout_s:
@@ -124,15 +206,11 @@ class StoreBridge:
                 continue
             try:
                 began = time.perf_counter()
-                out.append(self.store.append(batch))
+                out.append(append(batch, wake_dispatcher=wake_dispatcher))
             except Exception as exc:  # noqa: BLE001 - goes to that send's Future; others go on
                 out.append(exc)
                 continue
-            if self.on_append is not None:
-                try:
-                    self.on_append(time.perf_counter() - began)
-                except Exception:  # the message is stored: a metric must not fail its send
-                    log.exception("append listener failed")
+            self._observe(began)
         return out
 
     def _jobs_done(
@@ -147,33 +225,44 @@ class StoreBridge:
             results = [exc] * len(jobs)
         else:
             self.health.ok()
+            self.writer_appends += len(jobs)
+        self._settle(jobs, results)
+        if self._queue:
+            self._drain()
+
+    def _settle(self, jobs: list[_Job], results: list[AppendResult | BaseException]) -> None:
+        """Answer each send: its error, its result, or (SYNC_FLUSH, not yet durable) a place
+        among the flush waiters; then one flush request for all of them."""
+        sync = self.store.sync_flush
+        flushed = self.store.commit_log.flushed_offset
+        highest = 0
         for (_batch, fut, _t), result in zip(jobs, results, strict=True):
             if fut.done():
                 continue
             if isinstance(result, BaseException):
                 fut.set_exception(result)
+            elif sync and flushed < result.end_offset:
+                self._wait_flushed(fut, result)
+                highest = max(highest, result.end_offset)
             else:
                 fut.set_result(result)
-        if self._queue:
-            self._kick()
+        if highest:
+            self.store.request_flush(highest)
+            # An fsync that ended between the look above and the listener's registration
+            # reports to nobody: complete what it covered now.
+            self._complete(self.store.commit_log.flushed_offset, None)
 
     # ------------------------------------------------------------------ group commit
 
-    async def _wait_flushed(self, result: AppendResult) -> None:
-        assert self._loop is not None
-        if not self._listening:
-            self._listening = True
-            self.store.add_flush_listener(self._on_flushed)
+    def _wait_flushed(self, fut: asyncio.Future[AppendResult], result: AppendResult) -> None:
         loop = self._loop
-        fut: asyncio.Future[None] = loop.create_future()
+        assert loop is not None
         deadline = loop.time() + self.store.config.sync_flush_timeout_ms / 1000
         heapq.heappush(
             self._flush_waiters, (result.end_offset, next(self._seq), fut, deadline, result)
         )
         if self._expiry is None:
             self._expiry = loop.call_later(0.1, self._expire)
-        self.store.request_flush(result.end_offset)
-        await fut
 
     def _expire(self) -> None:
         """Fail sends whose fsync has not come within sync_flush_timeout_ms."""
@@ -206,9 +295,9 @@ class StoreBridge:
                     fut.set_exception(error)
             return
         while waiters and waiters[0][0] <= flushed:
-            _o, _s, fut, _d, _r = heapq.heappop(waiters)
+            _o, _s, fut, _d, result = heapq.heappop(waiters)
             if not fut.done():
-                fut.set_result(None)
+                fut.set_result(result)
 
     # ------------------------------------------------------------------ health
 
@@ -260,6 +349,6 @@ class StoreBridge:
         self._flush_waiters.clear()
 
 
-def _fail(fut: asyncio.Future[None], exc: BaseException) -> None:
+def _fail(fut: asyncio.Future[AppendResult], exc: BaseException) -> None:
     if not fut.done():
         fut.set_exception(exc)

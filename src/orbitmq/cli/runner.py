@@ -109,7 +109,7 @@ def announcer(title: str, role: str) -> Announce:
 
 async def until_signal(on_ready: Callable[[], None]) -> None:
     """Call ``on_ready``, then wait for SIGINT or SIGTERM."""
-    from orbitmq.broker.controller import settle_heap
+    from orbitmq.broker.heap import settle_heap
 
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

@@ -44,12 +44,14 @@ import socket
 import struct
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from types import ModuleType
 from typing import Any, NoReturn, cast
 
 import crc32c
 import numpy as np
 
 from orbitmq.common.message import decode_properties
+from orbitmq.common.native import NATIVE
 
 Buffer = bytes | bytearray | memoryview
 
@@ -293,6 +295,37 @@ def decode_batch(data: Buffer, *, verify_crc: bool = True) -> list[StoredMessage
         data = data.obj  # a view of a whole frame body (what the clients pass)
     elif not isinstance(data, bytes):
         data = bytes(data)  # bytes slices are the bodies: one copy each, no memoryview objects
+    if NATIVE is not None:
+        return _decode_native(NATIVE, data, verify_crc)
+    return decode_batch_py(data, verify_crc=verify_crc)
+
+
+def _decode_native(native: ModuleType, data: bytes, verify_crc: bool) -> list[StoredMessage]:
+    """:func:`decode_batch` with the checks, CRCs and slicing in one C call."""
+    rows = native.split_records(data, verify_crc)
+    if isinstance(rows, int):
+        _reject(memoryview(data), rows, len(data))
+    out: list[StoredMessage] = []
+    append = out.append
+    host = unpack_host
+    new = _new_message
+    topics: dict[bytes, str] = {}
+    for (total, qid, flag, qoff, phy, sysflag, born_ts, born_host, store_ts, store_host,
+         reconsume, prepared, body, raw_topic, props) in rows:  # fmt: skip
+        topic = topics.get(raw_topic)
+        if topic is None:
+            topic = topics[raw_topic] = _topic_text(raw_topic, sum(m.total_size for m in out))
+        append(
+            new(
+                total, qid, flag, qoff, phy, sysflag, born_ts, host(born_host), store_ts,
+                host(store_host), reconsume, prepared, body, topic, props,
+            )
+        )  # fmt: skip
+    return out
+
+
+def decode_batch_py(data: bytes, *, verify_crc: bool = True) -> list[StoredMessage]:
+    """:func:`decode_batch` in Python (the reference of the C version)."""
     size = len(data)
     view = memoryview(data)
     out: list[StoredMessage] = []
@@ -414,8 +447,31 @@ def encode_batch(
 
     Record i has queue offset ``first_queue_offset + i`` and sits right after record i-1.
     Large batches build every header at once with numpy and join all parts in one copy; the
-    only per-record Python work left is gathering the parts and one CRC call per record.
+    only per-record Python work left is gathering the parts and one CRC call per record. With
+    the optional C extension (:mod:`orbitmq.common.native`) one call does it all, CRCs with
+    the GIL released; :func:`encode_batch_py` is the reference it matches byte for byte.
     """
+    if NATIVE is not None:
+        return cast(
+            bytearray,
+            NATIVE.encode_batch(
+                head.topic, head.queue_id, head.first_queue_offset, head.first_physical_offset,
+                head.flag, head.sys_flag, head.born_timestamp_ms, head.born_host,
+                head.store_timestamp_ms, head.store_host, head.reconsume_times,
+                head.prepared_transaction_offset, bodies, properties,
+            ),
+        )  # fmt: skip
+    return encode_batch_py(head, bodies, properties, body_lens, prop_lens)
+
+
+def encode_batch_py(
+    head: BatchHeader,
+    bodies: list[bytes],
+    properties: list[bytes],
+    body_lens: np.ndarray | None = None,
+    prop_lens: np.ndarray | None = None,
+) -> bytearray:
+    """:func:`encode_batch` in Python (numpy for large batches)."""
     if len(bodies) < VECTOR_MIN_BATCH:
         return _encode_small(head, bodies, properties)
     n = len(bodies)

@@ -48,6 +48,52 @@ class AppendResult:
         return len(self.sizes)
 
 
+class _Prepared:
+    """A batch's record sizes, worked out before the lock is taken, and its encoder: the one
+    place both append paths turn a batch into record bytes."""
+
+    __slots__ = ("batch", "body_lens", "born_host", "ends", "prop_lens", "sizes", "topic_bytes")
+
+    def __init__(self, batch: MessageBatch) -> None:
+        self.batch = batch
+        bodies, properties = batch.bodies, batch.properties
+        self.topic_bytes = batch.topic.encode()
+        self.born_host = pack_host(batch.born_host)
+        n = len(bodies)
+        overhead = record_overhead(len(self.topic_bytes))
+        self.body_lens: np.ndarray | None = None
+        self.prop_lens: np.ndarray | None = None
+        if n >= VECTOR_MIN_BATCH:
+            self.body_lens = np.fromiter(map(len, bodies), dtype=np.int64, count=n)
+            self.prop_lens = np.fromiter(map(len, properties), dtype=np.int64, count=n)
+            self.sizes: list[int] = (self.body_lens + self.prop_lens + overhead).tolist()
+        else:  # numpy's fixed cost outweighs a few records
+            self.sizes = [
+                overhead + len(b) + len(p) for b, p in zip(bodies, properties, strict=True)
+            ]
+        self.ends = list(itertools.accumulate(self.sizes))
+
+    def encode(
+        self, first_qoff: int, pos: int, store_ts: int, store_host: bytes, lo: int, hi: int
+    ) -> bytearray:
+        """Records ``lo..hi`` of the batch, the first at queue offset ``first_qoff`` and log
+        position ``pos``."""
+        b = self.batch
+        head = BatchHeader(
+            self.topic_bytes, b.queue_id, first_qoff, pos, b.flag, b.sys_flag,
+            b.born_timestamp_ms, self.born_host, store_ts, store_host, b.reconsume_times,
+            b.prepared_transaction_offset,
+        )  # fmt: skip
+        whole = lo == 0 and hi == len(self.sizes)
+        return encode_batch(
+            head,
+            b.bodies if whole else b.bodies[lo:hi],
+            b.properties if whole else b.properties[lo:hi],
+            None if self.body_lens is None else self.body_lens[lo:hi],
+            None if self.prop_lens is None else self.prop_lens[lo:hi],
+        )
+
+
 class CommitLog:
     """Segments of ``segment_size`` bytes under ``directory``.
 
@@ -85,26 +131,12 @@ class CommitLog:
         """Append ``batch`` (validated by the caller): its records share one
         :class:`BatchHeader`, completed here under the lock with the queue offset, the position
         and the store timestamp."""
-        topic, queue_id = batch.topic, batch.queue_id
-        bodies, properties = batch.bodies, batch.properties
-        topic_bytes = topic.encode()
-        born_host = pack_host(batch.born_host)
-        n = len(bodies)
-        overhead = record_overhead(len(topic_bytes))
-        body_lens: np.ndarray | None = None
-        prop_lens: np.ndarray | None = None
-        if n >= VECTOR_MIN_BATCH:
-            body_lens = np.fromiter(map(len, bodies), dtype=np.int64, count=n)
-            prop_lens = np.fromiter(map(len, properties), dtype=np.int64, count=n)
-            sizes: list[int] = (body_lens + prop_lens + overhead).tolist()
-        else:  # numpy's fixed cost outweighs a few records
-            sizes = [overhead + len(b) + len(p) for b, p in zip(bodies, properties, strict=True)]
-        ends = list(itertools.accumulate(sizes))
-        batch_bytes = ends[-1]
+        prep = _Prepared(batch)
+        sizes, n, batch_bytes = prep.sizes, len(prep.sizes), prep.ends[-1]
         with self.lock:
             if self.fenced:
                 raise StoreClosedError(f"writes fenced after an I/O failure: {self.fenced}")
-            key = (topic, queue_id)
+            key = (batch.topic, batch.queue_id)
             first_qoff = self.queue_offsets.get(key, 0)
             store_ts = self.clock()
             start = self.max_offset
@@ -114,45 +146,80 @@ class CommitLog:
             else:  # a record never straddles a segment: split where one would
                 plan = self._plan_locked(start, sizes)
             writes: list[tuple[Segment, int, bytearray]] = []
-            head = BatchHeader(
-                topic_bytes, queue_id, first_qoff, start, batch.flag, batch.sys_flag,
-                batch.born_timestamp_ms, born_host, store_ts, store_host, batch.reconsume_times,
-                batch.prepared_transaction_offset,
-            )  # fmt: skip
             qoff = first_qoff
             for seg_start, lo, hi, pos, filler in plan:
                 seg = self.segments.find(seg_start) or self.segments.create(seg_start)
                 buf = bytearray()
                 if hi > lo:
-                    head.first_queue_offset = qoff
-                    head.first_physical_offset = pos
-                    buf = encode_batch(
-                        head,
-                        bodies[lo:hi],
-                        properties[lo:hi],
-                        None if body_lens is None else body_lens[lo:hi],
-                        None if prop_lens is None else prop_lens[lo:hi],
-                    )
+                    buf = prep.encode(qoff, pos, store_ts, store_host, lo, hi)
                     qoff += hi - lo
                 if filler:
                     buf += encode_blank(filler)
                 writes.append((seg, pos - seg.start, buf))
             _last_seg_start, last_lo, _hi, last_pos, _f = plan[-1]
-            end = last_pos + batch_bytes - (ends[last_lo - 1] if last_lo else 0)
-            for i, (seg, at, buf) in enumerate(writes):
-                try:
-                    seg.write(at, buf)
-                except OSError as exc:
-                    self._unwrite(writes[: i + 1])
-                    raise io_error(f"append to {seg.path.name} at {at}", exc) from exc
+            end = last_pos + batch_bytes - (prep.ends[last_lo - 1] if last_lo else 0)
+            self._write_locked(writes)
             self.queue_offsets[key] = qoff
             self.max_offset = end
         phys: list[int] = []
+        ends = prep.ends
         for _seg_start, lo, hi, pos, _filler in plan:
             if hi > lo:
                 shift = pos - (ends[lo - 1] if lo else 0)
                 phys += [shift + e - z for e, z in zip(ends[lo:hi], sizes[lo:hi], strict=True)]
-        return AppendResult(topic, queue_id, first_qoff, phys, sizes, end, store_ts)
+        return AppendResult(batch.topic, batch.queue_id, first_qoff, phys, sizes, end, store_ts)
+
+    def append_many(
+        self, batches: list[MessageBatch], store_host: bytes = b"\0" * 8
+    ) -> list[AppendResult] | None:
+        """Append several batches (validated by the caller) as one write: one lock, one store
+        timestamp, one ``pwrite``. The records are exactly those that appending the batches
+        one by one would write. All or none: an I/O error fails every batch. None, with
+        nothing written, when they do not all fit in the current segment: the caller appends
+        them one by one (a segment roll splits them anyway)."""
+        preps = [_Prepared(b) for b in batches]
+        total = sum(p.ends[-1] for p in preps)
+        with self.lock:
+            if self.fenced:
+                raise StoreClosedError(f"writes fenced after an I/O failure: {self.fenced}")
+            start = self.max_offset
+            room = self.segment_size - start % self.segment_size
+            fits = total == room or total + MIN_BLANK <= room
+            return self._append_many_locked(preps, start, store_host) if fits else None
+
+    def _append_many_locked(
+        self, preps: list[_Prepared], start: int, store_host: bytes
+    ) -> list[AppendResult]:
+        store_ts = self.clock()
+        seg_start = start - start % self.segment_size
+        seg = self.segments.find(seg_start) or self.segments.create(seg_start)
+        next_qoff: dict[tuple[str, int], int] = {}
+        buf = bytearray()
+        results: list[AppendResult] = []
+        pos = start
+        for prep in preps:
+            b = prep.batch
+            key = (b.topic, b.queue_id)
+            qoff = next_qoff.get(key)
+            if qoff is None:
+                qoff = self.queue_offsets.get(key, 0)
+            buf += prep.encode(qoff, pos, store_ts, store_host, 0, len(prep.sizes))
+            next_qoff[key] = qoff + len(prep.sizes)
+            phys = [pos + e - z for e, z in zip(prep.ends, prep.sizes, strict=True)]
+            pos += prep.ends[-1]
+            results.append(AppendResult(b.topic, b.queue_id, qoff, phys, prep.sizes, pos, store_ts))
+        self._write_locked([(seg, start - seg.start, buf)])
+        self.queue_offsets.update(next_qoff)
+        self.max_offset = pos
+        return results
+
+    def _write_locked(self, writes: list[tuple[Segment, int, bytearray]]) -> None:
+        for i, (seg, at, buf) in enumerate(writes):
+            try:
+                seg.write(at, buf)
+            except OSError as exc:
+                self._unwrite(writes[: i + 1])
+                raise io_error(f"append to {seg.path.name} at {at}", exc) from exc
 
     def _unwrite(self, writes: list[tuple[Segment, int, bytearray]]) -> None:
         """Zero what a failed append may have written: complete records of it left past the

@@ -330,6 +330,19 @@ class ConsumeQueueTable:
             self.queues[(topic, queue_id)] = cq
         return cq
 
+    def last_record_offset(self, log_end: int) -> int:
+        """Start of the newest record (the one ending at ``log_end`` if a queue holds it), from
+        the queues' last entries; -1 if they are empty."""
+        best = -1
+        for cq in self.queues.values():
+            if cq.max_offset > cq.min_offset:
+                entry = cq.entry(cq.max_offset - 1)
+                if entry is not None and entry[0] + entry[1] == log_end:
+                    return entry[0]
+                if entry is not None:
+                    best = max(best, entry[0])
+        return best
+
     def flush(self) -> None:
         """fsync every changed file, then the directories that gained entries (files first:
         a name made durable before its data would show an empty file after a power cut,

@@ -81,6 +81,9 @@ class Dispatcher:
         self.listeners: list[ArrivalListener] = []
         self._wake = threading.Event()
         self._done = threading.Condition()
+        # One round at a time: the thread's, an appender's inline round (dispatch_ready), the
+        # final one at close. Re-entrant so a holder may call dispatch_until.
+        self._lock = threading.RLock()
         self._stop = False
         self._thread: threading.Thread | None = None
         self._topics: dict[bytes, str] = {}
@@ -97,9 +100,31 @@ class Dispatcher:
     def dispatch_until(self, end: int) -> int:
         """Dispatch every record in [reput_offset, end). Returns records dispatched."""
         count = 0
-        while self.reput_offset < end:
-            count += self._round(min(end, self.reput_offset + ROUND_BYTES))
+        with self._lock:
+            while self.reput_offset < end:
+                count += self._round(min(end, self.reput_offset + ROUND_BYTES))
         return count
+
+    def dispatch_ready(self) -> bool:
+        """Dispatch, on the caller's thread, everything appended and confirmed so far, and
+        notify the arrival listeners there: the appender already has the records in cache,
+        and doing it here saves the hand-off to the dispatcher thread and back (the latency
+        tail, docs/benchmarks.md). When a round is running elsewhere, dispatch is failing
+        (the thread reports and retries that) or the dispatcher is stopped (truncation,
+        close), the thread is woken instead. True if done here."""
+        if self._stop or self.failure is not None or not self._lock.acquire(blocking=False):
+            self.wake()
+            return False
+        try:
+            self.dispatch_until(self.commit_log.confirm_offset)
+        except Exception:  # noqa: BLE001 - the thread meets it again, reports and retries it
+            self.wake()
+            return False
+        finally:
+            self._lock.release()
+        with self._done:
+            self._done.notify_all()
+        return True
 
     def _round(self, end: int) -> int:
         """Dispatch the records starting in [reput_offset, end): walk, decode, write, notify."""
@@ -459,3 +484,5 @@ class Dispatcher:
         if self._thread is not None:
             self._thread.join()
             self._thread = None
+        with self._lock:  # an inline round (dispatch_ready) under way ends first; no new one
+            pass  # starts while stopped (truncate_to, close)

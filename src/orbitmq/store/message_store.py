@@ -8,9 +8,10 @@
     replication (docs/ha.md): epochs, read_replication, append_replicated, truncate_to,
     set_confirm_offset (reads and dispatch stop there; without replicas, at the max offset)
 
-Every call is synchronous and may block on disk, so an event loop calls it from a worker
-thread (``loop.run_in_executor``) and awaits ``asyncio.wrap_future(flush_future(...))``; the
-store itself starts no event loop. Background threads: dispatcher, flusher, checkpointer,
+Every call is synchronous and may block on disk. An event loop may append and dispatch on its
+own thread (page-cache writes; the broker does so for small batches, docs/benchmarks.md) and
+run other calls on a worker thread; it awaits fsyncs through ``request_flush`` and a flush
+listener. The store itself starts no event loop. Background threads: dispatcher, flusher, checkpointer,
 retention. The store is opened by one process at a time (flock on ``lock``).
 
 The store builds its parts (CommitLog, ConsumeQueueTable, IndexService, Dispatcher) and hands
@@ -29,6 +30,7 @@ import time
 from collections.abc import Callable, Iterable
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
+from typing import TypeVar
 
 from orbitmq.common.clock import now_ms
 from orbitmq.common.errors import (
@@ -72,7 +74,7 @@ from orbitmq.store.supervise import ServiceHealth
 from orbitmq.store.truncate import TruncateReport, check_cut, truncate
 
 __all__ = ["GetResult", "GetStatus", "MessageStore"]
-
+_T = TypeVar("_T")
 log = logging.getLogger(__name__)
 
 
@@ -202,7 +204,7 @@ class MessageStore:
                 dispatch_safe_offset=end,
                 commit_log_flushed=end,
                 clean_end_offset=end,
-                last_record_offset=self._last_record_offset(),
+                last_record_offset=self.queues.last_record_offset(end),
                 written_at_ms=self.clock(),
                 clean=True,
             ).save(self.checkpoint_path, self.fs)
@@ -228,18 +230,6 @@ class MessageStore:
         if self._lock_fd >= 0:
             os.close(self._lock_fd)
             self._lock_fd = -1
-
-    def _last_record_offset(self) -> int:
-        """Start of the newest record, from the ConsumeQueues (-1 if the log is empty)."""
-        best = -1
-        for cq in self.queues.queues.values():
-            if cq.max_offset > cq.min_offset:
-                entry = cq.entry(cq.max_offset - 1)
-                if entry is not None and entry[0] + entry[1] == self.commit_log.max_offset:
-                    return entry[0]
-                if entry is not None:
-                    best = max(best, entry[0])
-        return best
 
     def __enter__(self) -> MessageStore:
         self.open()
@@ -350,11 +340,34 @@ class MessageStore:
         if batch.queue_id < 0:
             raise ValueError("queue_id must be >= 0")
 
-    def append(self, batch: MessageBatch) -> AppendResult:
-        """Validate and append to the page cache. Raises before writing anything on bad input."""
+    def append(self, batch: MessageBatch, *, wake_dispatcher: bool = True) -> AppendResult:
+        """Validate and append to the page cache. Raises before writing anything on bad input.
+        ``wake_dispatcher=False``: the caller calls ``dispatch_ready`` itself."""
         if not self.is_open:
             raise StoreClosedError("store is not open")
         self.validate(batch)
+        self._check_writable()
+        result = self._write(lambda: self.commit_log.append(batch, self._store_host))
+        if wake_dispatcher:
+            self.dispatcher.wake()
+        return result
+
+    def append_many(
+        self, batches: list[MessageBatch], *, validated: bool = False
+    ) -> list[AppendResult] | None:
+        """Several batches in one write (``CommitLog.append_many``: one lock, one ``pwrite``;
+        None: they straddle a segment end, append them one by one), made readable by the
+        caller's ``dispatch_ready``. Bad input in any batch raises before anything is written
+        (``validated``: the caller ran ``validate`` on each, to answer a bad one alone)."""
+        if not self.is_open:
+            raise StoreClosedError("store is not open")
+        if not validated:
+            for batch in batches:
+                self.validate(batch)
+        self._check_writable()
+        return self._write(lambda: self.commit_log.append_many(batches, self._store_host))
+
+    def _check_writable(self) -> None:
         failure = self.dispatcher.failure
         if failure is not None:
             raise StoreUnavailableError(
@@ -368,14 +381,18 @@ class MessageStore:
                 f"disk use {self.retention.disk_ratio:.0f}% is above "
                 f"{self.config.disk_space_warning_level_ratio}%: writes refused until space frees"
             )
+
+    def _write(self, write: Callable[[], _T]) -> _T:
         try:
-            result = self.commit_log.append(batch, self._store_host)
+            return write()
         except DiskFullError as exc:  # no room for a new segment: refuse until there is
             self.retention.note_no_space(str(exc))
             self._recheck_disk()
             raise
-        self.dispatcher.wake()
-        return result
+
+    def dispatch_ready(self) -> bool:
+        """Make what was appended readable now, here if no round runs elsewhere (True)."""
+        return self.dispatcher.dispatch_ready()
 
     def _recheck_disk(self) -> bool:
         """While writes are refused: look again whether they fit (a statvfs, so writes resume
@@ -425,8 +442,8 @@ class MessageStore:
         self.flusher.listeners.append(listener)
 
     def add_arrival_listener(self, listener: ArrivalListener) -> None:
-        """``listener(topic, queue_id, max_offset)`` runs on the dispatcher thread: keep it short
-        (a long-polling broker hands it to its loop with ``call_soon_threadsafe``)."""
+        """``listener(topic, queue_id, max_offset)`` runs on the dispatcher thread, or on the
+        thread that called ``dispatch_ready``: keep it short and check which thread it is on."""
         self.dispatcher.listeners.append(listener)
 
     def wait_for_dispatch(self, timeout: float = 10.0) -> bool:

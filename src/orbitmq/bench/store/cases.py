@@ -93,8 +93,9 @@ def bench_sync_async(
     root: Path, count: int, concurrency: int, body_size: int = BODY_SIZE
 ) -> RunSample:
     """SYNC_FLUSH driven the way the broker drives it: ``concurrency`` asyncio tasks sending
-    one message each through the broker's StoreBridge (one writer thread taking every queued
-    append at once, one loop callback per fsync completing every send it covered)."""
+    one message each through the broker's StoreBridge (the sends of one loop iteration
+    appended as one write on the loop, one loop callback per fsync completing every send it
+    covered)."""
     import asyncio
 
     from orbitmq.broker.store_bridge import StoreBridge

@@ -180,7 +180,7 @@ DESCRIPTIONS = {
     "append-b256": "append, batch 256, ASYNC_FLUSH, 1 thread",
     "sync-t1": "put 1 msg, SYNC_FLUSH, 1 thread",
     "sync-t64": "put 1 msg, SYNC_FLUSH, 64 threads (group commit)",
-    "sync-a64": "put 1 msg, SYNC_FLUSH, 64 asyncio appenders, one writer thread (as the broker)",
+    "sync-a64": "put 1 msg, SYNC_FLUSH, 64 asyncio appenders through the broker's StoreBridge",
     "read-hot-m32": "sequential read, max_count 32, hot (no CRC)",
     "read-hot-m256": "sequential read, max_count 256, hot (no CRC)",
     "read-reopen-m32": "sequential read, max_count 32, after reopen (CRC)",

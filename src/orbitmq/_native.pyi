@@ -1,0 +1,21 @@
+# Type stub for the optional C extension built from _native.c (see setup.py).
+HARDWARE_CRC: int
+
+def crc32c(data: bytes | bytearray | memoryview, value: int = 0, /) -> int: ...
+def encode_batch(
+    topic: bytes,
+    queue_id: int,
+    first_queue_offset: int,
+    first_physical_offset: int,
+    flag: int,
+    sys_flag: int,
+    born_timestamp_ms: int,
+    born_host: bytes,
+    store_timestamp_ms: int,
+    store_host: bytes,
+    reconsume_times: int,
+    prepared_transaction_offset: int,
+    bodies: list[bytes],
+    properties: list[bytes],
+    /,
+) -> bytearray: ...
