@@ -17,11 +17,12 @@ from orbitmq.common.config import (
     optional,
     setting,
 )
+from orbitmq.net.settings import ListenerSettings
 from orbitmq.store.config import StoreConfig
 
 
 @dataclass(frozen=True, slots=True)
-class BrokerConfig:
+class BrokerConfig(ListenerSettings):
     cluster: str = setting(
         "DefaultCluster",
         "Cluster this broker belongs to (RocketMQ's brokerClusterName).",
@@ -273,3 +274,4 @@ class BrokerConfig:
 
     def __post_init__(self) -> None:
         check_settings(self, "broker")
+        self.check_listener("broker")

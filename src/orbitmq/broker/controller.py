@@ -170,8 +170,13 @@ class BrokerController:
             port=config.port,
             name="broker",
             on_disconnect=self._on_disconnect,
+            tls=config.tls_source(),
+            tls_mode=config.tls_mode,
+            limits=config.limits(),
         )
-        self.namesrv_client = RemotingClient(name="broker-to-namesrv")
+        self.namesrv_client = RemotingClient(
+            name="broker-to-namesrv", ssl_context=config.outbound_ssl()
+        )
         self.recovery: RecoveryReport | None = None
         self._tasks = TaskSet("broker", logger=log)
         self.register_health = ServiceHealth("namesrv-register")

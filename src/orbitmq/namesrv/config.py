@@ -6,10 +6,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from orbitmq.common.config import PORT, above, check_settings, optional, setting
+from orbitmq.net.settings import ListenerSettings
 
 
 @dataclass(frozen=True, slots=True)
-class NamesrvConfig:
+class NamesrvConfig(ListenerSettings):
     host: str = setting(
         "127.0.0.1",
         "Address to listen on (tests and `make up` use loopback).",
@@ -37,3 +38,4 @@ class NamesrvConfig:
 
     def __post_init__(self) -> None:
         check_settings(self, "namesrv")
+        self.check_listener("namesrv")

@@ -86,6 +86,9 @@ class NamesrvController:
             port=config.port,
             name="namesrv",
             on_disconnect=self._on_disconnect,
+            tls=config.tls_source(),
+            tls_mode=config.tls_mode,
+            limits=config.limits(),
         )
         self.metrics_port: int | None = None
         """The Prometheus endpoint's port once started (None: no endpoint)."""

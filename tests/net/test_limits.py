@@ -1,0 +1,143 @@
+"""Abuse limits of a Remoting listener: frame size, per-IP caps, slowloris, idle, pending."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import struct
+
+from orbitmq.common.codes import ResponseCode
+from orbitmq.net.client import RemotingClient
+from orbitmq.net.connection import Connection, Reply
+from orbitmq.net.limits import (
+    REASON_FRAME_TIMEOUT,
+    REASON_IDLE,
+    REASON_PER_IP,
+    REASON_PROTOCOL,
+    Limits,
+)
+from orbitmq.net.server import RemotingServer
+from orbitmq.protocol.frame import Frame
+
+ECHO, HOLD = 1, 2
+
+
+class Handler:
+    def __init__(self) -> None:
+        self.running = 0
+        self.peak = 0
+        self.release = asyncio.Event()
+
+    async def __call__(self, frame: Frame, conn: Connection) -> Reply:
+        if frame.code == HOLD:
+            self.running += 1
+            self.peak = max(self.peak, self.running)
+            await self.release.wait()
+            self.running -= 1
+        return frame.reply(ResponseCode.SUCCESS, body=frame.body)
+
+
+async def _closed_by_server(reader: asyncio.StreamReader, within: float) -> bool:
+    try:
+        async with asyncio.timeout(within):
+            return await reader.read(100) == b""
+    except (TimeoutError, ConnectionResetError):
+        return False
+
+
+async def _still_serves(server: RemotingServer) -> None:
+    client = RemotingClient()
+    try:
+        reply = await client.invoke(server.address, Frame(ECHO, body=b"ok"), timeout=5)
+        assert reply.body == b"ok"
+    finally:
+        await client.close()
+
+
+async def test_huge_and_negative_length_prefixes_close_without_allocating() -> None:
+    server = RemotingServer(Handler())
+    await server.start()
+    try:
+        for prefix in (0x80000000, 0xFFFFFFFF, 2**31 - 1):
+            reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+            writer.write(struct.pack(">IBBHII", prefix, 1, 0, ECHO, 1, 0))
+            assert await _closed_by_server(reader, 3.0)
+            writer.close()
+            await _still_serves(server)
+        assert server.refusals.counts[REASON_PROTOCOL] == 3
+    finally:
+        await server.stop()
+
+
+async def test_connections_per_ip_are_capped() -> None:
+    server = RemotingServer(Handler(), limits=Limits(max_connections_per_ip=5))
+    await server.start()
+    socks = []
+    try:
+        for _ in range(12):
+            s = socket.create_connection(("127.0.0.1", server.port), timeout=5)
+            socks.append(s)
+        await asyncio.sleep(0.3)
+        assert len(server.connections) == 5
+        assert server.refusals.counts[REASON_PER_IP] == 7
+        for s in socks[:5]:
+            s.close()
+        await asyncio.sleep(0.3)
+        await _still_serves(server)  # closed ones gave their slots back
+    finally:
+        for s in socks:
+            s.close()
+        await server.stop()
+
+
+async def test_slowloris_frame_is_cut_and_idle_connections_close() -> None:
+    limits = Limits(frame_timeout_s=0.4, idle_timeout_s=0.6)
+    server = RemotingServer(Handler(), limits=limits)
+    await server.start()
+    try:
+        slow_r, slow_w = await asyncio.open_connection("127.0.0.1", server.port)
+        idle_r, idle_w = await asyncio.open_connection("127.0.0.1", server.port)
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        cut = False
+        for _ in range(40):  # 1 byte every 50 ms: a frame that never completes
+            slow_w.write(b"\x00")
+            await asyncio.sleep(0.05)
+            if slow_r.at_eof() or slow_w.is_closing():
+                break
+            try:
+                await slow_w.drain()
+            except ConnectionError:
+                cut = True
+                break
+        cut = cut or await _closed_by_server(slow_r, 1.0)
+        assert cut and loop.time() - started < 1.5
+        assert await _closed_by_server(idle_r, 1.5)
+        assert server.refusals.counts[REASON_FRAME_TIMEOUT] == 1
+        assert server.refusals.counts[REASON_IDLE] >= 1
+        for w in (slow_w, idle_w):
+            w.close()
+        await _still_serves(server)
+    finally:
+        await server.stop()
+
+
+async def test_pending_requests_per_connection_are_capped() -> None:
+    handler = Handler()
+    server = RemotingServer(handler, limits=Limits(max_pending_requests=3))
+    await server.start()
+    client = RemotingClient()
+    try:
+        calls = [
+            asyncio.create_task(client.invoke(server.address, Frame(HOLD), timeout=10))
+            for _ in range(20)
+        ]
+        await asyncio.sleep(0.3)
+        assert handler.peak == 3
+        handler.release.set()
+        replies = await asyncio.gather(*calls)
+        assert all(r.code == ResponseCode.SUCCESS for r in replies)
+        assert handler.peak == 3
+    finally:
+        await client.close()
+        await server.stop()
