@@ -141,3 +141,18 @@ async def test_pending_requests_per_connection_are_capped() -> None:
     finally:
         await client.close()
         await server.stop()
+
+
+def test_refusals_are_exported_as_a_prometheus_counter() -> None:
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from orbitmq.net.limits import Refusals
+    from orbitmq.net.metrics import RefusalCollector
+
+    refusals = Refusals()
+    registry = CollectorRegistry()
+    registry.register(RefusalCollector("broker", refusals))
+    refusals.count(REASON_PER_IP, "10.0.0.1")
+    text = generate_latest(registry).decode()
+    line = 'orbitmq_net_refused_total{listener="broker",reason="max_connections_per_ip"} 1.0'
+    assert line in text

@@ -50,6 +50,7 @@ from orbitmq.common.errors import MQError
 from orbitmq.common.tasks import TaskSet
 from orbitmq.net.client import RemotingClient
 from orbitmq.net.connection import Connection
+from orbitmq.net.metrics import RefusalCollector
 from orbitmq.net.server import RemotingServer
 from orbitmq.protocol.bodies import RegisterBrokerBody, TopicConfig, encode_body
 from orbitmq.protocol.requests import RegisterBrokerRequest, UnregisterBrokerRequest
@@ -174,6 +175,7 @@ class BrokerController:
             tls_mode=config.tls_mode,
             limits=config.limits(),
         )
+        self.metrics.registry.register(RefusalCollector("broker", self.server.refusals))
         self.namesrv_client = RemotingClient(
             name="broker-to-namesrv", ssl_context=config.outbound_ssl()
         )

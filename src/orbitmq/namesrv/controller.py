@@ -29,6 +29,7 @@ from orbitmq.namesrv.config import NamesrvConfig
 from orbitmq.namesrv.processor import NamesrvProcessor
 from orbitmq.namesrv.route_info import Clock, RouteInfoManager
 from orbitmq.net.connection import Connection, Reply
+from orbitmq.net.metrics import RefusalCollector
 from orbitmq.net.server import RemotingServer
 from orbitmq.protocol.codes import RequestCode
 from orbitmq.protocol.frame import Frame
@@ -101,6 +102,7 @@ class NamesrvController:
         m.topics.set_function(lambda: routes.topic_count)
         m.clusters.set_function(lambda: routes.cluster_count)
         m.connections.set_function(lambda: len(server.connections))
+        m.registry.register(RefusalCollector("namesrv", server.refusals))
 
     @property
     def port(self) -> int:
