@@ -17,6 +17,7 @@ from orbitmq.common.config import (
     optional,
     setting,
 )
+from orbitmq.common.errors import ConfigError
 from orbitmq.net.settings import ListenerSettings
 from orbitmq.store.config import StoreConfig
 
@@ -275,3 +276,6 @@ class BrokerConfig(ListenerSettings):
     def __post_init__(self) -> None:
         check_settings(self, "broker")
         self.check_listener("broker")
+        if self.ha_enable and self.store.encrypt_at_rest:
+            # Replicas would need the master's per-segment keys: not built yet (security.md).
+            raise ConfigError("store.encrypt_at_rest does not work with broker.ha_enable yet")

@@ -12,6 +12,7 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -28,6 +29,12 @@ from orbitmq.common.record import (
     record_overhead,
 )
 from orbitmq.store.segment import FileOps, Segment, SegmentQueue, io_error
+
+if TYPE_CHECKING:
+    from orbitmq.store.sealing import RecordSealer
+
+SEAL_OVERHEAD = 24
+"""orbitmq.store.sealing.SEAL_OVERHEAD (that module imports this one)."""
 
 
 @dataclass(slots=True)
@@ -71,6 +78,8 @@ class CommitLog:
         self.confirmed: int | None = None
         """Replication's confirm offset; None (a broker without replicas): the max offset."""
         self._flush_lock = threading.Lock()
+        self.sealer: RecordSealer | None = None
+        """Encryption at rest (:mod:`orbitmq.store.sealing`); set by the store, None: off."""
 
     @property
     def confirm_offset(self) -> int:
@@ -91,6 +100,9 @@ class CommitLog:
         born_host = pack_host(batch.born_host)
         n = len(bodies)
         overhead = record_overhead(len(topic_bytes))
+        sealer = self.sealer
+        if sealer is not None:
+            overhead += SEAL_OVERHEAD
         body_lens: np.ndarray | None = None
         prop_lens: np.ndarray | None = None
         if n >= VECTOR_MIN_BATCH:
@@ -126,12 +138,15 @@ class CommitLog:
                 if hi > lo:
                     head.first_queue_offset = qoff
                     head.first_physical_offset = pos
+                    part_b, part_p = bodies[lo:hi], properties[lo:hi]
+                    if sealer is not None:
+                        part_b, part_p = sealer.seal(head, seg.start, part_b, part_p)
                     buf = encode_batch(
                         head,
-                        bodies[lo:hi],
-                        properties[lo:hi],
-                        None if body_lens is None else body_lens[lo:hi],
-                        None if prop_lens is None else prop_lens[lo:hi],
+                        part_b,
+                        part_p,
+                        None if body_lens is None or sealer else body_lens[lo:hi],
+                        None if prop_lens is None or sealer else prop_lens[lo:hi],
                     )
                     qoff += hi - lo
                 if filler:

@@ -67,6 +67,7 @@ from orbitmq.store.reader import (
 from orbitmq.store.recovery import RecoveryReport, StoreParts, recover
 from orbitmq.store.replica import append_chunk, read_chunk
 from orbitmq.store.retention import RetentionService, TopicRetention
+from orbitmq.store.sealing import make_sealer
 from orbitmq.store.segment import FileOps, io_error
 from orbitmq.store.supervise import ServiceHealth
 from orbitmq.store.truncate import TruncateReport, check_cut, truncate
@@ -128,6 +129,13 @@ class MessageStore:
             disk_usage=disk_usage,
         )
         self._view = ReadView(self.commit_log, self.queues, self.retention)
+        self.sealer = make_sealer(
+            root, config.mapped_file_size_commit_log, config.encryption_key_file,
+            config.encryption_retired_key_files, config.encrypt_at_rest,
+        )  # fmt: skip
+        if self.sealer is not None:  # encryption at rest: seal on append, open on read
+            self.commit_log.sealer = self.dispatcher.opener = self.sealer
+            self._view.props_of = self.sealer.props_of
         self.epochs = EpochFile(root / EPOCH_FILE, self.fs)
         self._checkpointer = PeriodicService(
             "orbitmq-checkpoint", config.flush_interval_consume_queue_ms / 1000, self.checkpoint
@@ -156,6 +164,8 @@ class MessageStore:
             raise StoreError(f"{self.root} is open in another process") from exc
         try:
             self.epochs.load()
+            if self.sealer is not None:  # keys unwrap, and a fresh writer epoch
+                self.sealer.start(self.root / layout.COMMITLOG_DIR)
         except StoreError:
             self._release()
             raise
@@ -468,7 +478,8 @@ class MessageStore:
             check = self.fs.read_check
             if check is not None:
                 check(topic, queue_id, offset)
-            return read_queue(self._view, topic, queue_id, offset, max_count, max_bytes, tags)
+            res = read_queue(self._view, topic, queue_id, offset, max_count, max_bytes, tags)
+            return res if self.sealer is None else self.sealer.open_result(res)
         except OSError as exc:
             self.read_errors += 1
             raise io_error(f"reading {topic}/{queue_id} at {offset}", exc) from exc
@@ -489,7 +500,9 @@ class MessageStore:
             n = check_record(view, at, size)
         except RecordError:
             return None
-        return view[at : at + n] if 0 < n <= confirmed - physical_offset else None
+        if not 0 < n <= confirmed - physical_offset:
+            return None
+        return view[at : at + n] if self.sealer is None else self.sealer.plain(view[at : at + n])
 
     def last_store_time(self, topic: str, queue_id: int) -> int:
         """Store timestamp of the newest message of a queue (0 if empty)."""
