@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import itertools
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import numpy as np
 
@@ -30,11 +30,18 @@ from orbitmq.common.record import (
 )
 from orbitmq.store.segment import FileOps, Segment, SegmentQueue, io_error
 
-if TYPE_CHECKING:
-    from orbitmq.store.sealing import RecordSealer
-
 SEAL_OVERHEAD = 24
-"""orbitmq.store.sealing.SEAL_OVERHEAD (that module imports this one)."""
+"""Bytes a sealed record has more than its plaintext (orbitmq.store.sealing)."""
+SYSFLAG_SEALED = 0x10000
+"""SYS_FLAG bit of a sealed (encrypted) record (orbitmq.store.sealing)."""
+
+
+class Sealer(Protocol):
+    """What the append path needs of :class:`orbitmq.store.sealing.RecordSealer`."""
+
+    def seal(
+        self, head: BatchHeader, seg_start: int, bodies: Sequence[bytes], props: Sequence[bytes]
+    ) -> tuple[list[bytes], list[bytes]]: ...
 
 
 @dataclass(slots=True)
@@ -78,7 +85,7 @@ class CommitLog:
         self.confirmed: int | None = None
         """Replication's confirm offset; None (a broker without replicas): the max offset."""
         self._flush_lock = threading.Lock()
-        self.sealer: RecordSealer | None = None
+        self.sealer: Sealer | None = None
         """Encryption at rest (:mod:`orbitmq.store.sealing`); set by the store, None: off."""
 
     @property

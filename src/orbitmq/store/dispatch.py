@@ -25,13 +25,10 @@ import numpy as np
 from orbitmq.common.errors import StoreClosedError, StoreError
 from orbitmq.common.message import find_all, property_value
 from orbitmq.common.record import BLANK, BLANK_MAGIC, HEADER, HEADER_SIZE, U16
-from orbitmq.store.commit_log import CommitLog
+from orbitmq.store.commit_log import SYSFLAG_SEALED, CommitLog
 from orbitmq.store.consume_queue import ENTRY_DTYPE, ConsumeQueueTable
 from orbitmq.store.supervise import ServiceHealth
 from orbitmq.store.timer_index import TIMER_TOPIC, timer_tag
-
-SYSFLAG_SEALED = 0x10000
-"""orbitmq.store.sealing.SYSFLAG_SEALED (that module is above this one)."""
 
 
 class PropertiesOpener(Protocol):

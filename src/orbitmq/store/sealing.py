@@ -50,15 +50,12 @@ from orbitmq.common.record import (
     RecordError,
     properties_slice,
 )
-from orbitmq.store import dispatch
-from orbitmq.store.commit_log import SEAL_OVERHEAD
+from orbitmq.store.commit_log import SEAL_OVERHEAD, SYSFLAG_SEALED
 from orbitmq.store.keys import DekStore, Keyring, WriterEpoch, load_master_key
 from orbitmq.store.reader import GetResult, GetStatus
 
 log = logging.getLogger(__name__)
 
-SYSFLAG_SEALED = 0x10000
-assert SYSFLAG_SEALED == dispatch.SYSFLAG_SEALED
 assert SEAL_OVERHEAD == 4 + 4 + 16  # epoch, body length, tag
 _U64 = struct.Struct(">Q")
 _NONCE = struct.Struct(">IQ")
