@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: help up test lint fmt test-crash test-chaos bench proto clean
+.PHONY: help up test lint fmt test-crash test-chaos fuzz bench proto clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
@@ -36,6 +36,14 @@ test-crash: $(STAMP) ## only the crash tests (ORBITMQ_CRASH_ITERATIONS=N for lon
 
 test-chaos: $(STAMP) ## I/O faults at random store sites, 300 iterations (ORBITMQ_CHAOS_ITERATIONS=N)
 	ORBITMQ_CHAOS_ITERATIONS=$${ORBITMQ_CHAOS_ITERATIONS:-300} $(PY) -m pytest -m chaos tests/chaos
+
+FUZZ_TARGETS := frame header record send_body sql92 grpc_message toml_config mqtt
+fuzz: $(STAMP) ## atheris on every decoder, ORBITMQ_FUZZ_RUNS inputs each (default 1,000,000)
+	@for t in $(FUZZ_TARGETS); do \
+		echo "== fuzz $$t"; \
+		$(PY) -m tests.fuzz.run $$t -runs=$${ORBITMQ_FUZZ_RUNS:-1000000} -max_len=65536 \
+			-timeout=5 -rss_limit_mb=2048 -print_final_stats=1 || exit 1; \
+	done
 
 bench: $(STAMP) ## storage benchmark
 	$(PY) -m orbitmq.bench store
