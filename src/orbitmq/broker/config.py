@@ -210,6 +210,18 @@ class BrokerConfig(ListenerSettings):
         "ms.",
         at_least(0),
     )
+    produce_quota_bytes_per_s: float | None = setting(
+        None,
+        "Byte-rate quota per client (its certificate principal or user, else its IP address) "
+        "for sends; over it, responses are delayed with throttle_time_ms (Kafka's model). "
+        "None: no quota.",
+        optional(above(0)),
+    )
+    fetch_quota_bytes_per_s: float | None = setting(
+        None,
+        "The same for the bytes pulls and pops return. None: no quota.",
+        optional(above(0)),
+    )
     # Replication, static mode (docs/ha.md): a fixed master (broker_id 0) and its slaves.
     ha_enable: bool = setting(
         False,

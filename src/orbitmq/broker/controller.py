@@ -51,8 +51,10 @@ from orbitmq.common.tasks import TaskSet
 from orbitmq.net.client import RemotingClient
 from orbitmq.net.connection import Connection
 from orbitmq.net.metrics import RefusalCollector
+from orbitmq.net.quota import ByteQuotas
 from orbitmq.net.server import RemotingServer
 from orbitmq.protocol.bodies import RegisterBrokerBody, TopicConfig, encode_body
+from orbitmq.protocol.codes import RequestCode
 from orbitmq.protocol.requests import RegisterBrokerRequest, UnregisterBrokerRequest
 from orbitmq.store.message_store import MessageStore
 from orbitmq.store.recovery import RecoveryReport
@@ -174,6 +176,12 @@ class BrokerController:
             tls=config.tls_source(),
             tls_mode=config.tls_mode,
             limits=config.limits(),
+            quotas=ByteQuotas.of(
+                (RequestCode.SEND_MESSAGE, RequestCode.SEND_BATCH_MESSAGE),
+                (RequestCode.PULL_MESSAGE, RequestCode.POP_MESSAGE),
+                config.produce_quota_bytes_per_s,
+                config.fetch_quota_bytes_per_s,
+            ),
         )
         self.metrics.registry.register(RefusalCollector("broker", self.server.refusals))
         self.namesrv_client = RemotingClient(

@@ -32,7 +32,8 @@ from typing import Any
 from orbitmq.common.codes import ResponseCode
 from orbitmq.common.errors import MQError, ProtocolError, RemoteError, RequestTimeoutError
 from orbitmq.common.tasks import TaskSet
-from orbitmq.net.limits import REASON_PENDING, REASON_PROTOCOL, Refusals
+from orbitmq.net.limits import REASON_PENDING, REASON_PROTOCOL, REASON_THROTTLED, Refusals
+from orbitmq.net.quota import ByteQuotas
 from orbitmq.net.tls import peer_identity
 from orbitmq.protocol.frame import (
     FLAG_ONEWAY,
@@ -71,12 +72,15 @@ class Connection(asyncio.Protocol):
         on_close: Callable[[Connection], None] | None = None,
         name: str = "conn",
         refusals: Refusals | None = None,
+        quotas: ByteQuotas | None = None,
     ) -> None:
         self.handler = handler
         self.decoder = FrameDecoder(max_frame_size)
         self.max_in_flight = max_in_flight
         self.max_pending_bytes = max_pending_bytes
         self.refusals = refusals
+        self.quotas = quotas
+        self._muted_until = 0.0
         self.on_close = on_close
         self.name = name
         self.transport: asyncio.Transport | None = None
@@ -201,17 +205,20 @@ class Connection(asyncio.Protocol):
     async def _run(self, frame: Frame) -> None:
         assert self.handler is not None
         try:
-            reply = await self.handler(frame, self)
-        except MQError as exc:
-            reply = frame.reply(exc.code, str(exc))
-        except Exception as exc:
-            log.exception("%s: request code %d failed", self.name, frame.code)
-            reply = frame.reply(ResponseCode.SYSTEM_ERROR, f"{type(exc).__name__}: {exc}")
+            try:
+                reply = await self.handler(frame, self)
+            except MQError as exc:
+                reply = frame.reply(exc.code, str(exc))
+            except Exception as exc:
+                log.exception("%s: request code %d failed", self.name, frame.code)
+                reply = frame.reply(ResponseCode.SYSTEM_ERROR, f"{type(exc).__name__}: {exc}")
+            if self.quotas is not None:
+                await self._throttle(frame, reply)
         finally:
             self._in_flight -= 1
             self._in_flight_bytes -= len(frame.body)
             self.last_activity = time.monotonic()
-            while self._backlog and not self._busy():
+            while self._backlog and not self._busy() and not self._muted_until:
                 self._start_request(self._backlog.popleft())
             self._update_reading()
         if reply is None or frame.flags & FLAG_ONEWAY:
@@ -221,10 +228,39 @@ class Connection(asyncio.Protocol):
         else:
             self._send(reply)
 
+    async def _throttle(self, frame: Frame, reply: Reply) -> None:
+        """Kafka's quota enforcement: over its byte rate, the client's response waits, with
+        ``throttle_time_ms`` set, and nothing more is read from it meanwhile."""
+        assert self.quotas is not None
+        head = reply[0] if isinstance(reply, tuple) else reply
+        if reply is None:
+            out = 0
+        elif isinstance(reply, tuple):
+            out = sum(len(p) for p in reply[1])
+        else:
+            out = len(reply.body)
+        key = self.attributes.get("principal") or self.principal or self.attributes.get("ip")
+        delay = self.quotas.charge(frame.code, len(frame.body), out, str(key or self.peer))
+        if delay <= 0:
+            return
+        if head is not None:
+            head.fields["throttle_time_ms"] = int(delay * 1000)
+        if self.refusals is not None:
+            self.refusals.counts[REASON_THROTTLED] += 1
+        self._muted_until = time.monotonic() + delay
+        self._update_reading()
+        try:
+            await asyncio.sleep(delay)
+        finally:
+            self._muted_until = 0.0
+            self._update_reading()
+
     def _update_reading(self) -> None:
         if self.transport is None or self.transport.is_closing():
             return
-        should_pause = self._write_paused or self._busy() or bool(self._backlog)
+        should_pause = (
+            self._write_paused or self._busy() or bool(self._backlog) or bool(self._muted_until)
+        )
         if should_pause and not self._read_paused:
             self._read_paused = True
             self.transport.pause_reading()

@@ -33,6 +33,8 @@ REASON_IDLE = "idle_timeout"
 REASON_PROTOCOL = "protocol_error"
 REASON_PENDING = "pending_limit"
 """Not a close: reading paused because the peer has too many unanswered requests or bytes."""
+REASON_THROTTLED = "quota_throttled"
+"""Not a close: a response held (and reading paused) for a byte-rate quota."""
 REASONS = (
     REASON_TOTAL,
     REASON_PER_IP,
@@ -44,6 +46,7 @@ REASONS = (
     REASON_IDLE,
     REASON_PROTOCOL,
     REASON_PENDING,
+    REASON_THROTTLED,
 )
 
 

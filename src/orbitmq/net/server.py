@@ -20,6 +20,7 @@ from orbitmq.common.tasks import TaskSet
 from orbitmq.net.connection import Connection, Handler
 from orbitmq.net.limits import REASON_FRAME_TIMEOUT, REASON_IDLE, Limits, Refusals
 from orbitmq.net.listener import Listener
+from orbitmq.net.quota import ByteQuotas
 from orbitmq.net.tls import ContextSource
 from orbitmq.protocol.frame import DEFAULT_MAX_FRAME_SIZE
 
@@ -48,6 +49,7 @@ class RemotingServer:
         tls: ContextSource | None = None,
         tls_mode: str | None = None,
         limits: Limits | None = None,
+        quotas: ByteQuotas | None = None,
         name: str = "server",
         on_disconnect: Callable[[Connection], None] | None = None,
     ) -> None:
@@ -56,6 +58,7 @@ class RemotingServer:
         self.port = port
         self.max_frame_size = max_frame_size
         self.limits = limits or Limits()
+        self.quotas = quotas
         self.max_in_flight = max_in_flight or self.limits.max_pending_requests
         if tls is None and ssl_context is not None:
             tls = ContextSource.fixed(ssl_context)
@@ -77,6 +80,7 @@ class RemotingServer:
             on_close=self._closed,
             name=self.name,
             refusals=self.refusals,
+            quotas=self.quotas,
         )
         conn.attributes["ip"] = ip
         self.connections.add(conn)
