@@ -93,6 +93,9 @@ class ControllerNode:
             port=config.port,
             name="controller",
             on_disconnect=self._on_disconnect,
+            tls=config.tls_source(),
+            tls_mode=config.tls_mode,
+            limits=config.limits(),
         )
         self.tasks = TaskSet("controller", logger=log)
         self._electing: set[str] = set()
