@@ -73,6 +73,7 @@ class Connection(asyncio.Protocol):
         name: str = "conn",
         refusals: Refusals | None = None,
         quotas: ByteQuotas | None = None,
+        admit: Callable[[Connection, str], bool] | None = None,
     ) -> None:
         self.handler = handler
         self.decoder = FrameDecoder(max_frame_size)
@@ -80,6 +81,9 @@ class Connection(asyncio.Protocol):
         self.max_pending_bytes = max_pending_bytes
         self.refusals = refusals
         self.quotas = quotas
+        self.admit = admit
+        """Called with the peer's address when the connection is made; False aborts it (a
+        listener's admission caps when it did not run them before the connection)."""
         self._muted_until = 0.0
         self.on_close = on_close
         self.name = name
@@ -119,6 +123,11 @@ class Connection(asyncio.Protocol):
             self.peer_cert = ssl_object.getpeercert() or None
             self.principal = peer_identity(self.peer_cert)
         self.last_activity = time.monotonic()
+        if self.admit is not None and not self.admit(
+            self, peer[0] if isinstance(peer, tuple) else ""
+        ):
+            self.close_reason = "refused at accept"
+            self.transport.abort()
 
     def data_received(self, data: bytes) -> None:
         now = self.last_activity = time.monotonic()

@@ -7,7 +7,9 @@ Contract: ``Listener(open_protocol, ...)`` accepts on ``host:port``; for each co
 2. waits, at most ``handshake_timeout_s``, for the first byte and peeks at it (``MSG_PEEK``:
    nothing is consumed). 0x16 starts a TLS handshake record. In ``permissive`` mode that picks
    TLS or plaintext; in ``required`` mode anything else is closed as plaintext; in ``off`` mode
-   a connection is plaintext (no peek, no added latency);
+   a connection is plaintext: the event loop's own server accepts it (no peek, no task, no
+   added latency) and the protocol, made with address "", runs the admission itself when it
+   is connected (``Connection.admit``);
 3. hands the socket to the event loop (``connect_accepted_socket``), with the context the
    :class:`~orbitmq.net.tls.ContextSource` holds *now* (so a reloaded certificate applies to
    new connections only) and ``handshake_timeout_s`` for the TLS handshake. A failed handshake
@@ -73,11 +75,28 @@ class Listener:
         self.backlog = backlog
         self.tls_reload_interval_s = tls_reload_interval_s
         self._sock: socket.socket | None = None
+        self._server: asyncio.Server | None = None
         self._tasks = TaskSet(f"{name} accept", logger=log)
         self._pending: set[socket.socket] = set()
 
     async def start(self) -> int:
         """Bind and start accepting; returns the bound port."""
+        if self.tls_mode == "off":
+            loop = asyncio.get_running_loop()
+            try:
+                self._server = await loop.create_server(
+                    lambda: self.open_protocol(""),
+                    self.host,
+                    self.port,
+                    reuse_address=True,
+                    backlog=self.backlog,
+                )
+            except OSError as exc:
+                raise ConfigError(
+                    f"{self.name} cannot listen on {self.host}:{self.port}: {exc}"
+                ) from exc
+            self.port = self._server.sockets[0].getsockname()[1]
+            return self.port
         try:
             family = socket.AF_INET6 if ":" in self.host else socket.AF_INET
             sock = socket.create_server((self.host, self.port), family=family, backlog=self.backlog)
@@ -176,6 +195,10 @@ class Listener:
         self.admission.release(ip)
 
     async def stop(self) -> None:
+        server, self._server = self._server, None
+        if server is not None:
+            server.close()
+            await server.wait_closed()
         sock, self._sock = self._sock, None
         await self._tasks.close()
         for pending in list(self._pending):

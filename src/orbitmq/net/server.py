@@ -16,7 +16,6 @@ import ssl
 import time
 from collections.abc import Callable
 
-from orbitmq.common.tasks import TaskSet
 from orbitmq.net.connection import Connection, Handler
 from orbitmq.net.limits import REASON_FRAME_TIMEOUT, REASON_IDLE, Limits, Refusals
 from orbitmq.net.listener import Listener
@@ -69,9 +68,12 @@ class RemotingServer:
         self.connections: set[Connection] = set()
         self.refusals = Refusals()
         self._listener: Listener | None = None
-        self._tasks = TaskSet(f"{name} sweeper", logger=log)
+        self._sweeper: asyncio.TimerHandle | None = None
+        self._interval = SWEEP_INTERVAL_S
 
     def _open(self, ip: str) -> Connection:
+        """A connection the listener admitted (``ip``), or, with TLS off, one it hands over
+        unchecked ("") that admits itself when made (:meth:`_admit`)."""
         conn = Connection(
             self.handler,
             max_frame_size=self.max_frame_size,
@@ -81,16 +83,26 @@ class RemotingServer:
             name=self.name,
             refusals=self.refusals,
             quotas=self.quotas,
+            admit=None if ip else self._admit,
         )
-        conn.attributes["ip"] = ip
-        self.connections.add(conn)
+        if ip:
+            conn.attributes["ip"] = ip
+            self.connections.add(conn)
         return conn
 
+    def _admit(self, conn: Connection, ip: str) -> bool:
+        if self._listener is None or not self._listener.admission.admit(ip):
+            return False
+        conn.attributes["ip"] = ip
+        self.connections.add(conn)
+        return True
+
     def _closed(self, conn: Connection) -> None:
-        if conn in self.connections:
-            self.connections.discard(conn)
-            if self._listener is not None:
-                self._listener.release(conn.attributes["ip"])
+        if conn not in self.connections:
+            return  # refused at accept: never served
+        self.connections.discard(conn)
+        if self._listener is not None:
+            self._listener.release(conn.attributes["ip"])
         if self.on_disconnect is not None:
             try:
                 self.on_disconnect(conn)
@@ -109,27 +121,30 @@ class RemotingServer:
             name=self.name,
         )
         self.port = await self._listener.start()
-        self._tasks.spawn(self._sweep(), name=f"{self.name}-sweeper")
-        log.info("%s listening on %s:%d (TLS %s)", self.name, self.host, self.port, self.tls_mode)
-
-    async def _sweep(self) -> None:
         lim = self.limits
         # Short timeouts (tests) are swept often enough to be enforced within about 1.5x.
-        interval = min(SWEEP_INTERVAL_S, lim.frame_timeout_s / 2, lim.idle_timeout_s / 2 or 1.0)
-        while True:
-            await asyncio.sleep(interval)
-            now = time.monotonic()
-            for conn in list(self.connections):
-                if conn.frame_started and now - conn.frame_started > lim.frame_timeout_s:
-                    self.refusals.count(REASON_FRAME_TIMEOUT, conn.peer)
-                    conn.abort(f"frame not completed within {lim.frame_timeout_s:.0f}s")
-                elif (
-                    lim.idle_timeout_s
-                    and now - conn.last_activity > lim.idle_timeout_s
-                    and conn.is_idle
-                ):
-                    self.refusals.count(REASON_IDLE, conn.peer)
-                    conn.close(f"idle for {lim.idle_timeout_s:.0f}s")
+        self._interval = min(SWEEP_INTERVAL_S, lim.frame_timeout_s / 2, lim.idle_timeout_s / 2 or 1)
+        self._sweeper = asyncio.get_running_loop().call_later(self._interval, self._sweep)
+        log.info("%s listening on %s:%d (TLS %s)", self.name, self.host, self.port, self.tls_mode)
+
+    def _sweep(self) -> None:
+        """Close slow and idle connections; re-arms itself (a timer, not a task: a server
+        leaves no task behind)."""
+        lim = self.limits
+        now = time.monotonic()
+        for conn in list(self.connections):
+            if conn.frame_started and now - conn.frame_started > lim.frame_timeout_s:
+                self.refusals.count(REASON_FRAME_TIMEOUT, conn.peer)
+                conn.abort(f"frame not completed within {lim.frame_timeout_s:.0f}s")
+            elif (
+                lim.idle_timeout_s
+                and now - conn.last_activity > lim.idle_timeout_s
+                and conn.is_idle
+            ):
+                self.refusals.count(REASON_IDLE, conn.peer)
+                conn.close(f"idle for {lim.idle_timeout_s:.0f}s")
+        if self._listener is not None:
+            self._sweeper = asyncio.get_running_loop().call_later(self._interval, self._sweep)
 
     @property
     def address(self) -> str:
@@ -139,8 +154,8 @@ class RemotingServer:
         listener, self._listener = self._listener, None
         if listener is None:
             return
-        await self._tasks.close()
-        await listener.stop()
+        if self._sweeper is not None:
+            self._sweeper.cancel()
         for conn in list(self.connections):
-            conn.close("server stopping")
-        self.connections.clear()
+            conn.close("server stopping")  # each leaves self.connections as it closes
+        await listener.stop()
