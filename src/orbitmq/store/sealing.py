@@ -148,19 +148,17 @@ class RecordSealer:
             raise IntegrityError(f"sealed record at {phy}: bad lengths") from None
         topic_part = bytes(view[t_at : t_at + 2 + tlen])
         seg_start = phy - phy % self.segment_size
-        aad = (
-            bytes(view[at : at + 8])
-            + bytes(view[at + CRC_START : at + HEADER_SIZE])
-            + topic_part
-            + _U64.pack(seg_start)
-        )
-        sealed = view[at + HEADER_SIZE : t_at]
+        mv = view if isinstance(view, memoryview) else memoryview(view)
+        aad = b"".join(
+            (mv[at : at + 8], mv[at + CRC_START : at + HEADER_SIZE], topic_part,
+             _U64.pack(seg_start))
+        )  # fmt: skip
         try:
             aead = self._cipher(seg_start, create=False)
             if aead is None or body_len < SEAL_OVERHEAD:
                 raise InvalidTag
-            epoch = U32.unpack_from(sealed, 0)[0]
-            plain = aead.decrypt(_NONCE.pack(epoch, phy), bytes(sealed[4:]), aad)
+            epoch = U32.unpack_from(mv, at + HEADER_SIZE)[0]
+            plain = aead.decrypt(_NONCE.pack(epoch, phy), mv[at + HEADER_SIZE + 4 : t_at], aad)
         except (InvalidTag, StoreError) as exc:
             self.integrity_errors += 1
             raise IntegrityError(f"sealed record at {phy} does not authenticate") from exc
