@@ -66,8 +66,11 @@ class Ca:
         file.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
         return cls(name, key, cert, file)
 
-    def issue(self, folder: Path, cn: str, *, ip: str | None = None) -> tuple[Path, Path]:
-        """A leaf certificate (server and client use) for ``cn`` (and ``ip``): (cert, key)."""
+    def issue(
+        self, folder: Path, cn: str, *, ip: str | None = None, expired: bool = False
+    ) -> tuple[Path, Path]:
+        """A leaf certificate (server and client use) for ``cn`` (and ``ip``): (cert, key);
+        ``expired``: its validity ended yesterday."""
         key = ec.generate_private_key(ec.SECP256R1())
         now = datetime.datetime.now(datetime.UTC)
         names: list[x509.GeneralName] = [x509.DNSName(cn)]
@@ -79,8 +82,8 @@ class Ca:
             .issuer_name(self.cert.subject)
             .public_key(key.public_key())
             .serial_number(x509.random_serial_number())
-            .not_valid_before(now - datetime.timedelta(minutes=5))
-            .not_valid_after(now + datetime.timedelta(days=1))
+            .not_valid_before(now - datetime.timedelta(days=3 if expired else 0, minutes=5))
+            .not_valid_after(now + datetime.timedelta(days=-1 if expired else 1))
             .add_extension(x509.SubjectAlternativeName(names), critical=False)
             .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
             .add_extension(

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import socket
 import struct
+from pathlib import Path
 
 from orbitmq.common.codes import ResponseCode
 from orbitmq.net.client import RemotingClient
@@ -156,3 +157,28 @@ def test_refusals_are_exported_as_a_prometheus_counter() -> None:
     text = generate_latest(registry).decode()
     line = 'orbitmq_net_refused_total{listener="broker",reason="max_connections_per_ip"} 1.0'
     assert line in text
+
+
+async def test_a_silent_connection_to_a_tls_port_is_closed_after_the_handshake_timeout(
+    tmp_path: Path,
+) -> None:
+    from orbitmq.net.limits import REASON_HANDSHAKE_TIMEOUT
+    from orbitmq.net.tls import ContextSource, server_context
+    from tests.net.pki import Ca
+
+    folder = tmp_path
+    ca = Ca.make(folder)
+    cert, key = ca.issue(folder, "localhost", ip="127.0.0.1")
+    source = ContextSource(lambda: server_context(str(cert), str(key)), [str(cert), str(key)])
+    server = RemotingServer(
+        Handler(), tls=source, tls_mode="permissive", limits=Limits(handshake_timeout_s=0.3)
+    )
+    await server.start()
+    try:
+        reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+        assert await _closed_by_server(reader, 2.0)
+        writer.close()
+        assert server.refusals.counts[REASON_HANDSHAKE_TIMEOUT] == 1
+        await _still_serves(server)  # plaintext still served in permissive mode
+    finally:
+        await server.stop()

@@ -132,13 +132,14 @@ async def test_tls_below_1_2_is_refused(pki: tuple[Ca, Path, Path]) -> None:
         await server.stop()
 
 
-async def test_mutual_tls_rejects_missing_and_wrong_certificates(
+async def test_mutual_tls_rejects_missing_wrong_and_expired_certificates(
     pki: tuple[Ca, Path, Path], tmp_path: Path
 ) -> None:
     ca, cert, key = pki
     good_cert, good_key = ca.issue(tmp_path, "producer-1")
     rogue = Ca.make(tmp_path / "..", name=f"rogue-{tmp_path.name}")
     bad_cert, bad_key = rogue.issue(tmp_path, "intruder")
+    old_cert, old_key = ca.issue(tmp_path, "expired-client", expired=True)
     handler = Recorder()
     server = _server(handler, "required", cert, key, ca_file=str(ca.file), client_auth="required")
     await server.start()
@@ -153,22 +154,27 @@ async def test_mutual_tls_rejects_missing_and_wrong_certificates(
             ca_file=str(ca.file), cert_file=str(bad_cert), key_file=str(bad_key)
         )
     )
+    expired = RemotingClient(
+        ssl_context=client_context(
+            ca_file=str(ca.file), cert_file=str(old_cert), key_file=str(old_key)
+        )
+    )
     try:
         reply = await ok.invoke(server.address, Frame(ECHO, body=b"z"), timeout=5)
         assert reply.body == b"z"
         assert handler.principals == ["producer-1"]
-        for client in (none, wrong):
+        for client in (none, wrong, expired):
             # TLS 1.3 clients finish their side first: the refusal arrives as a closed link.
             with pytest.raises((ConnectionClosedError, ssl.SSLError)):
                 await client.invoke(server.address, Frame(ECHO), timeout=5)
         assert handler.principals == ["producer-1"]  # no application byte got through
         for _ in range(50):
-            if server.refusals.counts[REASON_TLS] >= 2:
+            if server.refusals.counts[REASON_TLS] >= 3:
                 break
             await asyncio.sleep(0.05)
-        assert server.refusals.counts[REASON_TLS] == 2
+        assert server.refusals.counts[REASON_TLS] == 3
     finally:
-        for client in (ok, none, wrong):
+        for client in (ok, none, wrong, expired):
             await client.close()
         await server.stop()
 
