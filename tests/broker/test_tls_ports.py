@@ -86,3 +86,30 @@ async def test_every_port_requires_tls_and_client_certificates(tmp_path: Path) -
                         assert await asyncio.to_thread(_refused, port, ctx), (port, ctx)
                 assert ns.server.refusals.counts["plaintext_refused"] == 1
                 assert master.server.refusals.counts["tls_handshake_failed"] >= 1
+
+
+async def test_metrics_endpoint_over_tls_when_asked(tmp_path: Path) -> None:
+    import http.client
+    import urllib.error
+    import urllib.request
+
+    ca = Ca.make(tmp_path)
+    cert, key = ca.issue(tmp_path, "localhost", ip="127.0.0.1")
+    config = NamesrvConfig(
+        port=0, metrics_port=0, metrics_tls=True, tls_cert_file=str(cert), tls_key_file=str(key)
+    )
+    async with run_namesrv(config) as ns:
+        url = f"https://127.0.0.1:{ns.metrics_port}/metrics"
+        ctx = client_context(ca_file=str(ca.file))
+
+        def fetch(address: str, context: ssl.SSLContext | None) -> bytes:
+            with urllib.request.urlopen(address, context=context, timeout=5) as resp:
+                return bytes(resp.read())
+
+        assert b"orbitmq_net_refused_total" in await asyncio.to_thread(fetch, url, ctx)
+        plain = url.replace("https://", "http://")
+        try:
+            await asyncio.to_thread(fetch, plain, None)
+            raise AssertionError("plain HTTP served by a TLS metrics endpoint")
+        except (urllib.error.URLError, ConnectionError, http.client.HTTPException):
+            pass

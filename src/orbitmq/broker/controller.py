@@ -312,7 +312,10 @@ class BrokerController:
             HealthCollector(lambda: (self.bridge.failure_counts(), self.bridge.degraded()))
         )
         server, _thread = start_http_server(
-            self.config.metrics_port, addr=self.config.host, registry=m.registry
+            self.config.metrics_port,
+            addr=self.config.host,
+            registry=m.registry,
+            **self.config.metrics_tls_options(),
         )
         self._metrics_server = server
         self.metrics_port = server.server_port

@@ -183,7 +183,10 @@ class ControllerNode:
 
     def _start_metrics(self, port: int) -> None:
         server, thread = start_http_server(
-            port, addr=self.config.host, registry=self.metrics.registry
+            port,
+            addr=self.config.host,
+            registry=self.metrics.registry,
+            **self.config.metrics_tls_options(),
         )
         self._metrics_server, self._metrics_thread = server, thread
         self.metrics_port = server.server_port

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import ssl
 from dataclasses import dataclass
+from typing import Any
 
 from orbitmq.common.config import above, at_least, one_of, setting
 from orbitmq.common.errors import ConfigError
@@ -60,6 +61,11 @@ class ListenerSettings:
         "Connect to NameServers and the HA master with TLS, verifying them against tls_ca_file "
         "and showing tls_cert_file as client certificate.",
     )
+    metrics_tls: bool = setting(
+        False,
+        "Serve the Prometheus endpoint (metrics_port) over HTTPS with tls_cert_file, TLS 1.2+, "
+        "asking for client certificates of tls_ca_file when tls_client_auth is required.",
+    )
     max_connections: int = setting(_D.max_connections, "Open connections at most.", at_least(1))
     max_connections_per_ip: int = setting(
         _D.max_connections_per_ip, "Open connections from one address at most.", at_least(1)
@@ -101,11 +107,25 @@ class ListenerSettings:
             raise ConfigError(f"{table}.tls_mode={self.tls_mode} needs {table}.tls_cert_file")
         if self.tls_client_auth != "none" and not self.tls_ca_file:
             raise ConfigError(f"{table}.tls_client_auth needs {table}.tls_ca_file")
+        if self.metrics_tls and not self.tls_cert_file:
+            raise ConfigError(f"{table}.metrics_tls needs {table}.tls_cert_file")
         if self.tls_client_auth != "none" and self.tls_mode == "permissive":
             raise ConfigError(
                 f"{table}.tls_client_auth needs tls_mode=required: a plaintext client would "
                 "bypass it"
             )
+
+    def metrics_tls_options(self) -> dict[str, Any]:
+        """Keyword arguments for prometheus_client's ``start_http_server`` (empty: plain)."""
+        if not self.metrics_tls:
+            return {}
+        return {
+            "certfile": self.tls_cert_file,
+            "keyfile": self.tls_key_file,
+            "client_cafile": self.tls_ca_file if self.tls_client_auth == "required" else None,
+            "client_auth_required": self.tls_client_auth == "required",
+            "tls_min_version": ssl.TLSVersion.TLSv1_2,
+        }
 
     def limits(self) -> Limits:
         return Limits(
