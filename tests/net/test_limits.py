@@ -15,6 +15,7 @@ from orbitmq.net.limits import (
     REASON_IDLE,
     REASON_PER_IP,
     REASON_PROTOCOL,
+    REASON_RATE,
     Limits,
 )
 from orbitmq.net.server import RemotingServer
@@ -71,7 +72,9 @@ async def test_huge_and_negative_length_prefixes_close_without_allocating() -> N
 
 
 async def test_connections_per_ip_are_capped() -> None:
-    server = RemotingServer(Handler(), limits=Limits(max_connections_per_ip=5))
+    server = RemotingServer(
+        Handler(), limits=Limits(max_connections_per_ip=5, exempt_loopback=False)
+    )
     await server.start()
     socks = []
     try:
@@ -182,3 +185,26 @@ async def test_a_silent_connection_to_a_tls_port_is_closed_after_the_handshake_t
         await _still_serves(server)  # plaintext still served in permissive mode
     finally:
         await server.stop()
+
+
+async def test_loopback_is_exempt_by_default_and_new_connections_are_rate_limited() -> None:
+    exempt = RemotingServer(Handler(), limits=Limits(max_connections_per_ip=2))
+    strict = RemotingServer(
+        Handler(), limits=Limits(new_connections_per_ip_per_s=3, exempt_loopback=False)
+    )
+    await exempt.start()
+    await strict.start()
+    socks = []
+    try:
+        for server in (exempt, strict):
+            for _ in range(8):
+                socks.append(socket.create_connection(("127.0.0.1", server.port), timeout=5))
+        await asyncio.sleep(0.3)
+        assert len(exempt.connections) == 8 and exempt.refusals.total == 0
+        assert len(strict.connections) == 3  # the burst, then the bucket is empty
+        assert strict.refusals.counts[REASON_RATE] == 5
+    finally:
+        for s in socks:
+            s.close()
+        await exempt.stop()
+        await strict.stop()

@@ -66,6 +66,9 @@ class Limits:
     """A frame whose first bytes came must be complete within this (slowloris)."""
     idle_timeout_s: float = 120.0
     """A connection with no traffic and nothing pending this long is closed (0: never)."""
+    exempt_loopback: bool = True
+    """Connections from 127.0.0.0/8 and ::1 skip the per-address caps (local tools and
+    benchmarks open many; the brief's rule). The total cap still applies."""
 
 
 class Refusals:
@@ -83,6 +86,10 @@ class Refusals:
         return sum(self.counts.values())
 
 
+def _is_loopback(ip: str) -> bool:
+    return ip.startswith("127.") or ip in ("::1", "::ffff:127.0.0.1")
+
+
 class Admission:
     """Open connections per address and a new-connection token bucket per address."""
 
@@ -98,10 +105,12 @@ class Admission:
         if self.total >= lim.max_connections:
             self.refusals.count(REASON_TOTAL, ip, f"{self.total} open")
             return False
-        if self.open[ip] >= lim.max_connections_per_ip:
+        if lim.exempt_loopback and _is_loopback(ip):
+            pass
+        elif self.open[ip] >= lim.max_connections_per_ip:
             self.refusals.count(REASON_PER_IP, ip, f"{self.open[ip]} open")
             return False
-        if not self._take_token(ip):
+        elif not self._take_token(ip):
             self.refusals.count(REASON_RATE, ip)
             return False
         self.open[ip] += 1

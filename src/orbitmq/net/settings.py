@@ -75,6 +75,10 @@ class ListenerSettings:
         "New connections per second from one address (token bucket).",
         above(0),
     )
+    limits_exempt_loopback: bool = setting(
+        _D.exempt_loopback,
+        "Connections from loopback skip the per-address caps (max_connections still applies).",
+    )
     max_pending_requests: int = setting(
         _D.max_pending_requests,
         "Requests of one connection handled at once; beyond, reading pauses.",
@@ -137,6 +141,7 @@ class ListenerSettings:
             handshake_timeout_s=self.handshake_timeout_s,
             frame_timeout_s=self.frame_timeout_s,
             idle_timeout_s=self.idle_timeout_s,
+            exempt_loopback=self.limits_exempt_loopback,
         )
 
     def tls_source(self) -> ContextSource | None:
