@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import socket
 import struct
 from pathlib import Path
@@ -208,3 +209,52 @@ async def test_loopback_is_exempt_by_default_and_new_connections_are_rate_limite
             s.close()
         await exempt.stop()
         await strict.stop()
+
+
+FLOOD = int(os.environ.get("ORBITMQ_FLOOD_CONNECTIONS", "1000"))
+
+
+async def test_a_connection_flood_from_one_address_leaves_others_served() -> None:
+    """FLOOD connections from 127.0.0.1 (per-address cap 100) while a client from 127.0.0.2
+    keeps sending: the flood is refused past the cap, the other client is always answered."""
+    limits = Limits(
+        max_connections_per_ip=100, new_connections_per_ip_per_s=1e6, exempt_loopback=False
+    )
+    server = RemotingServer(Handler(), limits=limits)
+    await server.start()
+    loop = asyncio.get_running_loop()
+    _t, other = await loop.create_connection(
+        lambda: Connection(None, max_frame_size=1 << 20), "127.0.0.1", server.port,
+        local_addr=("127.0.0.2", 0),
+    )  # fmt: skip
+    flood: list[asyncio.StreamWriter] = []
+    answered = 0
+    try:
+
+        async def open_flood() -> None:
+            for _ in range(FLOOD):
+                try:
+                    _r, w = await asyncio.open_connection("127.0.0.1", server.port)
+                except OSError:
+                    continue
+                flood.append(w)
+
+        async def keep_asking() -> None:
+            nonlocal answered
+            for _ in range(50):
+                reply = await other.request(Frame(ECHO, body=b"x"), timeout=5)
+                assert reply.code == ResponseCode.SUCCESS
+                answered += 1
+                await asyncio.sleep(0.01)
+
+        await asyncio.gather(open_flood(), keep_asking())
+        await asyncio.sleep(0.2)
+        flooders = [c for c in server.connections if c.attributes["ip"] == "127.0.0.1"]
+        assert len(flooders) <= 100
+        assert server.refusals.counts[REASON_PER_IP] >= FLOOD - 100
+        assert answered == 50
+    finally:
+        for w in flood:
+            w.close()
+        other.close()
+        await server.stop()
