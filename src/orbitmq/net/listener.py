@@ -57,7 +57,6 @@ class Listener:
         refusals: Refusals | None = None,
         name: str = "listener",
         backlog: int = 1024,
-        tls_reload_interval_s: float = 0.5,
     ) -> None:
         if tls_mode not in TLS_MODES:
             raise ConfigError(f"{name}: tls_mode {tls_mode!r} is not one of {TLS_MODES}")
@@ -73,7 +72,6 @@ class Listener:
         self.admission = Admission(self.limits, self.refusals)
         self.name = name
         self.backlog = backlog
-        self.tls_reload_interval_s = tls_reload_interval_s
         self._sock: socket.socket | None = None
         self._server: asyncio.Server | None = None
         self._tasks = TaskSet(f"{name} accept", logger=log)
@@ -109,9 +107,7 @@ class Listener:
         self.port = sock.getsockname()[1]
         self._tasks.spawn(self._accept_loop(sock), name=f"{self.name}-accept")
         if self.tls is not None and self.tls.files:
-            self._tasks.spawn(
-                self.tls.watch(self.tls_reload_interval_s), name=f"{self.name}-tls-reload"
-            )
+            self._tasks.spawn(self.tls.watch(), name=f"{self.name}-tls-reload")
         return self.port
 
     async def _accept_loop(self, sock: socket.socket) -> None:

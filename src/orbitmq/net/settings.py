@@ -157,6 +157,7 @@ class ListenerSettings:
         return ContextSource(
             lambda: server_context(cert, key, ca_file=ca, client_auth=auth),
             [cert, key or "", ca or ""],
+            self.tls_reload_interval_s,
         )
 
     def ha_server_ssl(self) -> ssl.SSLContext | None:

@@ -138,9 +138,13 @@ class ContextSource:
     """The current context built by ``build`` from ``files``; :meth:`check` rebuilds it when
     a file's content changed. Call :meth:`watch` in a task to poll."""
 
-    def __init__(self, build: Callable[[], ssl.SSLContext], files: list[str]) -> None:
+    def __init__(
+        self, build: Callable[[], ssl.SSLContext], files: list[str], interval_s: float = 0.5
+    ) -> None:
         self._build = build
         self.files = [f for f in files if f]
+        self.interval_s = interval_s
+        """How often :meth:`watch` looks at the files."""
         self.current = build()
         self.reloads = 0
         self._digest = self._hash()
@@ -178,9 +182,9 @@ class ContextSource:
         log.info("TLS certificate reloaded from %s", ", ".join(self.files))
         return True
 
-    async def watch(self, interval_s: float) -> None:
+    async def watch(self) -> None:
         while True:
-            await asyncio.sleep(interval_s)
+            await asyncio.sleep(self.interval_s)
             self.check()
 
 
