@@ -113,3 +113,31 @@ async def test_metrics_endpoint_over_tls_when_asked(tmp_path: Path) -> None:
             raise AssertionError("plain HTTP served by a TLS metrics endpoint")
         except (urllib.error.URLError, ConnectionError, http.client.HTTPException):
             pass
+
+
+async def test_sdk_producer_over_mutual_tls(tmp_path: Path) -> None:
+    """The SDK with ``ssl_context=client_context(...)``: it verifies the servers, shows its
+    certificate, and sends through a mutual-TLS-only NameServer and broker."""
+    from orbitmq.client import AsyncProducer, Message
+
+    ca = Ca.make(tmp_path)
+    cert, key = ca.issue(tmp_path, "localhost", ip="127.0.0.1")
+    tls = {
+        "tls_mode": "required",
+        "tls_cert_file": str(cert),
+        "tls_key_file": str(key),
+        "tls_ca_file": str(ca.file),
+        "tls_client_auth": "required",
+    }
+    async with run_namesrv(NamesrvConfig(port=0, **tls)) as ns:  # type: ignore[arg-type]
+        config = small_broker_config(
+            tmp_path / "b", namesrv_addrs=(ns.address,), tls_outbound=True, **tls
+        )
+        async with running(config) as broker:
+            await wait_until(lambda: ns.routes.broker_count >= 1)
+            ctx = client_context(ca_file=str(ca.file), cert_file=str(cert), key_file=str(key))
+            async with AsyncProducer([ns.address], ssl_context=ctx) as producer:
+                result = await producer.send(Message("TlsTopic", b"over mutual TLS"))
+            assert result.queue_offset == 0
+            assert broker.store.wait_for_dispatch()
+            assert broker.store.max_offset("TlsTopic", result.message_queue.queue_id) == 1
