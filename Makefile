@@ -37,7 +37,7 @@ test-crash: $(STAMP) ## only the crash tests (ORBITMQ_CRASH_ITERATIONS=N for lon
 test-chaos: $(STAMP) ## I/O faults at random store sites, 300 iterations (ORBITMQ_CHAOS_ITERATIONS=N)
 	ORBITMQ_CHAOS_ITERATIONS=$${ORBITMQ_CHAOS_ITERATIONS:-300} $(PY) -m pytest -m chaos tests/chaos
 
-FUZZ_TARGETS := frame header record send_body sql92 grpc_message toml_config mqtt
+FUZZ_TARGETS := frame header record send_body sql92 grpc_message toml_config mqtt ha
 fuzz: $(STAMP) ## atheris on every decoder, ORBITMQ_FUZZ_RUNS inputs each (default 1,000,000)
 	@for t in $(FUZZ_TARGETS); do \
 		echo "== fuzz $$t"; \

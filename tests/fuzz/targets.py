@@ -25,6 +25,8 @@ from orbitmq.common.filter import compile_filter
 from orbitmq.common.message import Message, MessageBatch, decode_properties, encode_properties
 from orbitmq.common.record import BatchHeader, RecordError, decode_batch, encode_batch
 from orbitmq.protocol.frame import Frame, FrameDecoder, encode_bytes
+from orbitmq.protocol.ha import Ack, HaDecoder, HaError, Handshake, Heartbeat, Transfer
+from orbitmq.protocol.ha import encode as ha_encode
 from orbitmq.protocol.messages import decode_send_body, encode_send_body
 from orbitmq.protocol.mqtt.codec import MQTT_5, MQTT_311, MqttDecoder, MqttProtocolError, encode
 from orbitmq.protocol.mqtt.packets import Connect, Publish
@@ -97,6 +99,22 @@ def _toml(data: bytes) -> object:
         return load_settings(Path(f.name), env={})
 
 
+def _ha(data: bytes) -> object:
+    decoder = HaDecoder(max_payload=1 << 16)
+    cut = data[0] % (len(data) + 1) if data else 0
+    return decoder.feed(data[:cut]) + decoder.feed(data[cut:])
+
+
+def _seed_ha() -> tuple[bytes, ...]:
+    return (
+        ha_encode(Handshake(3, 1, "broker-a", [(1, 0), (3, 4096)], 8192))
+        + ha_encode(Ack(3, 8192, 4096)),
+        ha_encode(Transfer(3, 4096, 3, 4096, 4000, b"records"))
+        + ha_encode(Heartbeat(3, 9000, 8000))
+        + ha_encode(HaError(3, 2, "diverged")),
+    )
+
+
 def _mqtt(data: bytes) -> object:
     decoder = MqttDecoder(max_packet_size=1 << 16)
     return decoder.feed(data)
@@ -118,6 +136,8 @@ def _seed_headers() -> tuple[bytes, ...]:
     return (
         i(10).to_bytes(2, "big") + enc({"topic": "T", "queue_id": 0, "producer_group": "G"}),
         i(11).to_bytes(2, "big") + enc({"topic": "T", "queue_id": 0, "queue_offset": 5}),
+        # Deep nesting once escaped the frame decoder as RecursionError.
+        i(10).to_bytes(2, "big") + b"\x81\xa1a" + b"\x91" * 20000 + b"\xc0",
     )
 
 
@@ -179,6 +199,7 @@ TARGETS: dict[str, Target] = {
         Target("grpc_message", _grpc_message, (DecodeError, MQError), _seed_grpc()),
         Target("toml_config", _toml, (ConfigError, tomllib.TOMLDecodeError), _SEEDS_TOML),
         Target("mqtt", _mqtt, (MqttProtocolError,), _seed_mqtt()),
+        Target("ha", _ha, (ProtocolError,), _seed_ha()),
     )
 }
 

@@ -258,3 +258,18 @@ async def test_a_connection_flood_from_one_address_leaves_others_served() -> Non
             w.close()
         other.close()
         await server.stop()
+
+
+def test_a_deeply_nested_header_is_a_protocol_error() -> None:
+    """Found by fuzzing: 60,000 nested msgpack arrays made msgspec raise RecursionError out of
+    the frame decoder; it is a ProtocolError (the connection is closed) like any bad header."""
+    from orbitmq.common.errors import ProtocolError
+    from orbitmq.protocol.frame import FrameDecoder
+
+    header = b"\x81\xa1a" + b"\x91" * 60_000 + b"\xc0"
+    wire = struct.pack(">IBBHII", 12 + len(header), 1, 0, ECHO, 1, len(header)) + header
+    try:
+        FrameDecoder().feed(wire)
+    except ProtocolError:
+        return
+    raise AssertionError("a 60,000-deep header was accepted")
