@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: help up test lint fmt test-crash test-chaos bench bench-store proto clean browser vendor native
+.PHONY: help up test lint fmt test-crash test-chaos fuzz bench bench-store proto clean browser vendor native
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
@@ -59,6 +59,14 @@ bench: $(STAMP) ## peer comparison: installs the peer brokers (Debian packages) 
 
 bench-store: $(STAMP) ## storage benchmark
 	$(PY) -m orbitmq.bench store
+
+FUZZ_TARGETS := frame header record send_body sql92 grpc_message toml_config mqtt ha
+fuzz: $(STAMP) ## atheris on every decoder, ORBITMQ_FUZZ_RUNS inputs each (default 1,000,000)
+	@for t in $(FUZZ_TARGETS); do \
+		echo "== fuzz $$t"; \
+		$(PY) -m tests.fuzz.run $$t -runs=$${ORBITMQ_FUZZ_RUNS:-1000000} -max_len=65536 \
+			-timeout=5 -rss_limit_mb=2048 -print_final_stats=1 || exit 1; \
+	done
 
 proto: $(STAMP) ## regenerate the gRPC proxy's protobuf modules (orbitmq/proxy/grpc_v2)
 	$(PY) -m orbitmq.proxy.grpc_v2.generate

@@ -18,11 +18,13 @@ from orbitmq.common.config import (
     optional,
     setting,
 )
+from orbitmq.common.errors import ConfigError
+from orbitmq.net.settings import ListenerSettings
 from orbitmq.store.config import StoreConfig
 
 
 @dataclass(frozen=True, slots=True)
-class BrokerConfig:
+class BrokerConfig(ListenerSettings):
     cluster: str = setting(
         "DefaultCluster",
         "Cluster this broker belongs to (RocketMQ's brokerClusterName).",
@@ -224,6 +226,18 @@ class BrokerConfig:
         "ms.",
         at_least(0),
     )
+    produce_quota_bytes_per_s: float | None = setting(
+        None,
+        "Byte-rate quota per client (its certificate principal or user, else its IP address) "
+        "for sends; over it, responses are delayed with throttle_time_ms (Kafka's model). "
+        "None: no quota.",
+        optional(above(0)),
+    )
+    fetch_quota_bytes_per_s: float | None = setting(
+        None,
+        "The same for the bytes pulls and pops return. None: no quota.",
+        optional(above(0)),
+    )
     # Replication, static mode (docs/ha.md): a fixed master (broker_id 0) and its slaves.
     ha_enable: bool = setting(
         False,
@@ -314,3 +328,7 @@ class BrokerConfig:
 
     def __post_init__(self) -> None:
         check_settings(self, "broker")
+        self.check_listener("broker")
+        if self.ha_enable and self.store.encrypt_at_rest:
+            # Replicas would need the master's per-segment keys: not built yet (security.md).
+            raise ConfigError("store.encrypt_at_rest does not work with broker.ha_enable yet")

@@ -52,8 +52,11 @@ from orbitmq.common.errors import MQError
 from orbitmq.common.tasks import TaskSet
 from orbitmq.net.client import RemotingClient
 from orbitmq.net.connection import Connection
+from orbitmq.net.metrics import RefusalCollector
+from orbitmq.net.quota import ByteQuotas
 from orbitmq.net.server import RemotingServer
 from orbitmq.protocol.bodies import RegisterBrokerBody, TopicConfig, encode_body
+from orbitmq.protocol.codes import RequestCode
 from orbitmq.protocol.requests import RegisterBrokerRequest, UnregisterBrokerRequest
 from orbitmq.protocol.signature import Signer
 from orbitmq.store.message_store import MessageStore
@@ -175,9 +178,20 @@ class BrokerController:
             port=config.port,
             name="broker",
             on_disconnect=self._on_disconnect,
+            tls=config.tls_source(),
+            tls_mode=config.tls_mode,
+            limits=config.limits(),
+            quotas=ByteQuotas.of(
+                (RequestCode.SEND_MESSAGE, RequestCode.SEND_BATCH_MESSAGE),
+                (RequestCode.PULL_MESSAGE, RequestCode.POP_MESSAGE),
+                config.produce_quota_bytes_per_s,
+                config.fetch_quota_bytes_per_s,
+            ),
         )
+        self.metrics.registry.register(RefusalCollector("broker", self.server.refusals))
         self.namesrv_client = RemotingClient(
             name="broker-to-namesrv",
+            ssl_context=config.outbound_ssl(),
             signer=None
             if config.access_key is None
             else Signer(config.access_key, config.secret_key or ""),
@@ -318,7 +332,10 @@ class BrokerController:
             HealthCollector(lambda: (self.bridge.failure_counts(), self.bridge.degraded()))
         )
         server, _thread = start_http_server(
-            self.config.metrics_port, addr=self.config.host, registry=m.registry
+            self.config.metrics_port,
+            addr=self.config.host,
+            registry=m.registry,
+            **self.config.metrics_tls_options(),
         )
         self._metrics_server = server
         self.metrics_port = server.server_port

@@ -53,6 +53,7 @@ from orbitmq.cli.runner import (
     run_server,
 )
 from orbitmq.cli.settings import settings_rows
+from orbitmq.cli.tls_options import client_tls
 
 app = typer.Typer(
     name="orbitmq",
@@ -60,6 +61,7 @@ app = typer.Typer(
     no_args_is_help=True,
     pretty_exceptions_enable=False,
 )
+app.callback()(client_tls)
 config_app = typer.Typer(help="Configuration.", no_args_is_help=True)
 bench_app = typer.Typer(help="Benchmarks (figures go in docs/benchmarks.md).", no_args_is_help=True)
 app.add_typer(config_app, name="config")

@@ -108,14 +108,17 @@ def announcer(title: str, role: str) -> Announce:
 
 
 async def until_signal(on_ready: Callable[[], None]) -> None:
-    """Call ``on_ready``, then wait for SIGINT or SIGTERM."""
+    """Call ``on_ready``, then wait for SIGINT or SIGTERM (SIGHUP reloads certificates)."""
     from orbitmq.broker.heap import settle_heap
+    from orbitmq.net.tls import reload_all
 
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         with contextlib.suppress(NotImplementedError):
             loop.add_signal_handler(sig, stop.set)
+    with contextlib.suppress(NotImplementedError):  # SIGHUP: reload TLS certificates now
+        loop.add_signal_handler(signal.SIGHUP, reload_all)
     settle_heap()
     on_ready()
     await stop.wait()

@@ -32,6 +32,7 @@ from orbitmq.common.config import (
     setting,
 )
 from orbitmq.common.errors import ConfigError
+from orbitmq.net.settings import ListenerSettings
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,7 +79,7 @@ LISTEN_PORT = between(1, 65535)
 
 
 @dataclass(frozen=True, slots=True)
-class ControllerConfig:
+class ControllerConfig(ListenerSettings):
     host: str = setting("127.0.0.1", "Address to listen on, for Remoting and Raft.", non_empty())
     port: int = setting(
         9878,
@@ -151,6 +152,7 @@ class ControllerConfig:
             for p in self.peers:  # the error names the bad peer and why
                 parse_peer(p)
         check_settings(self, "controller")
+        self.check_listener("controller")
 
     def peer_list(self) -> list[Peer]:
         return [parse_peer(p) for p in self.peers]

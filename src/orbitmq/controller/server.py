@@ -93,6 +93,9 @@ class ControllerNode:
             port=config.port,
             name="controller",
             on_disconnect=self._on_disconnect,
+            tls=config.tls_source(),
+            tls_mode=config.tls_mode,
+            limits=config.limits(),
         )
         self.tasks = TaskSet("controller", logger=log)
         self._electing: set[str] = set()
@@ -180,7 +183,10 @@ class ControllerNode:
 
     def _start_metrics(self, port: int) -> None:
         server, thread = start_http_server(
-            port, addr=self.config.host, registry=self.metrics.registry
+            port,
+            addr=self.config.host,
+            registry=self.metrics.registry,
+            **self.config.metrics_tls_options(),
         )
         self._metrics_server, self._metrics_thread = server, thread
         self.metrics_port = server.server_port

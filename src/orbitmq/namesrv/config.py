@@ -7,10 +7,11 @@ from dataclasses import dataclass
 
 from orbitmq.common.config import PORT, above, check_settings, optional, setting
 from orbitmq.common.errors import ConfigError
+from orbitmq.net.settings import ListenerSettings
 
 
 @dataclass(frozen=True, slots=True)
-class NamesrvConfig:
+class NamesrvConfig(ListenerSettings):
     host: str = setting(
         "127.0.0.1",
         "Address to listen on (tests and `make up` use loopback).",
@@ -57,3 +58,4 @@ class NamesrvConfig:
         check_settings(self, "namesrv")
         if self.auth_enabled and not self.auth_file:
             raise ConfigError("namesrv.auth_enabled needs namesrv.auth_file (the users and ACLs)")
+        self.check_listener("namesrv")

@@ -30,6 +30,7 @@ from orbitmq.namesrv.config import NamesrvConfig
 from orbitmq.namesrv.processor import NamesrvProcessor
 from orbitmq.namesrv.route_info import Clock, RouteInfoManager
 from orbitmq.net.connection import Connection, Reply
+from orbitmq.net.metrics import RefusalCollector
 from orbitmq.net.server import RemotingServer
 from orbitmq.protocol.codes import RequestCode
 from orbitmq.protocol.frame import Frame
@@ -95,6 +96,9 @@ class NamesrvController:
             port=config.port,
             name="namesrv",
             on_disconnect=self._on_disconnect,
+            tls=config.tls_source(),
+            tls_mode=config.tls_mode,
+            limits=config.limits(),
         )
         self.metrics_port: int | None = None
         """The Prometheus endpoint's port once started (None: no endpoint)."""
@@ -107,6 +111,7 @@ class NamesrvController:
         m.topics.set_function(lambda: routes.topic_count)
         m.clusters.set_function(lambda: routes.cluster_count)
         m.connections.set_function(lambda: len(server.connections))
+        m.registry.register(RefusalCollector("namesrv", server.refusals))
 
     @property
     def port(self) -> int:
@@ -149,7 +154,10 @@ class NamesrvController:
 
     def _start_metrics(self, port: int) -> None:
         server, thread = start_http_server(
-            port, addr=self.config.host, registry=self.metrics.registry
+            port,
+            addr=self.config.host,
+            registry=self.metrics.registry,
+            **self.config.metrics_tls_options(),
         )
         self._metrics_server, self._metrics_thread = server, thread
         self.metrics_port = server.server_port

@@ -2,6 +2,11 @@
 
 Requests are pipelined on the connection (many in flight, matched by opaque); a connection that
 drops fails its pending requests with ConnectionClosedError and is re-made by the next request.
+
+TLS: a client given ``ssl_context`` connects with it (build one with
+:func:`orbitmq.net.tls.client_context`, which verifies the server by default). A client given
+none uses the process default set by :func:`set_default_ssl_context` (the ``orbitmq`` command's
+``--tls*`` options set it for every client connection the command makes), else plaintext.
 """
 
 from __future__ import annotations
@@ -16,6 +21,15 @@ from orbitmq.net.connection import Connection, ConnectionClosedError, Handler
 from orbitmq.protocol.frame import DEFAULT_MAX_FRAME_SIZE, Frame
 
 log = logging.getLogger(__name__)
+
+
+_default_ssl: ssl.SSLContext | None = None
+
+
+def set_default_ssl_context(ctx: ssl.SSLContext | None) -> None:
+    """The context of clients made from now on without one of their own (None: plaintext)."""
+    global _default_ssl
+    _default_ssl = ctx
 
 
 def split_addr(addr: str) -> tuple[str, int]:
@@ -41,7 +55,7 @@ class RemotingClient:
         self.connect_timeout = connect_timeout
         self.signer = signer
         self.max_frame_size = max_frame_size
-        self.ssl_context = ssl_context
+        self.ssl_context = ssl_context if ssl_context is not None else _default_ssl
         self.handler = handler
         self.name = name
         self._conns: dict[str, Connection] = {}

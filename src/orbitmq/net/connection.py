@@ -5,9 +5,15 @@ waiting for them (by opaque), hands requests to a handler, and applies back-pres
 
 - at most ``max_in_flight`` requests from the peer are processed at once; beyond that the
   connection stops reading until one finishes;
+- at most ``max_pending_bytes`` of request frames are being handled at once (the same pause);
 - when the peer reads our responses slower than we write them (the transport's write buffer
   passes its high-water mark), reading stops too, so a slow or hostile peer cannot make us
   buffer without limit.
+
+It records when it last saw traffic and when a frame it has not finished receiving started,
+so the server's sweeper can close idle and slow (slowloris) connections; over TLS it records
+the peer's verified certificate (``peer_cert``, ``principal``: see
+:func:`orbitmq.net.tls.peer_identity`).
 
 A frame that cannot be decoded closes the connection, with the reason logged. A ``signer``
 (orbitmq.protocol.signature.Signer) adds the sender's AccessKey and Signature to every request
@@ -20,6 +26,7 @@ import asyncio
 import collections
 import itertools
 import logging
+import time
 import typing
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
@@ -27,6 +34,9 @@ from typing import Any
 from orbitmq.common.codes import ResponseCode
 from orbitmq.common.errors import MQError, ProtocolError, RemoteError, RequestTimeoutError
 from orbitmq.common.tasks import TaskSet
+from orbitmq.net.limits import REASON_PENDING, REASON_PROTOCOL, REASON_THROTTLED, Refusals
+from orbitmq.net.quota import ByteQuotas
+from orbitmq.net.tls import peer_identity
 from orbitmq.protocol.frame import (
     FLAG_ONEWAY,
     VERSION,
@@ -60,14 +70,25 @@ class Connection(asyncio.Protocol):
         *,
         max_frame_size: int,
         max_in_flight: int = 256,
+        max_pending_bytes: int = 64 * 1024 * 1024,
         on_close: Callable[[Connection], None] | None = None,
         name: str = "conn",
         signer: Callable[[Frame], None] | None = None,
+        refusals: Refusals | None = None,
+        quotas: ByteQuotas | None = None,
+        admit: Callable[[Connection, str], bool] | None = None,
     ) -> None:
         self.handler = handler
         self.signer = signer
         self.decoder = FrameDecoder(max_frame_size)
         self.max_in_flight = max_in_flight
+        self.max_pending_bytes = max_pending_bytes
+        self.refusals = refusals
+        self.quotas = quotas
+        self.admit = admit
+        """Called with the peer's address when the connection is made; False aborts it (a
+        listener's admission caps when it did not run them before the connection)."""
+        self._muted_until = 0.0
         self.on_close = on_close
         self.name = name
         self.transport: asyncio.Transport | None = None
@@ -78,6 +99,14 @@ class Connection(asyncio.Protocol):
         self.attributes: dict[str, Any] = {}
         self._opaque = itertools.count(1)
         self._in_flight = 0
+        self._in_flight_bytes = 0
+        self.last_activity = time.monotonic()
+        self.frame_started = 0.0
+        """monotonic time the first bytes of a still incomplete frame came (0: none)."""
+        self.tls = False
+        self.peer_cert: dict[str, Any] | None = None
+        self.principal: str | None = None
+        """The verified client certificate's identity (mutual TLS), else None."""
         self._backlog: collections.deque[Frame] = collections.deque()
         self._tasks = TaskSet("request handlers", logger=log)
         self._write_paused = False
@@ -92,20 +121,39 @@ class Connection(asyncio.Protocol):
         peer = transport.get_extra_info("peername")
         self.peer = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
         self.transport.set_write_buffer_limits(high=4 * 1024 * 1024)
+        ssl_object = transport.get_extra_info("ssl_object")
+        if ssl_object is not None:
+            self.tls = True
+            self.peer_cert = ssl_object.getpeercert() or None
+            self.principal = peer_identity(self.peer_cert)
+        self.last_activity = time.monotonic()
+        if self.admit is not None and not self.admit(
+            self, peer[0] if isinstance(peer, tuple) else ""
+        ):
+            self.close_reason = "refused at accept"
+            self.transport.abort()
 
     def data_received(self, data: bytes) -> None:
+        now = self.last_activity = time.monotonic()
         try:
             frames = self.decoder.feed(data)
         except ProtocolError as exc:
+            if self.refusals is not None:
+                self.refusals.counts[REASON_PROTOCOL] += 1
             self.abort(f"protocol error from {self.peer}: {exc}")
             return
+        if self.decoder.buffered:
+            if not self.frame_started or frames:
+                self.frame_started = now
+        else:
+            self.frame_started = 0.0
         for frame in frames:
             if frame.is_response:
                 fut = self.pending.pop(frame.opaque, None)
                 if fut is not None and not fut.done():
                     fut.set_result(frame)
                 continue
-            if self._in_flight >= self.max_in_flight or self._backlog:
+            if self._busy() or self._backlog:
                 # Decoded together with frames already being handled: wait for a free slot
                 # (reading is paused meanwhile, so this holds at most one read's worth).
                 self._backlog.append(frame)
@@ -155,21 +203,35 @@ class Connection(asyncio.Protocol):
             )
             return
         self._in_flight += 1
+        self._in_flight_bytes += len(frame.body)
         self._update_reading()
         self._tasks.spawn(self._run(frame))
+
+    def _busy(self) -> bool:
+        busy = (
+            self._in_flight >= self.max_in_flight or self._in_flight_bytes >= self.max_pending_bytes
+        )
+        if busy and self.refusals is not None and not self._read_paused:
+            self.refusals.counts[REASON_PENDING] += 1
+        return busy
 
     async def _run(self, frame: Frame) -> None:
         assert self.handler is not None
         try:
-            reply = await self.handler(frame, self)
-        except MQError as exc:
-            reply = frame.reply(exc.code, str(exc))
-        except Exception as exc:
-            log.exception("%s: request code %d failed", self.name, frame.code)
-            reply = frame.reply(ResponseCode.SYSTEM_ERROR, f"{type(exc).__name__}: {exc}")
+            try:
+                reply = await self.handler(frame, self)
+            except MQError as exc:
+                reply = frame.reply(exc.code, str(exc))
+            except Exception as exc:
+                log.exception("%s: request code %d failed", self.name, frame.code)
+                reply = frame.reply(ResponseCode.SYSTEM_ERROR, f"{type(exc).__name__}: {exc}")
+            if self.quotas is not None:
+                await self._throttle(frame, reply)
         finally:
             self._in_flight -= 1
-            while self._backlog and self._in_flight < self.max_in_flight:
+            self._in_flight_bytes -= len(frame.body)
+            self.last_activity = time.monotonic()
+            while self._backlog and not self._busy() and not self._muted_until:
                 self._start_request(self._backlog.popleft())
             self._update_reading()
         if reply is None or frame.flags & FLAG_ONEWAY:
@@ -179,11 +241,38 @@ class Connection(asyncio.Protocol):
         else:
             self._send(reply)
 
+    async def _throttle(self, frame: Frame, reply: Reply) -> None:
+        """Kafka's quota enforcement: over its byte rate, the client's response waits, with
+        ``throttle_time_ms`` set, and nothing more is read from it meanwhile."""
+        assert self.quotas is not None
+        head = reply[0] if isinstance(reply, tuple) else reply
+        if reply is None:
+            out = 0
+        elif isinstance(reply, tuple):
+            out = sum(len(p) for p in reply[1])
+        else:
+            out = len(reply.body)
+        key = self.attributes.get("principal") or self.principal or self.attributes.get("ip")
+        delay = self.quotas.charge(frame.code, len(frame.body), out, str(key or self.peer))
+        if delay <= 0:
+            return
+        if head is not None:
+            head.fields["throttle_time_ms"] = int(delay * 1000)
+        if self.refusals is not None:
+            self.refusals.counts[REASON_THROTTLED] += 1
+        self._muted_until = time.monotonic() + delay
+        self._update_reading()
+        try:
+            await asyncio.sleep(delay)
+        finally:
+            self._muted_until = 0.0
+            self._update_reading()
+
     def _update_reading(self) -> None:
         if self.transport is None or self.transport.is_closing():
             return
         should_pause = (
-            self._write_paused or self._in_flight >= self.max_in_flight or bool(self._backlog)
+            self._write_paused or self._busy() or bool(self._backlog) or bool(self._muted_until)
         )
         if should_pause and not self._read_paused:
             self._read_paused = True
@@ -197,6 +286,7 @@ class Connection(asyncio.Protocol):
     def _send(self, frame: Frame, body_parts: Sequence[Buffer] | None = None) -> None:
         if self.transport is None or self.transport.is_closing():
             return
+        self.last_activity = time.monotonic()
         self.transport.writelines(encode(frame, body_parts))
 
     async def request(self, frame: Frame, timeout: float) -> Frame:
@@ -250,6 +340,11 @@ class Connection(asyncio.Protocol):
         await fut
 
     # --------------------------------------------------------------- closing
+
+    @property
+    def is_idle(self) -> bool:
+        """Nothing being handled, awaited or partly received."""
+        return not (self._in_flight or self.pending or self._backlog or self.frame_started)
 
     @property
     def is_open(self) -> bool:

@@ -144,7 +144,12 @@ class FrameDecoder:
             stop = pos + 4 + length
             try:
                 fields = _decode_header(bytes(buf[h_at:b_at])) if header_len else {}
-            except (msgspec.DecodeError, msgspec.ValidationError, UnicodeDecodeError) as exc:
+            except (
+                msgspec.DecodeError,
+                msgspec.ValidationError,
+                UnicodeDecodeError,
+                RecursionError,  # a header of deeply nested arrays (found by fuzzing)
+            ) as exc:
                 raise ProtocolError(f"bad frame header: {exc}") from exc
             frames.append(Frame(code, opaque, flags, fields, bytes(buf[b_at:stop]), version))
             pos = stop

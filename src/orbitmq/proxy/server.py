@@ -20,7 +20,7 @@ from orbitmq.proxy.consumer_service import ConsumerRpcs
 from orbitmq.proxy.context import ProxyContext
 from orbitmq.proxy.grpc_v2 import definition_pb2 as pb
 from orbitmq.proxy.servicer import MessagingServicer
-from orbitmq.proxy.tls import PortMux, load_identity, read_pem, self_signed
+from orbitmq.proxy.tls import PortMux, read_pem, reloading_credentials, self_signed
 
 log = logging.getLogger(__name__)
 
@@ -93,18 +93,19 @@ class ProxyServer:
                 bind = f"[{cfg.host}]:{cfg.port}" if ":" in cfg.host else f"{cfg.host}:{cfg.port}"
                 port = _bind(server, bind, None)
             else:
-                identity = (
-                    load_identity(cfg.tls_cert_file, cfg.tls_key_file)
-                    if cfg.tls_cert_file and cfg.tls_key_file
-                    else self_signed(["localhost", "127.0.0.1", host])
-                )
-                client_ca = read_pem(cfg.tls_client_ca_file) if cfg.tls_client_ca_file else None
-                creds = grpc.ssl_server_credentials(
-                    [(identity.key_pem, identity.cert_pem)],
-                    root_certificates=client_ca,
-                    require_client_auth=client_ca is not None,
-                )
-                self.tls_cert_pem = identity.cert_pem
+                if cfg.tls_cert_file and cfg.tls_key_file:  # the operator's: reloaded on change
+                    creds, self.tls_cert_pem = reloading_credentials(
+                        cfg.tls_cert_file, cfg.tls_key_file, cfg.tls_client_ca_file
+                    )
+                else:
+                    identity = self_signed(["localhost", "127.0.0.1", host])
+                    client_ca = read_pem(cfg.tls_client_ca_file) if cfg.tls_client_ca_file else None
+                    creds = grpc.ssl_server_credentials(
+                        [(identity.key_pem, identity.cert_pem)],
+                        root_certificates=client_ca,
+                        require_client_auth=client_ca is not None,
+                    )
+                    self.tls_cert_pem = identity.cert_pem
                 tls_port = _bind(server, "127.0.0.1:0", creds)
                 plain_port = (
                     _bind(server, "127.0.0.1:0", None) if cfg.tls_mode == "permissive" else None

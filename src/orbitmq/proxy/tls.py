@@ -30,7 +30,15 @@ from orbitmq.common.tasks import TaskSet
 
 log = logging.getLogger(__name__)
 
-__all__ = ["TLS_MODES", "PortMux", "TlsIdentity", "load_identity", "read_pem", "self_signed"]
+__all__ = [
+    "TLS_MODES",
+    "PortMux",
+    "TlsIdentity",
+    "load_identity",
+    "read_pem",
+    "reloading_credentials",
+    "self_signed",
+]
 
 TLS_MODES = ("off", "permissive", "required")
 """off: plaintext only, gRPC binds the public port itself (no splice). permissive: both on one
@@ -104,6 +112,65 @@ def self_signed(hosts: Sequence[str]) -> TlsIdentity:
         .sign(key, hashes.SHA256())
     )
     return TlsIdentity.of(cert, key)
+
+
+RELOAD_CHECK_S = 0.5
+"""How often, at most, a new connection makes the proxy look at its certificate files."""
+
+
+def reloading_credentials(
+    cert_file: str, key_file: str, client_ca_file: str | None
+) -> tuple[Any, bytes]:
+    """gRPC server credentials that pick up a changed certificate, key or client CA without a
+    restart (grpcio asks before each new connection; the files are hashed at most every
+    0.5 s; established connections keep theirs), and the current certificate PEM."""
+    import hashlib
+    import time
+
+    import grpc
+
+    files = [f for f in (cert_file, key_file, client_ca_file) if f]
+    seen, checked = b"", 0.0
+
+    def digest() -> bytes:
+        h = hashlib.sha256()
+        for name in files:
+            try:
+                h.update(Path(name).read_bytes())
+            except OSError:
+                h.update(b"\0missing\0")
+        return h.digest()
+
+    def configuration() -> Any:
+        identity = load_identity(cert_file, key_file)
+        client_ca = read_pem(client_ca_file) if client_ca_file else None
+        return grpc.ssl_server_certificate_configuration(
+            [(identity.key_pem, identity.cert_pem)], root_certificates=client_ca
+        )
+
+    def fetch() -> Any:
+        nonlocal seen, checked
+        now = time.monotonic()
+        if now - checked < RELOAD_CHECK_S:
+            return None
+        checked = now
+        current = digest()
+        if current == seen:
+            return None
+        try:
+            config = configuration()
+        except ConfigError as exc:
+            log.warning("proxy: TLS reload failed, keeping the previous certificate: %s", exc)
+            return None
+        seen = current
+        log.info("proxy: TLS certificate reloaded from %s", ", ".join(files))
+        return config
+
+    seen = digest()
+    creds = grpc.dynamic_ssl_server_credentials(
+        configuration(), fetch, require_client_authentication=client_ca_file is not None
+    )
+    return creds, read_pem(cert_file)
 
 
 class _Side(asyncio.Protocol):

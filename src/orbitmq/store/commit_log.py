@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import itertools
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 import numpy as np
 
@@ -28,6 +29,19 @@ from orbitmq.common.record import (
     record_overhead,
 )
 from orbitmq.store.segment import FileOps, Segment, SegmentQueue, io_error
+
+SEAL_OVERHEAD = 24
+"""Bytes a sealed record has more than its plaintext (orbitmq.store.sealing)."""
+SYSFLAG_SEALED = 0x10000
+"""SYS_FLAG bit of a sealed (encrypted) record (orbitmq.store.sealing)."""
+
+
+class Sealer(Protocol):
+    """What the append path needs of :class:`orbitmq.store.sealing.RecordSealer`."""
+
+    def seal(
+        self, head: BatchHeader, seg_start: int, bodies: Sequence[bytes], props: Sequence[bytes]
+    ) -> tuple[list[bytes], list[bytes]]: ...
 
 
 @dataclass(slots=True)
@@ -52,15 +66,20 @@ class _Prepared:
     """A batch's record sizes, worked out before the lock is taken, and its encoder: the one
     place both append paths turn a batch into record bytes."""
 
-    __slots__ = ("batch", "body_lens", "born_host", "ends", "prop_lens", "sizes", "topic_bytes")
+    __slots__ = (
+        "batch", "body_lens", "born_host", "ends", "prop_lens", "sealer", "sizes", "topic_bytes",
+    )  # fmt: skip
 
-    def __init__(self, batch: MessageBatch) -> None:
+    def __init__(self, batch: MessageBatch, sealer: Sealer | None = None) -> None:
         self.batch = batch
+        self.sealer = sealer
         bodies, properties = batch.bodies, batch.properties
         self.topic_bytes = batch.topic.encode()
         self.born_host = pack_host(batch.born_host)
         n = len(bodies)
         overhead = record_overhead(len(self.topic_bytes))
+        if sealer is not None:  # encryption at rest: each record grows by its nonce and tag
+            overhead += SEAL_OVERHEAD
         self.body_lens: np.ndarray | None = None
         self.prop_lens: np.ndarray | None = None
         if n >= VECTOR_MIN_BATCH:
@@ -74,10 +93,18 @@ class _Prepared:
         self.ends = list(itertools.accumulate(self.sizes))
 
     def encode(
-        self, first_qoff: int, pos: int, store_ts: int, store_host: bytes, lo: int, hi: int
+        self,
+        first_qoff: int,
+        pos: int,
+        store_ts: int,
+        store_host: bytes,
+        lo: int,
+        hi: int,
+        seg_start: int,
     ) -> bytearray:
         """Records ``lo..hi`` of the batch, the first at queue offset ``first_qoff`` and log
-        position ``pos``."""
+        position ``pos`` (in the segment starting at ``seg_start``: a sealed record's associated
+        data names it)."""
         b = self.batch
         head = BatchHeader(
             self.topic_bytes, b.queue_id, first_qoff, pos, b.flag, b.sys_flag,
@@ -85,10 +112,15 @@ class _Prepared:
             b.prepared_transaction_offset,
         )  # fmt: skip
         whole = lo == 0 and hi == len(self.sizes)
+        bodies = b.bodies if whole else b.bodies[lo:hi]
+        props = b.properties if whole else b.properties[lo:hi]
+        if self.sealer is not None:
+            sealed_b, sealed_p = self.sealer.seal(head, seg_start, bodies, props)
+            return encode_batch(head, sealed_b, sealed_p, None, None)
         return encode_batch(
             head,
-            b.bodies if whole else b.bodies[lo:hi],
-            b.properties if whole else b.properties[lo:hi],
+            bodies,
+            props,
             None if self.body_lens is None else self.body_lens[lo:hi],
             None if self.prop_lens is None else self.prop_lens[lo:hi],
         )
@@ -117,6 +149,8 @@ class CommitLog:
         self.confirmed: int | None = None
         """Replication's confirm offset; None (a broker without replicas): the max offset."""
         self._flush_lock = threading.Lock()
+        self.sealer: Sealer | None = None
+        """Encryption at rest (:mod:`orbitmq.store.sealing`); set by the store, None: off."""
 
     @property
     def confirm_offset(self) -> int:
@@ -131,7 +165,7 @@ class CommitLog:
         """Append ``batch`` (validated by the caller): its records share one
         :class:`BatchHeader`, completed here under the lock with the queue offset, the position
         and the store timestamp."""
-        prep = _Prepared(batch)
+        prep = _Prepared(batch, self.sealer)
         sizes, n, batch_bytes = prep.sizes, len(prep.sizes), prep.ends[-1]
         with self.lock:
             if self.fenced:
@@ -151,7 +185,7 @@ class CommitLog:
                 seg = self.segments.find(seg_start) or self.segments.create(seg_start)
                 buf = bytearray()
                 if hi > lo:
-                    buf = prep.encode(qoff, pos, store_ts, store_host, lo, hi)
+                    buf = prep.encode(qoff, pos, store_ts, store_host, lo, hi, seg.start)
                     qoff += hi - lo
                 if filler:
                     buf += encode_blank(filler)
@@ -177,7 +211,7 @@ class CommitLog:
         one by one would write. All or none: an I/O error fails every batch. None, with
         nothing written, when they do not all fit in the current segment: the caller appends
         them one by one (a segment roll splits them anyway)."""
-        preps = [_Prepared(b) for b in batches]
+        preps = [_Prepared(b, self.sealer) for b in batches]
         total = sum(p.ends[-1] for p in preps)
         with self.lock:
             if self.fenced:
@@ -203,7 +237,7 @@ class CommitLog:
             qoff = next_qoff.get(key)
             if qoff is None:
                 qoff = self.queue_offsets.get(key, 0)
-            buf += prep.encode(qoff, pos, store_ts, store_host, 0, len(prep.sizes))
+            buf += prep.encode(qoff, pos, store_ts, store_host, 0, len(prep.sizes), seg.start)
             next_qoff[key] = qoff + len(prep.sizes)
             phys = [pos + e - z for e, z in zip(prep.ends, prep.sizes, strict=True)]
             pos += prep.ends[-1]

@@ -104,6 +104,21 @@ class StoreConfig:
         "record damaged at rest is never served. Records this process wrote are trusted.",
     )
     store_host: tuple[str, int] = setting(("127.0.0.1", 10911), "Written into each record.")
+    encrypt_at_rest: bool = setting(
+        False,
+        "OrbitMQ: encrypt message bodies and properties in the CommitLog with AES-256-GCM "
+        "(per-segment keys wrapped by the master key; docs/security.md). Records written "
+        "before stay readable.",
+    )
+    encryption_key_file: str | None = setting(
+        None,
+        "File holding the 32-byte master key (raw, hex or base64; mode 0600). None: the "
+        "ORBITMQ_MASTER_KEY environment variable.",
+    )
+    encryption_retired_key_files: tuple[str, ...] = setting(
+        (),
+        "Earlier master keys, to read segments whose keys they wrapped (master key rotation).",
+    )
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "store_path", Path(self.store_path))

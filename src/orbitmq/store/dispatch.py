@@ -25,10 +25,15 @@ import numpy as np
 from orbitmq.common.errors import StoreClosedError, StoreError
 from orbitmq.common.message import find_all, property_value
 from orbitmq.common.record import BLANK, BLANK_MAGIC, HEADER, HEADER_SIZE, U16
-from orbitmq.store.commit_log import CommitLog
+from orbitmq.store.commit_log import SYSFLAG_SEALED, CommitLog
 from orbitmq.store.consume_queue import ENTRY_DTYPE, ConsumeQueueTable
 from orbitmq.store.supervise import ServiceHealth
 from orbitmq.store.timer_index import TIMER_TOPIC, timer_tag
+
+
+class PropertiesOpener(Protocol):
+    def props_of(self, view: memoryview, at: int) -> bytes | memoryview: ...
+
 
 log = logging.getLogger(__name__)
 
@@ -91,6 +96,8 @@ class Dispatcher:
         self.failure: BaseException | None = None
         """The error of the latest round while dispatch is failing (None when it works)."""
         self.health = ServiceHealth("dispatcher")
+        self.opener: PropertiesOpener | None = None
+        """Encryption at rest: opens sealed records' properties (set by the store)."""
         self.index_skipped = 0  # index entries dropped because the IndexFile failed
         self.index_failure: str | None = None  # the cause while the index is failing
         self._index_retry_at = 0.0
@@ -149,7 +156,10 @@ class Dispatcher:
             starts, at, filler = _walk(view, at, limit)
             if starts:
                 count += len(starts)
-                self._decode_block(view, seg_start, starts, groups, index_items)
+                if self.opener is None:
+                    self._decode_block(view, seg_start, starts, groups, index_items)
+                else:  # sealed records: properties come one by one from their ciphertext
+                    self._decode_small(view, seg_start, starts, groups, index_items)
             pos = seg_start + (seg_size if filler else at)
         self._write(groups, index_items)
         self.reput_offset = pos
@@ -246,8 +256,9 @@ class Dispatcher:
         indexing = self.index is not None
         rows: list[tuple[int, int, int]] = []
         runs: dict[tuple[str, int], tuple[int, list[tuple[int, int, int]]]] = {}
+        opener = self.opener
         for at in starts:
-            (total, _m, _c, qid, _f, qoff, _p, _s, _bt, _bh, store_ts, _sh, _r, _pt,
+            (total, _m, _c, qid, _f, qoff, _p, sys_flag, _bt, _bh, store_ts, _sh, _r, _pt,
              body_len) = HEADER.unpack_from(view, at)  # fmt: skip
             t_at = at + HEADER_SIZE + body_len
             tlen = U16.unpack_from(view, t_at)[0]
@@ -259,8 +270,12 @@ class Dispatcher:
             plen = U16.unpack_from(view, p_at)[0]
             phy = seg_start + at
             tag = 0
-            if plen:
+            props = b""
+            if opener is not None and sys_flag & SYSFLAG_SEALED:
+                props = bytes(opener.props_of(view, at))
+            elif plen:
                 props = bytes(view[p_at + 2 : p_at + 2 + plen])
+            if props:
                 value = property_value(props, _TAGS)
                 if value:
                     tag = crc(value)

@@ -69,7 +69,9 @@ from orbitmq.store.reader import (
 from orbitmq.store.recovery import RecoveryReport, StoreParts, recover
 from orbitmq.store.replica import append_chunk, read_chunk
 from orbitmq.store.retention import RetentionService, TopicRetention
+from orbitmq.store.sealing import make_sealer
 from orbitmq.store.segment import FileOps, io_error
+from orbitmq.store.status import degraded, store_stats
 from orbitmq.store.supervise import ServiceHealth
 from orbitmq.store.truncate import TruncateReport, check_cut, truncate
 
@@ -130,6 +132,13 @@ class MessageStore:
             disk_usage=disk_usage,
         )
         self._view = ReadView(self.commit_log, self.queues, self.retention)
+        self.sealer = make_sealer(
+            root, config.mapped_file_size_commit_log, config.encryption_key_file,
+            config.encryption_retired_key_files, config.encrypt_at_rest,
+        )  # fmt: skip
+        if self.sealer is not None:  # encryption at rest: seal on append, open on read
+            self.commit_log.sealer = self.dispatcher.opener = self.sealer
+            self._view.props_of = self.sealer.props_of
         self.epochs = EpochFile(root / EPOCH_FILE, self.fs)
         self._checkpointer = PeriodicService(
             "orbitmq-checkpoint", config.flush_interval_consume_queue_ms / 1000, self.checkpoint
@@ -158,6 +167,8 @@ class MessageStore:
             raise StoreError(f"{self.root} is open in another process") from exc
         try:
             self.epochs.load()
+            if self.sealer is not None:  # keys unwrap, and a fresh writer epoch
+                self.sealer.start(self.root / layout.COMMITLOG_DIR)
         except StoreError:
             self._release()
             raise
@@ -485,7 +496,8 @@ class MessageStore:
             check = self.fs.read_check
             if check is not None:
                 check(topic, queue_id, offset)
-            return read_queue(self._view, topic, queue_id, offset, max_count, max_bytes, tags)
+            res = read_queue(self._view, topic, queue_id, offset, max_count, max_bytes, tags)
+            return res if self.sealer is None else self.sealer.open_result(res)
         except OSError as exc:
             self.read_errors += 1
             raise io_error(f"reading {topic}/{queue_id} at {offset}", exc) from exc
@@ -506,7 +518,9 @@ class MessageStore:
             n = check_record(view, at, size)
         except RecordError:
             return None
-        return view[at : at + n] if 0 < n <= confirmed - physical_offset else None
+        if not 0 < n <= confirmed - physical_offset:
+            return None
+        return view[at : at + n] if self.sealer is None else self.sealer.plain(view[at : at + n])
 
     def last_store_time(self, topic: str, queue_id: int) -> int:
         """Store timestamp of the newest message of a queue (0 if empty)."""
@@ -554,26 +568,9 @@ class MessageStore:
         return found
 
     def health(self) -> dict[str, str]:
-        """What is degraded, by part, with its cause; empty when everything works.
-
-        Parts: the background services (dispatcher, flusher, checkpoint, retention), the index
-        (keys not indexed while it cannot be written), the disk (writes refused above
-        ``disk_space_warning_level_ratio``) and the CommitLog (fenced after a failed fsync:
-        reopen the store to recover).
-        """
-        out: dict[str, str] = {}
-        for h in self.services():
-            if h.degraded is not None:
-                out[h.name] = h.degraded
-        if self.dispatcher.index_failure is not None:
-            out["index"] = f"{self.dispatcher.index_skipped} keys not indexed: " + (
-                self.dispatcher.index_failure
-            )
-        if self.retention.disk_full:
-            out["disk"] = f"{self.retention.disk_ratio:.0f}% used: writes refused"
-        if self.commit_log.fenced:
-            out["commitlog"] = f"fenced: {self.commit_log.fenced}"
-        return out
+        """What is degraded, by part, with its cause; empty when everything works
+        (:func:`orbitmq.store.status.degraded`)."""
+        return degraded(self.services(), self.dispatcher, self.retention, self.commit_log)
 
     def services(self) -> list[ServiceHealth]:
         """The failure records of the background services (for metrics)."""
@@ -585,16 +582,4 @@ class MessageStore:
         ]
 
     def stats(self) -> dict[str, int]:
-        return {
-            "commit_log_min_offset": self.commit_log.min_offset,
-            "commit_log_max_offset": self.commit_log.max_offset,
-            "commit_log_flushed_offset": self.commit_log.flushed_offset,
-            "dispatch_offset": self.dispatcher.reput_offset,
-            "dispatch_lag_bytes": self.commit_log.max_offset - self.dispatcher.reput_offset,
-            "queues": len(self.queues.queues),
-            "fsyncs": self.flusher.fsync_count,
-            "index_skipped": self.dispatcher.index_skipped,
-            "read_errors": self.read_errors,
-            "service_failures": sum(h.failures for h in self.services()),
-            "disk_used_bytes": self.retention.disk_used_bytes,  # cached by the retention run
-        }
+        return store_stats(self)

@@ -16,7 +16,7 @@ from __future__ import annotations
 import enum
 import logging
 import struct
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -172,6 +172,10 @@ class ServeLimits(Protocol):
         ...
 
 
+def _props(view: memoryview, at: int) -> bytes | memoryview:
+    return properties_slice(view, at)[1]
+
+
 @dataclass(slots=True)
 class ReadView:
     """What a read needs. ``verify_before``: records below this CommitLog offset were written
@@ -181,6 +185,10 @@ class ReadView:
     queues: ConsumeQueueTable
     limits: ServeLimits
     verify_before: int = -1
+    props_of: Callable[[memoryview, int], bytes | memoryview] = field(
+        default=lambda v, at: _props(v, at)
+    )
+    """A record's properties, for tag checks (encryption at rest opens sealed records)."""
 
 
 def store_time(commit_log: CommitLog, entry: tuple[int, int, int] | None) -> int | None:
@@ -225,6 +233,7 @@ class _Query:
     max_count: int
     topic: bytes
     topic_arr: np.ndarray
+    props_of: Callable[[memoryview, int], bytes | memoryview]
 
 
 def read_queue(
@@ -275,6 +284,7 @@ def read_queue(
         max_count,
         topic_bytes,
         np.frombuffer(topic_bytes, np.uint8),
+        view.props_of,
     )
     pos = offset
     budget = max_bytes
@@ -340,10 +350,11 @@ def _read_small(q: _Query, raw: memoryview, first: int, budget: int, result: Get
             continue
         if ttl_cut and STORE_TIMESTAMP.unpack_from(view, at + STORE_TIMESTAMP_OFFSET)[0] < ttl_cut:
             continue
-        if wanted_tags is not None:
-            _topic, props = properties_slice(view, at)
-            if decode_properties(props).get("TAGS") not in wanted_tags:
-                continue
+        if (
+            wanted_tags is not None
+            and decode_properties(q.props_of(view, at)).get("TAGS") not in wanted_tags
+        ):
+            continue
         result.add(view[at : at + size], off, size)
         remaining -= size
         if result.count >= max_count or remaining <= 0:
@@ -434,8 +445,7 @@ def _read_entries(q: _Query, arr: np.ndarray, first: int, budget: int, result: G
         ):
             if not good:
                 continue
-            _topic, props = properties_slice(view, a)
-            if decode_properties(props).get("TAGS") not in wanted_tags:
+            if decode_properties(q.props_of(view, a)).get("TAGS") not in wanted_tags:
                 continue
             chunks.append((view, np.array([a], dtype=np.int64), np.array([sz], dtype=np.int64)))
             cand_offsets.append(np.array([off], dtype=np.int64))

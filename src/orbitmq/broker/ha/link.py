@@ -8,7 +8,6 @@ slow slave pushes back on its master's sender instead of growing its buffer).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections import deque
 
 from orbitmq.common.errors import ProtocolError
@@ -60,8 +59,16 @@ class Link:
 
     async def close(self) -> None:
         self.writer.close()
-        with contextlib.suppress(OSError, asyncio.CancelledError):
+        try:
             await self.writer.wait_closed()
+        except OSError:
+            pass
+        except asyncio.CancelledError:
+            # A TLS close waits a round trip (close_notify): a stop that cancels this task
+            # lands here and must not be swallowed, or the task outlives its stop.
+            task = asyncio.current_task()
+            if task is not None and task.cancelling():
+                raise
 
 
 __all__ = ["Link", "LinkClosedError", "ProtocolError"]

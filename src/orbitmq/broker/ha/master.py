@@ -107,7 +107,9 @@ class HaMaster:
         port = self.config.ha_port
         if port is None:
             port = self.config.port + 1 if self.config.port else 0
-        self._server = await asyncio.start_server(self._serve, self.config.host, port)
+        self._server = await asyncio.start_server(
+            self._serve, self.config.host, port, ssl=self.config.ha_server_ssl()
+        )
         self._port = self._server.sockets[0].getsockname()[1]
         self._tasks.spawn(self._monitor(), name="ha-monitor")
         log.info(

@@ -121,7 +121,9 @@ class HaSlave:
     async def _session(self) -> None:
         timeout_s = self.config.ha_link_timeout_ms / 1000
         async with asyncio.timeout(timeout_s):
-            reader, writer = await asyncio.open_connection(*self.master)
+            reader, writer = await asyncio.open_connection(
+                *self.master, ssl=self.config.ha_client_ssl()
+            )
         link = self._link = Link(reader, writer, timeout_s)
         store, cl = self.store, self.store.commit_log
         await link.send(Handshake(0, self.config.broker_id, self.config.broker_name,

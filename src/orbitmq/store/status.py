@@ -1,0 +1,47 @@
+"""What a store reports about itself: the degraded parts with their causes, and its counters
+(runtime info and metrics read them). Kept apart from MessageStore so that class stays about
+reading and writing; it takes the parts, never the store class (no import cycle)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from orbitmq.store.supervise import ServiceHealth
+
+
+def degraded(
+    services: list[ServiceHealth], dispatcher: Any, retention: Any, commit_log: Any
+) -> dict[str, str]:
+    """Parts: the background services (dispatcher, flusher, checkpoint, retention), the index
+    (keys not indexed while it cannot be written), the disk (writes refused above
+    ``disk_space_warning_level_ratio``) and the CommitLog (fenced after a failed fsync: reopen
+    the store to recover)."""
+    out: dict[str, str] = {}
+    for h in services:
+        if h.degraded is not None:
+            out[h.name] = h.degraded
+    if dispatcher.index_failure is not None:
+        out["index"] = f"{dispatcher.index_skipped} keys not indexed: " + dispatcher.index_failure
+    if retention.disk_full:
+        out["disk"] = f"{retention.disk_ratio:.0f}% used: writes refused"
+    if commit_log.fenced:
+        out["commitlog"] = f"fenced: {commit_log.fenced}"
+    return out
+
+
+def store_stats(store: Any) -> dict[str, int]:
+    """The store's counters (``store`` is a MessageStore)."""
+    log, dispatcher = store.commit_log, store.dispatcher
+    return {
+        "commit_log_min_offset": log.min_offset,
+        "commit_log_max_offset": log.max_offset,
+        "commit_log_flushed_offset": log.flushed_offset,
+        "dispatch_offset": dispatcher.reput_offset,
+        "dispatch_lag_bytes": log.max_offset - dispatcher.reput_offset,
+        "queues": len(store.queues.queues),
+        "fsyncs": store.flusher.fsync_count,
+        "index_skipped": dispatcher.index_skipped,
+        "read_errors": store.read_errors,
+        "service_failures": sum(h.failures for h in store.services()),
+        "disk_used_bytes": store.retention.disk_used_bytes,  # cached by the retention run
+    }
