@@ -203,3 +203,54 @@ async def test_a_master_epoch_not_above_the_epoch_file_is_refused(tmp_path: Path
         assert broker.store.epochs.last_epoch == 7
     finally:
         await broker.stop()
+
+
+async def test_manual_failover_demotes_the_master_and_back(tmp_path: Path) -> None:
+    """``broker elect --to``: the deposed master becomes a slave of the new one without a
+    restart (its sends are refused with a route-refreshing code), and is promoted back later
+    in the same process (its appending services restart)."""
+    from orbitmq.controller.client import ControllerClient
+
+    client = RemotingClient()
+    ports = [port_pair() for _ in range(3)]
+    brokers: list[BrokerController] = []
+    async with controller(tmp_path) as node:
+        ctl = ControllerClient([node.address])
+        try:
+            for i in range(3):
+                b = BrokerController(broker_config(tmp_path / f"b{i}", node, ports[i]))
+                await b.start()
+                brokers.append(b)
+            await wait_until(lambda: len(masters(brokers)) == 1)
+            first = masters(brokers)[0]
+            await wait_until(lambda: len(office(first).sync_state_set) == 3)
+            for i in range(20):
+                await send_ok(client, first, i)
+            target = next(b for b in brokers if b is not first)
+            info = await ctl.elect(first.config.cluster, "broker-a", role(target).broker_id)
+            assert info.master_broker_id == role(target).broker_id
+            await wait_until(
+                lambda: role(target).is_master and isinstance(role(first).role, HaSlave)
+            )
+            resp = await client.invoke(first.address, send_frame(TOPIC, [b"x"], 0))
+            assert resp.code == ResponseCode.NO_PERMISSION, resp.remark
+            await wait_until(lambda: len(office(target).sync_state_set) == 3)
+            for i in range(20, 40):
+                await send_ok(client, target, i)
+            await wait_until(
+                lambda: first.store.commit_log.max_offset == target.store.commit_log.max_offset
+            )
+            assert log_bytes(first.store) == log_bytes(target.store)
+            # And back: the first broker is master again in the same process.
+            await ctl.elect(first.config.cluster, "broker-a", role(first).broker_id)
+            await wait_until(lambda: role(first).is_master and not role(target).is_master)
+            await wait_until(lambda: len(office(first).sync_state_set) >= 2)
+            assert first.timer.started and first.pop.started
+            for i in range(40, 50):
+                await send_ok(client, first, i)
+            assert role(first).master_epoch == first.store.epochs.last_epoch == 3
+        finally:
+            await ctl.close()
+            for b in brokers:
+                await b.stop()
+            await client.close()
