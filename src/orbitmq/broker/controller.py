@@ -233,7 +233,8 @@ class BrokerController:
             self._housekeeping_loop(), name="broker-housekeeping"
         )
         if self.replicas is not None and isinstance(self.ha, RoleSwitch):
-            self.ha.ha_port = self.server.port + 1  # controller mode: always the port + 1
+            # Controller mode: the HA port is always the broker port + 1 (slaves derive it).
+            await self.ha.listen(self.config.host, self.server.port + 1)
             await self.replicas.start(self.address)  # the role follows, asynchronously
         log.info(
             "broker %s/%s ready on %s (store %s, %s)",

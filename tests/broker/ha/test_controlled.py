@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import random
 import socket
 import time
 from collections.abc import AsyncIterator, Callable
@@ -38,19 +39,18 @@ TOPIC = "Failover"
 
 
 def port_pair() -> int:
-    """A free port whose next port is free too (controller mode: the HA port is port + 1)."""
-    for _ in range(200):
-        with socket.socket() as a:
-            a.bind(("127.0.0.1", 0))
-            port = a.getsockname()[1]
-            if port >= 65535:
+    """A free port whose next port is free too (controller mode: the HA port is port + 1),
+    below the kernel's ephemeral range so no outgoing connection takes either meanwhile."""
+    rng = random.Random()
+    for _ in range(500):
+        port = rng.randrange(20_000, 32_000)
+        with socket.socket() as a, socket.socket() as b:
+            try:
+                a.bind(("127.0.0.1", port))
+                b.bind(("127.0.0.1", port + 1))
+            except OSError:
                 continue
-            with socket.socket() as b:
-                try:
-                    b.bind(("127.0.0.1", port + 1))
-                except OSError:
-                    continue
-                return port
+            return port
     raise AssertionError("no free port pair")
 
 

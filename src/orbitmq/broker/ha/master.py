@@ -87,7 +87,8 @@ class Office:
     sync_state_set: set[int]
     sync_state_set_epoch: int
     port: int
-    """The HA port (the broker port + 1 in controller mode)."""
+    """The HA port (the broker port + 1), listened on by the broker's RoleSwitch for its whole
+    life, whatever its role: it hands a master's links to :meth:`HaMaster.serve`."""
     lease_ok: Callable[[], bool]
     alter: Callable[[list[int], int, int], Awaitable[tuple[list[int], int] | None]]
     """Propose (set, master epoch, set epoch); the committed (set, set epoch), or None when
@@ -148,13 +149,14 @@ class HaMaster:
         await self.bridge.call(self._take_office)
         self._confirm = self.store.commit_log.max_offset
         self.store.set_confirm_offset(None)
-        port = self.config.ha_port
-        if self.office is not None:
-            port = self.office.port
-        elif port is None:
-            port = self.config.port + 1 if self.config.port else 0
-        self._server = await asyncio.start_server(self._serve, self.config.host, port)
-        self._port = self._server.sockets[0].getsockname()[1]
+        if self.office is not None:  # the broker's RoleSwitch listens and hands links over
+            self._port = self.office.port
+        else:
+            port = self.config.ha_port
+            if port is None:
+                port = self.config.port + 1 if self.config.port else 0
+            self._server = await asyncio.start_server(self._serve, self.config.host, port)
+            self._port = self._server.sockets[0].getsockname()[1]
         self._tasks.spawn(self._monitor(), name="ha-monitor")
         log.info(
             "HA master %s epoch %d listening on %s:%d (%s)",
@@ -386,6 +388,10 @@ class HaMaster:
             slave.wake.set()
 
     # ------------------------------------------------------------------ one slave
+
+    async def serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        """Serve one slave's link until it closes (controller mode: called by the RoleSwitch)."""
+        await self._serve(reader, writer)
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         link = Link(reader, writer, self.config.ha_link_timeout_ms / 1000)

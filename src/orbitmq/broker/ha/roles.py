@@ -26,17 +26,20 @@ While it has no role the broker answers sends and pulls NO_PERMISSION, whose err
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable
 from typing import Protocol
 
 from orbitmq.broker.config import BrokerConfig
+from orbitmq.broker.ha.link import Link, LinkClosedError
 from orbitmq.broker.ha.master import HaMaster, Office
 from orbitmq.broker.ha.slave import HaSlave
 from orbitmq.broker.store_bridge import StoreBridge
 from orbitmq.common.clock import Clock
-from orbitmq.common.errors import FlushSlaveTimeoutError, NoPermissionError
+from orbitmq.common.errors import FlushSlaveTimeoutError, NoPermissionError, ProtocolError
+from orbitmq.protocol.ha import ERR_NOT_MASTER, HaError
 from orbitmq.store.message_store import MessageStore
 
 log = logging.getLogger(__name__)
@@ -81,6 +84,7 @@ class RoleSwitch:
         self.fenced = 0
         """Sends refused or unacknowledged because this broker is not (or no more) master."""
         self._lock = asyncio.Lock()
+        self._server: asyncio.Server | None = None
         self.lease_ok: Callable[[], bool] = lambda: False
         self.alter: Callable[[list[int], int, int], Awaitable[tuple[list[int], int] | None]]
         self.alter = _refuse_alter
@@ -128,6 +132,26 @@ class RoleSwitch:
                 "ack: outcome unknown"
             )
         await role.wait_replicated(end_offset)
+
+    # ------------------------------------------------------------------ the HA port
+
+    async def listen(self, host: str, port: int) -> None:
+        """Listen on the HA port for the broker's whole life: the port is this broker's
+        whatever its role (nothing else can take it between switches), and a slave that
+        follows a stale address is told at once (ERROR not master) instead of waiting."""
+        self.ha_port = port
+        self._server = await asyncio.start_server(self._accept, host, port)
+
+    async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        role = self.role
+        if isinstance(role, HaMaster):
+            await role.serve(reader, writer)
+            return
+        link = Link(reader, writer, 1.0)
+        with contextlib.suppress(LinkClosedError, ProtocolError):
+            why = f"broker {self.config.broker_name} id {self.broker_id} is not master"
+            await link.send(HaError(self.master_epoch, ERR_NOT_MASTER, why))
+        await link.close()
 
     # ------------------------------------------------------------------ switches
 
@@ -199,6 +223,10 @@ class RoleSwitch:
         async with self._lock:
             role, self.role = self.role, None
             await self._stop(role)
+        if self._server is not None:
+            self._server.close()
+            with contextlib.suppress(Exception):
+                await self._server.wait_closed()
 
     async def _stop(self, role: HaMaster | HaSlave | None) -> None:
         if isinstance(role, HaMaster):
