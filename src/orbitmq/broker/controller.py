@@ -27,6 +27,7 @@ from orbitmq.broker.context import (
 from orbitmq.broker.group_config_manager import SubscriptionGroupManager
 from orbitmq.broker.group_config_processor import GroupConfigProcessor
 from orbitmq.broker.ha.master import HaMaster
+from orbitmq.broker.ha.metrics import HaCollector
 from orbitmq.broker.ha.replicas import ReplicasManager
 from orbitmq.broker.ha.roles import RoleSwitch
 from orbitmq.broker.ha.slave import HaSlave
@@ -342,6 +343,8 @@ class BrokerController:
         m.registry.register(
             HealthCollector(lambda: (self.bridge.failure_counts(), self.bridge.degraded()))
         )
+        if self.ha is not None:
+            m.registry.register(HaCollector(lambda: self.ha, self.replicas))
         server, _thread = start_http_server(
             self.config.metrics_port, addr=self.config.host, registry=m.registry
         )

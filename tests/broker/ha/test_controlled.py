@@ -24,6 +24,7 @@ import pytest
 
 from orbitmq.broker.controller import BrokerController
 from orbitmq.broker.ha.master import HaMaster, Office, StaleEpochError
+from orbitmq.broker.ha.metrics import HaCollector
 from orbitmq.broker.ha.roles import RoleSwitch
 from orbitmq.broker.ha.slave import HaSlave
 from orbitmq.common.codes import ResponseCode
@@ -241,6 +242,32 @@ async def test_manual_failover_demotes_the_master_and_back(tmp_path: Path) -> No
                 lambda: first.store.commit_log.max_offset == target.store.commit_log.max_offset
             )
             assert log_bytes(first.store) == log_bytes(target.store)
+
+            # Metrics: the roles, the set, the switches, the refused send.
+            def sample(b: BrokerController) -> dict[str, float]:
+                collector = HaCollector(lambda: b.ha, b.replicas)
+                return {
+                    s.name + (s.labels.get("replica", "")): s.value
+                    for family in collector.collect()
+                    for s in family.samples
+                }
+
+            shown = sample(target)
+            assert shown["orbitmq_ha_role"] == 1 and shown["orbitmq_ha_master_epoch"] == 2
+            assert shown["orbitmq_ha_sync_state_set_size"] == 3
+            assert shown["orbitmq_ha_role_switches_total"] == 2  # slave, then master
+            assert shown["orbitmq_ha_lease_remaining_seconds"] > 0
+            assert shown[f"orbitmq_ha_replica_lag_bytes{role(first).broker_id}"] == 0
+            old = sample(first)
+            assert old["orbitmq_ha_role"] == 0 and old["orbitmq_ha_fenced_total"] >= 1
+            # The controller shows each replica's lag as the master reports it.
+            deadline = time.monotonic() + 5
+            while True:
+                info = await ctl.replica_info("broker-a")
+                if all(r.lag_bytes == 0 and r.lag_ms == 0 for r in info.replicas):
+                    break
+                assert time.monotonic() < deadline, info
+                await asyncio.sleep(0.1)
             # And back: the first broker is master again in the same process.
             await ctl.elect(first.config.cluster, "broker-a", role(first).broker_id)
             await wait_until(lambda: role(first).is_master and not role(target).is_master)

@@ -220,6 +220,16 @@ class HaMaster:
         members.discard(self.office.broker_id)
         return members
 
+    def replica_lag(self) -> list[tuple[int, int, int, int]]:
+        """(slave id, acked offset, lag bytes, lag ms) of every connected slave."""
+        end = self.store.commit_log.max_offset
+        now = self.clock.monotonic()
+        return [
+            (s.broker_id, s.acked, max(0, end - s.acked),
+             0 if s.acked >= end else int((now - s.caught_up_at) * 1000))
+            for s in self.slaves.values()
+        ]  # fmt: skip
+
     def lease_ok(self) -> bool:
         return self.office is None or self.office.lease_ok()
 

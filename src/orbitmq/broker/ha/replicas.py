@@ -39,7 +39,7 @@ from typing import TypeVar
 import msgspec
 
 from orbitmq.broker.config import BrokerConfig
-from orbitmq.broker.ha.master import StaleEpochError
+from orbitmq.broker.ha.master import HaMaster, StaleEpochError
 from orbitmq.broker.ha.roles import RoleSwitch
 from orbitmq.common.clock import Clock
 from orbitmq.common.codes import ResponseCode
@@ -60,6 +60,7 @@ from orbitmq.protocol.controller import (
     NextBrokerId,
     RegisterRequest,
     ReplicaInfo,
+    ReplicaLag,
 )
 from orbitmq.protocol.frame import Frame
 from orbitmq.store.message_store import MessageStore
@@ -231,6 +232,7 @@ class ReplicasManager:
                 confirm_offset=self.store.confirm_offset,
                 election_priority=self.config.election_priority,
                 send_time_ms=int(sent * 1000),
+                replica_lag=self._lags(),
             )
             frame = Frame(RequestCode.BROKER_HEARTBEAT, body=encode_body(request))
             with contextlib.suppress(MQError, OSError):
@@ -246,6 +248,15 @@ class ReplicasManager:
                         self._seen = seen
                         self._changed.set()
             await asyncio.sleep(max(0.0, sent + interval - self.clock.monotonic()))
+
+    def _lags(self) -> list[ReplicaLag]:
+        role = self.roles.role
+        if not isinstance(role, HaMaster):
+            return []
+        return [
+            ReplicaLag(broker_id=bid, acked_offset=acked, lag_bytes=lb, lag_ms=lm)
+            for bid, acked, lb, lm in role.replica_lag()
+        ]
 
     async def _incoming(self, frame: Frame, _conn: Connection) -> Frame | None:
         if frame.code == RequestCode.NOTIFY_BROKER_ROLE_CHANGED:

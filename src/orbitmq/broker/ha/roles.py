@@ -113,6 +113,8 @@ class RoleSwitch:
                 f"broker {self.config.broker_name} id {self.broker_id} is not master (no role "
                 "from the controller yet): send to the group's master"
             )
+        if isinstance(role, HaSlave):
+            self.fenced += 1  # a client still sending to a former or would-be master
         role.check_send()
 
     def check_read(self) -> None:
