@@ -281,3 +281,34 @@ async def test_manual_failover_demotes_the_master_and_back(tmp_path: Path) -> No
             for b in brokers:
                 await b.stop()
             await client.close()
+
+
+async def test_a_restarted_master_takes_a_new_epoch(tmp_path: Path) -> None:
+    """A lone broker restarted: whether the controller still names it master (it asks to be
+    elected again) or cleared the master meanwhile (it asks for an election), it comes back as
+    master at a higher epoch, so what it writes now is told apart from what it wrote before."""
+    client = RemotingClient()
+    port = port_pair()
+    async with controller(tmp_path) as node:
+        config = broker_config(tmp_path / "b", node, port, min_in_sync_replicas=1)
+        broker = BrokerController(config)
+        await broker.start()
+        try:
+            await wait_until(lambda: role(broker).is_master)
+            first_epoch = role(broker).master_epoch
+            for i in range(5):
+                await send_ok(client, broker, i)
+        finally:
+            await broker.stop()
+        broker = BrokerController(config)
+        await broker.start()
+        try:
+            await wait_until(lambda: role(broker).is_master)
+            assert role(broker).master_epoch > first_epoch
+            assert role(broker).broker_id == 1
+            assert broker.store.epochs.last_epoch == role(broker).master_epoch
+            for i in range(5, 10):
+                await send_ok(client, broker, i)
+        finally:
+            await broker.stop()
+            await client.close()
