@@ -174,11 +174,34 @@ async def test_failover_without_restart_and_rejoin(tmp_path: Path) -> None:
             )
             assert log_bytes(back.store) == log_bytes(second.store)
 
-            # Cut off from the controller, the master stops acknowledging after its lease.
-            await node.stop()
-            await asyncio.sleep(0.6)
-            resp = await client.invoke(second.address, send_frame(TOPIC, [b"late"], 0))
-            assert resp.code in (ResponseCode.NO_PERMISSION, ResponseCode.FLUSH_SLAVE_TIMEOUT)
+            # Cut off from the controller, the master stops acknowledging within its lease
+            # (400 ms from the send time of the last heartbeat the leader answered).
+            stop = asyncio.Event()
+            last_ok = 0.0
+
+            async def load() -> None:
+                nonlocal last_ok
+                n = 0
+                while not stop.is_set():
+                    n += 1
+                    resp = await client.invoke(second.address, send_frame(TOPIC, [b"l%d" % n], 0))
+                    if resp.code == ResponseCode.SUCCESS:
+                        last_ok = time.monotonic()
+                    else:
+                        assert resp.code in (
+                            ResponseCode.NO_PERMISSION, ResponseCode.FLUSH_SLAVE_TIMEOUT
+                        ), resp.remark  # fmt: skip
+                        await asyncio.sleep(0.01)
+
+            sender = asyncio.create_task(load())
+            await asyncio.sleep(0.3)
+            assert last_ok > 0
+            await node.stop()  # no heartbeat is answered from here on
+            cut = time.monotonic()
+            await asyncio.sleep(1.0)
+            stop.set()
+            await sender
+            assert last_ok < cut + 0.4 + 0.15, f"acknowledged {last_ok - cut:.3f}s after the cut"
         finally:
             for b in brokers:
                 await b.stop()
