@@ -301,6 +301,10 @@ class ReplicasManager:
                     log.warning("role from the controller not applied: %s", exc)
                     self._changed.set()
                     await asyncio.sleep(0.2)
+                except Exception:
+                    log.exception("role switch failed; retrying")
+                    self._changed.set()
+                    await asyncio.sleep(1.0)
             self._check_lease()
             with contextlib.suppress(TimeoutError):  # the lease is checked 4 times a second
                 async with asyncio.timeout(0.25):
