@@ -18,6 +18,8 @@ import asyncio
 import contextlib
 import random
 import socket
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -36,7 +38,7 @@ from orbitmq.store.message_store import MessageStore
 from tests.broker.ha.test_controlled import port_pair
 from tests.broker.ha.test_replication import log_bytes
 from tests.broker.test_broker import send_frame
-from tests.harness import PROCESS_STORE, ProcessCluster, ServerProcess
+from tests.harness import PROCESS_STORE, REPO, ProcessCluster, ServerProcess
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(90)]
 TOPIC = "HaFailover"
@@ -203,6 +205,16 @@ async def test_sigkilled_master_fails_over_and_rejoins_as_slave(
     assert [b.broker_addrs.get(0) for b in data.broker_datas] == [master.address]
     await producer.client.close()
     await ctl.close()
+    # The operator's view: master, epoch, the SyncStateSet of three and every replica's lag.
+    shown = await asyncio.to_thread(
+        subprocess.run,
+        [sys.executable, "-m", "orbitmq", "cluster", "describe", "--controller", ";".join(addrs),
+         "-b", GROUP],
+        capture_output=True, text=True, timeout=30, cwd=REPO,
+    )  # fmt: skip
+    assert shown.returncode == 0, shown.stderr
+    assert f"at {master.address}, master epoch {info.master_epoch}" in shown.stdout, shown.stdout
+    assert "lag bytes" in shown.stdout and shown.stdout.count(" yes ") >= 3, shown.stdout
     assert acked_before > 50 and len(producer.acked) > acked_before
 
     # Stop every broker, then read their stores here.
