@@ -250,6 +250,9 @@ async def test_manual_failover_demotes_the_master_and_back(tmp_path: Path) -> No
             await wait_until(lambda: len(office(first).sync_state_set) == 3)
             for i in range(20):
                 await send_ok(client, first, i)
+            delayed = send_frame(TOPIC, [b"later"], 0, TIMER_DELAY_MS="600000")
+            assert (await client.invoke(first.address, delayed)).code == ResponseCode.SUCCESS
+            await wait_until(lambda: len(first.timer.index) == 1)
             target = next(b for b in brokers if b is not first)
             info = await ctl.elect(first.config.cluster, "broker-a", role(target).broker_id)
             assert info.master_broker_id == role(target).broker_id
@@ -296,6 +299,7 @@ async def test_manual_failover_demotes_the_master_and_back(tmp_path: Path) -> No
             await wait_until(lambda: role(first).is_master and not role(target).is_master)
             await wait_until(lambda: len(office(first).sync_state_set) >= 2)
             assert first.timer.started and first.pop.started
+            assert len(first.timer.index) == 1  # rebuilt, not loaded twice
             for i in range(40, 50):
                 await send_ok(client, first, i)
             assert role(first).master_epoch == first.store.epochs.last_epoch == 3
