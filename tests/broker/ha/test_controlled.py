@@ -339,3 +339,84 @@ async def test_a_restarted_master_takes_a_new_epoch(tmp_path: Path) -> None:
         finally:
             await broker.stop()
             await client.close()
+
+
+async def test_a_master_cut_off_from_the_controller_is_replaced_and_rejoins(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The master loses the controller (not its slaves): it stops acknowledging within its
+    lease, a slave is elected, the slaves follow it; healed, the old master learns it is
+    deposed, cuts whatever only it holds and follows the new master. Nothing acknowledged is
+    lost."""
+    client = RemotingClient()
+    ports = [port_pair() for _ in range(3)]
+    brokers: list[BrokerController] = []
+    async with controller(tmp_path) as node:
+        try:
+            for i in range(3):
+                b = BrokerController(broker_config(tmp_path / f"b{i}", node, ports[i]))
+                await b.start()
+                brokers.append(b)
+            await wait_until(lambda: len(masters(brokers)) == 1)
+            old = masters(brokers)[0]
+            await wait_until(lambda: len(office(old).sync_state_set) == 3)
+            assert old.replicas is not None
+            cut = False
+            real_invoke = old.replicas.client.invoke
+
+            async def partitioned(addr: str, frame: Any, timeout: float = 3.0) -> Any:
+                if cut:
+                    raise OSError("partitioned from the controller")
+                return await real_invoke(addr, frame, timeout)
+
+            monkeypatch.setattr(old.replicas.client, "invoke", partitioned)
+            acked: dict[int, tuple[int, float]] = {}
+            stop = asyncio.Event()
+
+            async def load(target: list[BrokerController]) -> None:
+                n = 0
+                while not stop.is_set():
+                    n += 1
+                    frame = send_frame(TOPIC, [b"p%d" % n], n % 4)
+                    try:
+                        resp = await client.invoke(target[0].address, frame, timeout=3.0)
+                    except Exception:  # noqa: BLE001 - any failure is "not acknowledged"
+                        resp = None
+                    if resp is not None and resp.code == ResponseCode.SUCCESS:
+                        acked[n] = (int(resp.fields["offset"]), time.monotonic())
+                    else:
+                        await asyncio.sleep(0.01)
+
+            target = [old]
+            sender = asyncio.create_task(load(target))
+            await wait_until(lambda: len(acked) > 20)
+            cut = True
+            cut_at = time.monotonic()
+            others = [b for b in brokers if b is not old]
+            await wait_until(lambda: len(masters(others)) == 1)
+            new = masters(others)[0]
+            late = [t for _o, t in acked.values() if t > cut_at + 0.4 + 0.15]
+            assert not late, f"{len(late)} sends acknowledged after the lease"
+            from_old = dict(acked)
+            target[0] = new
+            await wait_until(lambda: len(acked) > len(from_old) + 20)
+            stop.set()
+            await sender
+            old_end = old.store.commit_log.max_offset
+            cut = False  # healed: the old master hears it was replaced
+            await wait_until(lambda: isinstance(role(old).role, HaSlave))
+            await wait_until(
+                lambda: (
+                    old.store.commit_log.max_offset == new.store.commit_log.max_offset
+                    and new.store.commit_log.max_offset > old_end
+                )
+            )
+            assert log_bytes(old.store) == log_bytes(new.store)
+            for n, (offset, _t) in acked.items():
+                record = new.store.read_record(offset)
+                assert record is not None
+                assert [m.body for m in decode_records(bytes(record))] == [b"p%d" % n], n
+        finally:
+            for b in brokers:
+                await b.stop()
+            await client.close()
