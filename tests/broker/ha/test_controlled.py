@@ -453,3 +453,39 @@ async def test_an_id_applied_for_before_a_crash_is_applied_again(tmp_path: Path)
             assert '"broker_id": 1' in (config_dir / ID_FILE).read_text()
         finally:
             await broker.stop()
+
+
+async def test_below_min_in_sync_replicas_sends_are_refused_unstored(tmp_path: Path) -> None:
+    """Sync, two replicas, min 2: the slave goes, the master proposes the shrink, and from then
+    on a send is refused before it is stored; the slave back, the set grows and sends pass."""
+    client = RemotingClient()
+    ports = [port_pair() for _ in range(2)]
+    async with controller(tmp_path) as node:
+        configs = [broker_config(tmp_path / f"b{i}", node, ports[i]) for i in range(2)]
+        brokers = [BrokerController(c) for c in configs]
+        try:
+            for b in brokers:
+                await b.start()
+            await wait_until(lambda: len(masters(brokers)) == 1)
+            master = masters(brokers)[0]
+            slave = next(b for b in brokers if b is not master)
+            await wait_until(lambda: len(office(master).sync_state_set) == 2)
+            await send_ok(client, master, 0)
+            await slave.stop()
+            await wait_until(lambda: office(master).sync_state_set == {role(master).broker_id})
+            await asyncio.to_thread(master.store.wait_for_dispatch)
+            queued = master.store.max_offset(TOPIC, 0)
+            resp = await client.invoke(master.address, send_frame(TOPIC, [b"refused"], 0))
+            assert resp.code == ResponseCode.SERVICE_NOT_AVAILABLE, resp.remark
+            assert "in-sync replicas not enough" in (resp.remark or "")
+            await asyncio.to_thread(master.store.wait_for_dispatch)
+            assert master.store.max_offset(TOPIC, 0) == queued  # not stored
+            back = BrokerController(configs[brokers.index(slave)])
+            brokers[brokers.index(slave)] = back
+            await back.start()
+            await wait_until(lambda: len(office(master).sync_state_set) == 2)
+            await send_ok(client, master, 1)
+        finally:
+            for b in brokers:
+                await b.stop()
+            await client.close()
