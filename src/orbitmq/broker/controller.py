@@ -30,6 +30,8 @@ from orbitmq.broker.ha.master import HaMaster
 from orbitmq.broker.ha.slave import HaSlave
 from orbitmq.broker.lock_manager import LockManager
 from orbitmq.broker.long_polling import LongPolling
+from orbitmq.broker.metadata.journal import MetadataJournal
+from orbitmq.broker.metadata.service import MetadataService
 from orbitmq.broker.metrics import BrokerMetrics, HealthCollector
 from orbitmq.broker.offset_manager import ConsumerOffsetManager
 from orbitmq.broker.pop.processor import PopProcessor
@@ -124,6 +126,7 @@ class BrokerController:
             else:
                 self.ha = HaSlave(config, self.store)
         replication: ReplicationGate = self.ha if self.ha is not None else NoReplication()
+        journal = MetadataJournal.for_broker(config, self.bridge.put, replication)
         self.ctx = BrokerContext(
             config=config,
             store=self.store,
@@ -140,8 +143,11 @@ class BrokerController:
             apply_retention=self.apply_retention,
             writable=lambda: self.writable,
             replication=replication,
+            journal=journal,
         )
         ctx = self.ctx
+        self.metadata = MetadataService(ctx, journal) if journal is not None else None
+        """The metadata log (docs/ha.md, "Metadata replication"), when ``ha_enable``."""
         # Services: state and background work (each takes only what it uses).
         self.timer = TimerService(ctx)
         """Delayed and timer messages: loads and fires them (docs/timers.md)."""
@@ -207,6 +213,8 @@ class BrokerController:
         self.store.add_flush_listener(self._observe_flush)
         if self.ha is not None:
             await self.ha.start()
+        if self.metadata is not None:  # a master logs a snapshot; a slave applies its master's
+            await self.metadata.start(None if self.is_slave else getattr(self.ha, "epoch", 0))
         if not self.is_slave:  # they append; a slave's log holds only its master's bytes
             await self.pop.start()  # restores the Pop state before anyone can pop
             await self.transactions.start()  # replays half messages before anyone can decide
@@ -248,6 +256,8 @@ class BrokerController:
             await self.pop.stop()  # writes the revive checkpoint after persisting offsets
             await self.transactions.stop()
             await self.timer.stop()  # after the services that may schedule timers
+        if self.metadata is not None:
+            await self.metadata.stop()  # logs what is pending, before replication stops
         if self.ha is not None:
             await self.ha.stop()
         try:
