@@ -410,6 +410,7 @@ class BrokerProcessor:
 
     async def query_message(self, frame: Frame, conn: Connection) -> Reply:
         req = QueryMessageRequest.decode(frame)
+        _not_metadata_log(req.topic)
         key = req.key
         found = await self.bridge.read(
             self.store.query_by_key, req.topic, key, req.max_num, req.begin_ts, req.end_ts
@@ -439,6 +440,7 @@ class BrokerProcessor:
     async def update_topic(self, frame: Frame, conn: Connection) -> Reply:
         body = frame.body if isinstance(frame.body, bytes) else bytes(frame.body)
         config = decode_body(body, TopicConfig)
+        _not_metadata_log(config.topic_name)
         self.ctx.check_metadata_change()  # a slave takes none (NO_PERMISSION, as a send)
         self.topics.upsert(config)
         self.ctx.apply_retention(config)
@@ -448,6 +450,7 @@ class BrokerProcessor:
 
     async def delete_topic(self, frame: Frame, conn: Connection) -> Reply:
         topic = DeleteTopicInBrokerRequest.decode(frame).topic
+        _not_metadata_log(topic)
         self.ctx.check_metadata_change()
         if not self.topics.delete(topic):
             raise TopicNotExistError(f"topic {topic} does not exist on this broker")
@@ -493,3 +496,10 @@ class BrokerProcessor:
         )
         info.update(self.timer_stats())
         return frame.reply(ResponseCode.SUCCESS, fields=info)
+
+
+def _not_metadata_log(topic: str) -> None:
+    """The metadata log is the broker's alone: no client changes its config (its perm 0 keeps
+    sends, pulls and pops away) or reads it by key (it holds the Pop secret)."""
+    if topic == METADATA_TOPIC:
+        raise NoPermissionError(f"{METADATA_TOPIC} is the broker's own system topic")

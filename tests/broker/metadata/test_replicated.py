@@ -12,13 +12,18 @@ from orbitmq.broker.metadata.records import METADATA_TOPIC, TopicPut, encode_env
 from orbitmq.broker.metadata.service import MetadataService
 from orbitmq.common.codes import ResponseCode
 from orbitmq.common.message import MessageBatch
+from orbitmq.common.record import decode
 from orbitmq.net.client import RemotingClient
 from orbitmq.protocol.bodies import TopicConfig, encode_body
 from orbitmq.protocol.codes import RequestCode
 from orbitmq.protocol.consumer import OffsetsBody, QueueOffset
 from orbitmq.protocol.frame import Frame
 from orbitmq.protocol.group_config import SubscriptionGroupConfig
-from orbitmq.protocol.requests import DeleteTopicInBrokerRequest, UpdateConsumerOffsetRequest
+from orbitmq.protocol.requests import (
+    DeleteTopicInBrokerRequest,
+    UpdateConsumerOffsetRequest,
+    ViewMessageRequest,
+)
 from tests.broker.ha.test_replication import (
     in_sync,
     master_config,
@@ -26,7 +31,7 @@ from tests.broker.ha.test_replication import (
     slave_config,
     wait_until,
 )
-from tests.broker.test_broker import send_frame
+from tests.broker.test_broker import pull_frame, send_frame
 
 
 def meta(broker: BrokerController) -> MetadataService:
@@ -130,4 +135,23 @@ async def test_a_restarted_slave_resumes_from_its_checkpoint(tmp_path: Path) -> 
             # Only what came after the checkpoint was applied in this run.
             assert meta(slave).applied_records < first
         await asyncio.sleep(0)
+    await client.close()
+
+
+async def test_clients_cannot_touch_the_metadata_log(tmp_path: Path) -> None:
+    client = RemotingClient()
+    async with running(master_config(tmp_path / "m")) as master:
+        assert master.topics.get(METADATA_TOPIC) is not None
+        assert await create_topic(client, master, METADATA_TOPIC) == ResponseCode.NO_PERMISSION
+        frame = DeleteTopicInBrokerRequest(topic=METADATA_TOPIC).frame()
+        assert (await client.invoke(master.address, frame)).code == ResponseCode.NO_PERMISSION
+        resp = await client.invoke(master.address, send_frame(METADATA_TOPIC, [b"forged"], 0))
+        assert resp.code == ResponseCode.NO_PERMISSION
+        resp = await client.invoke(master.address, pull_frame(METADATA_TOPIC, 0, 0))
+        assert resp.code == ResponseCode.NO_PERMISSION
+        record = master.store.get_messages(METADATA_TOPIC, 0, 0, 1)
+        assert record.messages
+        physical = decode(record.messages[0]).physical_offset
+        frame = ViewMessageRequest(offset=physical).frame()
+        assert (await client.invoke(master.address, frame)).code == ResponseCode.QUERY_NOT_FOUND
     await client.close()
