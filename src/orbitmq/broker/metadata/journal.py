@@ -104,7 +104,9 @@ class MetadataJournal:
         replication: _Waits,
     ) -> MetadataJournal | None:
         """A replicated broker's journal (None without ``ha_enable``: nothing is logged)."""
-        if not config.ha_enable:
+        # Controller mode (``controller_addrs``, on the failover branch) replicates whatever
+        # ha_enable says; getattr keeps this module independent of that field's arrival.
+        if not (config.ha_enable or getattr(config, "controller_addrs", None)):
             return None
         return cls(
             config.broker_id,
