@@ -27,6 +27,7 @@ import asyncio
 import contextlib
 import json
 import logging
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 from orbitmq.broker.context import BrokerContext
@@ -74,7 +75,10 @@ class MetadataService:
         self.target = ApplyTarget(ctx.topics, ctx.groups, ctx.offsets, self.config_dir)
         self.applied_offset = 0
         """The next queue offset of the metadata topic to apply."""
+        self.last_physical = -1
+        """The CommitLog offset of the record before ``applied_offset`` (to notice a cut)."""
         self.own_epochs: list[int] = []
+        self._truncations = 0
         self.applied_records = 0
         self.skipped_own = 0
         self.bad_records = 0
@@ -94,7 +98,10 @@ class MetadataService:
         """Load the checkpoint, apply what was logged since, keep tailing; a master (its epoch
         given) then takes office as the journal's writer."""
         self._loop = asyncio.get_running_loop()
-        await asyncio.to_thread(self._load)
+        store = self.ctx.store
+        # The checkpoint is checked against the metadata ConsumeQueue: let it be complete.
+        dispatched = await self.ctx.bridge.call(store.wait_for_dispatch, 30.0)
+        await asyncio.to_thread(self._load, dispatched)
         self.ctx.store.add_arrival_listener(self._on_arrival)
         await self.catch_up()
         self._tasks.spawn(self._tail(), name="metadata-tail")
@@ -118,6 +125,12 @@ class MetadataService:
         await self.journal.activate(epoch)
         log.info("metadata log: writing as master at epoch %d (applied up to %d)",
                  epoch, self.applied_offset)  # fmt: skip
+
+    @contextlib.asynccontextmanager
+    async def paused(self) -> AsyncIterator[None]:
+        """No apply pass runs inside (wrap ``truncate_to``: truncation wants reads quiesced)."""
+        async with self._lock:
+            yield
 
     async def become_slave(self) -> None:
         """Stop writing; the tail goes on applying the new master's records."""
@@ -146,6 +159,9 @@ class MetadataService:
             except (MQError, OSError) as exc:
                 log.warning("metadata log: apply failed, retried: %s", exc)
                 await asyncio.sleep(_POLL_S)
+            except Exception:  # the tail must outlive any one bad pass
+                log.exception("metadata log: apply pass failed, retried")
+                await asyncio.sleep(_POLL_S)
 
     # ------------------------------------------------------------------ applying
 
@@ -165,6 +181,9 @@ class MetadataService:
         """On a worker thread: read up to _PASS_RECORDS records, apply them, save progress."""
         store = self.ctx.store
         out = ApplyOutcome()
+        if store.truncations != self._truncations:
+            self._truncations = store.truncations
+            self._rewind(store.last_cut)
         res = store.get_messages(METADATA_TOPIC, 0, self.applied_offset, _PASS_RECORDS)
         if res.status is GetStatus.OFFSET_TOO_SMALL:
             log.warning("metadata log: records %d..%d are gone (retention); resuming at %d",
@@ -174,16 +193,60 @@ class MetadataService:
         if res.status is not GetStatus.FOUND:
             return out, 0
         self.bad_records += len(res.skipped)
-        for view, queue_offset in zip(res.messages, res.queue_offsets, strict=True):
-            self._apply_record(view, out)
+        # Copies, and the views let go at once: a truncation cannot unmap a segment in use.
+        records = [(bytes(v), q) for v, q in zip(res.messages, res.queue_offsets, strict=True)]
+        next_begin = res.next_begin_offset
+        del res
+        for raw, queue_offset in records:
+            self._apply_record(raw, out)
             self.applied_offset = queue_offset + 1
-        self.applied_offset = max(self.applied_offset, res.next_begin_offset)
+            self.last_physical = decode(raw).physical_offset
+        self.applied_offset = max(self.applied_offset, next_begin)
         self.bad_changes += out.bad
-        return out, max(1, res.count)
+        return out, max(1, len(records))
 
-    def _apply_record(self, view: memoryview, out: ApplyOutcome) -> None:
+    def _rewind(self, cut: int) -> None:
+        """The log was cut at CommitLog offset ``cut``: go back to the first metadata record at
+        or past it (what was applied from the cut tail is undone by the new master's snapshot,
+        which comes after the cut)."""
+        cq = self.ctx.store.queues.get(METADATA_TOPIC, 0)
+        if cq is None:
+            self.applied_offset = 0
+            return
+        lo, hi = cq.min_offset, min(self.applied_offset, cq.max_offset)
+        while lo < hi:  # the first queue offset whose record starts at or past the cut
+            mid = (lo + hi) // 2
+            entry = cq.entry(mid)
+            if entry is not None and entry[0] >= cut:
+                hi = mid
+            else:
+                lo = mid + 1
+        if lo < self.applied_offset:
+            log.warning("metadata log: the log was cut at %d; applying again from record %d "
+                        "(was %d)", cut, lo, self.applied_offset)  # fmt: skip
+            self.applied_offset = lo
+
+    def _verify(self) -> None:
+        """At start: the record before the checkpoint must still be where it was. If the log
+        was cut after the checkpoint (a slave that truncated, then crashed before its next
+        pass), replay the whole metadata log: the new master's snapshot, after the cut and
+        not applied yet, makes the result right."""
+        if self.applied_offset == 0 or self.last_physical < 0:
+            return
+        cq = self.ctx.store.queues.get(METADATA_TOPIC, 0)
+        last = self.applied_offset - 1
+        if cq is not None and last < cq.min_offset:
+            return  # retention took it: not a cut (the pass resumes at the queue's start)
+        entry = cq.entry(last) if cq is not None and last < cq.max_offset else None
+        if entry is None or entry[0] != self.last_physical:
+            start = cq.min_offset if cq is not None else 0
+            log.warning("metadata log: record %d is not the one applied; replaying from %d",
+                        self.applied_offset - 1, start)  # fmt: skip
+            self.applied_offset = start
+
+    def _apply_record(self, raw: bytes, out: ApplyOutcome) -> None:
         try:
-            env = decode_envelope(decode(view).body)
+            env = decode_envelope(decode(raw).body)
         except (MetadataRecordError, ValueError) as exc:
             self.bad_records += 1
             log.warning("metadata log: record skipped: %s", exc)
@@ -217,18 +280,26 @@ class MetadataService:
 
     # ------------------------------------------------------------------ checkpoint
 
-    def _load(self) -> None:
+    def _load(self, verify: bool = True) -> None:
+        self._truncations = self.ctx.store.truncations
         try:
             raw = json.loads(self.path.read_text("utf-8"))
             self.applied_offset = int(raw["applied_offset"])
+            self.last_physical = int(raw.get("last_physical", -1))
             self.own_epochs = [int(e) for e in raw.get("own_epochs", [])]
         except FileNotFoundError:
             return
         except (ValueError, TypeError, KeyError, AttributeError) as exc:
             raise ConfigError(f"{self.path} is damaged: {exc}") from exc
+        if verify:
+            self._verify()
 
     def _save(self) -> None:
-        data = {"applied_offset": self.applied_offset, "own_epochs": self.own_epochs}
+        data = {
+            "applied_offset": self.applied_offset,
+            "last_physical": self.last_physical,
+            "own_epochs": self.own_epochs,
+        }
         write_atomically(self.path, json.dumps(data).encode())
 
     # ------------------------------------------------------------------ snapshot
