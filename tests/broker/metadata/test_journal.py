@@ -147,3 +147,19 @@ async def test_close_logs_what_is_pending() -> None:
     j.record_offset("G", "T", 0, 5)
     await j.close()
     assert fake.changes()[-1] == Offsets(group="G", entries=[("T", 0, 5)])
+
+
+async def test_taking_office_again_keeps_one_writer_and_logs_a_new_snapshot() -> None:
+    fake = FakeLog()
+    j = make(fake)
+    await j.activate(1)
+    await j.activate(2)
+    j.record(TopicDel(topic="T"))
+    await j.sync()
+    epochs = [decode_envelope(b).epoch for batch in fake.batches for b in batch.bodies]
+    assert epochs == [1, 2, 2]
+    assert sum(isinstance(c, SnapshotBegin) for c in fake.changes()) == 2
+    await j.deactivate()
+    await j.activate(3)  # after a demotion: writes again
+    assert decode_envelope(fake.batches[-1].bodies[0]).epoch == 3
+    await j.deactivate()

@@ -190,12 +190,15 @@ class MetadataJournal:
         self._snapshot_id += 1
         sid = now_ms() * 1000 + self._snapshot_id % 1000
         with self._lock:
-            self._items = [SnapshotBegin(snapshot_id=sid), *self._snapshot(),
-                           SnapshotEnd(snapshot_id=sid)]  # fmt: skip
-            self._open.clear()
+            if not self.active:
+                self._items.clear()  # nothing recorded while inactive was kept
+            self._close_offsets_locked()
+            self._items += [SnapshotBegin(snapshot_id=sid), *self._snapshot(),
+                            SnapshotEnd(snapshot_id=sid)]  # fmt: skip
             self._seq += 1
-        self.active = True
-        self._tasks.spawn(self._writer(), name="metadata-journal")
+        if not self.active:  # again at a new epoch while writing: one writer, a new snapshot
+            self.active = True
+            self._tasks.spawn(self._writer(), name="metadata-journal")
         try:
             await self.sync()
         except MQError as exc:  # kept pending and tried again: taking office goes on
