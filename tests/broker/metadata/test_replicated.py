@@ -7,6 +7,8 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
+from prometheus_client import generate_latest
+
 from orbitmq.broker.controller import BrokerController
 from orbitmq.broker.metadata.records import METADATA_TOPIC, TopicPut, encode_envelopes
 from orbitmq.broker.metadata.service import MetadataService
@@ -97,6 +99,10 @@ async def test_client_changes_on_the_master_reach_the_slave(tmp_path: Path) -> N
         assert slave.offsets.query("Billing", "Orders", 1) is None
         assert meta(slave).bad_records == 0
         assert meta(master).skipped_own > 0  # the master applied its own records first
+        text = generate_latest(slave.metrics.registry).decode()
+        applied = meta(slave).applied_records
+        assert f'orbitmq_broker_metadata_records_total{{result="applied"}} {applied}.0' in text
+        assert 'orbitmq_broker_metadata_records_total{result="bad"} 0.0' in text
     await client.close()
 
 

@@ -27,8 +27,11 @@ import asyncio
 import contextlib
 import json
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
 
 from orbitmq.broker.context import BrokerContext
 from orbitmq.broker.metadata.apply import (
@@ -89,6 +92,8 @@ class MetadataService:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._tasks = TaskSet("metadata-tail", logger=log)
         journal.set_snapshot_source(self.snapshot_changes)
+        ctx.bridge.watch(journal.health)  # a journal that cannot append degrades the broker
+        ctx.metrics.registry.register(_MetadataCollector(self))
         for manager in (ctx.topics, ctx.groups, ctx.offsets):
             manager.journal = journal
 
@@ -325,3 +330,29 @@ class MetadataService:
             "bad_changes": self.bad_changes,
             "logged_records": self.journal.records_logged,
         }
+
+
+class _MetadataCollector(Collector):
+    """``orbitmq_broker_metadata_records_total{result}`` and the applied queue offset."""
+
+    def __init__(self, service: MetadataService) -> None:
+        self.service = service
+
+    def collect(self) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:
+        stats = self.service.stats()
+        records = CounterMetricFamily(
+            "orbitmq_broker_metadata_records",
+            "Metadata log records: logged (by this master), applied, skipped_own, bad; "
+            "bad_changes counts changes skipped inside applied records",
+            labels=["result"],
+        )
+        for result, key in (("logged", "logged_records"), ("applied", "applied_records"),
+                            ("skipped_own", "skipped_own_records"), ("bad", "bad_records"),
+                            ("bad_changes", "bad_changes")):  # fmt: skip
+            records.add_metric([result], stats[key])
+        yield records
+        yield GaugeMetricFamily(
+            "orbitmq_broker_metadata_applied_offset",
+            "Next queue offset of the metadata log this replica will apply",
+            value=stats["applied_offset"],
+        )
