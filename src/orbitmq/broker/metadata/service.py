@@ -189,7 +189,8 @@ class MetadataService:
         if store.truncations != self._truncations:
             self._truncations = store.truncations
             self._rewind(store.last_cut)
-        res = store.get_messages(METADATA_TOPIC, 0, self.applied_offset, _PASS_RECORDS)
+        start = self.applied_offset
+        res = store.get_messages(METADATA_TOPIC, 0, start, _PASS_RECORDS)
         if res.status is GetStatus.OFFSET_TOO_SMALL:
             log.warning("metadata log: records %d..%d are gone (retention); resuming at %d",
                         self.applied_offset, res.min_offset - 1, res.min_offset)  # fmt: skip
@@ -206,9 +207,11 @@ class MetadataService:
             self._apply_record(raw, out)
             self.applied_offset = queue_offset + 1
             self.last_physical = decode(raw).physical_offset
+        before = start
         self.applied_offset = max(self.applied_offset, next_begin)
         self.bad_changes += out.bad
-        return out, max(1, len(records))
+        # Progress made (records, or skipped ones passed over): another pass; else done.
+        return out, len(records) or int(self.applied_offset > before)
 
     def _rewind(self, cut: int) -> None:
         """The log was cut at CommitLog offset ``cut``: go back to the first metadata record at
