@@ -8,11 +8,15 @@ every record (sync mode answered only once it had them); it applies a record onc
 confirm offset covers it, which the dead master may not have told it. So, as an operator
 promoting the slave by hand: the slave is stopped and started again as the group's master on
 its own store, and must answer with the topics, the group config and the committed offsets.
+The kill comes 0-100 ms after the last answer (a random delay; the seed is printed). One run in
+the normal suite; ``ORBITMQ_HA_METADATA_RUNS=20`` for the brief's 20.
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
+import random
 import time
 from pathlib import Path
 
@@ -35,7 +39,8 @@ from tests.broker.test_broker import send_frame
 from tests.harness import ProcessCluster
 from tests.integration.test_ha_sigkill import free_port
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
+RUNS = int(os.environ.get("ORBITMQ_HA_METADATA_RUNS", "1"))
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(60 + 40 * RUNS)]
 
 
 async def ok(client: RemotingClient, address: str, frame: Frame) -> Frame:
@@ -52,15 +57,23 @@ def topic_frame(name: str) -> Frame:
 async def test_metadata_acknowledged_by_a_killed_master_is_on_the_promoted_slave(
     cluster: ProcessCluster, tmp_path: Path
 ) -> None:
+    seed = int(os.environ.get("ORBITMQ_HA_METADATA_SEED", random.randrange(1 << 30)))
+    print(f"seed {seed} (ORBITMQ_HA_METADATA_SEED to replay), {RUNS} runs")
+    rng = random.Random(seed)
+    for run in range(RUNS):
+        await one_run(cluster, tmp_path, f"meta{run}", rng.uniform(0.0, 0.1))
+
+
+async def one_run(cluster: ProcessCluster, tmp_path: Path, name: str, delay: float) -> None:
     ha_port = free_port()
-    common = {"broker_name": "meta-a", "ha_enable": True, "replication_mode": "sync"}
+    common = {"broker_name": name, "ha_enable": True, "replication_mode": "sync"}
     master = cluster.broker(
-        "meta-a-m",
+        f"{name}-m",
         [],
         settings={"broker": {**common, "ha_port": ha_port, "min_in_sync_replicas": 2}},
     )
     slave = cluster.broker(
-        "meta-a-s",
+        f"{name}-s",
         [],
         settings={
             "broker": {**common, "broker_id": 1, "ha_master_address": f"127.0.0.1:{ha_port}"}
@@ -90,13 +103,14 @@ async def test_metadata_acknowledged_by_a_killed_master_is_on_the_promoted_slave
         assert resp.code == ResponseCode.OFFSET_ILLEGAL and time.monotonic() < deadline
         await asyncio.sleep(0.05)
     await ok(client, master.address, topic_frame("LastBeforeKill"))
+    await asyncio.sleep(delay)
     master.kill()
     assert slave.stop() == 0, slave.log()[-3000:]
 
     promoted = cluster.broker(
-        "meta-a-p",
+        f"{name}-p",
         [],
-        store=tmp_path / "meta-a-s",
+        store=tmp_path / f"{name}-s",
         settings={"broker": {**common, "ha_port": free_port(), "auto_create_topic": False}},
     )
     resp = await ok(client, promoted.address, Frame(RequestCode.GET_ALL_TOPIC_CONFIG))
@@ -117,3 +131,4 @@ async def test_metadata_acknowledged_by_a_killed_master_is_on_the_promoted_slave
         resp = await ok(client, promoted.address, query.frame())
         assert resp.fields["offset"] == q.offset
     await client.close()
+    assert promoted.stop() == 0, promoted.log()[-3000:]
