@@ -14,6 +14,7 @@ from orbitmq.broker.metadata.apply import (
     ApplyTarget,
     SnapshotTracker,
     apply_envelope,
+    apply_offsets,
 )
 from orbitmq.broker.metadata.records import (
     FORMAT_VERSION,
@@ -79,6 +80,7 @@ def topic(name: str, queues: int = 4) -> TopicPut:
 def run(target: ApplyTarget, *changes: Change, snap: SnapshotTracker | None = None) -> ApplyOutcome:
     out = ApplyOutcome()
     apply_envelope(env(*changes), target, snap or SnapshotTracker(), out)
+    apply_offsets(out.offset_ops, target.offsets)  # on the loop, in the service
     return out
 
 

@@ -1,13 +1,14 @@
 """Applying metadata records (records.py) to a replica's managers: pure logic, blocking.
 
 :func:`apply_envelope` applies one envelope's changes in order to the topic table, the group
-configs, the consumer offsets and the replicated service files, with the managers' journals
-bypassed (a replica logs nothing). It runs on a worker thread (the topic and group files are
-fsynced once per envelope, not once per change); what needs the event loop (retention, the
-store's queues of a deleted topic, re-registration) is returned in :class:`ApplyOutcome` for
-the caller. A change that does not validate (a bad topic or group config, a negative offset, a
-file name outside :data:`~orbitmq.broker.metadata.records.REPLICATED_FILES`) is skipped and
-counted in ``bad``; the others are applied: one bad change never stops the log.
+configs and the replicated service files, with the managers' journals bypassed (a replica logs
+nothing). It runs on a worker thread (the topic and group files are fsynced once per envelope,
+not once per change); what needs the event loop is returned in :class:`ApplyOutcome` for the
+caller: the consumer offsets changes (:func:`apply_offsets`: the offsets table is only ever
+touched on the loop, where its writer serializes it), retention, the store's queues of a
+deleted topic, re-registration. A change that does not validate (a bad topic or group config,
+a negative offset, a file name outside :data:`~orbitmq.broker.metadata.records.REPLICATED_FILES`)
+is skipped and counted in ``bad``; the others are applied: one bad change never stops the log.
 
 Snapshots: :class:`SnapshotTracker` remembers what a snapshot named between its begin and its
 end; at the end, every topic, group config and offset group it did not name is deleted. A
@@ -55,6 +56,11 @@ class ApplyTarget:
     """Where the replicated service files go (``<store>/config``)."""
 
 
+OffsetOp = tuple[str, str, list[tuple[str, int, int]]]
+"""``(op, name, entries)``: ``set``/``replace`` a group's entries, ``del_topic``,
+``del_group``, ``keep_groups`` (entries' topics are the groups a snapshot named)."""
+
+
 @dataclass(slots=True)
 class ApplyOutcome:
     applied: int = 0
@@ -62,6 +68,9 @@ class ApplyOutcome:
     topics_put: list[TopicConfig] = field(default_factory=list)
     topics_deleted: list[str] = field(default_factory=list)
     files: list[str] = field(default_factory=list)
+    offset_ops: list[OffsetOp] = field(default_factory=list)
+    """For :func:`apply_offsets`, on the event loop: the offsets table is the loop's alone
+    (its writer serializes it there), so a worker thread never touches it."""
 
 
 @dataclass(slots=True)
@@ -108,7 +117,7 @@ def apply_envelope(
                     snap.topics.add(change.config.topic_name)
             elif isinstance(change, TopicDel):
                 topic_ops.append((change.topic, None))
-                target.offsets.delete_topic(change.topic)
+                out.offset_ops.append(("del_topic", change.topic, []))
                 out.topics_deleted.append(change.topic)
             elif isinstance(change, GroupPut):
                 validate_group_config(change.config)
@@ -120,15 +129,12 @@ def apply_envelope(
             elif isinstance(change, Offsets):
                 if not _offsets_ok(change):
                     raise MessageIllegalError(f"bad offsets for group {change.group!r:.80}")
-                if change.replace:
-                    target.offsets.replace_group(change.group, change.entries)
-                else:
-                    for topic, queue_id, offset in change.entries:
-                        target.offsets.set(change.group, topic, queue_id, offset, journal=False)
+                op = "replace" if change.replace else "set"
+                out.offset_ops.append((op, change.group, list(change.entries)))
                 if tracking:
                     snap.offset_groups.add(change.group)
             elif isinstance(change, OffsetsDelGroup):
-                target.offsets.delete_group(change.group, journal=False)
+                out.offset_ops.append(("del_group", change.group, []))
             elif isinstance(change, FilePut):
                 if change.name not in REPLICATED_FILES:
                     raise MessageIllegalError(f"file {change.name!r:.80} is not replicated")
@@ -157,12 +163,29 @@ def _end_snapshot(target: ApplyTarget, snap: SnapshotTracker, out: ApplyOutcome)
     """Delete what the snapshot did not name (the topics and groups applied before it)."""
     gone_topics = sorted(set(target.topics.topics) - snap.topics)
     target.topics.replicate([(t, None) for t in gone_topics])
-    for topic in gone_topics:
-        target.offsets.delete_topic(topic)
+    out.offset_ops += [("del_topic", topic, []) for topic in gone_topics]
     out.topics_deleted += gone_topics
     target.groups.replicate([(g, None) for g in sorted(set(target.groups.groups) - snap.groups)])
-    for group in set(target.offsets.groups()) - snap.offset_groups:
-        target.offsets.delete_group(group, journal=False)
+    out.offset_ops.append(("keep_groups", "", [(g, 0, 0) for g in sorted(snap.offset_groups)]))
     if gone_topics:
         log.info("metadata snapshot: %d topics only this replica had are deleted: %s",
                  len(gone_topics), ", ".join(gone_topics[:20]))  # fmt: skip
+
+
+def apply_offsets(ops: list[OffsetOp], offsets: ConsumerOffsetManager) -> None:
+    """Apply the offset changes of :func:`apply_envelope`, in order, on the event loop (not
+    journaled: a replica logs nothing)."""
+    for op, name, entries in ops:
+        if op == "set":
+            for topic, queue_id, offset in entries:
+                offsets.set(name, topic, queue_id, offset, journal=False)
+        elif op == "replace":
+            offsets.replace_group(name, entries)
+        elif op == "del_topic":
+            offsets.delete_topic(name)
+        elif op == "del_group":
+            offsets.delete_group(name, journal=False)
+        elif op == "keep_groups":
+            keep = {group for group, _q, _o in entries}
+            for group in set(offsets.groups()) - keep:
+                offsets.delete_group(group, journal=False)

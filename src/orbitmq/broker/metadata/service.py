@@ -39,6 +39,7 @@ from orbitmq.broker.metadata.apply import (
     ApplyTarget,
     SnapshotTracker,
     apply_envelope,
+    apply_offsets,
 )
 from orbitmq.broker.metadata.journal import MetadataJournal
 from orbitmq.broker.metadata.records import (
@@ -275,6 +276,7 @@ class MetadataService:
     async def _after(self, out: ApplyOutcome) -> None:
         """On the loop: what the applied changes need beyond the managers, then progress."""
         ctx = self.ctx
+        apply_offsets(out.offset_ops, ctx.offsets)
         for topic in out.topics_deleted:
             await ctx.bridge.call(ctx.store.delete_topic, topic)
             ctx.locks.delete_topic(topic)
