@@ -103,6 +103,8 @@ def test_each_change_reaches_its_manager_and_file_without_being_logged(
     assert target.groups.get("G").retry_max_times == 2
     assert target.offsets.offsets("G") == {"A": {0: 5, 1: 7}}
     assert (target.config_dir / "timer_checkpoint.json").read_bytes() == b'{"x":1}'
+    run(target, FilePut(name="pop.secret", data=b"s" * 32))
+    assert (target.config_dir / "pop.secret").stat().st_mode & 0o777 == 0o600
     # The topic and group files hold it (a replica restarting reads them).
     again = TopicConfigManager(target.topics.path)
     again.load()

@@ -18,6 +18,7 @@ replica that joined after the begin (no begin seen) deletes nothing: it only had
 from __future__ import annotations
 
 import logging
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -138,7 +139,10 @@ def apply_envelope(
             elif isinstance(change, FilePut):
                 if change.name not in REPLICATED_FILES:
                     raise MessageIllegalError(f"file {change.name!r:.80} is not replicated")
-                write_atomically(target.config_dir / change.name, change.data)
+                path = target.config_dir / change.name
+                write_atomically(path, change.data)
+                if change.name == "pop.secret":
+                    os.chmod(path, 0o600)  # as the master keeps it
                 out.files.append(change.name)
             elif isinstance(change, SnapshotBegin):
                 flush()
