@@ -4,6 +4,8 @@ progress and checkpoints (revive log, offsets) keep popped messages from coming 
 
 from __future__ import annotations
 
+import asyncio
+import json
 from pathlib import Path
 
 from orbitmq.common.codes import ResponseCode
@@ -17,9 +19,18 @@ from tests.broker.ha.test_replication import (
     wait_until,
 )
 from tests.broker.metadata.test_replicated import create_topic
+from tests.broker.test_broker import send_frame
 from tests.broker.test_pop import GROUP, ack, pop, send
 
 TOPIC = "PopHa"
+
+
+def low_offset(path: Path) -> int:
+    """The timer fire checkpoint's ``low_offset`` (-1: no checkpoint yet)."""
+    try:
+        return int(json.loads(path.read_bytes())["low_offset"])
+    except FileNotFoundError:
+        return -1
 
 
 async def test_pop_handles_and_progress_survive_a_promotion(tmp_path: Path) -> None:
@@ -47,4 +58,28 @@ async def test_pop_handles_and_progress_survive_a_promotion(tmp_path: Path) -> N
         # Nothing popped comes again while invisible: the offsets moved past all six.
         _resp, again, _h = await pop(client, new, TOPIC)
         assert again == []
+    await client.close()
+
+
+async def test_timers_fired_by_the_old_master_do_not_fire_again(tmp_path: Path) -> None:
+    client = RemotingClient()
+    checkpoint = Path("config") / "timer_checkpoint.json"
+    async with (
+        running(master_config(tmp_path / "m", replication_mode="sync")) as master,
+        running(slave_config(tmp_path / "s", master)) as slave,
+    ):
+        await in_sync(master)
+        assert await create_topic(client, master, "Later") == ResponseCode.SUCCESS
+        resp = await client.invoke(
+            master.address, send_frame("Later", [b"due"], 0, TIMER_DELAY_MS="200")
+        )
+        assert resp.code == ResponseCode.SUCCESS, resp.remark
+        await wait_until(lambda: master.store.max_offset("Later", 0) == 1)
+        # The fire checkpoint that covers the delivery reaches the slave (in log order).
+        await wait_until(lambda: low_offset(tmp_path / "m" / checkpoint) >= 1)
+        await wait_until(lambda: low_offset(tmp_path / "s" / checkpoint) >= 1)
+        await wait_until(lambda: slave.store.max_offset("Later", 0) == 1)
+    async with running(small_broker_config(tmp_path / "s", ha_enable=True, ha_port=0)) as new:
+        await asyncio.sleep(1.0)  # a timer due while down fires at once after a start
+        assert new.store.max_offset("Later", 0) == 1
     await client.close()
