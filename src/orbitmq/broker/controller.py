@@ -214,7 +214,7 @@ class BrokerController:
         if self.ha is not None:
             await self.ha.start()
         if self.metadata is not None:  # a master logs a snapshot; a slave applies its master's
-            await self.metadata.start(None if self.is_slave else getattr(self.ha, "epoch", 0))
+            await self.metadata.start(self.ha.epoch if isinstance(self.ha, HaMaster) else None)
         if not self.is_slave:  # they append; a slave's log holds only its master's bytes
             await self.pop.start()  # restores the Pop state before anyone can pop
             await self.transactions.start()  # replays half messages before anyone can decide
