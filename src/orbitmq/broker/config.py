@@ -300,6 +300,20 @@ class BrokerConfig:
         "controller leader (the fallback for a lost role-change notification).",
         at_least(50),
     )
+    metadata_offset_log_interval_ms: int = setting(
+        1000,
+        "Replicated brokers: consumer offsets set without a commit request (pull piggy-back "
+        "commits, Pop) are logged for the slaves this often, coalesced (docs/ha.md, "
+        '"Metadata replication").',
+        at_least(10),
+    )
+    metadata_snapshot_interval_s: int = setting(
+        3600,
+        "Replicated brokers: the master logs its whole metadata (topics, groups, offsets, "
+        "service checkpoints) this often, and when it takes office; keep it well below the "
+        "CommitLog's retention so a new slave finds one.",
+        at_least(1),
+    )
     store: StoreConfig = field(default_factory=StoreConfig)
 
     def __post_init__(self) -> None:

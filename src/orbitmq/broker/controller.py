@@ -33,6 +33,8 @@ from orbitmq.broker.ha.roles import RoleSwitch
 from orbitmq.broker.ha.slave import HaSlave
 from orbitmq.broker.lock_manager import LockManager
 from orbitmq.broker.long_polling import LongPolling
+from orbitmq.broker.metadata.journal import MetadataJournal
+from orbitmq.broker.metadata.service import MetadataService
 from orbitmq.broker.metrics import BrokerMetrics, HealthCollector
 from orbitmq.broker.offset_manager import ConsumerOffsetManager
 from orbitmq.broker.pop.processor import PopProcessor
@@ -136,6 +138,7 @@ class BrokerController:
             else:
                 self.ha = HaSlave(config, self.store)
         replication: ReplicationGate = self.ha if self.ha is not None else NoReplication()
+        journal = MetadataJournal.for_broker(config, self.bridge.put, replication)
         self.ctx = BrokerContext(
             config=config,
             store=self.store,
@@ -153,8 +156,11 @@ class BrokerController:
             # Controller mode: only the master writes (a slave's log holds its master's bytes).
             writable=lambda: self.writable and not (self.replicas is not None and self.is_slave),
             replication=replication,
+            journal=journal,
         )
         ctx = self.ctx
+        self.metadata = MetadataService(ctx, journal) if journal is not None else None
+        """The metadata log (docs/ha.md, "Metadata replication"), when ``ha_enable``."""
         # Services: state and background work (each takes only what it uses).
         self.timer = TimerService(ctx)
         """Delayed and timer messages: loads and fires them (docs/timers.md)."""
@@ -220,6 +226,8 @@ class BrokerController:
         self.store.add_flush_listener(self._observe_flush)
         if isinstance(self.ha, HaMaster | HaSlave):
             await self.ha.start()
+        if self.metadata is not None:  # a master logs a snapshot; a slave applies its master's
+            await self.metadata.start(self.ha.epoch if isinstance(self.ha, HaMaster) else None)
         if not self.is_slave:  # they append; a slave's log holds only its master's bytes
             await self.start_master_services()
         await self.server.start()
@@ -262,6 +270,8 @@ class BrokerController:
         if self.replicas is not None:
             await self.replicas.stop()
         await self.stop_master_services()
+        if self.metadata is not None:
+            await self.metadata.stop()  # logs what is pending, before replication stops
         if self.ha is not None:
             await self.ha.stop()
         try:
