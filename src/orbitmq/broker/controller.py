@@ -160,7 +160,10 @@ class BrokerController:
         )
         ctx = self.ctx
         self.metadata = MetadataService(ctx, journal) if journal is not None else None
-        """The metadata log (docs/ha.md, "Metadata replication"), when ``ha_enable``."""
+        """The metadata log (docs/ha.md, "Metadata replication"), when ``ha_enable`` or in
+        controller mode."""
+        if self.metadata is not None and isinstance(self.ha, HaSlave | RoleSwitch):
+            self.ha.truncation_guard = self.metadata.paused  # no apply pass during a cut
         # Services: state and background work (each takes only what it uses).
         self.timer = TimerService(ctx)
         """Delayed and timer messages: loads and fires them (docs/timers.md)."""
@@ -226,8 +229,8 @@ class BrokerController:
         self.store.add_flush_listener(self._observe_flush)
         if isinstance(self.ha, HaMaster | HaSlave):
             await self.ha.start()
-        if self.metadata is not None:  # a master logs a snapshot; a slave applies its master's
-            await self.metadata.start(self.ha.epoch if isinstance(self.ha, HaMaster) else None)
+        if self.metadata is not None:  # replay and tail; the master's part comes with its services
+            await self.metadata.start(None)
         if not self.is_slave:  # they append; a slave's log holds only its master's bytes
             await self.start_master_services()
         await self.server.start()
@@ -319,9 +322,19 @@ class BrokerController:
             # reloading on top of it would fire those timers twice.
             self.timer.index = TimerIndex()
         self._promotions += 1
-        await self.pop.start()  # restores the Pop state before anyone can pop
-        await self.transactions.start()  # replays half messages before anyone can decide
-        await self.timer.start()  # rebuilds pending timers; due-while-down ones fire at once
+        if self.metadata is not None:
+            # First: apply every replicated record (the services below read the replicated
+            # pop.secret, pop_revive.json, timer_checkpoint.json, transaction.json), log a
+            # snapshot at this epoch, then write.
+            await self.metadata.become_master(self._master_epoch())
+        try:
+            await self.pop.start()  # restores the Pop state before anyone can pop
+            await self.transactions.start()  # replays half messages before anyone can decide
+            await self.timer.start()  # rebuilds pending timers; due-while-down ones fire at once
+        except BaseException:
+            if self.metadata is not None:
+                await self.metadata.become_slave()  # not master after all: stop writing
+            raise
         self._master_services = True
 
     async def stop_master_services(self) -> None:
@@ -331,6 +344,18 @@ class BrokerController:
         await self.pop.stop()  # writes the revive checkpoint after persisting offsets
         await self.transactions.stop()
         await self.timer.stop()  # after the services that may schedule timers
+        if self.metadata is not None and self.started:
+            # Last (the services' final checkpoints are logged first); a demotion only: at
+            # shutdown stop() has cleared `started` and metadata.stop() logs what is pending.
+            await self.metadata.become_slave()
+
+    def _master_epoch(self) -> int:
+        """The epoch this broker is master in (a RoleSwitch's is valid while its services start)."""
+        if isinstance(self.ha, HaMaster):
+            return self.ha.epoch
+        if isinstance(self.ha, RoleSwitch):
+            return self.ha.master_epoch
+        raise RuntimeError("metadata log without replication")
 
     def role_changed(self) -> None:
         """Controller mode: the role changed; register with the NameServers now."""

@@ -136,7 +136,11 @@ async def test_a_restarted_slave_resumes_from_its_checkpoint(tmp_path: Path) -> 
             first = meta(slave).applied_offset
         assert await create_topic(client, master, "Two") == ResponseCode.SUCCESS
         async with running(s_config) as slave:
-            await wait_until(lambda: slave.topics.get("Two") is not None)
+            # The apply pass runs on a worker thread: the topic is visible before the
+            # pass moves applied_offset past its record, so wait for both.
+            await wait_until(
+                lambda: slave.topics.get("Two") is not None and meta(slave).applied_offset > first
+            )
             assert meta(slave).applied_offset > first
             # Only what came after the checkpoint was applied in this run.
             assert meta(slave).applied_records < first

@@ -90,6 +90,9 @@ class RoleSwitch:
         self.alter: Callable[[list[int], int, int], Awaitable[tuple[list[int], int] | None]]
         self.alter = _refuse_alter
         self.on_fenced: Callable[[str], None] = lambda _why: None
+        self.truncation_guard: Callable[[], contextlib.AbstractAsyncContextManager[object]]
+        self.truncation_guard = contextlib.nullcontext
+        """Given to every slave side (``HaSlave.truncation_guard``)."""
 
     # ------------------------------------------------------------------ the gate
 
@@ -213,6 +216,7 @@ class RoleSwitch:
                 self.config, self.store, master=master_ha, master_epoch=epoch,
                 broker_id=self.broker_id,
             )  # fmt: skip
+            slave.truncation_guard = self.truncation_guard
             await slave.start()
             self.role = slave
             self.switches += 1

@@ -26,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
 from orbitmq.broker.config import BrokerConfig
@@ -79,6 +80,10 @@ class HaSlave:
         self.master_epoch = -1
         self.sessions = 0
         self.last_error = ""
+        self.truncation_guard: Callable[[], contextlib.AbstractAsyncContextManager[object]]
+        self.truncation_guard = contextlib.nullcontext
+        """Held around a cut: the broker's metadata tail (``MetadataService.paused``) reads
+        the store, and a truncation wants reads quiesced."""
 
     # ------------------------------------------------------------------ the gate
 
@@ -165,7 +170,8 @@ class HaSlave:
         if cut < cl.max_offset:
             log.warning("slave %d truncates its log from %d to %d (diverged from the master)",
                         self.broker_id, cl.max_offset, cut)  # fmt: skip
-            await self._call(store.truncate_to, cut)
+            async with self.truncation_guard():
+                await self._call(store.truncate_to, cut)
         store.set_confirm_offset(min(cut, store.confirm_offset))  # until the master says more
         self.master_epoch = hello.master_epoch
         await link.send(Ack(mine, cl.max_offset, cl.flushed_offset))
