@@ -324,11 +324,59 @@ class BrokerConfig(ListenerSettings):
         "That user's secret (keep the config file private; or ORBITMQ_BROKER_SECRET_KEY).",
         secret=True,
     )
+    # Controller mode (docs/ha.md): the controller gives the role, the id and the epoch.
+    controller_addrs: tuple[str, ...] = setting(
+        (),
+        'Controller nodes ("host:port", every one of them). Set: controller mode, the broker '
+        "takes its id and its role (master or slave) from the controller and switches roles "
+        "without a restart; broker_id, ha_enable and ha_master_address are then ignored and "
+        "the HA port is always the broker port + 1. Empty: static mode.",
+    )
+    election_priority: int = setting(
+        2**31 - 1,
+        "Controller mode: among equally up-to-date candidates the lowest priority wins.",
+        at_least(0),
+    )
+    master_lease_ms: int = setting(
+        2_000,
+        "Controller mode: a master stops acknowledging sends this long after the send time of "
+        "its last heartbeat the controller's Raft leader answered. Keep it at or below the "
+        "controller's master_lease_ms.",
+        at_least(100),
+    )
+    controller_heartbeat_interval_ms: int = setting(
+        500,
+        "Controller mode: how often the broker heartbeats every controller node.",
+        at_least(10),
+    )
+    replica_info_poll_ms: int = setting(
+        3_000,
+        "Controller mode: how often the broker reads its group's replica info from the "
+        "controller leader (the fallback for a lost role-change notification).",
+        at_least(50),
+    )
+    metadata_offset_log_interval_ms: int = setting(
+        1000,
+        "Replicated brokers: consumer offsets set without a commit request (pull piggy-back "
+        "commits, Pop) are logged for the slaves this often, coalesced (docs/ha.md, "
+        '"Metadata replication").',
+        at_least(10),
+    )
+    metadata_snapshot_interval_s: int = setting(
+        3600,
+        "Replicated brokers: the master logs its whole metadata (topics, groups, offsets, "
+        "service checkpoints) this often, and when it takes office; keep it well below the "
+        "CommitLog's retention so a new slave finds one.",
+        at_least(1),
+    )
     store: StoreConfig = field(default_factory=StoreConfig)
 
     def __post_init__(self) -> None:
         check_settings(self, "broker")
         self.check_listener("broker")
-        if self.ha_enable and self.store.encrypt_at_rest:
+        if (self.ha_enable or self.controller_addrs) and self.store.encrypt_at_rest:
             # Replicas would need the master's per-segment keys: not built yet (security.md).
-            raise ConfigError("store.encrypt_at_rest does not work with broker.ha_enable yet")
+            raise ConfigError(
+                "store.encrypt_at_rest does not work with replication (ha_enable or "
+                "controller_addrs) yet"
+            )

@@ -228,7 +228,8 @@ class ConsumerProcessor:
             and self.first_consume.starts_at_zero(topic, queue_id)
         ):
             offset = 0
-            self.offsets.set(group, topic, queue_id, 0)
+            if self.ctx.metadata_writable():  # a slave's offsets are its master's
+                self.offsets.set(group, topic, queue_id, 0)
         if offset is None:
             return frame.reply(
                 ResponseCode.QUERY_NOT_FOUND,
@@ -270,6 +271,7 @@ class ConsumerProcessor:
             group = req.group
             entries = [(req.topic, req.queue_id, req.offset)]
         validate_group(group)
+        self.ctx.check_metadata_change()  # a slave takes no commit (NO_PERMISSION)
         for topic, queue_id, offset in entries:
             self._check_offset(topic, queue_id, offset)  # every entry, before anything changes
         await self.offsets.commit(group, entries)
@@ -534,6 +536,7 @@ class ConsumerProcessor:
         # validate() requires timestamp_ms with position "timestamp".
         timestamp_ms = req.timestamp_ms if req.timestamp_ms is not None else 0
         online = self._known_group(group)
+        self.ctx.check_metadata_change()
         config = self._topic_config(topic)
         targets = await self.bridge.read(
             self._reset_targets, topic, self._queue_count(config), position, timestamp_ms

@@ -29,6 +29,7 @@ from orbitmq.broker.config import BrokerConfig
 from orbitmq.broker.consumer_manager import ConsumerManager
 from orbitmq.broker.group_config_manager import SubscriptionGroupManager
 from orbitmq.broker.lock_manager import LockManager
+from orbitmq.broker.metadata.records import REPLICATED_FILES, FilePut, Journal
 from orbitmq.broker.metrics import BrokerMetrics
 from orbitmq.broker.offset_manager import ConsumerOffsetManager
 from orbitmq.broker.store_bridge import StoreBridge
@@ -172,6 +173,30 @@ class BrokerContext:
     """Whether the broker accepts writes now (False: every write is NO_PERMISSION)."""
     replication: ReplicationGate = NoReplication()
     """The send path's replication checks and ack wait (docs/ha.md)."""
+    journal: Journal | None = None
+    """The metadata log (replicated brokers only; docs/ha.md, "Metadata replication")."""
+
+    def check_metadata_change(self) -> None:
+        """Raise before a client's metadata change on a broker that takes none (a slave:
+        NO_PERMISSION, as its sends; sync mode short of in-sync replicas)."""
+        self.replication.check_send()
+
+    def metadata_writable(self) -> bool:
+        """Whether this broker changes metadata on its own (False on a slave, whose managers
+        follow its master's records only: a piggy-backed commit there is dropped)."""
+        return self.journal is None or self.journal.active
+
+    async def metadata_logged(self) -> None:
+        """Return once every metadata change made so far is logged and replicated as the
+        mode asks (a broker without replicas: at once)."""
+        if self.journal is not None:
+            await self.journal.sync()
+
+    def file_written(self, name: str, data: bytes) -> None:
+        """A service wrote one of the replicated files of ``<store>/config`` (the Pop secret,
+        the revive, timer and transaction checkpoints): log it for the replicas."""
+        if self.journal is not None and name in REPLICATED_FILES:
+            self.journal.record(FilePut(name=name, data=data))
 
     def topic_created(self, config: TopicConfig) -> None:
         """A topic the broker made itself (DLQ, retry, system): retention, then registration."""

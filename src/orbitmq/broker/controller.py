@@ -28,9 +28,14 @@ from orbitmq.broker.context import (
 from orbitmq.broker.group_config_manager import SubscriptionGroupManager
 from orbitmq.broker.group_config_processor import GroupConfigProcessor
 from orbitmq.broker.ha.master import HaMaster
+from orbitmq.broker.ha.metrics import HaCollector
+from orbitmq.broker.ha.replicas import ReplicasManager
+from orbitmq.broker.ha.roles import RoleSwitch
 from orbitmq.broker.ha.slave import HaSlave
 from orbitmq.broker.lock_manager import LockManager
 from orbitmq.broker.long_polling import LongPolling
+from orbitmq.broker.metadata.journal import MetadataJournal
+from orbitmq.broker.metadata.service import MetadataService
 from orbitmq.broker.metrics import BrokerMetrics, HealthCollector
 from orbitmq.broker.offset_manager import ConsumerOffsetManager
 from orbitmq.broker.pop.processor import PopProcessor
@@ -63,6 +68,7 @@ from orbitmq.store.message_store import MessageStore
 from orbitmq.store.recovery import RecoveryReport
 from orbitmq.store.retention import TopicRetention
 from orbitmq.store.supervise import ServiceHealth
+from orbitmq.store.timer_index import TimerIndex
 
 log = logging.getLogger(__name__)
 
@@ -111,14 +117,23 @@ class BrokerController:
         self.locks = LockManager(config.rebalance_lock_ttl_s)
         self.consumers.on_leave(self.locks.release_client)
         self.writable = True
-        self.ha: HaMaster | HaSlave | None = None
-        """Replication (docs/ha.md), when ``ha_enable``: the master's or the slave's side."""
-        if config.ha_enable:
+        self.ha: HaMaster | HaSlave | RoleSwitch | None = None
+        """Replication (docs/ha.md), when ``ha_enable``: the master's or the slave's side; in
+        controller mode (``controller_addrs``) the switch between them."""
+        self.replicas: ReplicasManager | None = None
+        """Controller mode: id, heartbeats, lease and the role from the controller."""
+        self._master_services = False
+        self._promotions = 0
+        if config.controller_addrs:
+            self.ha = RoleSwitch(config, self.store, self.bridge, clock, self)
+            self.replicas = ReplicasManager(config, self.store, self.ha, clock)
+        elif config.ha_enable:
             if config.broker_id == 0:
                 self.ha = HaMaster(config, self.store, self.bridge, clock)
             else:
                 self.ha = HaSlave(config, self.store)
         replication: ReplicationGate = self.ha if self.ha is not None else NoReplication()
+        journal = MetadataJournal.for_broker(config, self.bridge.put, replication)
         self.ctx = BrokerContext(
             config=config,
             store=self.store,
@@ -133,10 +148,17 @@ class BrokerController:
             clock=clock,
             topics_changed=self.topics_changed,
             apply_retention=self.apply_retention,
-            writable=lambda: self.writable,
+            # Controller mode: only the master writes (a slave's log holds its master's bytes).
+            writable=lambda: self.writable and not (self.replicas is not None and self.is_slave),
             replication=replication,
+            journal=journal,
         )
         ctx = self.ctx
+        self.metadata = MetadataService(ctx, journal) if journal is not None else None
+        """The metadata log (docs/ha.md, "Metadata replication"), when ``ha_enable`` or in
+        controller mode."""
+        if self.metadata is not None and isinstance(self.ha, HaSlave | RoleSwitch):
+            self.ha.truncation_guard = self.metadata.paused  # no apply pass during a cut
         # Services: state and background work (each takes only what it uses).
         self.timer = TimerService(ctx)
         """Delayed and timer messages: loads and fires them (docs/timers.md)."""
@@ -240,12 +262,12 @@ class BrokerController:
             self.apply_retention(topic)
         self.store.add_arrival_listener(self.long_polling.on_arrival)
         self.store.add_flush_listener(self._observe_flush)
-        if self.ha is not None:
+        if isinstance(self.ha, HaMaster | HaSlave):
             await self.ha.start()
+        if self.metadata is not None:  # replay and tail; the master's part comes with its services
+            await self.metadata.start(None)
         if not self.is_slave:  # they append; a slave's log holds only its master's bytes
-            await self.pop.start()  # restores the Pop state before anyone can pop
-            await self.transactions.start()  # replays half messages before anyone can decide
-            await self.timer.start()  # rebuilds pending timers; due-while-down ones fire at once
+            await self.start_master_services()
         await self.server.start()
         self._start_metrics()
         self.started = True
@@ -259,6 +281,10 @@ class BrokerController:
         self._housekeeping_task = self._tasks.spawn(
             self._housekeeping_loop(), name="broker-housekeeping"
         )
+        if self.replicas is not None and isinstance(self.ha, RoleSwitch):
+            # Controller mode: the HA port is always the broker port + 1 (slaves derive it).
+            await self.ha.listen(self.config.host, self.server.port + 1)
+            await self.replicas.start(self.address)  # the role follows, asynchronously
         log.info(
             "broker %s/%s ready on %s (store %s, %s)",
             self.config.cluster, self.config.broker_name, self.address,
@@ -279,10 +305,11 @@ class BrokerController:
         await self._unregister_all()
         await self.namesrv_client.close()
         self.long_polling.wake_all()
-        if not self.is_slave:
-            await self.pop.stop()  # writes the revive checkpoint after persisting offsets
-            await self.transactions.stop()
-            await self.timer.stop()  # after the services that may schedule timers
+        if self.replicas is not None:
+            await self.replicas.stop()
+        await self.stop_master_services()
+        if self.metadata is not None:
+            await self.metadata.stop()  # logs what is pending, before replication stops
         if self.ha is not None:
             await self.ha.stop()
         try:
@@ -303,8 +330,71 @@ class BrokerController:
 
     @property
     def is_slave(self) -> bool:
-        """A replicating slave: it runs no service that appends (Pop, transactions, timers)."""
+        """A replicating slave (in controller mode: not master now): it runs no service that
+        appends (Pop, transactions, timers)."""
+        if isinstance(self.ha, RoleSwitch):
+            return not self.ha.is_master
         return isinstance(self.ha, HaSlave)
+
+    @property
+    def route_broker_id(self) -> int | None:
+        """The broker id registered with the NameServers: 0 for the master. In controller mode
+        0 only while master with a live lease, else the controller's id (None: not known
+        yet, so not registered)."""
+        if isinstance(self.ha, RoleSwitch) and self.replicas is not None:
+            if self.ha.broker_id < 0:
+                return None
+            return 0 if self.ha.is_master and self.replicas.lease_ok() else self.ha.broker_id
+        return self.config.broker_id
+
+    async def start_master_services(self) -> None:
+        """Start the services that append (on start, or when made master)."""
+        if self._master_services:
+            return
+        if self._promotions:
+            # Promoted again in this process: the timer index still holds what it loaded
+            # before the demotion (some of it maybe cut since by the slave's truncation), and
+            # reloading on top of it would fire those timers twice.
+            self.timer.index = TimerIndex()
+        self._promotions += 1
+        if self.metadata is not None:
+            # First: apply every replicated record (the services below read the replicated
+            # pop.secret, pop_revive.json, timer_checkpoint.json, transaction.json), log a
+            # snapshot at this epoch, then write.
+            await self.metadata.become_master(self._master_epoch())
+        try:
+            await self.pop.start()  # restores the Pop state before anyone can pop
+            await self.transactions.start()  # replays half messages before anyone can decide
+            await self.timer.start()  # rebuilds pending timers; due-while-down ones fire at once
+        except BaseException:
+            if self.metadata is not None:
+                await self.metadata.become_slave()  # not master after all: stop writing
+            raise
+        self._master_services = True
+
+    async def stop_master_services(self) -> None:
+        if not self._master_services:
+            return
+        self._master_services = False
+        await self.pop.stop()  # writes the revive checkpoint after persisting offsets
+        await self.transactions.stop()
+        await self.timer.stop()  # after the services that may schedule timers
+        if self.metadata is not None and self.started:
+            # Last (the services' final checkpoints are logged first); a demotion only: at
+            # shutdown stop() has cleared `started` and metadata.stop() logs what is pending.
+            await self.metadata.become_slave()
+
+    def _master_epoch(self) -> int:
+        """The epoch this broker is master in (a RoleSwitch's is valid while its services start)."""
+        if isinstance(self.ha, HaMaster):
+            return self.ha.epoch
+        if isinstance(self.ha, RoleSwitch):
+            return self.ha.master_epoch
+        raise RuntimeError("metadata log without replication")
+
+    def role_changed(self) -> None:
+        """Controller mode: the role changed; register with the NameServers now."""
+        self._register_now.set()
 
     @property
     def address(self) -> str:
@@ -331,6 +421,8 @@ class BrokerController:
         m.registry.register(
             HealthCollector(lambda: (self.bridge.failure_counts(), self.bridge.degraded()))
         )
+        if self.ha is not None:
+            m.registry.register(HaCollector(lambda: self.ha, self.replicas))
         server, _thread = start_http_server(
             self.config.metrics_port,
             addr=self.config.host,
@@ -397,12 +489,14 @@ class BrokerController:
         return cls(
             cluster=self.config.cluster,
             broker_name=self.config.broker_name,
-            broker_id=self.config.broker_id,
+            broker_id=self.route_broker_id or 0,
             broker_addr=self.address,
         )
 
     async def register_all(self) -> int:
         """Register with every NameServer at once; returns how many accepted."""
+        if self.route_broker_id is None:
+            return 0  # controller mode, id not known yet
         body = encode_body(
             RegisterBrokerBody(
                 topic_configs=dict(self.topics.topics), data_version=self.topics.data_version
@@ -452,6 +546,9 @@ class BrokerController:
                     await self._register_now.wait()
 
     async def _unregister_all(self) -> None:
+        if self.route_broker_id is None:
+            return
+
         async def one(addr: str) -> None:
             frame = self._identity(UnregisterBrokerRequest).frame()
             try:

@@ -6,6 +6,8 @@ and revive never fail for want of a config and the file only holds groups someon
 Every change is validated, then written atomically (temp file, fsync, rename) before it is
 answered, like the topic table; a damaged file stops the broker at start rather than silently
 falling back to defaults (a retry policy quietly lost would send messages to the DLQ early).
+Every change is also handed to ``journal`` (the metadata log, after the save);
+:meth:`SubscriptionGroupManager.replicate` applies a master's changes without it.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from pathlib import Path
 
 import msgspec
 
+from orbitmq.broker.metadata.records import GroupDel, GroupPut, Journal
 from orbitmq.common.errors import ConfigError, MessageIllegalError
 from orbitmq.common.files import write_atomically
 from orbitmq.protocol.group_config import SubscriptionGroupConfig, validate_group_config
@@ -38,6 +41,7 @@ class SubscriptionGroupManager:
         self.groups: dict[str, SubscriptionGroupConfig] = {}
         self.data_version = 0
         self._lock = threading.Lock()
+        self.journal: Journal | None = None
 
     def load(self) -> None:
         try:
@@ -91,6 +95,8 @@ class SubscriptionGroupManager:
                     self.groups[config.group_name] = previous
                 raise
         log.info("consumer group config %s: %s", config.group_name, config)
+        if self.journal is not None:
+            self.journal.record(GroupPut(config=config))
         return config
 
     def delete(self, group: str) -> bool:
@@ -105,4 +111,19 @@ class SubscriptionGroupManager:
                 self.groups[group] = previous
                 raise
         log.info("consumer group config %s deleted", group)
+        if self.journal is not None:
+            self.journal.record(GroupDel(group=group))
         return True
+
+    def replicate(self, ops: list[tuple[str, SubscriptionGroupConfig | None]]) -> None:
+        """Apply a master's changes in order (None: deleted) and save once; not journaled and
+        not limited by MAX_GROUP_CONFIGS (the master enforced it). Configs were validated."""
+        if not ops:
+            return
+        with self._lock:
+            for name, config in ops:
+                if config is None:
+                    self.groups.pop(name, None)
+                else:
+                    self.groups[name] = config
+            self._save_locked()

@@ -50,6 +50,7 @@ class GroupConfigProcessor:
     """Consumer-group configs and the admin read of DLQs (the codes above)."""
 
     def __init__(self, ctx: BrokerContext) -> None:
+        self.ctx = ctx
         self.groups = ctx.groups
         self.topics = ctx.topics
         self.store = ctx.store
@@ -61,7 +62,9 @@ class GroupConfigProcessor:
         body = frame.body if isinstance(frame.body, bytes) else bytes(frame.body)
         config = decode_body(body, SubscriptionGroupConfig)
         validate_group_config(config)  # before the thread hop: a bad config costs nothing
+        self.ctx.check_metadata_change()  # a slave takes none (NO_PERMISSION, as a send)
         await asyncio.to_thread(self.groups.upsert, config)
+        await self.ctx.metadata_logged()  # replicated (sync mode) before it is answered
         return frame.reply(ResponseCode.SUCCESS)
 
     async def get_all(self, frame: Frame, conn: Connection) -> Reply:
@@ -79,7 +82,9 @@ class GroupConfigProcessor:
     async def delete(self, frame: Frame, conn: Connection) -> Reply:
         group = DeleteSubscriptionGroupRequest.decode(frame).group
         validate_group(group)
+        self.ctx.check_metadata_change()
         deleted = await asyncio.to_thread(self.groups.delete, group)
+        await self.ctx.metadata_logged()
         return frame.reply(ResponseCode.SUCCESS, fields={"deleted": deleted})
 
     async def dlq_messages(self, frame: Frame, conn: Connection) -> Reply:

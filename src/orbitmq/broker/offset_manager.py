@@ -17,6 +17,12 @@ The broker fsyncs this file whatever the store's flush mode: it is a few KiB wri
 seconds at most, and "committed" should mean durable even on an ASYNC_FLUSH broker. (After a
 power loss there, a committed offset may lie past the recovered end of a queue; the consumer's
 next pull then answers PULL_OFFSET_MOVED and it resumes at the queue's end.)
+
+Replication: every change is also handed to ``journal`` (the metadata log,
+``orbitmq.broker.metadata``). :meth:`ConsumerOffsetManager.set` is logged coalesced within a
+second; :meth:`ConsumerOffsetManager.commit` returns once its offsets are logged and, in sync
+replication, on the in-sync slaves. A replica applies its master's records with
+``journal=False``.
 """
 
 from __future__ import annotations
@@ -28,6 +34,7 @@ import logging
 from collections.abc import Iterable
 from pathlib import Path
 
+from orbitmq.broker.metadata.records import Journal, OffsetsDelGroup
 from orbitmq.common.clock import now_ms
 from orbitmq.common.errors import ConfigError, StoreIOError
 from orbitmq.common.files import write_atomically
@@ -48,6 +55,7 @@ class ConsumerOffsetManager:
         self._tasks = TaskSet("consumer-offsets", logger=log)
         self.health = ServiceHealth("offset-writer")
         self._writing: asyncio.Task[StoreIOError | None] | None = None
+        self.journal: Journal | None = None
 
     # ------------------------------------------------------------------ load and save
 
@@ -130,19 +138,35 @@ class ConsumerOffsetManager:
     def query(self, group: str, topic: str, queue_id: int) -> int | None:
         return self._table.get(group, {}).get(topic, {}).get(queue_id)
 
-    def set(self, group: str, topic: str, queue_id: int, offset: int) -> None:
+    def set(
+        self, group: str, topic: str, queue_id: int, offset: int, *, journal: bool = True
+    ) -> None:
         """Change one offset in memory (durable with the next :meth:`persist`)."""
         queues = self._table.setdefault(group, {}).setdefault(topic, {})
         if queues.get(queue_id) != offset:
             queues[queue_id] = offset
             self._version += 1
+            if journal and self.journal is not None:
+                self.journal.record_offset(group, topic, queue_id, offset)
         self._commit_time[(group, topic, queue_id)] = now_ms()
 
     async def commit(self, group: str, entries: Iterable[tuple[str, int, int]]) -> None:
-        """Set ``(topic, queue_id, offset)`` entries of a group and wait until they are durable."""
+        """Set ``(topic, queue_id, offset)`` entries of a group and wait until they are durable
+        (and logged: replicated as the mode asks)."""
         for topic, queue_id, offset in entries:
             self.set(group, topic, queue_id, offset)
         await self.persist()
+        if self.journal is not None:
+            await self.journal.sync()
+
+    def replace_group(self, group: str, entries: Iterable[tuple[str, int, int]]) -> None:
+        """A replica: the group's table becomes exactly ``entries`` (not journaled)."""
+        table: dict[str, dict[int, int]] = {}
+        for topic, queue_id, offset in entries:
+            table.setdefault(topic, {})[queue_id] = offset
+        if self._table.get(group) != table:
+            self._table[group] = table
+            self._version += 1
 
     def offsets(self, group: str) -> dict[str, dict[int, int]]:
         """topic -> queue_id -> offset for one group (a copy)."""
@@ -160,10 +184,12 @@ class ConsumerOffsetManager:
     def groups_of_topic(self, topic: str) -> list[str]:
         return sorted(g for g, topics in self._table.items() if topic in topics)
 
-    def delete_group(self, group: str) -> bool:
+    def delete_group(self, group: str, *, journal: bool = True) -> bool:
         if self._table.pop(group, None) is None:
             return False
         self._version += 1
+        if journal and self.journal is not None:
+            self.journal.record(OffsetsDelGroup(group=group))
         return True
 
     def delete_topic(self, topic: str) -> None:

@@ -19,6 +19,7 @@ import numpy as np
 from orbitmq.broker.context import BrokerContext
 from orbitmq.broker.heap import PAUSES
 from orbitmq.broker.long_polling import LongPolling
+from orbitmq.broker.metadata.records import METADATA_TOPIC
 from orbitmq.broker.timer_delivery import DelayedDelivery
 from orbitmq.broker.transaction.half import HalfMessages
 from orbitmq.common.codes import ResponseCode
@@ -32,7 +33,7 @@ from orbitmq.common.errors import (
 from orbitmq.common.filter import MessageFilter, compile_filter
 from orbitmq.common.ids import default_generator
 from orbitmq.common.message import MessageBatch, decode_properties, find_all, property_value
-from orbitmq.common.record import properties_slice
+from orbitmq.common.record import decode, properties_slice
 from orbitmq.common.validation import validate_group
 from orbitmq.protocol.bodies import (
     PERM_READ,
@@ -325,7 +326,8 @@ class BrokerProcessor:
                 raise FieldError("field 'commit_offset' needs field 'group'")
             # A piggy-backed commit: set in memory (written within the persist interval); an
             # offset outside the queue is ignored, quietly, as RocketMQ does.
-            if commit <= self.store.max_offset(topic, queue_id):
+            # A slave's offsets are its master's (the metadata log): a commit there is dropped.
+            if commit <= self.store.max_offset(topic, queue_id) and self.ctx.metadata_writable():
                 self.offsets.set(group, topic, queue_id, commit)
         deadline = time.monotonic() + suspend_ms / 1000
         while True:
@@ -409,6 +411,7 @@ class BrokerProcessor:
 
     async def query_message(self, frame: Frame, conn: Connection) -> Reply:
         req = QueryMessageRequest.decode(frame)
+        _not_metadata_log(req.topic)
         key = req.key
         found = await self.bridge.read(
             self.store.query_by_key, req.topic, key, req.max_num, req.begin_ts, req.end_ts
@@ -429,7 +432,7 @@ class BrokerProcessor:
             found = await self.bridge.read(self.store.query_by_key, req.topic, msg_id, 8)
             match = [m for m in found if m.msg_id == msg_id]
             record = self.store.read_record(match[0].physical_offset) if match else None
-        if record is None:
+        if record is None or decode(record).topic == METADATA_TOPIC:  # it holds the Pop secret
             return frame.reply(ResponseCode.QUERY_NOT_FOUND, "no such message")
         return frame.reply(ResponseCode.SUCCESS), [record]
 
@@ -438,13 +441,18 @@ class BrokerProcessor:
     async def update_topic(self, frame: Frame, conn: Connection) -> Reply:
         body = frame.body if isinstance(frame.body, bytes) else bytes(frame.body)
         config = decode_body(body, TopicConfig)
+        _not_metadata_log(config.topic_name)
+        self.ctx.check_metadata_change()  # a slave takes none (NO_PERMISSION, as a send)
         self.topics.upsert(config)
         self.ctx.apply_retention(config)
         self.ctx.topics_changed()
+        await self.ctx.metadata_logged()  # replicated (sync mode) before it is answered
         return frame.reply(ResponseCode.SUCCESS)
 
     async def delete_topic(self, frame: Frame, conn: Connection) -> Reply:
         topic = DeleteTopicInBrokerRequest.decode(frame).topic
+        _not_metadata_log(topic)
+        self.ctx.check_metadata_change()
         if not self.topics.delete(topic):
             raise TopicNotExistError(f"topic {topic} does not exist on this broker")
         await self.bridge.call(self.store.delete_topic, topic)
@@ -452,6 +460,7 @@ class BrokerProcessor:
         self.offsets.delete_topic(topic)
         self.ctx.locks.delete_topic(topic)
         self.ctx.topics_changed()
+        await self.ctx.metadata_logged()
         return frame.reply(ResponseCode.SUCCESS)
 
     async def all_topics(self, frame: Frame, conn: Connection) -> Reply:
@@ -489,3 +498,10 @@ class BrokerProcessor:
         info.update(self.timer_stats())
         info.update(PAUSES.info())
         return frame.reply(ResponseCode.SUCCESS, fields=info)
+
+
+def _not_metadata_log(topic: str) -> None:
+    """The metadata log is the broker's alone: no client changes its config (its perm 0 keeps
+    sends, pulls and pops away) or reads it by key (it holds the Pop secret)."""
+    if topic == METADATA_TOPIC:
+        raise NoPermissionError(f"{METADATA_TOPIC} is the broker's own system topic")

@@ -184,6 +184,7 @@ class TimerService:
 
     def __init__(self, ctx: BrokerContext) -> None:
         self.config = ctx.config
+        self.file_written = ctx.file_written  # the checkpoint replicates (docs/ha.md)
         self.store = ctx.store
         self.bridge = ctx.bridge
         self.topics = ctx.topics
@@ -409,6 +410,7 @@ class TimerService:
             except BaseException:
                 self._dirty = True
                 raise
+            self.file_written(CHECKPOINT_FILE, cp.encode())
 
     def _write_blocking(self, cp: TimerCheckpoint, fired_end: int) -> None:
         if fired_end > self.store.commit_log.flushed_offset:

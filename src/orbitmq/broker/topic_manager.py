@@ -3,6 +3,10 @@
 Every change is written atomically (temp file, fsync, rename, fsync the folder) before it is
 acknowledged, so a crash never leaves a half-written table. ``data_version`` increases on every
 change; the broker sends it with its registration so NameServers can tell tables apart.
+
+Every change made here is also handed to ``journal`` (a master logs it in the metadata log,
+``orbitmq.broker.metadata``, after the file is saved); :meth:`TopicConfigManager.replicate`
+is how a replica applies its master's changes, without the journal.
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ from pathlib import Path
 
 import msgspec
 
+from orbitmq.broker.metadata.records import Journal, TopicDel, TopicPut
 from orbitmq.common.errors import ConfigError, MessageIllegalError
 from orbitmq.common.files import write_atomically
 from orbitmq.common.validation import validate_topic
@@ -50,6 +55,7 @@ class TopicConfigManager:
         self.topics: dict[str, TopicConfig] = {}
         self.data_version = 0
         self._lock = threading.Lock()
+        self.journal: Journal | None = None
 
     def load(self) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -80,6 +86,8 @@ class TopicConfigManager:
             self.topics[config.topic_name] = config
             self._save_locked()
         log.info("topic %s: %s", config.topic_name, config)
+        if self.journal is not None:
+            self.journal.record(TopicPut(config=config))
         return config
 
     def auto_create(self, topic: str) -> TopicConfig:
@@ -100,4 +108,19 @@ class TopicConfigManager:
             if self.topics.pop(topic, None) is None:
                 return False
             self._save_locked()
+        if self.journal is not None:
+            self.journal.record(TopicDel(topic=topic))
         return True
+
+    def replicate(self, ops: list[tuple[str, TopicConfig | None]]) -> None:
+        """Apply a master's changes in order (a config, or None: deleted) and save once; not
+        journaled. Configs were validated by the caller."""
+        if not ops:
+            return
+        with self._lock:
+            for name, config in ops:
+                if config is None:
+                    self.topics.pop(name, None)
+                else:
+                    self.topics[name] = config
+            self._save_locked()

@@ -152,6 +152,10 @@ class MessageStore:
         self.read_errors = 0
         self._lock_fd = -1
         self.trusted_from = 0  # records at or past this offset were written by this process
+        self.truncations = 0
+        """How many times ``truncate_to`` cut this log (readers that keep a position compare)."""
+        self.last_cut = 0
+        """Where the last ``truncate_to`` cut it."""
         self.is_open = False
         self.recovery: RecoveryReport | None = None
 
@@ -288,6 +292,8 @@ class MessageStore:
                 self.commit_log.fenced = f"truncation to {offset} failed part-way: {exc}"
                 raise
         self.flusher.forget_beyond(offset)
+        self.last_cut = offset
+        self.truncations += 1
         for service in reversed(services):
             service.start()
         return report

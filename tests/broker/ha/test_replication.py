@@ -186,10 +186,16 @@ async def test_sync_mode_below_min_isr_refuses_before_storing(tmp_path: Path) ->
     client = RemotingClient()
     config = master_config(tmp_path / "m", replication_mode="sync", min_in_sync_replicas=2)
     async with running(config) as master:
+        # The log holds the master's metadata snapshot (written as it took office), no send.
+        assert master.metadata is not None
+        journal = master.metadata.journal
+        await wait_until(lambda: journal.idle and not master.bridge.pending)
+        before = master.store.commit_log.max_offset
         resp = await send(client, master, 0)
         assert resp.code == ResponseCode.SERVICE_NOT_AVAILABLE, resp.remark
         assert "in-sync replicas" in (resp.remark or "")
-        assert master.store.commit_log.max_offset == 0
+        assert master.store.commit_log.max_offset == before
+        assert master.store.max_offset(TOPIC, 0) == 0
         async with running(slave_config(tmp_path / "s", master)):
             await in_sync(master)
             assert (await send(client, master, 1)).code == ResponseCode.SUCCESS

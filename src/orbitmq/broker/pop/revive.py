@@ -216,6 +216,7 @@ class Reviver:
             await self.offsets.persist()
             data = json.dumps({"revive_offset": floor, "written_at_ms": self.clock.now_ms()})
             await asyncio.to_thread(write_atomically, self.path, data.encode())
+            self.ctx.file_written(CHECKPOINT_FILE, data.encode())  # replicated (docs/ha.md)
             self._written_floor = floor
 
     # ------------------------------------------------------------------ the loop

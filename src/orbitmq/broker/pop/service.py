@@ -99,6 +99,8 @@ class PopService:
         self._loop = asyncio.get_running_loop()
         config_dir = self.config.store.store_path / "config"
         self.secret = await asyncio.to_thread(load_or_create_secret, config_dir / "pop.secret")
+        # Replicated: a slave promoted later must read this master's revive log and handles.
+        self.ctx.file_written("pop.secret", self.secret)
         self._codec = HandleCodec(self.secret)
         if self.topics.get(REVIVE_TOPIC) is None:
             # Readable (tools may look), not writable by clients: only the broker appends.

@@ -99,6 +99,7 @@ class TransactionService:
 
     def __init__(self, ctx: BrokerContext) -> None:
         self.config = ctx.config
+        self.file_written = ctx.file_written  # the checkpoint replicates (docs/ha.md)
         self.store = ctx.store
         self.bridge = ctx.bridge
         self.system_log = ctx.log
@@ -377,6 +378,7 @@ class TransactionService:
             {"half_offset": half_floor, "op_offset": op_floor, "written_at_ms": self.clock.now_ms()}
         )
         await asyncio.to_thread(write_atomically, self.path, data.encode())
+        self.file_written(CHECKPOINT_FILE, data.encode())
         self._written = (half_floor, op_floor)
 
     async def recover(self) -> None:
