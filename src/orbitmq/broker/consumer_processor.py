@@ -423,6 +423,7 @@ class ConsumerProcessor:
         batch = self._copy(config.topic_name, 0, msg, props, min(times, I32_MAX))
         result = await self.bridge.put(batch)
         self.metrics.messages_sent_back.inc()
+        self.metrics.rmq.on_dlq(first_topic, group)
         log.info(
             "group %s: message %s of %s dead-lettered after %d reconsumes (%s)",
             group, msg.msg_id, first_topic, times, reason,

@@ -15,6 +15,7 @@ import logging
 import time
 
 from orbitmq.broker.config import BrokerConfig
+from orbitmq.broker.consumer_lag import ConsumerLagCollector
 from orbitmq.broker.consumer_manager import ConsumerManager
 from orbitmq.broker.consumer_processor import ConsumerProcessor
 from orbitmq.broker.context import (
@@ -97,7 +98,7 @@ class BrokerController:
         self.topics = TopicConfigManager(
             config.store.store_path / "config" / "topics.json", config.default_queue_nums
         )
-        self.metrics = BrokerMetrics()
+        self.metrics = BrokerMetrics(config.cluster, config.broker_name)
         self.bridge = StoreBridge(
             self.store,
             config.send_queue_capacity,
@@ -151,6 +152,17 @@ class BrokerController:
         self.transactions = TransactionService(ctx)
         self.halves = HalfMessages(ctx, self.transactions.state)
         self.long_polling = LongPolling()
+        self.metrics.registry.register(
+            ConsumerLagCollector(
+                self.metrics.rmq,
+                self.store,
+                self.topics,
+                self.offsets,
+                lambda: len(set(self.offsets.groups()) | set(self.consumers.groups)),
+                clock,
+                self.pop.inflight,
+            )
+        )
         # Processors: one per area, each answering the codes routes.py gives it.
         self.processor = BrokerProcessor(
             ctx, self.delayed, self.halves, self.long_polling, self.timer.stats
@@ -260,6 +272,9 @@ class BrokerController:
             shutdown = getattr(self._metrics_server, "shutdown", None)
             if shutdown is not None:
                 await asyncio.get_running_loop().run_in_executor(None, shutdown)
+            close = getattr(self._metrics_server, "server_close", None)
+            if close is not None:
+                close()  # shutdown() stops serving; this closes the listening socket
         log.info("broker %s stopped", self.config.broker_name)
 
     @property

@@ -234,6 +234,8 @@ class BrokerProcessor:
             code, remark = ResponseCode.FLUSH_SLAVE_TIMEOUT, str(exc)
         self.metrics.messages_in.inc(len(send.bodies))
         self.metrics.bytes_in.inc(int(send.body_lengths.sum()))
+        kind = "transaction" if half else "delay" if timed else config.message_type.lower()
+        self.metrics.rmq.on_send(topic, kind, send.body_lengths)
         self.metrics.send_latency.observe(time.perf_counter() - started)
         fields: dict[str, object] = {
             "queue_id": queue_id,
@@ -301,6 +303,15 @@ class BrokerProcessor:
         if not self.ctx.groups.get(group).consume_enable:
             raise NoPermissionError(f"consumer group {group} is disabled (consume_enable off)")
 
+    def _count_out(
+        self, group: str, topic: str, queue_id: int, next_begin: int, count: int, nbytes: int
+    ) -> None:
+        """The RocketMQ family's delivery counters and the pulled position (lag gauges)."""
+        rmq = self.metrics.rmq
+        rmq.on_out(topic, group, count, nbytes)
+        if group:
+            rmq.on_pull(group, topic, queue_id, next_begin)
+
     async def pull(self, frame: Frame, conn: Connection) -> Reply:
         req = PullMessageRequest.decode(frame)
         topic = req.topic
@@ -355,10 +366,13 @@ class BrokerProcessor:
             if res.status is GetStatus.FOUND and parts is None:
                 self.metrics.messages_out.inc(res.count)
                 self.metrics.bytes_out.inc(res.total_bytes)
+                self._count_out(group, topic, queue_id, next_begin, res.count, res.total_bytes)
                 return frame.reply(ResponseCode.SUCCESS, fields=fields), res.body_parts
             if res.status is GetStatus.FOUND and parts:
+                nbytes = sum(len(p) for p in parts)
                 self.metrics.messages_out.inc(len(parts))
-                self.metrics.bytes_out.inc(sum(len(p) for p in parts))
+                self.metrics.bytes_out.inc(nbytes)
+                self._count_out(group, topic, queue_id, next_begin, len(parts), nbytes)
                 return frame.reply(ResponseCode.SUCCESS, fields=fields), parts
             if res.status in (GetStatus.NO_MATCHED_MESSAGE, GetStatus.FOUND):
                 # Read on, but nothing passed the filter: the client asks again from there.

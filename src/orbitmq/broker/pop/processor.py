@@ -224,6 +224,7 @@ class PopProcessor:
         metrics = self.metrics
         metrics.messages_out.inc(len(served.handles))
         metrics.bytes_out.inc(served.nbytes)
+        metrics.rmq.on_out(req.topic, req.group, len(served.handles), served.nbytes)
         fields = {
             "handles": served.handles,
             "pop_time_ms": served.pop_time_ms,
