@@ -197,6 +197,11 @@ class BrokerController:
             self.register_health,
             self.housekeeping_health,
         )
+        # Scrape-time collectors, registered here so the registry names every family even
+        # without the HTTP endpoint (tests read it directly; deploy/ rules are checked on it).
+        self.metrics.registry.register(
+            HealthCollector(lambda: (self.bridge.failure_counts(), self.bridge.degraded()))
+        )
         self._register_task: asyncio.Task[None] | None = None
         self._housekeeping_task: asyncio.Task[None] | None = None
         self._register_now = asyncio.Event()
@@ -308,9 +313,6 @@ class BrokerController:
         m.consumer_groups.set_function(lambda: len(self.consumers.groups))
         m.consumers.set_function(self.consumers.member_count)
         m.queue_locks.set_function(lambda: len(self.locks))
-        m.registry.register(
-            HealthCollector(lambda: (self.bridge.failure_counts(), self.bridge.degraded()))
-        )
         server, _thread = start_http_server(
             self.config.metrics_port, addr=self.config.host, registry=m.registry
         )
