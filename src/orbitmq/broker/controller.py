@@ -42,6 +42,7 @@ from orbitmq.broker.timer_delivery import DelayedDelivery
 from orbitmq.broker.timer_processor import TimerProcessor
 from orbitmq.broker.timer_service import TimerService
 from orbitmq.broker.topic_manager import TopicConfigManager
+from orbitmq.broker.trace import TraceService
 from orbitmq.broker.transaction.half import HalfMessages
 from orbitmq.broker.transaction.processor import TransactionProcessor
 from orbitmq.broker.transaction.service import TransactionService
@@ -164,16 +165,19 @@ class BrokerController:
             )
         )
         # Processors: one per area, each answering the codes routes.py gives it.
+        self.trace = TraceService(ctx, lambda: self.address)
+        """Message trace records (RMQ_SYS_TRACE_TOPIC), when ``trace_enable``."""
+        trace = self.trace
         self.processor = BrokerProcessor(
-            ctx, self.delayed, self.halves, self.long_polling, self.timer.stats
+            ctx, self.delayed, self.halves, self.long_polling, self.timer.stats, trace
         )
         routes = build_routes(
             messages=self.processor,
-            consumers=ConsumerProcessor(ctx, self.delayed, inflight=self.pop.inflight),
+            consumers=ConsumerProcessor(ctx, self.delayed, inflight=self.pop.inflight, trace=trace),
             group_configs=GroupConfigProcessor(ctx),
-            pop=PopProcessor(ctx, self.pop),
+            pop=PopProcessor(ctx, self.pop, trace),
             timers=TimerProcessor(self.timer),
-            transactions=TransactionProcessor(ctx, self.transactions),
+            transactions=TransactionProcessor(ctx, self.transactions, trace),
         )
         self.dispatcher = Dispatcher(routes, self.metrics)
         self.server = RemotingServer(
@@ -228,6 +232,7 @@ class BrokerController:
             await self.pop.start()  # restores the Pop state before anyone can pop
             await self.transactions.start()  # replays half messages before anyone can decide
             await self.timer.start()  # rebuilds pending timers; due-while-down ones fire at once
+            await self.trace.start()
         await self.server.start()
         self._start_metrics()
         self.started = True
@@ -262,6 +267,7 @@ class BrokerController:
         await self.namesrv_client.close()
         self.long_polling.wake_all()
         if not self.is_slave:
+            await self.trace.stop()  # writes the records still buffered
             await self.pop.stop()  # writes the revive checkpoint after persisting offsets
             await self.transactions.stop()
             await self.timer.stop()  # after the services that may schedule timers
