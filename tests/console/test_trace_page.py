@@ -68,6 +68,7 @@ async def test_trace_page_shows_the_timeline(tmp_path: Path) -> None:
 
             listing, page = await asyncio.to_thread(run, False)
             assert f'href="/trace?msg_id={msg_id}&amp;topic=Paged"' in listing
+            assert '<td class="keys">k-7</td>' in listing  # the keys, not dict.keys
             rows = re.findall(r'<tr class="trace-(\w+)">.*?</tr>', page, re.S)
             assert rows == ["Pub", "SubBefore", "SubAfter"], page
             assert page.count(">GPage<") == 2 and "topic=Paged" in page and "keys=k-7" in page
