@@ -14,6 +14,7 @@ from orbitmq.broker.controller import BrokerController
 from orbitmq.broker.trace import MAX_KEYS_BYTES, _pack
 from orbitmq.common.codes import ResponseCode
 from orbitmq.common.trace import (
+    END_TRANSACTION,
     PUB,
     SUB_AFTER,
     SUB_BEFORE,
@@ -29,6 +30,9 @@ from orbitmq.protocol.messages import decode_records as decode_messages
 from tests.broker.conftest import broker_config
 from tests.broker.test_broker import pull_frame, send_frame
 from tests.broker.test_pop import GROUP, ack, change, make_topic, pop
+from tests.broker.test_transaction import GROUP as TX_GROUP
+from tests.broker.test_transaction import end, prepare
+from tests.broker.test_transaction import make_topic as tx_make_topic
 
 
 @pytest.fixture
@@ -166,3 +170,28 @@ def test_pack_bounds_body_and_keys() -> None:
         assert len(body) <= 128_000 and len(keys) <= MAX_KEYS_BYTES
         ids = {r.msg_id for r in decode_records(body)}
         assert ids <= set(keys.split(" "))
+
+
+async def test_transaction_shows_end_transaction_then_consumption(
+    traced: BrokerController, client: RemotingClient
+) -> None:
+    b = traced
+    tx_make_topic(b, "TX", queues=1)
+    resp, msg_id = await prepare(client, b, "TX", b"tx-body")
+    assert resp.code == ResponseCode.SUCCESS, resp.remark
+    ok = await end(client, b, resp, msg_id, "COMMIT")
+    assert ok.code == ResponseCode.SUCCESS, ok.remark
+    await asyncio.to_thread(b.store.wait_for_dispatch)
+    pulled = await client.invoke(b.address, pull_frame("TX", 0, 0, group="G"))
+    assert pulled.code == ResponseCode.SUCCESS
+    commit = Frame(
+        RequestCode.UPDATE_CONSUMER_OFFSET,
+        fields={"group": "G", "topic": "TX", "queue_id": 0, "offset": 1},
+    )
+    assert (await client.invoke(b.address, commit)).code == ResponseCode.SUCCESS
+    records = timeline(await trace_of(client, b, msg_id), msg_id)
+    assert [r.type for r in records] == [PUB, END_TRANSACTION, SUB_BEFORE, SUB_AFTER]
+    pub, end_tx = records[0], records[1]
+    assert pub.msg_type == 1 and pub.group == TX_GROUP  # Trans_Msg_Half, PGROUP
+    assert end_tx.tx_state == "COMMIT_MESSAGE" and end_tx.group == TX_GROUP
+    assert end_tx.topic == "TX" and not end_tx.from_check
