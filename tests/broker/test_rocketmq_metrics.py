@@ -17,6 +17,7 @@ from orbitmq.protocol.codes import RequestCode
 from orbitmq.protocol.frame import Frame
 from tests.broker.conftest import broker_config
 from tests.broker.test_broker import pull_frame, send_frame
+from tests.broker.test_pop import GROUP, ack, make_topic, pop, send
 
 BASE = {"cluster": "C1", "node_type": "broker", "node_id": "bk-1"}
 
@@ -112,5 +113,28 @@ async def test_counters_lag_and_labels_after_send_pull_commit_and_dlq(
             if name.startswith("rocketmq_"):
                 for sample in fam.samples:
                     assert {k: sample.labels[k] for k in BASE} == BASE, sample
+    finally:
+        await b.stop()
+
+
+async def test_pop_counts_out_and_in_flight(tmp_path: Path, client: RemotingClient) -> None:
+    b = BrokerController(broker_config(tmp_path / "s", cluster="C1", broker_name="bk-1"))
+    await b.start()
+    try:
+        make_topic(b, "P")
+        await send(client, b, "P", [b"a", b"bb", b"ccc"])
+        _, msgs, handles = await pop(client, b, "P")
+        assert len(msgs) == 3
+        tg = {"topic": "P", "consumer_group": GROUP}
+        assert value(b, "rocketmq_messages_out_total", **tg) == 3
+        # Pop moved the group's offset to 3; the three are in flight until acked.
+        assert value(b, "rocketmq_consumer_inflight_messages", **tg) == 3
+        assert value(b, "rocketmq_consumer_ready_messages", **tg) == 0
+        assert value(b, "rocketmq_consumer_lag_messages", **tg) == 3
+        for h in handles:
+            assert (await ack(client, b, "P", h)).code == ResponseCode.SUCCESS
+        assert value(b, "rocketmq_consumer_lag_messages", **tg) == 0
+        pop_code = {"request_code": str(int(RequestCode.POP_MESSAGE)), "response_code": "0"}
+        assert value(b, "rocketmq_rpc_latency_count", protocol_type="remoting", **pop_code) == 1
     finally:
         await b.stop()
