@@ -108,6 +108,16 @@ class ConsumerLagCollector(Collector):
                 out.append(g)
         return out
 
+    def _lags_retried(self) -> list[GroupLag]:
+        """``lags()``, read again if the event loop changed a table while this thread copied
+        it (a dict changing size mid-iteration); the copies are small, a retry is cheap."""
+        for _ in range(4):
+            try:
+                return self.lags()
+            except RuntimeError:
+                continue
+        return self.lags()
+
     def collect(self) -> Iterator[Metric]:
         base = list(self.rmq.base)
         names = ["cluster", "node_type", "node_id"]
@@ -137,7 +147,7 @@ class ConsumerLagCollector(Collector):
                 labels=lag_labels,
             ),
         }
-        for g in self.lags():
+        for g in self._lags_retried():
             labels = [*base, g.topic, g.group]
             fams["lag"].add_metric(labels, g.lag)
             fams["inflight"].add_metric(labels, g.inflight)

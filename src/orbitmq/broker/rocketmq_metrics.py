@@ -63,7 +63,7 @@ class RocketMQMetrics(Collector):
         self.messages_out: dict[tuple[str, str], int] = {}
         self.bytes_out: dict[tuple[str, str], int] = {}
         self.dlq: dict[tuple[str, str], int] = {}
-        self.rpc: dict[tuple[str, str], _Histogram] = {}
+        self.rpc: dict[tuple[int, int], _Histogram] = {}
         self._size_edges = np.asarray(MESSAGE_SIZE_BUCKETS, dtype=np.int64)
         self.pulled: dict[tuple[str, str, int], int] = {}
         """(group, topic, queue) -> next offset a pull handed out (for the in-flight gauge)."""
@@ -105,7 +105,7 @@ class RocketMQMetrics(Collector):
 
     def on_rpc(self, request_code: int, response_code: int, millis: float) -> None:
         """One request answered, with its handling time."""
-        key = (str(request_code), str(response_code))
+        key = (request_code, response_code)  # ints: made text only at scrape time
         h = self.rpc.get(key)
         if h is None:
             h = self.rpc[key] = _Histogram(len(RPC_LATENCY_BUCKETS))
@@ -150,6 +150,8 @@ class RocketMQMetrics(Collector):
         )
         for (req, resp), h in sorted(self.rpc.copy().items()):
             rpc.add_metric(
-                [*base, "remoting", req, resp], _buckets(RPC_LATENCY_BUCKETS, h), sum_value=h.total
+                [*base, "remoting", str(req), str(resp)],
+                _buckets(RPC_LATENCY_BUCKETS, h),
+                sum_value=h.total,
             )
         yield rpc
