@@ -53,6 +53,8 @@ log = logging.getLogger(__name__)
 
 MAX_PENDING = 10_000
 """Deliveries per (group, topic, queue) waiting for their SubAfter, at most."""
+MAX_BUFFERED = 100_000
+"""Records waiting to be written at most (beyond: dropped and counted)."""
 MAX_KEYS_BYTES = 16 * 1024
 """KEYS of one trace message at most (the store caps all properties at 32 KiB)."""
 _SYSTEM_PREFIXES = ("rmq_sys_", "RMQ_SYS_", "%DLQ%", "SCHEDULE_TOPIC", "TRANS_CHECK_MAX_TIME")
@@ -78,7 +80,10 @@ class TraceService:
         self.ctx = ctx
         self.address = address
         cfg = ctx.config
-        self.enabled = cfg.trace_enable
+        self.configured = cfg.trace_enable
+        self.enabled = False
+        """True once started (a master with trace_enable): a slave, which appends nothing,
+        records nothing."""
         self.only = frozenset(cfg.trace_topics)
         self.threshold = int(cfg.trace_sample_ratio * 0xFFFFFFFF)
         self.interval_s = cfg.trace_flush_interval_ms / 1000
@@ -110,6 +115,9 @@ class TraceService:
         return self.threshold >= 0xFFFFFFFF or zlib.crc32(msg_id.encode()) <= self.threshold
 
     def _add(self, record: TraceRecord) -> None:
+        if len(self._buffer) >= MAX_BUFFERED:  # the writer is stuck: drop, counted
+            self.dropped += 1
+            return
         self._buffer.append(record)
         if len(self._buffer) >= 2048:
             self._wake.set()
@@ -219,14 +227,18 @@ class TraceService:
     # ------------------------------------------------------------------ writing
 
     async def start(self) -> None:
-        if not self.enabled:
+        if not self.configured:
             return
         await self._ensure_topic()
+        self.enabled = True
+        self._wants.clear()
         self._task = self._tasks.spawn(self._run(), name="trace-writer")
 
     async def stop(self) -> None:
         if self._task is None:
             return
+        self.enabled = False
+        self._wants.clear()
         self._task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await self._task
