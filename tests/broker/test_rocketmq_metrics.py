@@ -17,6 +17,7 @@ from orbitmq.protocol.codes import RequestCode
 from orbitmq.protocol.frame import Frame
 from tests.broker.conftest import broker_config
 from tests.broker.test_broker import pull_frame, send_frame
+from tests.broker.test_consumer_groups import Member
 from tests.broker.test_pop import GROUP, ack, make_topic, pop, send
 
 BASE = {"cluster": "C1", "node_type": "broker", "node_id": "bk-1"}
@@ -137,4 +138,29 @@ async def test_pop_counts_out_and_in_flight(tmp_path: Path, client: RemotingClie
         pop_code = {"request_code": str(int(RequestCode.POP_MESSAGE)), "response_code": "0"}
         assert value(b, "rocketmq_rpc_latency_count", protocol_type="remoting", **pop_code) == 1
     finally:
+        await b.stop()
+
+
+async def test_consumer_connections_by_group_language_and_mode(tmp_path: Path) -> None:
+    b = BrokerController(broker_config(tmp_path / "s", cluster="C1", broker_name="bk-1"))
+    await b.start()
+    made: list[Member] = []
+    try:
+        a, c = Member(b.address, "client-a"), Member(b.address, "client-c")
+        made += [a, c]
+        assert (await a.beat(group="GC", consume_type="PULL")).code == ResponseCode.SUCCESS
+        assert (await c.beat(group="GC", consume_type="POP")).code == ResponseCode.SUCCESS
+        m = b.consumers.groups["GC"].members["client-a"]
+        labels = {"consumer_group": "GC", "language": m.language, "version": m.version}
+        assert value(b, "rocketmq_consumer_connections", **labels, consume_mode="pull") == 1
+        assert value(b, "rocketmq_consumer_connections", **labels, consume_mode="pop") == 1
+        await a.close()
+        for _ in range(100):  # bounded: the broker sees the connection close
+            if value(b, "rocketmq_consumer_connections", **labels, consume_mode="pull") is None:
+                break
+            await asyncio.sleep(0.02)
+        assert value(b, "rocketmq_consumer_connections", **labels, consume_mode="pull") is None
+    finally:
+        for x in made:
+            await x.close()
         await b.stop()

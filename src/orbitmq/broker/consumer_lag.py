@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from orbitmq.broker.consumer_manager import ConsumerManager
 from orbitmq.broker.offset_manager import ConsumerOffsetManager
 from orbitmq.broker.rocketmq_metrics import RocketMQMetrics
 from orbitmq.broker.topic_manager import TopicConfigManager
@@ -63,8 +64,10 @@ class ConsumerLagCollector(Collector):
         groups: Callable[[], int],
         clock: Clock,
         inflight: InflightSource | None = None,
+        consumers: ConsumerManager | None = None,
     ) -> None:
         self.rmq = rmq
+        self.consumers = consumers
         self.store = store
         self.topics = topics
         self.offsets = offsets
@@ -155,6 +158,7 @@ class ConsumerLagCollector(Collector):
             fams["lag_latency"].add_metric(labels, g.lag_latency_ms)
             fams["queueing_latency"].add_metric(labels, g.queueing_latency_ms)
         yield from fams.values()
+        yield self._connections(base, names)
         for name, doc, value in (
             ("rocketmq_topic_number", "Topics on this broker", len(self.topics.topics)),
             ("rocketmq_consumer_group_number", "Consumer groups known", self.group_count()),
@@ -168,3 +172,21 @@ class ConsumerLagCollector(Collector):
             fam = GaugeMetricFamily(name, doc, labels=[*names, *extra])
             fam.add_metric([*base, *(["local"] if extra else [])], value)
             yield fam
+
+    def _connections(self, base: list[str], names: list[str]) -> GaugeMetricFamily:
+        """``rocketmq_consumer_connections``: online members by group, language, version and
+        consume mode (push, pull, pop), as their heartbeats say."""
+        fam = GaugeMetricFamily(
+            "rocketmq_consumer_connections",
+            "Online consumer group members",
+            labels=[*names, "consumer_group", "language", "version", "consume_mode"],
+        )
+        counts: dict[tuple[str, str, str, str], int] = {}
+        if self.consumers is not None:
+            for group, g in list(self.consumers.groups.items()):
+                for m in list(g.members.values()):
+                    key = (group, m.language, m.version, m.consume_type.lower())
+                    counts[key] = counts.get(key, 0) + 1
+        for key, n in sorted(counts.items()):
+            fam.add_metric([*base, *key], n)
+        return fam

@@ -162,6 +162,7 @@ class BrokerController:
                 lambda: len(set(self.offsets.groups()) | set(self.consumers.groups)),
                 clock,
                 self.pop.inflight,
+                self.consumers,
             )
         )
         # Processors: one per area, each answering the codes routes.py gives it.
