@@ -120,3 +120,79 @@ async def test_live_lag_chart_and_csrf_in_chromium(cluster: Cluster) -> None:
         assert grow <= 2.0 and drain <= 2.0
     finally:
         await asyncio.to_thread(served.stop)
+
+
+async def test_dlq_resend_in_chromium(cluster: Cluster) -> None:
+    """A message a group gave up on (0 retries) is on the DLQ page, found by its key; resent
+    after the confirmation, a healthy group receives it (same keys, body and unique id); the
+    resend is audited and the row then says it was resent before."""
+    from orbitmq.client import AsyncSimpleConsumer, Message
+    from orbitmq.client.consumer.config import SimpleConfig
+    from orbitmq.client.consumer_types import ConsumeFromWhere
+    from orbitmq.protocol.group_config import SubscriptionGroupConfig
+
+    ns = [cluster.namesrv]
+    await cluster.admin.update_group_config(
+        SubscriptionGroupConfig(group_name="failing", retry_max_times=0)
+    )
+
+    def simple(group: str, where: ConsumeFromWhere) -> AsyncSimpleConsumer:
+        cfg = SimpleConfig(await_duration_s=0.5, consume_from_where=where)
+        return AsyncSimpleConsumer(ns, group, cfg, subscriptions={"orders": "*"})
+
+    failing = simple("failing", ConsumeFromWhere.FIRST_OFFSET)
+    healthy = simple("healthy", ConsumeFromWhere.LAST_OFFSET)
+    served = None
+    try:
+        await healthy.start()
+        await healthy.receive(16, 15.0)  # positions the new group at the end
+        sent = await cluster.producer.send(Message("orders", b"poison", keys=["dead-key"]))
+        first: list[Any] = []
+        deadline = time.monotonic() + 10
+        while not first and time.monotonic() < deadline:  # the healthy group takes it at once
+            first = await healthy.receive(4, 15.0)
+        assert [m.message.msg_id for m in first] == [sent.msg_id]
+        await healthy.ack(first[0])
+        await failing.start()
+        got: list[Any] = []
+        deadline = time.monotonic() + 10
+        while not got and time.monotonic() < deadline:
+            got = await failing.receive(4, 1.0)  # never acked: dead-lettered when it expires
+        assert [m.message.msg_id for m in got] == [sent.msg_id]
+        for _ in range(100):  # bounded: 1 s invisible + a revive turn
+            if await cluster.admin.dlq_messages("failing"):
+                break
+            await asyncio.sleep(0.1)
+        audit = cluster.tmp / "dlq-audit.jsonl"
+        served = await asyncio.to_thread(
+            Served, ConsoleConfig(namesrv_addrs=(cluster.namesrv,), audit_log=str(audit))
+        )
+        port = served.port
+
+        def run() -> tuple[str, bool]:
+            for browser in _browser():
+                page = browser.new_page(viewport={"width": 1280, "height": 800})
+                page.on("dialog", lambda d: d.accept())  # the confirmation
+                page.goto(f"http://127.0.0.1:{port}/dlq?group=failing")
+                row = page.locator("tr.dead", has_text="dead-key")
+                row.locator("input[name=pick]").check()
+                page.click("#resend")
+                page.wait_for_url("**result=resent+1+of+1**", timeout=10_000)
+                again = page.locator("tr.dead", has_text="dead-key").inner_text()
+                return again, "resent before" in again
+            raise AssertionError("no browser")
+
+        text, marked = await asyncio.to_thread(run)
+        assert marked, text
+        received: list[Any] = []
+        deadline = time.monotonic() + 5
+        while not received and time.monotonic() < deadline:
+            received = await healthy.receive(4, 15.0)
+        assert [m.message.msg_id for m in received] == [sent.msg_id]
+        assert received[0].message.body == b"poison" and received[0].message.keys == ["dead-key"]
+        assert "dlq_resend" in audit.read_text() and sent.msg_id in audit.read_text()
+    finally:
+        await failing.close()
+        await healthy.close()
+        if served is not None:
+            await asyncio.to_thread(served.stop)

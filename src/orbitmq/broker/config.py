@@ -369,6 +369,26 @@ class BrokerConfig(ListenerSettings):
         "CommitLog's retention so a new slave finds one.",
         at_least(1),
     )
+    trace_enable: bool = setting(
+        False,
+        "Write RocketMQ-format message-trace records (Pub, SubBefore/SubAfter, EndTransaction) "
+        "to RMQ_SYS_TRACE_TOPIC for sampled topics (docs/console.md#message-trace).",
+    )
+    trace_topics: tuple[str, ...] = setting(
+        (),
+        "With trace_enable: only these topics are traced (empty: every user topic).",
+    )
+    trace_sample_ratio: float = setting(
+        1.0,
+        "With trace_enable: the share of a traced topic's messages traced, chosen by a hash "
+        "of the message id (so a message's Pub and Sub records are kept together).",
+        between(0.0, 1.0),
+    )
+    trace_flush_interval_ms: int = setting(
+        200,
+        "Trace records wait at most this long before they are written, in batches.",
+        at_least(1),
+    )
     store: StoreConfig = field(default_factory=StoreConfig)
 
     def __post_init__(self) -> None:

@@ -16,6 +16,7 @@ from orbitmq.broker.context import BrokerContext
 from orbitmq.broker.dead_letter import copy_properties, ensure_dlq_topic, exhausted
 from orbitmq.broker.first_consume import FirstConsume
 from orbitmq.broker.timer_delivery import DelayedDelivery
+from orbitmq.broker.trace import TraceService
 from orbitmq.common.codes import ResponseCode
 from orbitmq.common.errors import (
     ConsumerNotOnlineError,
@@ -106,8 +107,10 @@ class ConsumerProcessor:
         ctx: BrokerContext,
         delayed: DelayedDelivery,
         inflight: InflightSource | None = None,
+        trace: TraceService | None = None,
     ) -> None:
         self.ctx = ctx
+        self.trace = trace
         self.config = ctx.config
         self.store = ctx.store
         self.topics = ctx.topics
@@ -276,6 +279,9 @@ class ConsumerProcessor:
             self._check_offset(topic, queue_id, offset)  # every entry, before anything changes
         await self.offsets.commit(group, entries)
         self.metrics.offset_commits.inc(len(entries))
+        if self.trace is not None and self.trace.enabled:
+            for topic, queue_id, offset in entries:
+                self.trace.on_commit(group, topic, queue_id, offset)
         return frame.reply(ResponseCode.SUCCESS)
 
     # ------------------------------------------------------------------ locks
@@ -425,6 +431,7 @@ class ConsumerProcessor:
         batch = self._copy(config.topic_name, 0, msg, props, min(times, I32_MAX))
         result = await self.bridge.put(batch)
         self.metrics.messages_sent_back.inc()
+        self.metrics.rmq.on_dlq(first_topic, group)
         log.info(
             "group %s: message %s of %s dead-lettered after %d reconsumes (%s)",
             group, msg.msg_id, first_topic, times, reason,

@@ -16,6 +16,7 @@ import time
 from orbitmq.auth.server import ServerAuth
 from orbitmq.broker import heap
 from orbitmq.broker.config import BrokerConfig
+from orbitmq.broker.consumer_lag import ConsumerLagCollector
 from orbitmq.broker.consumer_manager import ConsumerManager
 from orbitmq.broker.consumer_processor import ConsumerProcessor
 from orbitmq.broker.context import (
@@ -48,6 +49,7 @@ from orbitmq.broker.timer_delivery import DelayedDelivery
 from orbitmq.broker.timer_processor import TimerProcessor
 from orbitmq.broker.timer_service import TimerService
 from orbitmq.broker.topic_manager import TopicConfigManager
+from orbitmq.broker.trace import TraceService
 from orbitmq.broker.transaction.half import HalfMessages
 from orbitmq.broker.transaction.processor import TransactionProcessor
 from orbitmq.broker.transaction.service import TransactionService
@@ -97,7 +99,7 @@ class BrokerController:
         self.topics = TopicConfigManager(
             config.store.store_path / "config" / "topics.json", config.default_queue_nums
         )
-        self.metrics = BrokerMetrics()
+        self.metrics = BrokerMetrics(config.cluster, config.broker_name)
         self.bridge = StoreBridge(
             self.store,
             config.send_queue_capacity,
@@ -168,9 +170,24 @@ class BrokerController:
         self.transactions = TransactionService(ctx)
         self.halves = HalfMessages(ctx, self.transactions.state)
         self.long_polling = LongPolling()
+        self.metrics.registry.register(
+            ConsumerLagCollector(
+                self.metrics.rmq,
+                self.store,
+                self.topics,
+                self.offsets,
+                lambda: len(set(self.offsets.groups()) | set(self.consumers.groups)),
+                clock,
+                self.pop.inflight,
+                self.consumers,
+            )
+        )
         # Processors: one per area, each answering the codes routes.py gives it.
+        self.trace = TraceService(ctx, lambda: self.address)
+        """Message trace records (RMQ_SYS_TRACE_TOPIC), when ``trace_enable``."""
+        trace = self.trace
         self.processor = BrokerProcessor(
-            ctx, self.delayed, self.halves, self.long_polling, self.timer.stats
+            ctx, self.delayed, self.halves, self.long_polling, self.timer.stats, trace
         )
         self.auth = ServerAuth.open(
             enabled=config.auth_enabled,
@@ -181,14 +198,14 @@ class BrokerController:
             node=f"broker {config.broker_name}/{config.broker_id}",
         )
         """Authentication, authorization and the user/ACL admin codes (docs/security.md)."""
-        self.pop_processor = PopProcessor(ctx, self.pop)
+        self.pop_processor = PopProcessor(ctx, self.pop, trace)
         routes = build_routes(
             messages=self.processor,
-            consumers=ConsumerProcessor(ctx, self.delayed, inflight=self.pop.inflight),
+            consumers=ConsumerProcessor(ctx, self.delayed, inflight=self.pop.inflight, trace=trace),
             group_configs=GroupConfigProcessor(ctx),
             pop=self.pop_processor,
             timers=TimerProcessor(self.timer),
-            transactions=TransactionProcessor(ctx, self.transactions),
+            transactions=TransactionProcessor(ctx, self.transactions, trace),
             runtime_config=RuntimeConfigProcessor(
                 lambda: self.config, self.apply_config, self.auth.audit
             ),
@@ -230,6 +247,11 @@ class BrokerController:
             self.offsets.health,
             self.register_health,
             self.housekeeping_health,
+        )
+        # Scrape-time collectors, registered here so the registry names every family even
+        # without the HTTP endpoint (tests read it directly; deploy/ rules are checked on it).
+        self.metrics.registry.register(
+            HealthCollector(lambda: (self.bridge.failure_counts(), self.bridge.degraded()))
         )
         self._register_task: asyncio.Task[None] | None = None
         self._housekeeping_task: asyncio.Task[None] | None = None
@@ -322,6 +344,9 @@ class BrokerController:
             shutdown = getattr(self._metrics_server, "shutdown", None)
             if shutdown is not None:
                 await asyncio.get_running_loop().run_in_executor(None, shutdown)
+            close = getattr(self._metrics_server, "server_close", None)
+            if close is not None:
+                close()  # shutdown() stops serving; this closes the listening socket
         log.info("broker %s stopped", self.config.broker_name)
 
     @property
@@ -366,6 +391,7 @@ class BrokerController:
             await self.pop.start()  # restores the Pop state before anyone can pop
             await self.transactions.start()  # replays half messages before anyone can decide
             await self.timer.start()  # rebuilds pending timers; due-while-down ones fire at once
+            await self.trace.start()  # only a master records traces
         except BaseException:
             if self.metadata is not None:
                 await self.metadata.become_slave()  # not master after all: stop writing
@@ -376,6 +402,7 @@ class BrokerController:
         if not self._master_services:
             return
         self._master_services = False
+        await self.trace.stop()  # writes the records still buffered
         await self.pop.stop()  # writes the revive checkpoint after persisting offsets
         await self.transactions.stop()
         await self.timer.stop()  # after the services that may schedule timers
@@ -418,9 +445,6 @@ class BrokerController:
         m.consumer_groups.set_function(lambda: len(self.consumers.groups))
         m.consumers.set_function(self.consumers.member_count)
         m.queue_locks.set_function(lambda: len(self.locks))
-        m.registry.register(
-            HealthCollector(lambda: (self.bridge.failure_counts(), self.bridge.degraded()))
-        )
         if self.ha is not None:
             m.registry.register(HaCollector(lambda: self.ha, self.replicas))
         server, _thread = start_http_server(

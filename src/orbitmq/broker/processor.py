@@ -21,6 +21,7 @@ from orbitmq.broker.heap import PAUSES
 from orbitmq.broker.long_polling import LongPolling
 from orbitmq.broker.metadata.records import METADATA_TOPIC
 from orbitmq.broker.timer_delivery import DelayedDelivery
+from orbitmq.broker.trace import TraceService
 from orbitmq.broker.transaction.half import HalfMessages
 from orbitmq.common.codes import ResponseCode
 from orbitmq.common.errors import (
@@ -75,6 +76,10 @@ TAIL_READ = 64
 SQL_SCAN_LIMIT = 1024
 """A SQL92 pull that matches nothing reads on, up to this many records, before answering
 PULL_RETRY_IMMEDIATELY (so a selective filter does not cost a round trip per batch)."""
+
+
+_TRACE_TYPES = {"normal": 0, "transaction": 1, "delay": 3, "fifo": 4}
+"""RocketMQ's MessageType ordinals, as a Pub trace record carries them."""
 
 
 @dataclass(slots=True)
@@ -144,8 +149,10 @@ class BrokerProcessor:
         halves: HalfMessages,
         long_polling: LongPolling,
         timer_stats: Callable[[], dict[str, int]],
+        trace: TraceService | None = None,
     ) -> None:
         self.ctx = ctx
+        self.trace = trace
         self.config = ctx.config
         self.store = ctx.store
         self.topics = ctx.topics
@@ -236,6 +243,13 @@ class BrokerProcessor:
             code, remark = ResponseCode.FLUSH_SLAVE_TIMEOUT, str(exc)
         self.metrics.messages_in.inc(len(send.bodies))
         self.metrics.bytes_in.inc(int(send.body_lengths.sum()))
+        kind = "transaction" if half else "delay" if timed else config.message_type.lower()
+        self.metrics.rmq.on_send(topic, kind, send.body_lengths)
+        trace = self.trace
+        if trace is not None and trace.wants(topic):
+            cost_ms = int((time.perf_counter() - started) * 1000)
+            trace.on_send(topic, send.properties, send.body_lengths.tolist(), ids,
+                          result.physical_offsets, cost_ms, _TRACE_TYPES.get(kind, 0))  # fmt: skip
         self.metrics.send_latency.observe(time.perf_counter() - started)
         fields: dict[str, object] = {
             "queue_id": queue_id,
@@ -303,6 +317,15 @@ class BrokerProcessor:
         if not self.ctx.groups.get(group).consume_enable:
             raise NoPermissionError(f"consumer group {group} is disabled (consume_enable off)")
 
+    def _count_out(
+        self, group: str, topic: str, queue_id: int, next_begin: int, count: int, nbytes: int
+    ) -> None:
+        """The RocketMQ family's delivery counters and the pulled position (lag gauges)."""
+        rmq = self.metrics.rmq
+        rmq.on_out(topic, group, count, nbytes)
+        if group:
+            rmq.on_pull(group, topic, queue_id, next_begin)
+
     async def pull(self, frame: Frame, conn: Connection) -> Reply:
         req = PullMessageRequest.decode(frame)
         topic = req.topic
@@ -329,6 +352,8 @@ class BrokerProcessor:
             # A slave's offsets are its master's (the metadata log): a commit there is dropped.
             if commit <= self.store.max_offset(topic, queue_id) and self.ctx.metadata_writable():
                 self.offsets.set(group, topic, queue_id, commit)
+                if self.trace is not None:
+                    self.trace.on_commit(group, topic, queue_id, commit)
         deadline = time.monotonic() + suspend_ms / 1000
         while True:
             parts: list[memoryview] | None = None
@@ -358,10 +383,17 @@ class BrokerProcessor:
             if res.status is GetStatus.FOUND and parts is None:
                 self.metrics.messages_out.inc(res.count)
                 self.metrics.bytes_out.inc(res.total_bytes)
+                self._count_out(group, topic, queue_id, next_begin, res.count, res.total_bytes)
+                if self.trace is not None and group and self.trace.wants(topic):
+                    self.trace.on_deliver(group, topic, queue_id, res.body_parts, pop=False)
                 return frame.reply(ResponseCode.SUCCESS, fields=fields), res.body_parts
             if res.status is GetStatus.FOUND and parts:
+                nbytes = sum(len(p) for p in parts)
                 self.metrics.messages_out.inc(len(parts))
-                self.metrics.bytes_out.inc(sum(len(p) for p in parts))
+                self.metrics.bytes_out.inc(nbytes)
+                self._count_out(group, topic, queue_id, next_begin, len(parts), nbytes)
+                if self.trace is not None and group and self.trace.wants(topic):
+                    self.trace.on_deliver(group, topic, queue_id, parts, pop=False)
                 return frame.reply(ResponseCode.SUCCESS, fields=fields), parts
             if res.status in (GetStatus.NO_MATCHED_MESSAGE, GetStatus.FOUND):
                 # Read on, but nothing passed the filter: the client asks again from there.

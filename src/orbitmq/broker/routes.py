@@ -17,6 +17,7 @@ permissions on its own.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
@@ -113,9 +114,11 @@ class Dispatcher:
         self.routes: dict[int, Handler] = {int(code): h for code, h in routes.items()}
         self.metrics = metrics
         self.auth = auth
+        self.rmq = metrics.rmq
 
     async def handle(self, frame: Frame, conn: Connection) -> Reply:
         self.metrics.requests.labels(str(frame.code)).inc()
+        started = time.perf_counter()
         try:
             if self.auth is not None:
                 answer = self.auth.before(frame, conn)
@@ -130,10 +133,14 @@ class Dispatcher:
                     ResponseCode.REQUEST_CODE_NOT_SUPPORTED,
                     f"request code {frame.code} not supported",
                 )
-            return await handler(frame, conn)
+            reply = await handler(frame, conn)
         except (MQError, msgspec.DecodeError, msgspec.ValidationError, UnicodeDecodeError) as exc:
             code = exc.code if isinstance(exc, MQError) else ResponseCode.MESSAGE_ILLEGAL
             if isinstance(exc, ProtocolError):
                 code = ResponseCode.MESSAGE_ILLEGAL
             self.metrics.errors.labels(str(int(code))).inc()
-            return frame.reply(code, str(exc) or type(exc).__name__)
+            reply = frame.reply(code, str(exc) or type(exc).__name__)
+        if reply is not None:  # a oneway request has no response code
+            answer = reply[0] if isinstance(reply, tuple) else reply
+            self.rmq.on_rpc(frame.code, answer.code, (time.perf_counter() - started) * 1000)
+        return reply

@@ -15,6 +15,7 @@ from typing import Annotated
 import typer
 from rich import box
 from rich.markup import escape
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Column, Table
 
 from orbitmq.cli.common import (
@@ -22,6 +23,7 @@ from orbitmq.cli.common import (
     NamesrvOpt,
     admin_config,
     body_preview,
+    err,
     fail,
     out,
     producer_config,
@@ -132,18 +134,26 @@ def dlq_resend(
             fail(f"no dead-lettered {what} for group {group}")
         done: list[str] = []
         failed: list[str] = []
+        console = err()  # a bar on a terminal's stderr for more than one message; else none
+        bar = Progress(
+            TextColumn("resending"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+            console=console, transient=True, disable=not console.is_terminal or len(chosen) < 2,
+        )  # fmt: skip
         async with AsyncProducer(namesrv, producer_config()) as producer:
-            for m in chosen:
-                try:
-                    result = await producer.send(m.resend_message())
-                except MQError as exc:
-                    failed.append(f"{m.origin_msg_id or '-'}: {exc}")
-                    continue
-                done.append(
-                    f"resent {m.origin_msg_id or '-'} to {m.origin_topic} "
-                    f"({result.message_queue.broker_name}/{result.message_queue.queue_id} "
-                    f"offset {result.queue_offset})"
-                )
+            with bar:
+                task = bar.add_task("resend", total=len(chosen))
+                for m in chosen:
+                    bar.advance(task)
+                    try:
+                        result = await producer.send(m.resend_message())
+                    except MQError as exc:
+                        failed.append(f"{m.origin_msg_id or '-'}: {exc}")
+                        continue
+                    done.append(
+                        f"resent {m.origin_msg_id or '-'} to {m.origin_topic} "
+                        f"({result.message_queue.broker_name}/{result.message_queue.queue_id} "
+                        f"offset {result.queue_offset})"
+                    )
         return done, failed
 
     done, failed = run(go())

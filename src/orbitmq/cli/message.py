@@ -1,5 +1,6 @@
-"""``orbitmq message get|query``: look a message up by its id or by a key, and show it whole
-(system properties apart, a body preview as ``orbitmq tail`` prints it).
+"""``orbitmq message get|query|trace``: look a message up by its id or by a key, and show it
+whole (system properties apart, a body preview as ``orbitmq tail`` prints it); show the trace
+timeline the brokers wrote for it (RMQ_SYS_TRACE_TOPIC).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from orbitmq.cli.common import (
 )
 from orbitmq.client import AsyncAdminClient
 from orbitmq.common.record import StoredMessage
+from orbitmq.common.trace import TRACE_TOPIC, decode_records, timeline, trace_details
 
 message_app = typer.Typer(no_args_is_help=True, help="Look messages up by id or key.")
 
@@ -113,5 +115,43 @@ def message_query(
                 console.print()
             _describe_message(console, msg, preview)
         console.print(f"\n{len(found)} message{'s' if len(found) != 1 else ''}")
+
+    run(go())
+
+
+@message_app.command("trace")
+def message_trace(
+    msg_id: Annotated[str, typer.Option("--msg-id", "--id", help="The traced message's id.")],
+    topic: Annotated[
+        str | None, typer.Option("--topic", "-t", help="Its topic (checked against Pub).")
+    ] = None,
+    namesrv: NamesrvOpt = DEFAULT_NAMESRV,
+) -> None:
+    """Show a message's trace: when it was stored (Pub), handed to each group (SubBefore) and
+    consumed or acked (SubAfter), and its transaction's end, oldest first. Brokers write these
+    records with trace_enable (docs/console.md#message-trace).
+
+    Example: orbitmq message trace --msg-id 7F0000011A2B18B4AAC2... --topic Orders
+    """
+
+    async def go() -> None:
+        async with AsyncAdminClient(namesrv, admin_config()) as admin:
+            found = await admin.query_by_key(TRACE_TOPIC, msg_id, max_num=64)
+        records = timeline([r for m in found for r in decode_records(m.body)], msg_id)
+        if topic is not None:
+            pub_topics = {r.topic for r in records if r.topic}
+            if pub_topics and topic not in pub_topics:
+                fail(f"message {msg_id} was sent to {', '.join(sorted(pub_topics))}, not {topic}")
+        if not records:
+            fail(f"no trace for message {msg_id} (is trace_enable on for its topic?)")
+        table = Table(box=None, pad_edge=False)
+        for name in ("time", "type", "group", "cost ms", "ok", "details"):
+            table.add_column(name)
+        for r in records:
+            table.add_row(
+                escape(timestamp(r.ts)), r.type, escape(r.group or "-"), str(r.cost_ms),
+                "yes" if r.success else "no", escape(trace_details(r)),
+            )  # fmt: skip
+        out().print(table)
 
     run(go())

@@ -106,6 +106,7 @@ def create_app(config: ConsoleConfig) -> Starlette:
         Route("/groups", page, name="groups"),
         Route("/groups/{group}", page, name="group"),
         Route("/messages", page, name="messages"),
+        Route("/trace", page, name="trace"),
         Route("/dlq", page, name="dlq"),
         Route("/audit", page, name="audit"),
         Route("/api/lag/{group}", page, name="lag_json"),

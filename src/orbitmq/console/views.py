@@ -18,6 +18,7 @@ from starlette.responses import JSONResponse, RedirectResponse, Response
 from orbitmq.client.admin.types import PullStatus
 from orbitmq.client.dlq import DlqMessage
 from orbitmq.common.message import Message
+from orbitmq.common.trace import TRACE_TOPIC, decode_records, timeline, trace_details
 from orbitmq.console.auth import Session
 from orbitmq.console.poller import is_system_topic
 
@@ -151,6 +152,30 @@ async def messages(c: Console, request: Request, s: Session) -> Response:
     return c.render(request, "messages.html", s, found=found, q=dict(q), cursor=cursor, error=error)
 
 
+async def trace(c: Console, request: Request, s: Session) -> Response:
+    """A message's trace timeline (Pub, SubBefore, SubAfter, EndTransaction) from the
+    records brokers with trace_enable wrote to RMQ_SYS_TRACE_TOPIC. No bodies: safe when
+    bodies are hidden."""
+    msg_id = request.query_params.get("msg_id", "").strip()
+    rows: list[dict[str, Any]] = []
+    error = None
+    if msg_id:
+        try:
+            found = await c.admin.query_by_key(TRACE_TOPIC, msg_id, max_num=64)
+            records = timeline([r for m in found for r in decode_records(m.body)], msg_id)
+            start = records[0].ts if records else 0
+            rows = [
+                {"ts": r.ts, "after_ms": r.ts - start, "type": r.type, "group": r.group,
+                 "cost_ms": r.cost_ms, "success": r.success, "details": trace_details(r)}
+                for r in records
+            ]  # fmt: skip
+        except Exception as e:  # noqa: BLE001  # shown on the page
+            error = str(e)
+    span = max([r["after_ms"] for r in rows] or [0]) or 1
+    return c.render(request, "trace.html", s, msg_id=msg_id, rows=rows, span=span, error=error,
+                    topic=request.query_params.get("topic", ""))  # fmt: skip
+
+
 async def _scan(c: Console, topic: str, since: str, cursor: str) -> tuple[list[Any], str]:
     """A page of a topic from a time (or its start), across queues by store time; the cursor
     holds each queue's next offset, so every message is on exactly one page."""
@@ -212,6 +237,7 @@ PAGES: dict[str, Page] = {
     "groups": groups,
     "group": group,
     "messages": messages,
+    "trace": trace,
     "dlq": dlq,
     "audit": audit,
     "lag_json": lag_json,

@@ -26,6 +26,7 @@ from orbitmq.broker.pop.receipt import ReceiptHandle
 from orbitmq.broker.pop.records import REVIVE_TOPIC, AckRecord, CkRecord
 from orbitmq.broker.pop.service import PopService
 from orbitmq.broker.pop.state import PopCheckpoint
+from orbitmq.broker.trace import TraceService
 from orbitmq.common.codes import ResponseCode
 from orbitmq.common.errors import (
     MessageIllegalError,
@@ -125,8 +126,11 @@ def check_group(group: str, topic: str) -> None:
 class PopProcessor:
     """Reads Pop requests and answers them; the state and its log are the ``service``'s."""
 
-    def __init__(self, ctx: BrokerContext, service: PopService) -> None:
+    def __init__(
+        self, ctx: BrokerContext, service: PopService, trace: TraceService | None = None
+    ) -> None:
         self.service = service
+        self.trace = trace
         self.config = ctx.config
         self.store = ctx.store
         self.bridge = ctx.bridge
@@ -224,6 +228,9 @@ class PopProcessor:
         metrics = self.metrics
         metrics.messages_out.inc(len(served.handles))
         metrics.bytes_out.inc(served.nbytes)
+        metrics.rmq.on_out(req.topic, req.group, len(served.handles), served.nbytes)
+        if self.trace is not None and self.trace.wants(req.topic):
+            self.trace.on_deliver(req.group, req.topic, -1, served.parts, pop=True)
         fields = {
             "handles": served.handles,
             "pop_time_ms": served.pop_time_ms,
@@ -494,7 +501,18 @@ class PopProcessor:
         req = AckMessageRequest.decode(frame)
         ck, index = self.service.resolve(req.group, req.topic, req.handle)
         await self.service.ack_entries([(ck, index)])
+        self._trace_acked(req.group, [(ck, index)], True)
         return frame.reply(ResponseCode.SUCCESS)
+
+    def _trace_acked(
+        self, group: str, entries: list[tuple[PopCheckpoint, int]], success: bool
+    ) -> None:
+        """SubAfter for acked (or, not success, made invisible again) Pop deliveries."""
+        if self.trace is None or not self.trace.enabled:
+            return
+        for ck, index in entries:
+            rec = ck.record
+            self.trace.on_ack(group, rec.topic, rec.queue_id, rec.offsets[index], success)
 
     async def batch_ack(self, frame: Frame, conn: Connection) -> Reply:
         body = frame.body if isinstance(frame.body, bytes) else bytes(frame.body)
@@ -522,6 +540,7 @@ class PopProcessor:
             remarks.append("")
         if entries:
             await self.service.ack_entries(entries)
+            self._trace_acked(request.group, entries, True)
         return frame.reply(
             ResponseCode.SUCCESS, body=encode_body(AckResults(codes=codes, remarks=remarks))
         )
@@ -558,6 +577,7 @@ class PopProcessor:
             ck.pending -= 1
             self.service.state.close_if_done(ck)
         self.service.state.add(new, log_offset)
+        self._trace_acked(group, [(ck, index)], False)
         handle = ReceiptHandle(
             new.ck_id, 0, new.queue_id, new.offsets[0], new.deadline_ms, new.topic != topic
         )

@@ -80,6 +80,8 @@ class _Copies:
         self.batches: dict[_BatchKey, list[MessageBatch]] = {}
         self._last_bytes: dict[_BatchKey, int] = {}
         self.dlq_groups: set[str] = set()
+        self.dlq_counts: dict[tuple[str, str], int] = {}
+        """(origin topic, group) -> DLQ copies (rocketmq_send_to_dlq_messages_total)."""
 
     def add(self, key: _BatchKey, msg: StoredMessage, properties: bytes) -> None:
         group = self.batches.setdefault(key, [])
@@ -350,6 +352,8 @@ class Reviver:
             for result in results:
                 if isinstance(result, BaseException):
                     raise result
+            for (origin, group), n in copies.dlq_counts.items():
+                self.ctx.metrics.rmq.on_dlq(origin, group, n)
         await self.pop.append_ops([DoneRecord(ck.ck_id) for ck in taken])
         self.revived += messages
         return taken
@@ -366,6 +370,8 @@ class Reviver:
             reconsume = msg.reconsume_times
             due = -1
             copies.dlq_groups.add(rec.group)
+            key_dlq = (origin, rec.group)
+            copies.dlq_counts[key_dlq] = copies.dlq_counts.get(key_dlq, 0) + 1
         else:
             target = pop_retry_topic(rec.group, rec.origin_topic)
             props = copy_properties(msg, origin)

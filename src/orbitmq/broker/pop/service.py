@@ -278,6 +278,7 @@ class PopService:
         for result in await asyncio.gather(*puts, return_exceptions=True):
             if isinstance(result, BaseException):
                 raise result
+        self.ctx.metrics.rmq.on_dlq(rec.origin_topic, rec.group, len(puts))
         for i in indexes:
             self.state.mark(ck, i)
         ck.pending += 1

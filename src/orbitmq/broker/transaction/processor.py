@@ -10,6 +10,7 @@ import logging
 from typing import TYPE_CHECKING
 
 from orbitmq.broker.context import BrokerContext
+from orbitmq.broker.trace import TraceService
 from orbitmq.broker.transaction.records import HALF_TOPIC, PROPERTY_PRODUCER_GROUP
 from orbitmq.broker.transaction.service import TransactionService, check_conflict
 from orbitmq.common.codes import ResponseCode
@@ -30,8 +31,11 @@ DECISIONS = ("COMMIT", "ROLLBACK", "UNKNOWN")
 class TransactionProcessor:
     """Reads END_TRANSACTION; ``service`` applies the decision."""
 
-    def __init__(self, ctx: BrokerContext, service: TransactionService) -> None:
+    def __init__(
+        self, ctx: BrokerContext, service: TransactionService, trace: TraceService | None = None
+    ) -> None:
         self.service = service
+        self.trace = trace
         self.system_log = ctx.log
 
     async def end_transaction(self, frame: Frame, conn: Connection) -> Reply:
@@ -63,6 +67,9 @@ class TransactionProcessor:
             await self.service.commit(half)
         else:
             await self.service.rollback(half)
+        if self.trace is not None:
+            state = "COMMIT_MESSAGE" if decision == "COMMIT" else "ROLLBACK_MESSAGE"
+            self.trace.on_end_transaction(group, half.topic, msg_id, state, from_check)
         return frame.reply(ResponseCode.SUCCESS, fields={"state": half.status.value})
 
     async def _end_outside_window(

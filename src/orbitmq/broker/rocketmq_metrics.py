@@ -1,0 +1,157 @@
+"""The RocketMQ 5 metric family (``rocketmq_*``), exported beside ``orbitmq_*`` on the broker's
+Prometheus endpoint so RocketMQ's public Grafana dashboards and alert rules work unchanged.
+
+Names, types and labels follow RocketMQ 5's ``BrokerMetricsConstant`` as its Prometheus
+exporter writes them (units appended: ``rocketmq_consumer_lag_latency_milliseconds``); every
+series carries ``cluster``, ``node_type`` ("broker") and ``node_id`` (the broker name), as
+RocketMQ's do.
+
+Why plain dicts and not prometheus_client Counters: the send and pull paths count once per
+batch, on the event loop, with a dict increment keyed by (topic, ...); prometheus_client takes a
+lock and a ``labels()`` lookup per call. The message-size histogram is filled per batch with
+one numpy ``searchsorted`` over the batch's body lengths. Everything is turned into metric
+families only at scrape time (:meth:`RocketMQMetrics.collect`, on the HTTP server's thread: the
+dicts are copied with ``d.copy()``, atomic under the GIL). The consumer-lag gauges are
+computed at scrape time too, by :class:`orbitmq.broker.consumer_lag.ConsumerLagCollector`.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Iterator
+
+import numpy as np
+from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+MESSAGE_SIZE_BUCKETS = (1024, 4096, 16384, 65536, 262144, 1048576, 4194304)
+"""Bytes, RocketMQ's ``rocketmq_message_size`` buckets (1 KiB ... 4 MiB)."""
+RPC_LATENCY_BUCKETS = (1, 3, 5, 10, 25, 50, 100, 500, 1000, 3000)
+"""Milliseconds, RocketMQ's ``rocketmq_rpc_latency`` buckets."""
+
+MESSAGE_TYPES = ("normal", "fifo", "transaction", "delay")
+
+
+class _Histogram:
+    """Bucket counts (non-cumulative, +Inf last) and the sum for one label set."""
+
+    __slots__ = ("counts", "total")
+
+    def __init__(self, n: int) -> None:
+        self.counts = [0] * (n + 1)
+        self.total = 0.0
+
+
+def _buckets(bounds: tuple[float, ...], h: _Histogram) -> list[tuple[str, float]]:
+    out: list[tuple[str, float]] = []
+    acc = 0
+    for bound, count in zip(bounds, h.counts, strict=False):
+        acc += count
+        out.append((str(float(bound)), acc))
+    out.append(("+Inf", acc + h.counts[-1]))
+    return out
+
+
+class RocketMQMetrics(Collector):
+    """Counters and histograms of the ``rocketmq_*`` family, fed per batch by the broker."""
+
+    def __init__(self, cluster: str, node_id: str, node_type: str = "broker") -> None:
+        self.base = (cluster, node_type, node_id)
+        self.messages_in: dict[tuple[str, str], int] = {}
+        self.bytes_in: dict[tuple[str, str], int] = {}
+        self.sizes: dict[tuple[str, str], _Histogram] = {}
+        self.messages_out: dict[tuple[str, str], int] = {}
+        self.bytes_out: dict[tuple[str, str], int] = {}
+        self.dlq: dict[tuple[str, str], int] = {}
+        self.rpc: dict[tuple[int, int], _Histogram] = {}
+        self._size_edges = np.asarray(MESSAGE_SIZE_BUCKETS, dtype=np.int64)
+        self.pulled: dict[tuple[str, str, int], int] = {}
+        """(group, topic, queue) -> next offset a pull handed out (for the in-flight gauge)."""
+
+    # ------------------------------------------------------------------ hot path (per batch)
+
+    def on_send(self, topic: str, message_type: str, lengths: np.ndarray) -> None:
+        """A stored batch: ``lengths`` holds its body lengths (numpy, one entry per message)."""
+        key = (topic, message_type)
+        n = len(lengths)
+        total = int(lengths.sum())
+        self.messages_in[key] = self.messages_in.get(key, 0) + n
+        self.bytes_in[key] = self.bytes_in.get(key, 0) + total
+        h = self.sizes.get(key)
+        if h is None:
+            h = self.sizes[key] = _Histogram(len(MESSAGE_SIZE_BUCKETS))
+        if n == 1:
+            h.counts[bisect.bisect_left(MESSAGE_SIZE_BUCKETS, total)] += 1
+        else:
+            idx = np.searchsorted(self._size_edges, lengths, side="left")
+            for i, c in enumerate(np.bincount(idx, minlength=len(h.counts)).tolist()):
+                h.counts[i] += c
+        h.total += total
+
+    def on_out(self, topic: str, group: str, count: int, nbytes: int) -> None:
+        """Messages handed to a consumer group (a pull or a Pop answer)."""
+        key = (topic, group)
+        self.messages_out[key] = self.messages_out.get(key, 0) + count
+        self.bytes_out[key] = self.bytes_out.get(key, 0) + nbytes
+
+    def on_pull(self, group: str, topic: str, queue_id: int, next_offset: int) -> None:
+        """Where a group's pull of a queue stopped (in flight = this - committed offset)."""
+        self.pulled[(group, topic, queue_id)] = next_offset
+
+    def on_dlq(self, topic: str, group: str, count: int = 1) -> None:
+        """Messages of ``topic`` moved to ``group``'s dead-letter queue."""
+        key = (topic, group)
+        self.dlq[key] = self.dlq.get(key, 0) + count
+
+    def on_rpc(self, request_code: int, response_code: int, millis: float) -> None:
+        """One request answered, with its handling time."""
+        key = (request_code, response_code)  # ints: made text only at scrape time
+        h = self.rpc.get(key)
+        if h is None:
+            h = self.rpc[key] = _Histogram(len(RPC_LATENCY_BUCKETS))
+        h.counts[bisect.bisect_left(RPC_LATENCY_BUCKETS, millis)] += 1
+        h.total += millis
+
+    def forget_group(self, group: str) -> None:
+        """A deleted group: drop its pull positions (its counters stay, as counters do)."""
+        for key in [k for k in list(self.pulled) if k[0] == group]:
+            self.pulled.pop(key, None)
+
+    # ------------------------------------------------------------------ scrape
+
+    def collect(self) -> Iterator[Metric]:
+        base = list(self.base)
+        names = ["cluster", "node_type", "node_id"]
+        for name, doc, table, extra in (
+            ("rocketmq_messages_in", "Messages stored", self.messages_in, "message_type"),
+            ("rocketmq_throughput_in", "Body bytes stored", self.bytes_in, "message_type"),
+            ("rocketmq_messages_out", "Messages delivered", self.messages_out, "consumer_group"),
+            ("rocketmq_throughput_out", "Bytes delivered", self.bytes_out, "consumer_group"),
+            ("rocketmq_send_to_dlq_messages", "Messages dead-lettered", self.dlq, "consumer_group"),
+        ):
+            fam = CounterMetricFamily(name, doc, labels=[*names, "topic", extra])
+            for (topic, other), value in sorted(table.copy().items()):
+                fam.add_metric([*base, topic, other], value)
+            yield fam
+        sizes = HistogramMetricFamily(
+            "rocketmq_message_size",
+            "Body size of stored messages, bytes",
+            labels=[*names, "topic", "message_type"],
+        )
+        for (topic, mtype), h in sorted(self.sizes.copy().items()):
+            sizes.add_metric(
+                [*base, topic, mtype], _buckets(MESSAGE_SIZE_BUCKETS, h), sum_value=h.total
+            )
+        yield sizes
+        rpc = HistogramMetricFamily(
+            "rocketmq_rpc_latency",
+            "Request handling time on the broker, milliseconds",
+            labels=[*names, "protocol_type", "request_code", "response_code"],
+        )
+        for (req, resp), h in sorted(self.rpc.copy().items()):
+            rpc.add_metric(
+                [*base, "remoting", str(req), str(resp)],
+                _buckets(RPC_LATENCY_BUCKETS, h),
+                sum_value=h.total,
+            )
+        yield rpc

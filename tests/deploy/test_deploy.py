@@ -1,0 +1,116 @@
+"""deploy/: the Grafana dashboard and the Prometheus alert rules parse, and every metric their
+expressions name is one an OrbitMQ broker exports (so a renamed metric breaks this test, not a
+production dashboard). ``promtool check rules`` runs too where Prometheus is installed."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from orbitmq.broker.controller import BrokerController
+from orbitmq.testing import small_broker_config
+
+DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
+RULES = DEPLOY / "prometheus" / "rocketmq-alerts.yaml"
+DASHBOARD = DEPLOY / "grafana" / "orbitmq-rocketmq-overview.json"
+
+# PromQL words that are not metric names (functions are recognised by the "(" after them).
+KEYWORDS = {"by", "without", "on", "ignoring", "group_left", "group_right", "and", "or",
+            "unless", "bool", "offset", "inf", "nan"}  # fmt: skip
+SUFFIXES = {"counter": ("_total",), "histogram": ("_bucket", "_sum", "_count"), "gauge": ("",)}
+
+
+def metric_names(expr: str) -> set[str]:
+    """The metric names a PromQL expression selects."""
+    s = re.sub(r'"(?:[^"\\]|\\.)*"', '""', expr)  # string literals
+    s = re.sub(r"\{[^}]*\}", "", s)  # label matchers
+    s = re.sub(r"\[[^\]]*\]", "", s)  # range and subquery windows
+    s = re.sub(r"\b(by|without|on|ignoring|group_left|group_right)\s*\([^)]*\)", "", s)
+    s = re.sub(r"\boffset\s+\w+", "", s)
+    names = set()
+    for m in re.finditer(r"[A-Za-z_:][A-Za-z0-9_:]*", s):
+        word = m.group(0)
+        rest = s[m.end() :].lstrip()
+        if rest.startswith("(") or word.lower() in KEYWORDS:
+            continue
+        if m.start() > 0 and (s[m.start() - 1].isdigit() or s[m.start() - 1] == "."):
+            continue  # the exponent of 1e9
+        names.add(word)
+    return names
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory: pytest.TempPathFactory) -> set[str]:
+    """Every sample name the broker's registry can expose (families without samples yet
+    included), plus ``up``, which Prometheus adds per target."""
+    b = BrokerController(small_broker_config(tmp_path_factory.mktemp("deploy") / "s"))
+    names = {"up"}
+    for fam in b.metrics.registry.collect():
+        for suffix in SUFFIXES.get(fam.type, ("",)):
+            names.add(fam.name + suffix)
+        names.update(s.name for s in fam.samples)
+    return names
+
+
+def rules() -> list[dict[str, Any]]:
+    doc = yaml.safe_load(RULES.read_text())
+    return [rule for group in doc["groups"] for rule in group["rules"]]
+
+
+def test_alert_rules_parse_and_name_only_exported_metrics(exported: set[str]) -> None:
+    found = rules()
+    assert len(found) >= 10
+    for rule in found:
+        assert set(rule) <= {"alert", "expr", "for", "labels", "annotations"}, rule
+        assert rule["alert"] and rule["labels"]["severity"] in {"info", "warning", "critical"}
+        names = metric_names(rule["expr"])
+        assert names, rule["alert"]
+        assert names <= exported, (rule["alert"], names - exported)
+    used = set().union(*(metric_names(r["expr"]) for r in found))
+    assert any(n.startswith("rocketmq_consumer_lag") for n in used)
+
+
+def dashboard_exprs(doc: dict[str, Any]) -> list[str]:
+    exprs = [t["expr"] for p in doc["panels"] for t in p.get("targets", [])]
+    for var in doc["templating"]["list"]:
+        m = re.fullmatch(r"label_values\((.*),\s*\w+\)", var.get("query", ""))
+        if var["type"] == "query":
+            assert m, var
+            exprs.append(m.group(1))
+    return exprs
+
+
+def test_dashboard_is_grafana_json_on_exported_metrics(exported: set[str]) -> None:
+    doc = json.loads(DASHBOARD.read_text())
+    assert doc["uid"] and doc["title"] and doc["panels"]
+    ids = [p["id"] for p in doc["panels"]]
+    assert len(ids) == len(set(ids))
+    titles = " ".join(p["title"].lower() for p in doc["panels"])
+    for topic in ("lag", "in / s", "out / s", "storage", "latency"):
+        assert topic in titles, topic
+    for expr in dashboard_exprs(doc):
+        names = metric_names(expr.replace("$__rate_interval", "1m"))
+        assert names and names <= exported, (expr, names - exported)
+
+
+def test_metric_name_extraction() -> None:
+    expr = (
+        'histogram_quantile(0.99, sum by (le, code) (rate(a_bucket{x=~"b|c"}[5m]))) > 1e9 '
+        "and b_total offset 10m unless on (x) c"
+    )
+    assert metric_names(expr) == {"a_bucket", "b_total", "c"}
+
+
+@pytest.mark.skipif(shutil.which("promtool") is None, reason="promtool (Prometheus) not installed")
+def test_promtool_checks_the_rules() -> None:
+    out = subprocess.run(
+        ["promtool", "check", "rules", str(RULES)], capture_output=True, text=True, timeout=60
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
