@@ -47,13 +47,14 @@ from orbitmq.broker.config import BrokerConfig
 from orbitmq.common.config import documented
 from orbitmq.common.errors import ConfigError
 from orbitmq.controller.config import ControllerConfig
+from orbitmq.mqtt.config import MqttConfig
 from orbitmq.namesrv.config import NamesrvConfig
 from orbitmq.proxy.config import ProxyConfig, parse_access_keys
 from orbitmq.store.config import StoreConfig
 
 T = TypeVar("T")
 ENV_PREFIX = "ORBITMQ_"
-TABLES = ("namesrv", "broker", "store", "proxy", "controller")
+TABLES = ("namesrv", "broker", "store", "proxy", "controller", "mqtt")
 SECRETS = frozenset({"proxy.access_keys", "controller.raft_secret"})
 """Settings `config show` prints masked."""
 
@@ -69,6 +70,8 @@ class Settings:
     controller: ControllerConfig = field(default_factory=ControllerConfig)
     """``orbitmq controller``'s node, and the one ``orbitmq namesrv --controller`` runs beside
     its NameServer."""
+    mqtt: MqttConfig = field(default_factory=MqttConfig)
+    """The MQTT gateway a broker process runs (docs/mqtt.md; port 0: none)."""
     sources: dict[str, str] = field(default_factory=dict)
     """"table.field" -> where its value came from (file, env, flag), for `config show`."""
 
@@ -188,10 +191,12 @@ def load_settings(
     namesrv = _build(NamesrvConfig, layers["namesrv"], "namesrv", base.namesrv)
     proxy = _build(ProxyConfig, layers["proxy"], "proxy", base.proxy)
     controller = _build(ControllerConfig, layers["controller"], "controller", base.controller)
+    mqtt = _build(MqttConfig, layers["mqtt"], "mqtt", base.mqtt)
     sources = {f"{t}.{k}": src for t in TABLES for k, (_v, src) in layers[t].items()}
     return Settings(
-        namesrv=namesrv, broker=broker, proxy=proxy, controller=controller, sources=sources
-    )
+        namesrv=namesrv, broker=broker, proxy=proxy, controller=controller, mqtt=mqtt,
+        sources=sources,
+    )  # fmt: skip
 
 
 def settings_rows(settings: Settings) -> list[tuple[str, str, str]]:
@@ -203,6 +208,7 @@ def settings_rows(settings: Settings) -> list[tuple[str, str, str]]:
         ("store", settings.broker.store),
         ("proxy", settings.proxy),
         ("controller", settings.controller),
+        ("mqtt", settings.mqtt),
     ):
         for f in fields(obj):
             if f.name == "store":
@@ -255,6 +261,7 @@ def settings_markdown() -> str:
         ("store", StoreConfig),
         ("proxy", ProxyConfig),
         ("controller", ControllerConfig),
+        ("mqtt", MqttConfig),
     ):
         lines += [
             f"## [{table}]",
