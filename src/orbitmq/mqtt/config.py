@@ -55,12 +55,24 @@ class MqttConfig:
         "this, told in CONNACK).",
         at_least(0),
     )
+    max_keep_alive_s: int = setting(
+        0,
+        "Longest keep alive granted to a 5.0 client, in seconds: one asking for more (or for "
+        "none) is told this as Server Keep Alive. 0: the client's own is used.",
+        between(0, 65535),
+    )
     auth_enabled: bool = setting(
         False, "Require a user name and password found in password_file (off: accept all)."
     )
     password_file: str | None = setting(
         None,
         "File of ``user:sha256-hex-of-password`` lines, read at start (# starts a comment).",
+    )
+
+    deny_subscribe: tuple[str, ...] = setting(
+        (),
+        "Topic filters a SUBSCRIBE is refused for (exact match; reason 0x80 in both versions), "
+        "a stop-gap until ACL policies cover MQTT.",
     )
 
     def __post_init__(self) -> None:

@@ -55,6 +55,7 @@ log = logging.getLogger(__name__)
 
 CONNECT_TIMEOUT_S = 10.0
 READ_SIZE = 256 * 1024
+LINGER_S = 2.0
 
 
 class ClientHandler:
@@ -81,6 +82,7 @@ class ClientHandler:
         self.will_due = True
         self.done = False
         self.taken_over = False
+        self.linger = False
         self._tasks: list[asyncio.Task[None]] = []
 
     # --- the socket ----------------------------------------------------------------------------
@@ -106,7 +108,18 @@ class ClientHandler:
             pass
         finally:
             watchdog.cancel()
+            if self.linger:
+                await self._linger()
             await self.finish()
+
+    async def _linger(self) -> None:
+        """After a DISCONNECT for a protocol error: our side is shut for writing; read and drop
+        what the client still sends, so closing does not reset the connection (a reset can
+        destroy the DISCONNECT before the client reads it)."""
+        with contextlib.suppress(ConnectionError, OSError, TimeoutError):
+            async with asyncio.timeout(LINGER_S):
+                while await self.reader.read(READ_SIZE):
+                    pass
 
     async def _watchdog(self) -> None:
         started = self.ctx.clock.monotonic()
@@ -123,14 +136,22 @@ class ClientHandler:
                 return
             closed = self.conn.check_keep_alive(self.ctx.clock.now_ms())
             if closed is not None:
-                self.write(closed.data)
-                self.close()
+                self.close_after(closed.data)
+                self.reader.feed_eof()  # wake the read loop: the client is silent
                 return
             await asyncio.sleep(max(0.05, (deadline - self.ctx.clock.now_ms()) / 1000 + 0.01))
 
     def close(self) -> None:
         self.done = True
         self.writer.close()
+
+    def close_after(self, data: bytes) -> None:
+        """Send ``data`` (a DISCONNECT with a reason), stop reading packets, then linger."""
+        self.write(data)
+        self.done = self.linger = True
+        if self.writer.can_write_eof():
+            with contextlib.suppress(OSError):
+                self.writer.write_eof()
 
     def take_over(self) -> None:
         self.taken_over = True
@@ -199,8 +220,7 @@ class ClientHandler:
                 self.close()
             elif isinstance(ev, Closed):
                 log.info("mqtt %s closed: %s %s", self.peer, ev.reason.name, ev.detail)
-                self.write(ev.data)
-                self.close()
+                self.close_after(ev.data)
             elif isinstance(ev, AuthRequested):
                 self.write(self.conn.close(ReasonCode.BAD_AUTHENTICATION_METHOD))
                 self.close()
@@ -264,6 +284,9 @@ class ClientHandler:
                 props[Prop.SESSION_EXPIRY_INTERVAL] = expiry
         else:
             expiry = 0 if c.clean_start else cfg.max_session_expiry_s
+        most = cfg.max_keep_alive_s
+        if v5 and most and (c.keep_alive == 0 or c.keep_alive > most):
+            self.conn.server_keep_alive = self.conn.keep_alive = most  # CONNACK says so
         session, present = self.registry.open_session(client_id, c.clean_start, expiry)
         self.registry.live[client_id] = self
         session.version = c.protocol_level
@@ -305,6 +328,9 @@ class ClientHandler:
                 shared = validate_subscription(sub.filter)
             except ValueError:
                 codes.append(ReasonCode.TOPIC_FILTER_INVALID if v5 else 0x80)
+                continue
+            if sub.filter in self.ctx.config.deny_subscribe:
+                codes.append(ReasonCode.UNSPECIFIED_ERROR)
                 continue
             existed = sub.filter in session.subs
             opts = SubOptions(sub.filter, sub.qos, sub.no_local, sub.retain_as_published,

@@ -11,7 +11,8 @@ message properties and back.
   ``MQTT_CLIENT_ID`` the publisher (no-local), ``MQTT_EXPIRY_AT`` the epoch ms a 5.0 Message
   Expiry Interval ends at, ``MQTT_CONTENT_TYPE``, ``MQTT_RESPONSE_TOPIC``,
   ``MQTT_CORRELATION_DATA`` (base64), ``MQTT_PAYLOAD_FORMAT`` ("1": UTF-8) and
-  ``MQTT_USER_PROPERTIES`` (a JSON list of [name, value] pairs, order kept).
+  ``MQTT_USER_PROPERTIES`` (a JSON list of [name, value] pairs, order kept). An empty payload
+  is stored as one zero byte with ``MQTT_EMPTY`` "1" (the store refuses empty bodies).
 - **Back to MQTT**: a message without ``MQTT_TOPIC`` (sent natively, by Kafka, by Spark) is
   delivered under its OrbitMQ topic name, or under the ``MQTT_TOPIC`` the sender set; its QoS is
   the subscription's (a stored message is as durable as QoS 2 asks). A compressed body is
@@ -46,6 +47,10 @@ MQTT_RESPONSE_TOPIC = "MQTT_RESPONSE_TOPIC"
 MQTT_CORRELATION_DATA = "MQTT_CORRELATION_DATA"
 MQTT_PAYLOAD_FORMAT = "MQTT_PAYLOAD_FORMAT"
 MQTT_USER_PROPERTIES = "MQTT_USER_PROPERTIES"
+MQTT_EMPTY = "MQTT_EMPTY"
+EMPTY_BODY = b"\x00"
+"""The body an empty MQTT payload is stored with (the store refuses empty bodies), marked
+``MQTT_EMPTY=1``; delivered over MQTT as the empty payload it was."""
 
 _TOPIC_RE = re.compile(r"[A-Za-z0-9%|_+\-]{1,127}")
 _SYSTEM_PREFIXES = ("rmq_sys_", "RMQ_SYS_", "%RETRY%", "%DLQ%", "SCHEDULE_TOPIC", "TBW102")
@@ -78,6 +83,8 @@ def publish_properties(
     if not _clean(publish.topic):
         raise MappingError("topic holds a \\x01 or \\x02 byte")
     props = {MQTT_TOPIC: publish.topic, MQTT_QOS: str(publish.qos)}
+    if not publish.payload:
+        props[MQTT_EMPTY] = "1"
     if publish.retain if retain is None else retain:
         props[MQTT_RETAIN] = "1"
     if client_id and _clean(client_id):
@@ -122,9 +129,8 @@ class Outbound:
 def outbound(msg: StoredMessage) -> Outbound:
     """The MQTT view of a stored message (its body inflated when compressed)."""
     props = msg.properties
-    return outbound_from(
-        props.get(MQTT_TOPIC) or msg.topic, decompress(msg.body, msg.sys_flag), props
-    )
+    body = b"" if props.get(MQTT_EMPTY) == "1" else decompress(msg.body, msg.sys_flag)
+    return outbound_from(props.get(MQTT_TOPIC) or msg.topic, body, props)
 
 
 def outbound_from(topic: str, payload: bytes, props: dict[str, str]) -> Outbound:

@@ -24,7 +24,7 @@ from typing import Protocol
 from orbitmq.common.errors import MQError, NoPermissionError, TopicNotExistError
 from orbitmq.common.tasks import TaskSet
 from orbitmq.mqtt.context import GatewayContext
-from orbitmq.mqtt.mapping import MappingError, orbit_topic, publish_properties
+from orbitmq.mqtt.mapping import EMPTY_BODY, MappingError, orbit_topic, publish_properties
 from orbitmq.mqtt.session import NEVER, Inflight, Session
 from orbitmq.mqtt.shared import SharedGroup
 from orbitmq.protocol.mqtt.codes import ReasonCode
@@ -231,6 +231,8 @@ class Registry:
                 codes.append(_reason(r))
                 if not isinstance(r, MQError | MappingError):
                     log.error("storing an MQTT PUBLISH to %s failed", p.topic, exc_info=r)
+                else:
+                    log.info("MQTT PUBLISH of %s to %s refused: %s", client_id, p.topic, r)
             else:
                 codes.append(0)
         return codes
@@ -242,7 +244,8 @@ class Registry:
         props = publish_properties(p, client_id, now)
         queues = self.ctx.access.write_queues(topic, cfg.auto_create_topic)
         queue_id = zlib.crc32(p.topic.encode()) % queues
-        await self.ctx.access.append(topic, queue_id, p.payload, props, now, peer)
+        body = p.payload or EMPTY_BODY
+        await self.ctx.access.append(topic, queue_id, body, props, now, peer)
         if p.retain:
             self.ctx.retained.put(p.topic, p.payload, props)
 
