@@ -34,8 +34,9 @@ def persistent(expiry: int = 3600) -> Any:
 
 def settle(server: MqttServer) -> None:
     """Let what was stored become readable (the dispatcher runs on its own thread)."""
-    assert server.broker is not None
-    server.run(lambda: server.broker.store.wait_for_dispatch(5) if server.broker else None)  # type: ignore[func-returns-value]
+    broker = server.broker
+    assert broker is not None
+    server.run(lambda: broker.store.wait_for_dispatch(5))
     time.sleep(0.2)
 
 
