@@ -41,7 +41,7 @@ PROCESS_STORE: Mapping[str, Any] = {
 sizes take 400 MiB for the first IndexFile and 6 MiB per queue); same code paths."""
 
 _SETTINGS_ENV = ("ORBITMQ_CONFIG", "ORBITMQ_NAMESRV_", "ORBITMQ_BROKER_", "ORBITMQ_STORE_",
-                 "ORBITMQ_PROXY_")  # fmt: skip
+                 "ORBITMQ_PROXY_", "ORBITMQ_MQTT_")  # fmt: skip
 """Settings a server would read from the test run's own environment: not passed on."""
 
 

@@ -197,6 +197,9 @@ class ClientHandler:
                 await self._store(pubs)
                 pubs = []
             if isinstance(ev, Send):
+                d = self.deliverer
+                if d is not None and self.session is not None and d.mark_released():
+                    self.ctx.save_session(self.session)  # PUBREC noted before the PUBREL goes
                 self.write(ev.data)
             elif isinstance(ev, Delivered):
                 if self.deliverer is not None:
