@@ -237,7 +237,23 @@ class ClientHandler:
         session = self.session
         if session is None:
             return
-        codes = await self.registry.store(pubs, session.client_id, self.peer)
+        cid = session.client_id
+        found: set[int] = set()  # resent QoS 2 ids found stored before a crash
+        for p in pubs:
+            if p.qos == 2 and p.packet_id is not None:
+                # only a resend (DUP) can be the copy a crash left; a new message may reuse the id
+                where = session.storing_qos2.get(p.packet_id) if p.dup else None
+                if where is not None and await self.registry.already_stored(
+                    cid, p.packet_id, where
+                ):
+                    found.add(p.packet_id)
+                else:
+                    session.storing_qos2[p.packet_id] = self.registry.placement(p)
+        todo = [p for p in pubs if not (p.qos == 2 and p.packet_id in found)]
+        if len(todo) != len(pubs) or any(p.qos == 2 for p in todo):
+            self.ctx.save_session(session)  # where each QoS 2 message goes, before it is stored
+        stored = iter(await self.registry.store(todo, cid, self.peer))
+        codes = [0 if p.qos == 2 and p.packet_id in found else next(stored) for p in pubs]
         v5 = self.conn.version == MQTT_5
         out = bytearray()
         qos2 = False
@@ -255,8 +271,10 @@ class ClientHandler:
                 return
             if p.packet_id is None or self.conn.closed:
                 continue
-            if p.qos == 2 and code < 0x80:
-                session.inbound_qos2.add(p.packet_id)
+            if p.qos == 2:
+                session.storing_qos2.pop(p.packet_id, None)
+                if code < 0x80:
+                    session.inbound_qos2.add(p.packet_id)
                 qos2 = True
             out += self.conn.acknowledge(p.packet_id, code)
         if qos2:

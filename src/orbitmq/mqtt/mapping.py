@@ -48,6 +48,9 @@ MQTT_CORRELATION_DATA = "MQTT_CORRELATION_DATA"
 MQTT_PAYLOAD_FORMAT = "MQTT_PAYLOAD_FORMAT"
 MQTT_USER_PROPERTIES = "MQTT_USER_PROPERTIES"
 MQTT_EMPTY = "MQTT_EMPTY"
+MQTT_PACKET_ID = "MQTT_PACKET_ID"
+"""On QoS 2 publishes: the client's packet id, with MQTT_CLIENT_ID what finds a stored copy
+after a crash (exactly once inbound)."""
 EMPTY_BODY = b"\x00"
 """The body an empty MQTT payload is stored with (the store refuses empty bodies), marked
 ``MQTT_EMPTY=1``; delivered over MQTT as the empty payload it was."""
@@ -89,6 +92,8 @@ def publish_properties(
         props[MQTT_RETAIN] = "1"
     if client_id and _clean(client_id):
         props[MQTT_CLIENT_ID] = client_id
+        if publish.qos == 2 and publish.packet_id is not None:
+            props[MQTT_PACKET_ID] = str(publish.packet_id)
     p = publish.properties
     expiry = p.get(Prop.MESSAGE_EXPIRY_INTERVAL)
     if isinstance(expiry, int):

@@ -24,7 +24,14 @@ from typing import Protocol
 from orbitmq.common.errors import MQError, NoPermissionError, TopicNotExistError
 from orbitmq.common.tasks import TaskSet
 from orbitmq.mqtt.context import GatewayContext
-from orbitmq.mqtt.mapping import EMPTY_BODY, MappingError, orbit_topic, publish_properties
+from orbitmq.mqtt.mapping import (
+    EMPTY_BODY,
+    MQTT_CLIENT_ID,
+    MQTT_PACKET_ID,
+    MappingError,
+    orbit_topic,
+    publish_properties,
+)
 from orbitmq.mqtt.session import NEVER, Inflight, Session
 from orbitmq.mqtt.shared import SharedGroup
 from orbitmq.protocol.mqtt.codes import ReasonCode
@@ -236,6 +243,38 @@ class Registry:
             else:
                 codes.append(0)
         return codes
+
+    def placement(self, p: Publish) -> tuple[str, int, int]:
+        """(topic, queue, queue end now) a PUBLISH will be stored at (queue -1: the topic does
+        not exist yet, any queue)."""
+        topic = orbit_topic(p.topic, self.ctx.config.fallback_topic)
+        queues = self.ctx.access.queues(topic)
+        if not queues:
+            return topic, -1, 0
+        queue_id = zlib.crc32(p.topic.encode()) % queues
+        return topic, queue_id, self.ctx.access.max_offset(topic, queue_id)
+
+    async def already_stored(
+        self, client_id: str, packet_id: int, where: tuple[str, int, int]
+    ) -> bool:
+        """Whether the queue holds, past ``where``'s offset, the QoS 2 PUBLISH ``packet_id``
+        of ``client_id`` (stored before a crash that came before its PUBREC)."""
+        topic, queue_id, offset = where
+        access = self.ctx.access
+        queues = [queue_id] if queue_id >= 0 else list(range(access.queues(topic)))
+        pid = str(packet_id)
+        for q in queues:
+            cur = offset if queue_id >= 0 else 0
+            while cur < access.max_offset(topic, q):
+                msgs, nxt = await access.read(topic, q, cur)
+                for m in msgs:
+                    props = m.properties
+                    if props.get(MQTT_PACKET_ID) == pid and props.get(MQTT_CLIENT_ID) == client_id:
+                        return True
+                if nxt <= cur:
+                    break
+                cur = nxt
+        return False
 
     async def _store_one(self, p: Publish, client_id: str, peer: tuple[str, int]) -> None:
         cfg = self.ctx.config

@@ -84,6 +84,9 @@ class Session:
     """``topic/queue_id`` -> next queue offset to read, for non-shared subscriptions."""
     inflight: dict[int, Inflight] = field(default_factory=dict)
     inbound_qos2: set[int] = field(default_factory=set)
+    storing_qos2: dict[int, tuple[str, int, int]] = field(default_factory=dict)
+    """Inbound QoS 2 ids being stored: packet id -> (topic, queue, queue end before). After a
+    crash, a resend of one of them is stored only if that queue holds no record of it."""
     expires_at_ms: int | None = None
     """While no client is connected: when the session ends (None: connected, or never)."""
     version: int = 5
@@ -99,6 +102,7 @@ class Session:
             "cursors": self.cursors,
             "inflight": {str(k): v.to_json() for k, v in self.inflight.items()},
             "in2": sorted(self.inbound_qos2),
+            "storing2": {str(k): list(v) for k, v in self.storing_qos2.items()},
             "expires_at": self.expires_at_ms,
             "version": self.version,
         }
@@ -113,6 +117,7 @@ class Session:
             {str(k): int(v) for k, v in raw.get("cursors", {}).items()},
             {int(k): Inflight.from_json(v) for k, v in raw.get("inflight", {}).items()},
             {int(x) for x in raw.get("in2", [])},
+            {int(k): (str(v[0]), int(v[1]), int(v[2])) for k, v in raw.get("storing2", {}).items()},
             raw.get("expires_at"),
             int(raw.get("version", 5)),
         )

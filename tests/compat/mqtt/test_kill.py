@@ -104,3 +104,44 @@ def test_qos2_exactly_once_across_sigkill(cluster: ProcessCluster, tmp_path: Pat
     assert s2.present[-1] is True and len(s2.present) >= 2
     assert sorted(s2.got) == want  # QoS 2: each exactly once
     assert set(s1.got) == set(want)  # QoS 1: each at least once
+
+
+def test_qos2_publisher_across_sigkill(cluster: ProcessCluster) -> None:  # noqa: F811
+    """The broker is killed while a persistent QoS 2 publisher is mid-stream: after the
+    restart the publisher resends what was unacknowledged (DUP), and each message is stored
+    and delivered once."""
+    port = free_port()
+    broker = cluster.broker("mq", [], settings={"mqtt": {"port": port}})
+    sub = Slow(port, "ks", 2)
+    sub.connect()
+    deadline = time.monotonic() + 10
+    while not sub.present and time.monotonic() < deadline:
+        time.sleep(0.02)
+    sub.c.subscribe("pk/#", 2)
+    time.sleep(0.5)
+    acked: list[int] = []
+    pub = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id="kp2", protocol=mqtt.MQTTv5)
+    pub.reconnect_delay_set(0.2, 1)
+    pub.on_publish = lambda *_a: acked.append(1)
+    props = mqtt.Properties(mqtt.PacketTypes.CONNECT)
+    props.SessionExpiryInterval = 3600
+    pub.connect("127.0.0.1", port, clean_start=False, properties=props)
+    pub.loop_start()
+    infos = []
+    for i in range(N):
+        infos.append(pub.publish(f"pk/{i % 5}", f"{i}".encode(), 2))
+        if i == N // 3:
+            deadline = time.monotonic() + 20
+            while len(acked) < N // 4 and time.monotonic() < deadline:
+                time.sleep(0.005)
+            broker.kill()
+            broker.restart()
+    deadline = time.monotonic() + 90
+    while (len(acked) < N or sub.count() < N) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    time.sleep(0.5)
+    pub.loop_stop()
+    sub.c.disconnect()
+    sub.c.loop_stop()
+    assert len(acked) == N
+    assert sorted(sub.got) == sorted(f"{i}".encode() for i in range(N))
