@@ -103,10 +103,3 @@ class StoreAccess:
 
     def max_offset(self, topic: str, queue_id: int) -> int:
         return int(self.store.max_offset(topic, queue_id))
-
-    async def wait(self, topic: str, queue_id: int, offset: int, timeout_s: float) -> bool:
-        """True once a message past ``offset`` is readable (or at once if one is)."""
-        return await self._broker.long_polling.wait(
-            topic, queue_id, offset, timeout_s,
-            ready=lambda: self.max_offset(topic, queue_id) > offset,
-        )  # fmt: skip
