@@ -282,3 +282,37 @@ def test_malformed_packets_leave_the_server_up(server: MqttServer, clients: list
     time.sleep(0.2)
     ok.c.publish("still/up", b"yes", 1).wait_for_publish(5)
     assert [m.payload for m in ok.wait_for(1)] == [b"yes"]
+
+
+def test_shared_member_killed_loses_nothing(server: MqttServer, clients: list[Client]) -> None:
+    """A member that never acknowledges and then vanishes: its in-flight messages go to the
+    other members once its (clean) session ends."""
+    from orbitmq.protocol.mqtt.packets import Subscribe, Subscription
+
+    stuck = socket.create_connection(("127.0.0.1", server.port))
+    stuck.sendall(encode(Connect("stuck", 5, True, 0), 5))
+    stuck.sendall(encode(Subscribe(1, (Subscription("$share/g2/work/#", 1),)), 5))
+    members = [client(clients, server).connect() for _ in range(2)]
+    for m in members:
+        m.c.subscribe("$share/g2/work/#", 1)
+    time.sleep(0.5)
+    pub = client(clients, server).connect()
+    n = 200
+    for i in range(n):
+        pub.c.publish(f"work/{i % 3}", f"{i}".encode(), 1)
+    stuck.settimeout(0.5)
+    received = b""
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline and len(received) < 200:
+        try:
+            received += stuck.recv(65536)
+        except OSError:
+            break
+    assert received, "the stuck member got nothing to hold"
+    stuck.close()  # killed: no DISCONNECT, its in-flight messages are unacknowledged
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline and sum(len(m.messages) for m in members) < n:
+        time.sleep(0.05)
+    time.sleep(0.3)
+    seen = [msg.payload for m in members for msg in m.messages]
+    assert sorted(seen) == sorted(f"{i}".encode() for i in range(n))
