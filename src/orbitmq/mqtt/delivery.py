@@ -105,6 +105,8 @@ class Deliverer:
     def send(self, o: Outbound, qos: int, retain: bool, sub_ids: tuple[int, ...],
              entry: Inflight) -> None:  # fmt: skip
         """Queue one PUBLISH (``entry`` recorded in flight at QoS > 0); ``flush`` writes."""
+        if self.closed or self.conn.closed:
+            return  # the connection ended (or was taken over) while we read
         props: Properties = dict(o.properties)
         if o.expiry_at is not None:
             left_ms = o.expiry_at - self.ctx.clock.now_ms()
