@@ -257,6 +257,7 @@ def test_malformed_packets_leave_the_server_up(server: MqttServer, clients: list
     for data in bad:
         s = socket.create_connection(("127.0.0.1", server.port))
         s.sendall(data)
+        s.shutdown(socket.SHUT_WR)  # an incomplete packet then ends at EOF
         s.settimeout(3)
         try:
             while s.recv(1024):
