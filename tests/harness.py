@@ -198,6 +198,9 @@ class ProcessCluster:
                 "flush_disk_type": flush,
                 **PROCESS_STORE,
             },
+            # no MQTT listener unless a test asks (a restart with a fixed broker port would
+            # otherwise try the default 1883)
+            "mqtt": {"port": 0},
         }
         for table, values in (settings or {}).items():
             tables.setdefault(table, {}).update(values)
