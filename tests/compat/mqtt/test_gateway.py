@@ -4,6 +4,7 @@ QoS 0/1/2 both ways in both versions, sessions, retained messages, wills, wildca
 
 from __future__ import annotations
 
+import os
 import socket
 import time
 from typing import Any
@@ -15,6 +16,11 @@ from orbitmq.protocol.mqtt.packets import Connect, Disconnect, Will
 from tests.compat.mqtt.conftest import Client, MqttServer, mqtt
 
 pytestmark = pytest.mark.timeout(90)
+
+RETAINED = int(os.environ.get("ORBITMQ_TEST_MQTT_RETAINED", "200"))
+"""Retained topics that must survive a restart (issue #18 asks 100,000)."""
+SHARED = int(os.environ.get("ORBITMQ_TEST_MQTT_SHARED", "300"))
+"""QoS 1 messages across a 3-member shared subscription (issue #18 asks 30,000)."""
 
 props_mod = pytest.importorskip("paho.mqtt.properties")
 PacketTypes = pytest.importorskip("paho.mqtt.packettypes").PacketTypes
@@ -130,16 +136,17 @@ def test_mqtt311_persistent_session(server: MqttServer, clients: list[Client]) -
 def test_retained_survive_restart_and_empty_payload_deletes(
     server: MqttServer, clients: list[Client]
 ) -> None:
-    n = 200
+    n = RETAINED
     pub = client(clients, server).connect()
-    for i in range(n):
-        pub.c.publish(f"ret/t{i}", f"v{i}".encode(), qos=1, retain=True).wait_for_publish(5)
+    infos = [pub.c.publish(f"ret/t{i}", f"v{i}".encode(), qos=1, retain=True) for i in range(n)]
+    for info in infos:
+        info.wait_for_publish(60)
     pub.c.publish("ret/t0", b"", qos=1, retain=True).wait_for_publish(5)
     pub.close()
     server.restart()
     sub = client(clients, server).connect()
     sub.c.subscribe("#", 0)
-    got = sub.wait_for(n - 1)
+    got = sub.wait_for(n - 1, timeout=15 + n / 2000)
     time.sleep(0.5)
     assert len(sub.messages) == n - 1
     assert all(m.retain for m in got)
@@ -202,11 +209,11 @@ def test_shared_subscription_delivers_each_once(server: MqttServer, clients: lis
     plain.c.subscribe("jobs/#", 1)
     time.sleep(0.3)
     pub = client(clients, server).connect()
-    n = 300
+    n = SHARED
     for i in range(n):
         pub.c.publish(f"jobs/{i % 5}", f"{i}".encode(), 1)
-    plain.wait_for(n)
-    deadline = time.monotonic() + 15
+    plain.wait_for(n, timeout=15 + n / 1000)
+    deadline = time.monotonic() + 15 + n / 1000
     while time.monotonic() < deadline and sum(len(m.messages) for m in members) < n:
         time.sleep(0.05)
     time.sleep(0.3)
