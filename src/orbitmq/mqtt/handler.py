@@ -153,12 +153,13 @@ class ClientHandler:
             with contextlib.suppress(OSError):
                 self.writer.write_eof()
 
-    def take_over(self) -> None:
+    def take_over(self) -> Will | None:
         self.taken_over = True
         if self.deliverer is not None:
             self.deliverer.closed = True  # the new connection owns the session from now on
         self.write(self.conn.close(ReasonCode.SESSION_TAKEN_OVER))
         self.close()
+        return self.will if self.will_due else None
 
     def shutdown(self) -> None:
         """The server is stopping: DISCONNECT 0x8B (5.0), no will; the session is kept."""

@@ -7,7 +7,9 @@ and the inbound path from a PUBLISH to a stored OrbitMQ message.
   in-flight messages go back to their groups.
 - Wills (§3.1.2.5): on a connection lost without a normal DISCONNECT (or with reason 0x04) the
   will is published after min(Will Delay Interval, session expiry); a new connection for the
-  same client id inside that delay cancels it; a session ending publishes it at once.
+  same client id inside that delay cancels it; a session ending publishes it at once. A
+  connection taken over by a new one is such a loss: its will is published unless the session
+  goes on and the will has a delay.
 - Inbound: the OrbitMQ topic is the MQTT topic's first level (:mod:`orbitmq.mqtt.mapping`);
   the queue is the CRC32 of the whole MQTT topic modulo the write queues, so messages of one
   MQTT topic stay in order. Publishes read together are stored together (the broker's bridge
@@ -43,8 +45,9 @@ log = logging.getLogger(__name__)
 
 
 class LiveConnection(Protocol):
-    def take_over(self) -> None:
-        """Another connection took this client id: send DISCONNECT 0x8E and close."""
+    def take_over(self) -> Will | None:
+        """Another connection took this client id: send DISCONNECT 0x8E and close; returns
+        the old connection's will."""
         ...
 
 
@@ -133,7 +136,12 @@ class Registry:
         """The session for a new connection and whether it was present (resumed)."""
         old = self.live.pop(client_id, None)
         if old is not None:
-            old.take_over()
+            will = old.take_over()
+            delay = 0 if will is None else int(will.properties.get(Prop.WILL_DELAY_INTERVAL, 0))
+            if will is not None and (clean_start or delay == 0):
+                # the old connection ended without DISCONNECT; its will waits only if the
+                # session goes on and a delay was asked (then this connection cancels it)
+                self.tasks.spawn(self.publish_will(client_id, will))
         pending = self._wills.pop(client_id, None)
         if pending is not None:  # reconnected inside the will delay: no will (§3.1.3.2.2)
             pending[0].cancel()

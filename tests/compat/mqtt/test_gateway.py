@@ -324,3 +324,20 @@ def test_shared_member_killed_loses_nothing(server: MqttServer, clients: list[Cl
     time.sleep(0.3)
     seen = [msg.payload for m in members for msg in m.messages]
     assert sorted(seen) == sorted(f"{i}".encode() for i in range(n))
+
+
+def test_take_over_disconnects_the_old_connection_and_publishes_its_will(
+    server: MqttServer, clients: list[Client]
+) -> None:
+    watcher = client(clients, server).connect()
+    watcher.c.subscribe("will/#", 1)
+    time.sleep(0.3)
+    old = _raw_connect(server.port, keep_alive=0)
+    try:
+        client(clients, server, client_id="raw-will").connect()
+        old.settimeout(3)
+        data = old.recv(1024)
+        assert MqttDecoder(version=5).feed(data) == [Disconnect(0x8E)]
+        assert [m.payload for m in watcher.wait_for(1)] == [b"gone"]
+    finally:
+        old.close()
