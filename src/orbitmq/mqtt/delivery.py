@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections import deque
 from collections.abc import Awaitable, Callable
 
 from orbitmq.common.record import StoredMessage
@@ -49,6 +50,9 @@ class Deliverer:
         self.wake = asyncio.Event()
         self.closed = False
         self._out = bytearray()
+        self.retained: deque[tuple[str, SubOptions]] = deque()
+        """Retained topics owed to new subscriptions, sent before stored messages as the
+        window allows (kept in memory: a reconnect does not resend them)."""
 
     # --- what the handler and the shared groups call -----------------------------------------
 
@@ -170,8 +174,26 @@ class Deliverer:
         finally:
             self.ctx.hub.unwatch(self.wake)
 
-    async def pump(self, keys: set[str]) -> bool:
+    def send_retained(self) -> bool:
+        """Send owed retained messages while the window allows; True if any went."""
         moved = False
+        now = self.ctx.clock.now_ms()
+        v5 = self.conn.version == MQTT_5
+        while self.retained and not self.closed:
+            topic, opts = self.retained[0]
+            o = self.ctx.retained.get(topic, now)
+            if o is not None:
+                qos = min(o.qos, opts.qos)
+                if qos and not self.can_send():
+                    break
+                ids = (opts.sub_id,) if opts.sub_id and v5 else ()
+                self.send(o, qos, True, ids, Inflight(0, retained=topic))
+            self.retained.popleft()
+            moved = True
+        return moved
+
+    async def pump(self, keys: set[str]) -> bool:
+        moved = self.send_retained()
         access = self.ctx.access
         for topic in self.ctx.topics_of(keys):
             for q in range(access.queues(topic)):

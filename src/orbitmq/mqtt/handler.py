@@ -23,7 +23,7 @@ from orbitmq.mqtt.auth import Authenticator
 from orbitmq.mqtt.context import GatewayContext
 from orbitmq.mqtt.delivery import Deliverer
 from orbitmq.mqtt.registry import Registry
-from orbitmq.mqtt.session import Inflight, Session, SubOptions
+from orbitmq.mqtt.session import Session, SubOptions
 from orbitmq.protocol.mqtt.codes import MQTT_5, ReasonCode
 from orbitmq.protocol.mqtt.connection import (
     AuthRequested,
@@ -344,7 +344,7 @@ class ClientHandler:
         raw_id = s.properties.get(Prop.SUBSCRIPTION_IDENTIFIER)
         sub_id = raw_id[0] if isinstance(raw_id, tuple) else raw_id
         codes: list[int] = []
-        fresh: list[tuple[SubOptions, bool]] = []
+        fresh: list[SubOptions] = []
         for sub in s.subscriptions:
             try:
                 shared = validate_subscription(sub.filter)
@@ -363,21 +363,14 @@ class ClientHandler:
             else:
                 d.start_positions(opts)
                 if sub.retain_handling == 0 or (sub.retain_handling == 1 and not existed):
-                    fresh.append((opts, existed))
+                    fresh.append(opts)
             codes.append(sub.qos)
         self.ctx.save_session(session)
         self.write(self.conn.send(Suback(s.packet_id, tuple(codes))))
         now = self.ctx.clock.now_ms()
-        for opts, _existed in fresh:
-            ids = (opts.sub_id,) if opts.sub_id and v5 else ()
-            for o in self.ctx.retained.matching(opts.filter, now):
-                qos = min(o.qos, opts.qos)
-                if qos and not d.can_send():
-                    log.info(
-                        "mqtt %s: retained %s not sent, window full", session.client_id, o.topic
-                    )
-                    continue
-                d.send(o, qos, True, ids, Inflight(0, retained=o.topic))
+        for opts in fresh:
+            d.retained.extend((o.topic, opts) for o in self.ctx.retained.matching(opts.filter, now))
+        d.send_retained()
         d.flush()
         d.wake.set()
 
