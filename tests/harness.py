@@ -41,7 +41,7 @@ PROCESS_STORE: Mapping[str, Any] = {
 sizes take 400 MiB for the first IndexFile and 6 MiB per queue); same code paths."""
 
 _SETTINGS_ENV = ("ORBITMQ_CONFIG", "ORBITMQ_NAMESRV_", "ORBITMQ_BROKER_", "ORBITMQ_STORE_",
-                 "ORBITMQ_PROXY_")  # fmt: skip
+                 "ORBITMQ_PROXY_", "ORBITMQ_MQTT_")  # fmt: skip
 """Settings a server would read from the test run's own environment: not passed on."""
 
 
@@ -198,6 +198,9 @@ class ProcessCluster:
                 "flush_disk_type": flush,
                 **PROCESS_STORE,
             },
+            # no MQTT listener unless a test asks (a restart with a fixed broker port would
+            # otherwise try the default 1883)
+            "mqtt": {"port": 0},
         }
         for table, values in (settings or {}).items():
             tables.setdefault(table, {}).update(values)

@@ -15,6 +15,9 @@ A controller node (:class:`orbitmq.controller.server.ControllerNode`, docs/ha.md
 it, so a controller never outlives the process's announced NameServer. Its Raft thread is
 pysyncobj's own.
 
+The MQTT gateway (docs/mqtt.md) runs beside the broker in ``orbitmq broker`` and ``orbitmq
+up`` (port 1883; ``[mqtt] port = 0``: none) on the broker's loop and store.
+
 Heavy optional imports (the Spark connector) never happen here: starting a broker loads only
 what a broker needs.
 """
@@ -232,6 +235,39 @@ async def local_console(
         await cm.__aexit__(None, None, None)
 
 
+@contextlib.asynccontextmanager
+async def local_mqtt(
+    settings: Settings, broker: BrokerController, endpoints: dict[str, str], *, free: bool
+) -> AsyncIterator[None]:
+    """Run the MQTT gateway on ``broker`` for the body of the ``with`` (docs/mqtt.md).
+    ``[mqtt] port`` 0: none. Unless the port was set, a throwaway broker (``free``: it took a
+    free port itself) takes a free one, and a taken default port only leaves MQTT off."""
+    explicit = "mqtt.port" in settings.sources
+    if settings.mqtt.port == 0:
+        yield
+        return
+    from orbitmq.mqtt.gateway import MqttGateway
+    from orbitmq.mqtt.store_access import StoreAccess
+
+    port = 0 if free and not explicit else settings.mqtt.port
+    gateway = MqttGateway(settings.mqtt, StoreAccess(broker), listen_port=port)
+    try:
+        await gateway.start()
+    except OSError as exc:
+        await gateway.stop()
+        if explicit:
+            raise
+        log.warning("MQTT gateway not started: %s", exc)
+        endpoints["mqtt"] = f"off ({exc.strerror or exc})"
+        yield
+        return
+    endpoints["mqtt"] = gateway.address
+    try:
+        yield
+    finally:
+        await gateway.stop()
+
+
 def dev_settings(settings: Settings, data_dir: Path) -> Settings:
     """`orbitmq up`'s profile: everything under one folder, topics created on first use."""
     store = settings.broker.store
@@ -332,7 +368,9 @@ async def run_all_in_one(
         krequired = kafka_port_flag is not None or "kafka.port" in settings.sources
         cconfig = up_console_config(settings, (namesrv.address,), console_port)
         crequired = console_port is not None or "console.port" in settings.sources
+        free = settings.namesrv.port == 0
         async with (
+            local_mqtt(settings, broker, endpoints, free=free),
             local_proxy(config, endpoints, required=required),
             local_kafka(kconfig, endpoints, required=krequired),
             local_console(cconfig, endpoints, required=crequired),
@@ -426,6 +464,7 @@ async def run_broker(
             else local_kafka_config(settings, settings.broker.namesrv_addrs, kport)
         )
         async with (
+            local_mqtt(settings, broker, endpoints, free=settings.broker.port == 0),
             local_proxy(config, endpoints, required=True),
             local_kafka(kconfig, endpoints, required=True),
         ):

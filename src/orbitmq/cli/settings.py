@@ -49,13 +49,14 @@ from orbitmq.common.errors import ConfigError
 from orbitmq.console.config import ConsoleConfig
 from orbitmq.controller.config import ControllerConfig
 from orbitmq.kafka.config import KafkaConfig
+from orbitmq.mqtt.config import MqttConfig
 from orbitmq.namesrv.config import NamesrvConfig
 from orbitmq.proxy.config import ProxyConfig, parse_access_keys
 from orbitmq.store.config import StoreConfig
 
 T = TypeVar("T")
 ENV_PREFIX = "ORBITMQ_"
-TABLES = ("namesrv", "broker", "store", "proxy", "controller", "kafka", "console")
+TABLES = ("namesrv", "broker", "store", "proxy", "controller", "kafka", "console", "mqtt")
 SECRETS = frozenset(
     {
         "proxy.access_keys",
@@ -87,6 +88,8 @@ class Settings:
     the up's NameServer when the table does not name one)."""
     """``orbitmq controller``'s node, and the one ``orbitmq namesrv --controller`` runs beside
     its NameServer."""
+    mqtt: MqttConfig = field(default_factory=MqttConfig)
+    """The MQTT gateway a broker process runs (docs/mqtt.md; port 0: none)."""
     sources: dict[str, str] = field(default_factory=dict)
     """"table.field" -> where its value came from (file, env, flag), for `config show`."""
 
@@ -208,6 +211,7 @@ def load_settings(
     controller = _build(ControllerConfig, layers["controller"], "controller", base.controller)
     kafka = _build(KafkaConfig, layers["kafka"], "kafka", base.kafka)
     console = _build(ConsoleConfig, layers["console"], "console", base.console)
+    mqtt = _build(MqttConfig, layers["mqtt"], "mqtt", base.mqtt)
     sources = {f"{t}.{k}": src for t in TABLES for k, (_v, src) in layers[t].items()}
     return Settings(
         namesrv=namesrv,
@@ -216,6 +220,7 @@ def load_settings(
         controller=controller,
         kafka=kafka,
         console=console,
+        mqtt=mqtt,
         sources=sources,
     )
 
@@ -231,6 +236,7 @@ def settings_rows(settings: Settings) -> list[tuple[str, str, str]]:
         ("controller", settings.controller),
         ("kafka", settings.kafka),
         ("console", settings.console),
+        ("mqtt", settings.mqtt),
     ):
         for f in fields(obj):
             if f.name == "store":
@@ -285,6 +291,7 @@ def settings_markdown() -> str:
         ("controller", ControllerConfig),
         ("kafka", KafkaConfig),
         ("console", ConsoleConfig),
+        ("mqtt", MqttConfig),
     ):
         lines += [
             f"## [{table}]",

@@ -260,6 +260,21 @@ def test_malformed_closes(version: int) -> None:
     assert decode(ev.data, version) == expected
 
 
+def test_malformed_in_the_connect_read_answers_in_its_version() -> None:
+    """A CONNECT and bad bytes in one read: the CONNECT still says how to answer."""
+    conn = ServerConnection()
+    [ev] = conn.receive_data(encode(p.Connect("c", MQTT_5)) + b"\x36\x00", 0)
+    assert isinstance(ev, Closed) and decode(ev.data, MQTT_5) == [
+        p.Connack(False, ReasonCode.MALFORMED_PACKET)
+    ]
+
+
+def test_packets_before_bad_bytes_are_handled_first() -> None:
+    conn = connected(MQTT_5)
+    events = conn.receive_data(encode(p.Publish("a/b", b"x", 1, packet_id=3)) + b"\x36\x00", 0)
+    assert [type(e).__name__ for e in events] == ["MessageReceived", "Closed"]
+
+
 def test_connect_errors_answer_with_connack() -> None:
     conn = ServerConnection()
     [ev] = conn.receive_data(bytes.fromhex("100c00064d514973647003020000") + b"", 0)

@@ -376,6 +376,9 @@ class MqttDecoder:
                     break
                 packets.append(self._decode(buf[pos], bytes(buf[start : start + length])))
                 pos = start + length
+        except MqttProtocolError as exc:
+            exc.decoded = list(packets)  # a CONNECT before the bad bytes says how to answer
+            raise
         finally:
             if pos:
                 del buf[:pos]

@@ -138,6 +138,8 @@ class MqttProtocolError(ProtocolError):
     def __init__(self, reason: ReasonCode, message: str) -> None:
         super().__init__(f"{reason.name}: {message}")
         self.reason = reason
+        self.decoded: list[object] = []
+        """Packets the decoder completed in the same ``feed`` before the bad bytes."""
 
 
 def malformed(message: str) -> MqttProtocolError:

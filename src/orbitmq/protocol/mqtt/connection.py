@@ -30,6 +30,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from enum import Enum
+from typing import cast
 
 from orbitmq.protocol.mqtt.codec import DEFAULT_MAX_PACKET_SIZE, MqttDecoder, encode
 from orbitmq.protocol.mqtt.codes import (
@@ -251,7 +252,20 @@ class ServerConnection:
         try:
             packets = self._decoder.feed(data)
         except MqttProtocolError as exc:
-            return [self._fail(exc.reason, str(exc))]
+            # Packets complete before the bad bytes (same read) still count: a CONNECT says
+            # which version to answer in (5.0: CONNACK with the reason), and when connected
+            # the packets are handled before the close.
+            before: list[Event] = []
+            for packet in exc.decoded:
+                if self.state is State.AWAITING_CONNECT and isinstance(packet, Connect):
+                    if packet.protocol_level in (MQTT_311, MQTT_5):
+                        self.version = packet.protocol_level
+                    break
+                if self.state is State.CONNECTED and not self.closed:
+                    before += self._handle(cast("Packet", packet))
+            if self.closed:
+                return before
+            return [*before, self._fail(exc.reason, str(exc))]
         events: list[Event] = []
         for packet in packets:
             if self.closed:
