@@ -69,6 +69,7 @@ from orbitmq.store.replica import append_chunk, read_chunk
 from orbitmq.store.retention import RetentionService, TopicRetention
 from orbitmq.store.segment import FileOps, io_error
 from orbitmq.store.supervise import ServiceHealth
+from orbitmq.store.tier.factory import build_tier
 from orbitmq.store.truncate import TruncateReport, check_cut, truncate
 
 __all__ = ["GetResult", "GetStatus", "MessageStore"]
@@ -128,6 +129,8 @@ class MessageStore:
             disk_usage=disk_usage,
         )
         self._view = ReadView(self.commit_log, self.queues, self.retention)
+        self.tier = build_tier(config, self.commit_log, self.queues, clock)  # tiered-storage.md
+        self.retention.tier = self.tier
         self.epochs = EpochFile(root / EPOCH_FILE, self.fs)
         self._checkpointer = PeriodicService(
             "orbitmq-checkpoint", config.flush_interval_consume_queue_ms / 1000, self.checkpoint
@@ -174,6 +177,8 @@ class MessageStore:
         self.flusher.start()
         self._checkpointer.start()
         self._cleaner.start()
+        if self.tier is not None:
+            self.tier.start()
         self.is_open = True
         return report
 
@@ -182,6 +187,8 @@ class MessageStore:
         if not self.is_open:
             return
         self.is_open = False
+        if self.tier is not None:
+            self.tier.stop()
         self._cleaner.stop()
         self._checkpointer.stop()
         self.flusher.stop()
@@ -214,6 +221,8 @@ class MessageStore:
     def crash_for_test(self) -> None:
         """Stop as a SIGKILL would: no flush, no checkpoint, the abort marker stays."""
         self.is_open = False
+        if self.tier is not None:
+            self.tier.stop()
         self._cleaner.stop()
         self._checkpointer.stop()
         self.flusher.stop()
@@ -443,7 +452,8 @@ class MessageStore:
         cq = self.queues.get(topic, queue_id)
         if cq is None:
             return 0
-        return max(cq.min_offset, self.retention.floor(topic, queue_id))
+        lo = max(cq.min_offset, self.retention.floor(topic, queue_id))
+        return lo if self.tier is None else self.tier.min_offset(topic, queue_id, lo)
 
     def max_offset(self, topic: str, queue_id: int) -> int:
         cq = self.queues.get(topic, queue_id)
@@ -468,6 +478,9 @@ class MessageStore:
             check = self.fs.read_check
             if check is not None:
                 check(topic, queue_id, offset)
+            if self.tier is not None and self.tier.wants(topic, queue_id, offset):
+                hi = self.max_offset(topic, queue_id)
+                return self.tier.read(topic, queue_id, offset, max_count, max_bytes, tags, hi)
             return read_queue(self._view, topic, queue_id, offset, max_count, max_bytes, tags)
         except OSError as exc:
             self.read_errors += 1
@@ -565,10 +578,11 @@ class MessageStore:
             self.flusher.health,
             self._checkpointer.health,
             self._cleaner.health,
+            *([self.tier.health] if self.tier is not None else []),
         ]
 
     def stats(self) -> dict[str, int]:
-        return {
+        return (self.tier.stats() if self.tier is not None else {}) | {
             "commit_log_min_offset": self.commit_log.min_offset,
             "commit_log_max_offset": self.commit_log.max_offset,
             "commit_log_flushed_offset": self.commit_log.flushed_offset,

@@ -1,0 +1,125 @@
+"""Reads served from the tier: the records of one chunk, as a local read returns them.
+
+A cold read finds the chunk holding the asked offset (binary search over the manifest's
+bases), fetches its index and data (whole objects, kept in a byte-bounded LRU so a consumer
+reading forward costs one GET per chunk), and hands out memoryview slices of the data: the
+original records, byte for byte, with the same ``GetResult`` shape as
+:func:`orbitmq.store.reader.read_queue`. A read stays within one chunk; the next read continues
+at ``next_begin_offset``. Any failure of the backend is a
+:class:`~orbitmq.common.errors.TierUnavailableError`: retryable, and no offset moves.
+"""
+
+from __future__ import annotations
+
+import bisect
+import threading
+from collections import OrderedDict
+from collections.abc import Iterable
+
+import numpy as np
+
+from orbitmq.common.errors import TierUnavailableError
+from orbitmq.common.message import tag_hash
+from orbitmq.store.reader import GetResult, GetStatus
+from orbitmq.store.tier.backend import TierBackend
+from orbitmq.store.tier.layout import INDEX_DTYPE, ChunkInfo, QueueManifest, data_key, index_key
+
+
+class ChunkCache:
+    """Fetched objects by key, least recently used dropped beyond ``max_bytes``."""
+
+    def __init__(self, backend: TierBackend, max_bytes: int) -> None:
+        self.backend = backend
+        self.max_bytes = max_bytes
+        self._items: OrderedDict[str, bytes] = OrderedDict()
+        self._bytes = 0
+        self._lock = threading.Lock()
+        self.gets = 0
+        self.hits = 0
+
+    def get(self, key: str) -> bytes:
+        with self._lock:
+            raw = self._items.get(key)
+            if raw is not None:
+                self._items.move_to_end(key)
+                self.hits += 1
+                return raw
+        try:
+            raw = self.backend.get(key)
+        except Exception as exc:
+            raise TierUnavailableError(f"tier read of {key} failed: {exc}") from exc
+        with self._lock:
+            self.gets += 1
+            if key not in self._items:
+                self._items[key] = raw
+                self._bytes += len(raw)
+            while self._bytes > self.max_bytes and len(self._items) > 1:
+                _, old = self._items.popitem(last=False)
+                self._bytes -= len(old)
+        return raw
+
+    def forget(self, key: str) -> None:
+        with self._lock:
+            raw = self._items.pop(key, None)
+            if raw is not None:
+                self._bytes -= len(raw)
+
+
+def find_chunk(manifest: QueueManifest, offset: int) -> ChunkInfo | None:
+    """The chunk holding ``offset``, else the first one after it (a gap), else None."""
+    chunks = manifest.chunks
+    i = bisect.bisect_right([c.base for c in chunks], offset) - 1
+    if i >= 0 and offset < chunks[i].end:
+        return chunks[i]
+    return chunks[i + 1] if i + 1 < len(chunks) else None
+
+
+def read_cold(
+    cache: ChunkCache,
+    manifest: QueueManifest,
+    offset: int,
+    max_count: int,
+    max_bytes: int,
+    tags: Iterable[str] | None,
+    max_offset: int,
+) -> GetResult:
+    """Read ``offset`` onwards from the tier (``max_offset``: the queue's, for the result)."""
+    lo = manifest.min_offset
+    if offset < lo:
+        return GetResult(GetStatus.OFFSET_TOO_SMALL, lo, lo, max_offset)
+    chunk = find_chunk(manifest, offset)
+    if chunk is None:
+        # Past the tier's end: the caller only asks below the local minimum, so this is a
+        # counted gap between the tier and the disk; continue at the watermark.
+        return GetResult(GetStatus.NO_MATCHED_MESSAGE, manifest.watermark, lo, max_offset)
+    if offset < chunk.base:  # inside a counted gap: continue at the next chunk
+        return GetResult(GetStatus.NO_MATCHED_MESSAGE, chunk.base, lo, max_offset)
+    topic, qid = manifest.topic, manifest.queue_id
+    index = np.frombuffer(cache.get(index_key(topic, qid, chunk.base, chunk.end)), INDEX_DTYPE)
+    data = memoryview(cache.get(data_key(topic, qid, chunk.base, chunk.end)))
+    result = GetResult(GetStatus.FOUND, chunk.end, lo, max_offset)
+    first = int(np.searchsorted(index["qoff"], offset))
+    wanted = {tag_hash(t) for t in tags} if tags is not None else None
+    budget = max_bytes
+    scan_limit = max(max_count * 4, 1024) if wanted is not None else max_count
+    rows = index[first : first + scan_limit]
+    for qoff, pos, size, tag in zip(
+        rows["qoff"].tolist(),
+        rows["pos"].tolist(),
+        rows["size"].tolist(),
+        rows["tag"].tolist(),
+        strict=True,
+    ):
+        if result.count >= max_count or (result.count and size > budget):
+            result.next_begin_offset = qoff
+            break
+        if wanted is None or tag in wanted:
+            result.add(data[pos : pos + size], qoff, size)
+            budget -= size
+        result.next_begin_offset = qoff + 1
+    else:
+        if len(rows) == len(index) - first:
+            result.next_begin_offset = chunk.end  # the chunk's tail (and skipped records) read
+    if not result.count:
+        result.status = GetStatus.NO_MATCHED_MESSAGE
+    return result

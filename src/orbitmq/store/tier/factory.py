@@ -1,0 +1,41 @@
+"""The tier a StoreConfig asks for: None (off), a directory or an S3 backend under a service."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+from orbitmq.common.errors import ConfigError
+from orbitmq.store.commit_log import CommitLog
+from orbitmq.store.config import StoreConfig
+from orbitmq.store.consume_queue import ConsumeQueueTable
+from orbitmq.store.tier.backend import DirectoryBackend, TierBackend
+from orbitmq.store.tier.service import TierService
+
+
+def make_backend(config: StoreConfig) -> TierBackend | None:
+    kind = config.tier_backend
+    if kind == "off":
+        return None
+    if kind == "directory":
+        if not config.tier_path:
+            raise ConfigError("store.tier_path must name a folder when tier_backend = directory")
+        path = Path(config.tier_path)
+        if path.resolve() == config.store_path.resolve():
+            raise ConfigError("store.tier_path must not be the store's own folder")
+        return DirectoryBackend(path)
+    from orbitmq.store.tier.s3 import S3Backend  # optional extra: orbitmq[tier-s3]
+
+    return S3Backend.from_config(config)
+
+
+def build_tier(
+    config: StoreConfig,
+    commit_log: CommitLog,
+    queues: ConsumeQueueTable,
+    clock: Callable[[], int],
+) -> TierService | None:
+    backend = make_backend(config)
+    if backend is None:
+        return None
+    return TierService(config, backend, commit_log, queues, clock)
