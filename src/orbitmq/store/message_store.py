@@ -495,6 +495,8 @@ class MessageStore:
         """The raw record at a CommitLog offset (zero-copy), verified, or None."""
         loc = self.commit_log.view_at(physical_offset)
         confirmed = self.commit_log.confirm_offset
+        if loc is None and self.tier is not None and physical_offset < self.commit_log.min_offset:
+            return self.tier.read_record(physical_offset)  # an id of data only the tier holds
         if loc is None or physical_offset >= confirmed:
             return None
         view, at, size = loc

@@ -58,11 +58,10 @@ class ChunkCache:
                 self._bytes -= len(old)
         return raw
 
-    def forget(self, key: str) -> None:
+    def forget_all(self) -> None:
         with self._lock:
-            raw = self._items.pop(key, None)
-            if raw is not None:
-                self._bytes -= len(raw)
+            self._items.clear()
+            self._bytes = 0
 
 
 def find_chunk(manifest: QueueManifest, offset: int) -> ChunkInfo | None:
@@ -123,3 +122,23 @@ def read_cold(
     if not result.count:
         result.status = GetStatus.NO_MATCHED_MESSAGE
     return result
+
+
+def find_record(
+    cache: ChunkCache, manifest: QueueManifest, physical_offset: int
+) -> memoryview | None:
+    """The record of this queue whose original CommitLog offset is ``physical_offset``, or None.
+    A queue's chunks are in CommitLog order, so one binary search finds the only candidate."""
+    chunks = manifest.chunks
+    i = bisect.bisect_right([c.min_phy for c in chunks], physical_offset) - 1
+    if i < 0 or not chunks[i].count or physical_offset >= chunks[i].end_phy:
+        return None
+    chunk = chunks[i]
+    topic, qid = manifest.topic, manifest.queue_id
+    index = np.frombuffer(cache.get(index_key(topic, qid, chunk.base, chunk.end)), INDEX_DTYPE)
+    at = int(np.searchsorted(index["phy"], physical_offset))
+    if at >= len(index) or int(index["phy"][at]) != physical_offset:
+        return None
+    pos, size = int(index["pos"][at]), int(index["size"][at])
+    data = memoryview(cache.get(data_key(topic, qid, chunk.base, chunk.end)))
+    return data[pos : pos + size]

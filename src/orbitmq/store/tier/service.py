@@ -38,7 +38,7 @@ from orbitmq.store.consume_queue import ConsumeQueueTable
 from orbitmq.store.reader import GetResult
 from orbitmq.store.supervise import ServiceHealth
 from orbitmq.store.tier.backend import TierBackend
-from orbitmq.store.tier.cold import ChunkCache, read_cold
+from orbitmq.store.tier.cold import ChunkCache, find_record, read_cold
 from orbitmq.store.tier.layout import MANIFEST, QueueManifest
 from orbitmq.store.tier.uploader import build_chunk, expire_chunks, remove_orphans, upload_chunk
 
@@ -240,6 +240,17 @@ class TierService:
             )
         m = self.manifests[(topic, queue_id)]
         return read_cold(self.cache, m, offset, max_count, max_bytes, tags, max_offset)
+
+    def read_record(self, physical_offset: int) -> memoryview | None:
+        """The record whose original CommitLog offset is ``physical_offset`` (message ids of
+        data only the tier holds), or None. Retryable error while the tier is unreachable."""
+        if not self.loaded:
+            raise TierUnavailableError(f"tier {self.backend.describe()} not reachable yet")
+        for m in list(self.manifests.values()):
+            found = find_record(self.cache, m, physical_offset)
+            if found is not None:
+                return found
+        return None
 
     def min_offset(self, topic: str, queue_id: int, local: int) -> int:
         m = self.manifests.get((topic, queue_id))
