@@ -471,6 +471,7 @@ class BrokerProcessor:
                 min_offset=self.store.min_offset(topic, q),
                 max_offset=self.store.max_offset(topic, q),
                 last_update_timestamp_ms=self.store.last_store_time(topic, q),
+                **(self.store.tier.ranges(topic, q) if self.store.tier is not None else {}),
             )
             for q in range(max(config.read_queue_nums, config.write_queue_nums))
         ]

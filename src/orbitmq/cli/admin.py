@@ -31,7 +31,7 @@ from orbitmq.cli.common import (
 from orbitmq.client import AsyncAdminClient
 from orbitmq.client.route import TopicRouteNotFoundError
 from orbitmq.common.errors import ClientError, MQError
-from orbitmq.protocol.bodies import MESSAGE_TYPES, TopicConfig
+from orbitmq.protocol.bodies import MESSAGE_TYPES, QueueStats, TopicConfig
 
 topic_app = typer.Typer(
     no_args_is_help=True, help="Create, change, delete, list and describe topics."
@@ -374,6 +374,11 @@ def _retention(config: TopicConfig) -> str:
     return ", ".join(parts) or "default"
 
 
+def _tier_ranges(q: QueueStats) -> tuple[str, str]:
+    """The "local" and "tier" cells of one queue: the offsets on disk, the offsets uploaded."""
+    return f"[{q.local_min_offset}, {q.max_offset})", f"[{q.tier_min_offset}, {q.tier_max_offset})"
+
+
 @topic_app.command("describe")
 def topic_describe(topic: TopicOpt, namesrv: NamesrvOpt = DEFAULT_NAMESRV) -> None:
     """Show a topic's route and, per queue, its min/max offsets and last store time.
@@ -436,6 +441,10 @@ def topic_describe(topic: TopicOpt, namesrv: NamesrvOpt = DEFAULT_NAMESRV) -> No
             Column("last stored", no_wrap=True),
             title="queues",
         )
+        tiered = any(q.tier_max_offset is not None for s in desc.stats for q in s.queues)
+        if tiered:  # docs/tiered-storage.md: where each range lives
+            queues.add_column("local", justify="right", no_wrap=True)
+            queues.add_column("tier", justify="right", no_wrap=True)
         total = 0
         for stats in desc.stats:
             for q in sorted(stats.queues, key=lambda q: q.queue_id):
@@ -448,6 +457,7 @@ def topic_describe(topic: TopicOpt, namesrv: NamesrvOpt = DEFAULT_NAMESRV) -> No
                     str(q.max_offset),
                     str(count),
                     timestamp(q.last_update_timestamp_ms, zone=False),
+                    *(_tier_ranges(q) if tiered else ()),
                 )
         queues.add_section()
         queues.add_row("total", "", "", "", str(total), "")

@@ -37,6 +37,7 @@ from orbitmq.cli import (
     tail,
 )
 from orbitmq.cli import console as console_cli
+from orbitmq.cli import tier as tier_cli
 from orbitmq.cli.cluster import cluster_app
 from orbitmq.cli.ha import broker_app, cluster_describe
 from orbitmq.cli.message import message_app
@@ -70,6 +71,7 @@ app.add_typer(proxy.proxy_app, name="proxy")
 app.add_typer(kafka.kafka_app, name="kafka")
 app.add_typer(console_cli.console_app, name="console")
 app.add_typer(broker_app, name="broker")
+app.add_typer(tier_cli.tier_app, name="tier")
 cluster_app.command("describe")(cluster_describe)
 
 console = Console()

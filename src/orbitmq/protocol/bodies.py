@@ -70,6 +70,13 @@ class QueueStats(msgspec.Struct, kw_only=True):
     min_offset: int
     max_offset: int
     last_update_timestamp_ms: int = 0
+    # Tiered storage (docs/tiered-storage.md), absent when the broker has no tier:
+    local_min_offset: int | None = None
+    """First offset still on the broker's disk (``min_offset`` may be the tier's)."""
+    tier_min_offset: int | None = None
+    tier_max_offset: int | None = None
+    """The tier's upload watermark: offsets below it are in the tier."""
+    tier_last_upload_ms: int = 0
 
 
 class TopicStats(msgspec.Struct, kw_only=True):

@@ -279,6 +279,19 @@ class TierService:
 
     # ------------------------------------------------------------------ observability
 
+    def ranges(self, topic: str, queue_id: int) -> dict[str, int]:
+        """A queue's local and tier ranges (GET_TOPIC_STATS; ``orbitmq topic describe``)."""
+        cq = self.queues.get(topic, queue_id)
+        local = cq.min_offset if cq is not None else 0
+        m = self.manifests.get((topic, queue_id))
+        wm = m.watermark if m is not None else local
+        return {
+            "local_min_offset": local,
+            "tier_min_offset": m.min_offset if m is not None and m.held else wm,
+            "tier_max_offset": wm,
+            "tier_last_upload_ms": m.last_upload_ms if m is not None else 0,
+        }
+
     def status(self) -> dict[str, object]:
         """What ``orbitmq tier status`` shows: the tier and each queue's upload progress."""
         queues = []
