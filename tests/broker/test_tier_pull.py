@@ -6,9 +6,13 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
+from prometheus_client import CollectorRegistry, generate_latest
+
 from orbitmq.broker.controller import BrokerController
+from orbitmq.broker.metrics import TierCollector
 from orbitmq.common.codes import ResponseCode
 from orbitmq.net.client import RemotingClient
+from orbitmq.protocol.bodies import TopicConfig, encode_body
 from orbitmq.protocol.codes import RequestCode
 from orbitmq.protocol.frame import Frame
 from orbitmq.protocol.messages import decode_records
@@ -99,6 +103,33 @@ async def test_pull_reads_uploaded_data_after_local_deletion(tmp_path: Path) -> 
         resp = await client.invoke(broker.address, pull_frame("Cold", 1, 0))
         assert resp.code == ResponseCode.SUCCESS
         assert decode_records(resp.body)[0].body == sent[(1, 0)]
+    finally:
+        await client.close()
+        await broker.stop()
+
+
+async def test_topic_tier_ttl_and_the_tier_metrics(tmp_path: Path) -> None:
+    config = broker_config(
+        tmp_path / "store",
+        store={"tier_backend": "directory", "tier_path": str(tmp_path / "tier")},
+    )
+    broker = BrokerController(config)
+    await broker.start()
+    client = RemotingClient()
+    try:
+        cfg = TopicConfig(topic_name="Ttl", tier_retention_ms=60_000)
+        resp = await client.invoke(
+            broker.address, Frame(RequestCode.UPDATE_AND_CREATE_TOPIC, body=encode_body(cfg))
+        )
+        assert resp.code == ResponseCode.SUCCESS, resp.remark
+        assert broker.store.tier is not None
+        assert broker.store.tier.topic_ttl["Ttl"] == 60_000
+        assert await asyncio.to_thread(broker.store.tier.wait_uploaded, 10)  # first turn done
+        registry = CollectorRegistry()
+        registry.register(TierCollector(broker.store.tier.stats))
+        text = generate_latest(registry)
+        assert b"orbitmq_tier_available 1.0" in text, text
+        assert b"orbitmq_tier_upload_lag_messages 0.0" in text, text
     finally:
         await client.close()
         await broker.stop()

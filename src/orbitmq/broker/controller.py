@@ -30,7 +30,7 @@ from orbitmq.broker.ha.master import HaMaster
 from orbitmq.broker.ha.slave import HaSlave
 from orbitmq.broker.lock_manager import LockManager
 from orbitmq.broker.long_polling import LongPolling
-from orbitmq.broker.metrics import BrokerMetrics, HealthCollector
+from orbitmq.broker.metrics import BrokerMetrics, HealthCollector, TierCollector
 from orbitmq.broker.offset_manager import ConsumerOffsetManager
 from orbitmq.broker.pop.processor import PopProcessor
 from orbitmq.broker.pop.service import PopService
@@ -296,6 +296,8 @@ class BrokerController:
         m.registry.register(
             HealthCollector(lambda: (self.bridge.failure_counts(), self.bridge.degraded()))
         )
+        if self.store.tier is not None:
+            m.registry.register(TierCollector(self.store.tier.stats))
         server, _thread = start_http_server(
             self.config.metrics_port, addr=self.config.host, registry=m.registry
         )
@@ -305,6 +307,8 @@ class BrokerController:
     # ---------------------------------------------------------------- topics
 
     def apply_retention(self, config: TopicConfig) -> None:
+        if self.store.tier is not None:
+            self.store.tier.set_topic_ttl(config.topic_name, config.tier_retention_ms)
         if config.retention_ms is None and config.retention_bytes is None:
             self.store.set_topic_retention(config.topic_name, None)
         else:

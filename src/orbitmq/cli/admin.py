@@ -169,6 +169,9 @@ def topic_create(
     retention_bytes: Annotated[
         int | None, typer.Option(min=1, help="Keep at most this many bytes per queue.")
     ] = None,
+    tier_retention_ms: Annotated[
+        int | None, typer.Option(min=1, help="Tiered storage keeps chunks this long.")
+    ] = None,
     cluster: ClusterOpt = None,
     broker: BrokerOpt = None,
     namesrv: NamesrvOpt = DEFAULT_NAMESRV,
@@ -185,6 +188,7 @@ def topic_create(
         message_type=_message_type(message_type) or "NORMAL",
         retention_ms=retention_ms,
         retention_bytes=retention_bytes,
+        tier_retention_ms=tier_retention_ms,
     )
 
     async def go() -> None:
@@ -242,6 +246,9 @@ def topic_update(
     retention_bytes: Annotated[
         int | None, typer.Option(help="Keep at most this many bytes per queue (0: no limit).")
     ] = None,
+    tier_retention_ms: Annotated[
+        int | None, typer.Option(help="Tiered storage keeps chunks this long (0: broker's).")
+    ] = None,
     cluster: ClusterOpt = None,
     broker: BrokerOpt = None,
     namesrv: NamesrvOpt = DEFAULT_NAMESRV,
@@ -272,6 +279,8 @@ def topic_update(
                 changes["retention_ms"] = retention_ms or None
             if retention_bytes is not None:
                 changes["retention_bytes"] = retention_bytes or None
+            if tier_retention_ms is not None:
+                changes["tier_retention_ms"] = tier_retention_ms or None
             fields = {f: getattr(current, f) for f in current.__struct_fields__}
             config = TopicConfig(**{**fields, **changes})
             if cluster is None and broker is None:
@@ -371,6 +380,8 @@ def _retention(config: TopicConfig) -> str:
         parts.append(f"{config.retention_ms} ms")
     if config.retention_bytes:
         parts.append(f"{human_bytes(config.retention_bytes)}/queue")
+    if config.tier_retention_ms:
+        parts.append(f"tier {config.tier_retention_ms} ms")
     return ", ".join(parts) or "default"
 
 

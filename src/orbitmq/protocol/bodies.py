@@ -27,6 +27,9 @@ class TopicConfig(msgspec.Struct, kw_only=True):
     """OrbitMQ: messages older than this are no longer served (None: broker-wide rules)."""
     retention_bytes: int | None = None
     """OrbitMQ: each queue keeps at most this many bytes of the newest messages."""
+    tier_retention_ms: int | None = None
+    """OrbitMQ: tiered storage keeps this topic's chunks this long (None: the broker's
+    ``tier_retention_ms``; docs/tiered-storage.md)."""
 
 
 class QueueData(msgspec.Struct, kw_only=True):
