@@ -315,3 +315,21 @@ def test_tier_ttl_drops_old_chunks(tmp_path: Path) -> None:
         assert min(off for q, off in got if q == 0) == m.min_offset
     finally:
         store.close()
+
+
+def test_gaps_are_counted_for_a_queue_never_uploaded(tmp_path: Path) -> None:
+    store, flaky = open_store(tmp_path, flaky=True, tier_allow_unuploaded_delete=True)
+    assert flaky is not None and store.tier is not None
+    try:
+        flaky.down = True  # nothing ever uploaded, not even a manifest
+        sent = produce(store, 40)
+        store.retention.run()
+        assert segments(store) == 1
+        lost = sum(store.queues.get("T", q).min_offset for q in range(QUEUES))  # type: ignore[union-attr]
+        assert lost > 0
+        flaky.down = False
+        store.tier.run_once()
+        assert store.tier.gap_messages == lost
+        assert len(read_all(store)) == len(sent) - lost
+    finally:
+        store.close()

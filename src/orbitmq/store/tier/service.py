@@ -70,6 +70,9 @@ class TierService:
         self.topic_ttl: dict[str, int] = {}
         self.allow_gaps = config.tier_allow_unuploaded_delete
         self._reconciled: set[tuple[str, int]] = set()
+        # Where a queue never uploaded starts: its local minimum when first seen, so offsets
+        # deleted before its first upload (allowed gaps) are counted, not skipped silently.
+        self._baseline: dict[tuple[str, int], int] = {}
         self._lock = threading.Lock()  # guards ``manifests`` replacement per queue
         self._turn = threading.Lock()  # one upload pass at a time (the thread, or a test)
         self._stop = threading.Event()
@@ -85,6 +88,7 @@ class TierService:
     # ------------------------------------------------------------------ lifecycle
 
     def start(self) -> None:
+        self._note_baselines()
         self._stop.clear()
         self._thread = threading.Thread(target=self._run, name="orbitmq-tier", daemon=True)
         self._thread.start()
@@ -152,7 +156,8 @@ class TierService:
             key = (topic, qid)
             m = self.manifests.get(key)
             if m is None:
-                m = QueueManifest(topic, qid, watermark=cq.min_offset, min_offset=cq.min_offset)
+                start = min(self._baseline.get(key, cq.min_offset), cq.min_offset)
+                m = QueueManifest(topic, qid, watermark=start, min_offset=start)
             if key not in self._reconciled:
                 self.orphans_removed += remove_orphans(self.backend, m)
                 self._reconciled.add(key)
@@ -264,6 +269,7 @@ class TierService:
         """Every ConsumeQueue entry pointing below ``seg_end`` is in the tier (or the operator
         allows counted gaps)."""
         if self.allow_gaps:
+            self._note_baselines()
             return True
         if not self.loaded:
             return False
@@ -276,6 +282,11 @@ class TierService:
             if entry is None or entry[0] < seg_end:
                 return False
         return True
+
+    def _note_baselines(self) -> None:
+        for key, cq in list(self.queues.queues.items()):
+            if key not in self.manifests:
+                self._baseline.setdefault(key, cq.min_offset)
 
     # ------------------------------------------------------------------ observability
 
