@@ -308,6 +308,13 @@ def broker(
             "default: only if the [kafka] table sets a port)."
         ),
     ] = None,
+    tier_restore: Annotated[
+        bool | None,
+        typer.Option(
+            "--tier-restore",
+            help="Rebuild queues lost locally from the tier's manifests (docs/tiered-storage.md).",
+        ),
+    ] = None,
     log_level: LogLevel = "INFO",
 ) -> None:
     """Run a Broker (with --proxy-port, a gRPC proxy beside it); `broker elect` moves a
@@ -329,7 +336,11 @@ def broker(
                 "auto_create_topic": auto_create_topic,
                 "metrics_port": metrics_port,
             },
-            "store": {"store_path": store_path, "flush_disk_type": flush},
+            "store": {
+                "store_path": store_path,
+                "flush_disk_type": flush,
+                "tier_restore": tier_restore,
+            },
             "proxy": _proxy_tls(proxy_tls, proxy_tls_cert, proxy_tls_key, proxy_tls_client_ca),
         },
     )

@@ -125,6 +125,11 @@ class StoreConfig:
         "Let retention delete a segment the tier does not cover yet; the lost offsets are "
         "counted (tier gaps), never silent. Off: the segment waits for its upload.",
     )
+    tier_restore: bool = setting(
+        False,
+        "At start, continue every queue the tier's manifests know at its watermark (a lost or "
+        "wiped store rebuilt from the bucket; waits for the tier). orbitmq broker --tier-restore.",
+    )
     tier_cache_bytes: int = setting(64 * MiB, "Cold reads: fetched chunks kept.", at_least(0))
     tier_s3_endpoint: str = setting("", "S3 backend: endpoint URL (empty: AWS).")
     tier_s3_bucket: str = setting("", "S3 backend: bucket.")

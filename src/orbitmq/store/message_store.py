@@ -129,7 +129,7 @@ class MessageStore:
             disk_usage=disk_usage,
         )
         self._view = ReadView(self.commit_log, self.queues, self.retention)
-        self.tier = build_tier(config, self.commit_log, self.queues, clock)  # tiered-storage.md
+        self.tier = build_tier(config, self.commit_log, self.queues, self.dispatcher, clock)
         self.retention.tier = self.tier
         self.epochs = EpochFile(root / EPOCH_FILE, self.fs)
         self._checkpointer = PeriodicService(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import shutil
 import time
 from pathlib import Path
 from typing import Any
@@ -331,5 +332,36 @@ def test_gaps_are_counted_for_a_queue_never_uploaded(tmp_path: Path) -> None:
         store.tier.run_once()
         assert store.tier.gap_messages == lost
         assert len(read_all(store)) == len(sent) - lost
+    finally:
+        store.close()
+
+
+def test_disaster_recovery_from_the_manifests(tmp_path: Path) -> None:
+    store, _ = open_store(tmp_path)
+    assert store.tier is not None
+    sent = produce(store, 30)
+    store.tier.run_once()
+    marks = {q: store.max_offset("T", q) for q in range(QUEUES)}
+    store.close()
+    shutil.rmtree(tmp_path / "store")  # the local disk is lost
+    store, _ = open_store(tmp_path, tier_restore=True)
+    try:
+        assert {q: store.max_offset("T", q) for q in range(QUEUES)} == marks
+        assert store.min_offset("T", 0) == 0
+        assert read_all(store) == sent
+        sent |= produce(store, 2, start=30)  # new sends continue after the tier's offsets
+        assert store.max_offset("T", 0) == marks[0] + 16
+        assert read_all(store) == sent
+        phy = decode(store.get_messages("T", 3, 0).messages[0]).physical_offset
+        msg = store.get_message(phy)  # an old message id still resolves
+        assert msg is not None and msg.body == sent[(3, 0)]
+        assert store.commit_log.min_offset > phy  # the new log starts past the tier's
+        store.commit_log.flush()
+        store.tier.run_once()
+    finally:
+        store.close()
+    store, _ = open_store(tmp_path)  # a plain restart afterwards: nothing to restore
+    try:
+        assert read_all(store) == sent
     finally:
         store.close()

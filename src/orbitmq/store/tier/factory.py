@@ -9,6 +9,7 @@ from orbitmq.common.errors import ConfigError
 from orbitmq.store.commit_log import CommitLog
 from orbitmq.store.config import StoreConfig
 from orbitmq.store.consume_queue import ConsumeQueueTable
+from orbitmq.store.dispatch import Dispatcher
 from orbitmq.store.tier.backend import DirectoryBackend, TierBackend
 from orbitmq.store.tier.service import TierService
 
@@ -33,9 +34,13 @@ def build_tier(
     config: StoreConfig,
     commit_log: CommitLog,
     queues: ConsumeQueueTable,
+    dispatcher: Dispatcher,
     clock: Callable[[], int],
 ) -> TierService | None:
+    """The store's tier (docs/tiered-storage.md), or None when ``tier_backend`` is off."""
     backend = make_backend(config)
     if backend is None:
         return None
-    return TierService(config, backend, commit_log, queues, clock)
+    tier = TierService(config, backend, commit_log, queues, clock)
+    tier.dispatcher = dispatcher
+    return tier

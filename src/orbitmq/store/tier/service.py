@@ -31,10 +31,13 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 
+import numpy as np
+
 from orbitmq.common.errors import TierUnavailableError
 from orbitmq.store.commit_log import CommitLog
 from orbitmq.store.config import StoreConfig
-from orbitmq.store.consume_queue import ConsumeQueueTable
+from orbitmq.store.consume_queue import ENTRY_DTYPE, ConsumeQueueTable
+from orbitmq.store.dispatch import Dispatcher
 from orbitmq.store.reader import GetResult
 from orbitmq.store.supervise import ServiceHealth
 from orbitmq.store.tier.backend import TierBackend
@@ -84,10 +87,14 @@ class TierService:
         self.expired_chunks = 0
         self.gap_messages = 0
         self.last_error = ""
+        self.dispatcher: Dispatcher | None = None  # restore moves an empty log's start
 
     # ------------------------------------------------------------------ lifecycle
 
     def start(self) -> None:
+        self._skip_leading_holes()
+        if self.config.tier_restore:
+            self.restore()
         self._note_baselines()
         self._stop.clear()
         self._thread = threading.Thread(target=self._run, name="orbitmq-tier", daemon=True)
@@ -140,6 +147,54 @@ class TierService:
                 self.manifests.setdefault(k, m)
             self.loaded = True
         log.info("tier %s: %d queue manifests loaded", self.backend.describe(), len(found))
+
+    def _skip_leading_holes(self) -> None:
+        """A restored queue's first ConsumeQueue file begins below its tier watermark, with
+        empty entries there; reloading sets the queue's minimum to the file's start. Move it
+        past those holes ("no entry" by the storage format), so the offsets below are the
+        tier's again rather than local records that fail their checks."""
+        for cq in list(self.queues.queues.values()):
+            while cq.min_offset < cq.max_offset:
+                raw = cq.entries(cq.min_offset, cq.max_offset - cq.min_offset)
+                sizes = np.frombuffer(raw, dtype=ENTRY_DTYPE)["size"]
+                filled = np.flatnonzero(sizes > 0)
+                if len(filled):
+                    cq.min_offset += int(filled[0])
+                    break
+                if not len(sizes):
+                    break
+                cq.min_offset += len(sizes)
+
+    def restore(self) -> int:
+        """Disaster recovery from the bucket: load every manifest now (blocking; an unreachable
+        tier fails the start, as the operator asked for it) and make each queue the local store
+        lacks continue at its watermark, with everything below it read from the tier. Call it
+        before any append. Returns how many queues were restored."""
+        self.load()
+        cl = self.commit_log
+        end = max((c.end_phy for m in self.manifests.values() for c in m.chunks), default=0)
+        if not cl.segments.segments and cl.max_offset < end and self.dispatcher is not None:
+            # An empty log starts past every offset the tier holds (at a segment boundary, as a
+            # new slave's does), so old message ids never name a new record.
+            start = -(-end // cl.segment_size) * cl.segment_size
+            with cl.lock:
+                cl.max_offset = cl.flushed_offset = start
+                self.dispatcher.reput_offset = start
+        restored = 0
+        for (topic, qid), m in sorted(self.manifests.items()):
+            cq = self.queues.get_or_create(topic, qid)
+            if cq.max_offset >= m.watermark:
+                continue
+            if cq.max_offset > cq.min_offset:
+                log.error("tier restore: %s/%d holds [%d, %d) locally, below the tier's %d: kept",
+                          topic, qid, cq.min_offset, cq.max_offset, m.watermark)  # fmt: skip
+                continue
+            with self.commit_log.lock:
+                cq.min_offset = cq.max_offset = m.watermark
+                self.commit_log.queue_offsets[(topic, qid)] = m.watermark
+            restored += 1
+        log.warning("tier restore: %d queues continue at their tier watermark", restored)
+        return restored
 
     def run_once(self) -> None:
         """One upload pass over every queue (the thread's turn; tests call it directly)."""
