@@ -133,3 +133,58 @@ async def test_topic_tier_ttl_and_the_tier_metrics(tmp_path: Path) -> None:
     finally:
         await client.close()
         await broker.stop()
+
+
+async def test_pop_with_ack_reads_the_tier(tmp_path: Path) -> None:
+    from tests.broker.test_pop import ack, make_topic, pop
+
+    config = broker_config(tmp_path / "store", store=tier_settings(tmp_path))
+    broker = BrokerController(config)
+    await broker.start()
+    client = RemotingClient()
+    try:
+        make_topic(broker, "PopCold", 2)
+        sent: dict[tuple[int, int], bytes] = {}
+        for r in range(30):
+            for q in range(2):
+                bodies = [f"pop-{q}-{r}-{j}-".encode() * 10 for j in range(8)]
+                resp = await client.invoke(
+                    broker.address, send_frame("PopCold", bodies, queue_id=q)
+                )
+                assert resp.code == ResponseCode.SUCCESS, resp.remark
+                first = resp.fields["queue_offset"]
+                sent |= {(q, first + j): b for j, b in enumerate(bodies)}
+        store = broker.store
+        assert store.tier is not None
+        await asyncio.to_thread(store.wait_for_dispatch)
+        await asyncio.to_thread(store.commit_log.flush)
+        await asyncio.to_thread(store.tier.run_once)
+        await asyncio.to_thread(store.retention.run)
+        assert store.queues.get("PopCold", 0).min_offset > 0  # type: ignore[union-attr]
+        got: dict[tuple[int, int], bytes] = {}
+        for _ in range(200):
+            resp, msgs, handles = await pop(client, broker, "PopCold", max_msg_nums=32)
+            if resp.code != ResponseCode.SUCCESS:
+                assert resp.code == ResponseCode.PULL_NOT_FOUND, (resp.code, resp.remark)
+                break
+            for m, h in zip(msgs, handles, strict=True):
+                assert (m.queue_id, m.queue_offset) not in got
+                got[(m.queue_id, m.queue_offset)] = m.body
+                assert (await ack(client, broker, "PopCold", h)).code == ResponseCode.SUCCESS
+        assert got == sent
+    finally:
+        await client.close()
+        await broker.stop()
+
+
+def tier_settings(tmp_path: Path) -> dict[str, object]:
+    return {
+        "mapped_file_size_commit_log": SEG,
+        "max_message_size": 4096,
+        "tier_backend": "directory",
+        "tier_path": str(tmp_path / "tier"),
+        "tier_upload_interval_ms": 3_600_000,
+        "tier_chunk_max_messages": 50,
+        "tier_local_retention_ms": 0,
+        "delete_when": ";".join(str(h) for h in range(24)),
+    }
