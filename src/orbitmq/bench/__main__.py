@@ -1,4 +1,4 @@
-"""`python -m orbitmq.bench <benchmark> [options]`; benchmarks: store, produce, spread."""
+"""`python -m orbitmq.bench <benchmark> [options]`; benchmarks: store, produce, spread, tier."""
 
 from __future__ import annotations
 
@@ -6,9 +6,14 @@ import os
 import shlex
 import sys
 
-from orbitmq.bench import produce, spread, store
+from orbitmq.bench import produce, spread, store, tier
 
-BENCHMARKS = {"store": store.main, "produce": produce.main, "spread": spread.main}
+BENCHMARKS = {
+    "store": store.main,
+    "produce": produce.main,
+    "spread": spread.main,
+    "tier": tier.main,
+}
 
 
 def _python() -> str:
