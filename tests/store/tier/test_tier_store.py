@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from orbitmq.common.errors import TierUnavailableError
-from orbitmq.common.message import MessageBatch
+from orbitmq.common.message import Message, MessageBatch
 from orbitmq.common.record import decode
 from orbitmq.store.message_store import GetStatus, MessageStore
 from orbitmq.store.tier.backend import DirectoryBackend, TierBackend
@@ -363,5 +363,33 @@ def test_disaster_recovery_from_the_manifests(tmp_path: Path) -> None:
     store, _ = open_store(tmp_path)  # a plain restart afterwards: nothing to restore
     try:
         assert read_all(store) == sent
+    finally:
+        store.close()
+
+
+def test_cold_reads_filter_by_tag_as_local_reads_do(tmp_path: Path) -> None:
+    store, _ = open_store(tmp_path)
+    assert store.tier is not None
+    try:
+        for r in range(60):
+            msgs = [Message("G", f"g{r}-{j}".encode() * 30, tags="a" if j % 3 == 0 else "b")
+                    for j in range(6)]  # fmt: skip
+            store.put(MessageBatch.of("G", 0, msgs))
+        assert store.wait_for_dispatch()
+        store.commit_log.flush()
+        hot = store.get_messages("G", 0, 0, max_count=1000, tags=["a"])
+        want = [(o, bytes(m)) for o, m in zip(hot.queue_offsets, hot.messages, strict=True)]
+        store.tier.run_once()
+        store.retention.run()
+        assert store.queues.get("G", 0).min_offset > 0  # type: ignore[union-attr]
+        got: list[tuple[int, bytes]] = []
+        offset = 0
+        for _ in range(1000):
+            if offset >= store.max_offset("G", 0):
+                break
+            res = store.get_messages("G", 0, offset, max_count=7, tags=["a"])
+            got += [(o, bytes(m)) for o, m in zip(res.queue_offsets, res.messages, strict=True)]
+            offset = res.next_begin_offset
+        assert got == want and len(got) == 120
     finally:
         store.close()

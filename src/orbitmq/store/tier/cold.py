@@ -102,6 +102,8 @@ def read_cold(
     budget = max_bytes
     scan_limit = max(max_count * 4, 1024) if wanted is not None else max_count
     rows = index[first : first + scan_limit]
+    if wanted is None and len(rows):
+        return _take_run(result, data, rows, max_count, max_bytes, chunk.end, len(index) - first)
     for qoff, pos, size, tag in zip(
         rows["qoff"].tolist(),
         rows["pos"].tolist(),
@@ -121,6 +123,30 @@ def read_cold(
             result.next_begin_offset = chunk.end  # the chunk's tail (and skipped records) read
     if not result.count:
         result.status = GetStatus.NO_MATCHED_MESSAGE
+    return result
+
+
+def _take_run(
+    result: GetResult,
+    data: memoryview,
+    rows: np.ndarray,
+    max_count: int,
+    max_bytes: int,
+    chunk_end: int,
+    rest: int,
+) -> GetResult:
+    """No tag filter: the records a read takes lie back to back in the data object (uploads
+    copy them in queue order), so they go out as one view, as a local read hands out a run."""
+    sizes = rows["size"].astype(np.int64)
+    within = np.cumsum(sizes) <= max_bytes
+    take = max(1, min(len(rows), max_count, int(np.count_nonzero(within))))
+    pos = rows["pos"]
+    start, end = int(pos[0]), int(pos[take - 1]) + int(sizes[take - 1])
+    result.body_parts.append(data[start:end])
+    result.queue_offsets.extend(rows["qoff"][:take].tolist())
+    result.sizes.extend(sizes[:take].tolist())
+    last = int(rows["qoff"][take - 1])
+    result.next_begin_offset = chunk_end if take == rest else last + 1
     return result
 
 
