@@ -362,6 +362,7 @@ def test_disaster_recovery_from_the_manifests(tmp_path: Path) -> None:
         store.close()
     store, _ = open_store(tmp_path)  # a plain restart afterwards: nothing to restore
     try:
+        assert store.tier is not None and store.tier.wait_uploaded(10)  # catalog loaded
         assert read_all(store) == sent
     finally:
         store.close()
