@@ -532,7 +532,8 @@ class MessageStore:
         if cq is None:
             return 0
         lo = max(cq.min_offset, self.retention.floor(topic, queue_id))
-        return offset_for_timestamp(self.commit_log, cq, lo, timestamp_ms)
+        found = offset_for_timestamp(self.commit_log, cq, lo, timestamp_ms)
+        return found if found > lo or not self.tier else self.tier.time_offset(cq, timestamp_ms)
 
     def query_by_key(
         self, topic: str, key: str, max_num: int = 32, begin_ms: int = 0, end_ms: int = 2**62

@@ -301,6 +301,10 @@ def test_tier_ttl_drops_old_chunks(tmp_path: Path) -> None:
         store.tier.run_once()
         store.retention.run()
         assert segments(store) == 1
+        # Time to offset reaches below the local data into the tier.
+        assert store.queues.get("T", 0).min_offset > 0  # type: ignore[union-attr]
+        assert store.offset_for_timestamp("T", 0, 0) == 0
+        assert store.offset_for_timestamp("T", 0, now[0]) == 40 * 8  # the first newer one
         store.tier.set_topic_ttl("T", 3_600_000)  # ...so only the old chunks are past 1 h
         store.tier.run_once()
         m = store.tier.manifests[("T", 0)]

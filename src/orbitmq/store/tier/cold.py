@@ -168,3 +168,17 @@ def find_record(
     pos, size = int(index["pos"][at]), int(index["size"][at])
     data = memoryview(cache.get(data_key(topic, qid, chunk.base, chunk.end)))
     return data[pos : pos + size]
+
+
+def time_to_offset(cache: ChunkCache, manifest: QueueManifest, timestamp_ms: int) -> int | None:
+    """The first queue offset of this queue's tier data stored at or after ``timestamp_ms``
+    (the first chunk whose newest record qualifies, then its index), or None."""
+    for chunk in manifest.chunks:
+        if not chunk.count or chunk.max_ts < timestamp_ms:
+            continue
+        key = index_key(manifest.topic, manifest.queue_id, chunk.base, chunk.end)
+        index = np.frombuffer(cache.get(key), INDEX_DTYPE)
+        hits = np.flatnonzero(index["ts"] >= timestamp_ms)
+        if len(hits):
+            return int(index["qoff"][hits[0]])
+    return None

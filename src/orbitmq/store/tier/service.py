@@ -36,12 +36,12 @@ import numpy as np
 from orbitmq.common.errors import TierUnavailableError
 from orbitmq.store.commit_log import CommitLog
 from orbitmq.store.config import StoreConfig
-from orbitmq.store.consume_queue import ENTRY_DTYPE, ConsumeQueueTable
+from orbitmq.store.consume_queue import ENTRY_DTYPE, ConsumeQueue, ConsumeQueueTable
 from orbitmq.store.dispatch import Dispatcher
 from orbitmq.store.reader import GetResult
 from orbitmq.store.supervise import ServiceHealth
 from orbitmq.store.tier.backend import TierBackend
-from orbitmq.store.tier.cold import ChunkCache, find_record, read_cold
+from orbitmq.store.tier.cold import ChunkCache, find_record, read_cold, time_to_offset
 from orbitmq.store.tier.layout import MANIFEST, QueueManifest
 from orbitmq.store.tier.uploader import build_chunk, expire_chunks, remove_orphans, upload_chunk
 
@@ -311,6 +311,18 @@ class TierService:
             if found is not None:
                 return found
         return None
+
+    def time_offset(self, cq: ConsumeQueue, timestamp_ms: int) -> int:
+        """Time to offset when the local data starts at or after ``timestamp_ms``: the first
+        tier record stored at or after it (chunks by their newest time, then the index), else
+        the local minimum. Retryable error while the tier is unreachable."""
+        m = self.manifests.get((cq.topic, cq.queue_id))
+        if not self.loaded and cq.min_offset > 0:
+            raise TierUnavailableError(f"tier {self.backend.describe()} not reachable yet")
+        if m is None or not m.held or m.min_offset >= cq.min_offset:
+            return cq.min_offset
+        found = time_to_offset(self.cache, m, timestamp_ms)
+        return cq.min_offset if found is None else min(found, cq.min_offset)
 
     def min_offset(self, topic: str, queue_id: int, local: int) -> int:
         m = self.manifests.get((topic, queue_id))
