@@ -57,6 +57,7 @@ from orbitmq.store.message_store import MessageStore
 from orbitmq.store.recovery import RecoveryReport
 from orbitmq.store.retention import TopicRetention
 from orbitmq.store.supervise import ServiceHealth
+from orbitmq.store.tier.factory import with_broker_prefix
 
 log = logging.getLogger(__name__)
 
@@ -93,7 +94,9 @@ class BrokerController:
         """``system_log``: where the Pop and transaction system topics live (default: this
         broker's store; tests pass an in-memory one)."""
         self.config = config
-        self.store = MessageStore(config.store)
+        self.store = MessageStore(
+            with_broker_prefix(config.store, config.cluster, config.broker_name, config.broker_id)
+        )
         self.topics = TopicConfigManager(
             config.store.store_path / "config" / "topics.json", config.default_queue_nums
         )

@@ -104,6 +104,11 @@ class StoreConfig:
         one_of("off", "directory", "s3"),
     )  # fmt: skip
     tier_path: str = setting("", "Directory backend: the tier's root folder (another disk).")
+    tier_prefix: str = setting(
+        "",
+        "Folder of this store's objects in the tier; empty: a broker uses <cluster>/<broker "
+        "name> (a slave adds -<broker id>), so brokers can share one bucket or directory.",
+    )
     tier_upload_interval_ms: int = setting(
         1_000, "How often the tier thread uploads flushed data.", at_least(10)
     )

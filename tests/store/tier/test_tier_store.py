@@ -16,6 +16,7 @@ from orbitmq.common.message import Message, MessageBatch
 from orbitmq.common.record import decode
 from orbitmq.store.message_store import GetStatus, MessageStore
 from orbitmq.store.tier.backend import DirectoryBackend, TierBackend
+from orbitmq.store.tier.factory import make_backend, with_broker_prefix
 from orbitmq.store.tier.layout import QueueManifest, data_key, manifest_key
 from tests.store.conftest import small_config
 
@@ -400,3 +401,20 @@ def test_cold_reads_filter_by_tag_as_local_reads_do(tmp_path: Path) -> None:
         assert got == want and len(got) == 120
     finally:
         store.close()
+
+
+def test_brokers_share_a_tier_directory_under_their_own_prefixes(tmp_path: Path) -> None:
+    base = small_config(tmp_path / "a", tier_backend="directory", tier_path=str(tmp_path / "tier"))
+    a = with_broker_prefix(base, "C", "broker-a", 0)
+    b = with_broker_prefix(base, "C", "broker-b", 0)
+    slave = with_broker_prefix(base, "C", "broker-a", 1)
+    assert (a.tier_prefix, b.tier_prefix, slave.tier_prefix) == (
+        "C/broker-a", "C/broker-b", "C/broker-a-1"
+    )  # fmt: skip
+    assert with_broker_prefix(small_config(tmp_path), "C", "x", 0).tier_prefix == ""  # tier off
+    ba, bb = make_backend(a), make_backend(b)
+    assert ba is not None and bb is not None
+    ba.put("T/0/manifest.json", b"a")
+    bb.put("T/0/manifest.json", b"b")
+    assert ba.get("T/0/manifest.json") == b"a" and bb.list("") == ["T/0/manifest.json"]
+    assert (tmp_path / "tier" / "C" / "broker-b" / "T" / "0" / "manifest.json").read_bytes() == b"b"

@@ -57,6 +57,37 @@ class TierBackend(abc.ABC):
         puts). Called by the tier thread before it loads the catalog."""
 
 
+class PrefixedBackend(TierBackend):
+    """Another backend's keys under ``prefix/``: one store's objects beside other stores'."""
+
+    def __init__(self, inner: TierBackend, prefix: str) -> None:
+        self.inner = inner
+        self.prefix = check_key(prefix.strip("/")) + "/"
+        self.name = inner.name
+
+    def describe(self) -> str:
+        return f"{self.inner.describe()} /{self.prefix}"
+
+    def put(self, key: str, data: bytes | bytearray | memoryview) -> None:
+        self.inner.put(self.prefix + check_key(key), data)
+
+    def get(self, key: str) -> bytes:
+        return self.inner.get(self.prefix + check_key(key))
+
+    def get_range(self, key: str, start: int, length: int) -> bytes:
+        return self.inner.get_range(self.prefix + check_key(key), start, length)
+
+    def list(self, prefix: str) -> list[str]:
+        cut = len(self.prefix)
+        return [k[cut:] for k in self.inner.list(self.prefix + prefix)]
+
+    def delete(self, key: str) -> None:
+        self.inner.delete(self.prefix + check_key(key))
+
+    def probe(self) -> None:
+        self.inner.probe()
+
+
 def check_key(key: str) -> str:
     parts = key.split("/")
     if not key or any(p in ("", ".", "..") for p in parts):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from pathlib import Path
 
@@ -10,11 +11,29 @@ from orbitmq.store.commit_log import CommitLog
 from orbitmq.store.config import StoreConfig
 from orbitmq.store.consume_queue import ConsumeQueueTable
 from orbitmq.store.dispatch import Dispatcher
-from orbitmq.store.tier.backend import DirectoryBackend, TierBackend
+from orbitmq.store.tier.backend import DirectoryBackend, PrefixedBackend, TierBackend
 from orbitmq.store.tier.service import TierService
 
 
 def make_backend(config: StoreConfig) -> TierBackend | None:
+    backend = _backend(config)
+    if backend is None or not config.tier_prefix:
+        return backend
+    return PrefixedBackend(backend, config.tier_prefix)
+
+
+def with_broker_prefix(
+    config: StoreConfig, cluster: str, broker: str, broker_id: int
+) -> StoreConfig:
+    """The store config a broker opens: an unset ``tier_prefix`` becomes ``<cluster>/<broker>``
+    (``-<id>`` for a slave, whose copy must not collide with its master's)."""
+    if config.tier_backend == "off" or config.tier_prefix:
+        return config
+    prefix = f"{cluster}/{broker}" + (f"-{broker_id}" if broker_id else "")
+    return dataclasses.replace(config, tier_prefix=prefix)
+
+
+def _backend(config: StoreConfig) -> TierBackend | None:
     kind = config.tier_backend
     if kind == "off":
         return None
