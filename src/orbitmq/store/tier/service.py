@@ -88,6 +88,9 @@ class TierService:
         self.gap_messages = 0
         self.last_error = ""
         self.dispatcher: Dispatcher | None = None  # restore moves an empty log's start
+        self.plain: Callable[[memoryview], bytes | memoryview] | None = None
+        """Stored record -> record to upload (encryption at rest sets it to the sealer's
+        ``plain``: a sealed record needs its segment's key, which local deletion removes)."""
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -233,7 +236,7 @@ class TierService:
                     return
                 chunk = build_chunk(
                     cl, cq, m.watermark, limit, cfg.tier_chunk_max_messages,
-                    cfg.tier_chunk_max_bytes,
+                    cfg.tier_chunk_max_bytes, self.plain,
                 )  # fmt: skip
                 if chunk is None:
                     break

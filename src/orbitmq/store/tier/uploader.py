@@ -12,6 +12,7 @@ local deletion) moves only after all three succeeded.
 from __future__ import annotations
 
 import struct
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -66,8 +67,11 @@ def build_chunk(
     limit: int,
     max_count: int,
     max_bytes: int,
+    plain: Callable[[memoryview], bytes | memoryview] | None = None,
 ) -> Chunk | None:
-    """The next chunk of ``cq`` from queue offset ``start``, or None if nothing is ready."""
+    """The next chunk of ``cq`` from queue offset ``start``, or None if nothing is ready.
+    ``plain`` turns a stored record into the record to upload (encryption at rest: the
+    plaintext record, since the segment's key goes with the segment; the size may change)."""
     data = bytearray()
     rows: list[tuple[int, int, int, int, int, int]] = []
     pos = start
@@ -96,8 +100,9 @@ def build_chunk(
                 n, queue_id, queue_offset = 0, -1, -1
             if n == size and queue_id == cq.queue_id and queue_offset == pos:
                 ts = STORE_TIMESTAMP.unpack_from(view, at + STORE_TIMESTAMP_OFFSET)[0]
-                rows.append((pos, len(data), size, tag, phy, ts))
-                data += view[at : at + size]
+                record = view[at : at + size] if plain is None else plain(view[at : at + size])
+                rows.append((pos, len(data), len(record), tag, phy, ts))
+                data += record
             pos += 1
         if done:
             break
