@@ -69,7 +69,7 @@ from orbitmq.store.replica import append_chunk, read_chunk
 from orbitmq.store.retention import RetentionService, TopicRetention
 from orbitmq.store.segment import FileOps, io_error
 from orbitmq.store.supervise import ServiceHealth
-from orbitmq.store.tier.factory import build_tier
+from orbitmq.store.tier.factory import attach_tier
 from orbitmq.store.truncate import TruncateReport, check_cut, truncate
 
 __all__ = ["GetResult", "GetStatus", "MessageStore"]
@@ -129,8 +129,7 @@ class MessageStore:
             disk_usage=disk_usage,
         )
         self._view = ReadView(self.commit_log, self.queues, self.retention)
-        self.tier = build_tier(config, self.commit_log, self.queues, self.dispatcher, clock)
-        self.retention.tier = self.tier
+        self.tier = attach_tier(self)  # docs/tiered-storage.md; after the parts it reads
         self.epochs = EpochFile(root / EPOCH_FILE, self.fs)
         self._checkpointer = PeriodicService(
             "orbitmq-checkpoint", config.flush_interval_consume_queue_ms / 1000, self.checkpoint

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from orbitmq.common.errors import ConfigError
 from orbitmq.store.commit_log import CommitLog
@@ -62,4 +63,17 @@ def build_tier(
         return None
     tier = TierService(config, backend, commit_log, queues, clock)
     tier.dispatcher = dispatcher
+    return tier
+
+
+def attach_tier(store: Any) -> TierService | None:
+    """The tier of a MessageStore (``store``; typed loosely, as the store imports this module),
+    wired to the parts it reads and gates: retention asks it before deleting a segment, and a
+    store that encrypts at rest hands it the sealer's ``plain`` (a sealed record needs its
+    segment's key, which goes with the segment)."""
+    tier = build_tier(store.config, store.commit_log, store.queues, store.dispatcher, store.clock)
+    store.retention.tier = tier
+    sealer = getattr(store, "sealer", None)
+    if tier is not None and sealer is not None:
+        tier.plain = sealer.plain
     return tier
