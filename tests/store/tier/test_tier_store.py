@@ -175,6 +175,7 @@ def test_outage_keeps_writes_and_hot_reads_and_fails_cold_reads_retryably(tmp_pa
             store.get_messages("T", 1, 0, max_count=8)
         assert err.value.retriable
         assert store.tier.stats()["tier_upload_lag_messages"] > 0
+        assert store.tier.stats()["tier_upload_lag_ms"] >= 0
         flaky.down = False
         store.tier.run_once()  # catch up
         store.retention.run()
@@ -301,13 +302,16 @@ def test_tier_ttl_drops_old_chunks(tmp_path: Path) -> None:
         produce(store, 40)  # old: stored at now
         now[0] += 2 * 3_600_000  # the next ones are stored two hours later...
         newer = produce(store, 20, start=40)
+        now[0] += 5_000  # the upload lag is the oldest waiting record's age
+        assert store.tier.stats()["tier_upload_lag_ms"] >= 2 * 3_600_000 + 5_000
         store.tier.run_once()
+        assert store.tier.stats()["tier_upload_lag_ms"] == 0
         store.retention.run()
         assert segments(store) == 1
         # Time to offset reaches below the local data into the tier.
         assert store.queues.get("T", 0).min_offset > 0  # type: ignore[union-attr]
         assert store.offset_for_timestamp("T", 0, 0) == 0
-        assert store.offset_for_timestamp("T", 0, now[0]) == 40 * 8  # the first newer one
+        assert store.offset_for_timestamp("T", 0, now[0] - 5_000) == 40 * 8  # the first newer
         store.tier.set_topic_ttl("T", 3_600_000)  # ...so only the old chunks are past 1 h
         store.tier.run_once()
         m = store.tier.manifests[("T", 0)]

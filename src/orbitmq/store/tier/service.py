@@ -38,7 +38,7 @@ from orbitmq.store.commit_log import CommitLog
 from orbitmq.store.config import StoreConfig
 from orbitmq.store.consume_queue import ENTRY_DTYPE, ConsumeQueue, ConsumeQueueTable
 from orbitmq.store.dispatch import Dispatcher
-from orbitmq.store.reader import GetResult
+from orbitmq.store.reader import GetResult, store_time
 from orbitmq.store.supervise import ServiceHealth
 from orbitmq.store.tier.backend import TierBackend
 from orbitmq.store.tier.cold import ChunkCache, find_record, read_cold, time_to_offset
@@ -411,12 +411,17 @@ class TierService:
     def stats(self) -> dict[str, int]:
         lag = 0
         oldest = 0
+        now = self.clock()
         for key, cq in list(self.queues.queues.items()):
             m = self.manifests.get(key)
             wm = m.watermark if m is not None else cq.min_offset
-            lag += max(0, cq.max_offset - wm)
-            if m is not None and wm < cq.max_offset and m.last_upload_ms:
-                oldest = max(oldest, self.clock() - m.last_upload_ms)
+            if wm >= cq.max_offset:
+                continue
+            lag += cq.max_offset - wm
+            # How long the oldest record not uploaded has waited (its store time).
+            ts = store_time(self.commit_log, cq.entry(max(wm, cq.min_offset)))
+            if ts is not None:
+                oldest = max(oldest, now - ts)
         return {
             "tier_available": int(self.health.degraded is None and self.loaded),
             "tier_errors": self.health.failures,
