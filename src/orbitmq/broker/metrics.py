@@ -116,8 +116,8 @@ class HealthCollector(Collector):
 class TierCollector(Collector):
     """Tiered storage at scrape time (docs/tiered-storage.md): ``orbitmq_tier_available`` (0
     while the object store cannot be reached), ``orbitmq_tier_errors_total`` (failed upload
-    turns), ``orbitmq_tier_upload_lag_messages`` and ``orbitmq_tier_upload_lag_seconds`` (how
-    long the oldest un-uploaded queue has waited), ``orbitmq_tier_uploaded_bytes_total`` and
+    turns), ``orbitmq_tier_upload_lag_messages`` and ``orbitmq_tier_upload_lag_seconds`` (the
+    age of the oldest record not uploaded), ``orbitmq_tier_uploaded_bytes_total`` and
     ``orbitmq_tier_gap_messages_total`` (offsets lost to deletion before upload: only when the
     operator allowed it)."""
 
