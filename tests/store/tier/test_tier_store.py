@@ -81,6 +81,11 @@ def open_store(root: Path, flaky: bool = False, **over: Any) -> tuple[MessageSto
         wrapper = Flaky(store.tier.backend)
         store.tier.backend = store.tier.cache.backend = wrapper
     store.open()
+    assert store.tier is not None
+    deadline = time.monotonic() + 10
+    while store.tier.turns < 1 and time.monotonic() < deadline:  # the thread's first turn
+        time.sleep(0.005)
+    assert store.tier.turns >= 1
     return store, wrapper
 
 
@@ -442,6 +447,48 @@ def test_records_can_be_transformed_before_upload(tmp_path: Path) -> None:
         store.tier.run_once()
         store.retention.run()
         assert len(seen) == len(sent)
+        assert read_all(store) == sent
+    finally:
+        store.close()
+
+
+class DiesAtManifest(Flaky):
+    """An upload killed between its chunk objects and its manifest (as a SIGKILL would)."""
+
+    def put(self, key: str, data: bytes | bytearray | memoryview) -> None:
+        if key.endswith("manifest.json") and self.down:
+            raise ConnectionError("killed before the manifest")
+        self.inner.put(key, data)
+
+
+def test_killed_mid_upload_leaves_no_overlapping_chunks(tmp_path: Path) -> None:
+    store, _ = open_store(tmp_path)
+    assert store.tier is not None
+    sent = produce(store, 20)
+    store.tier.run_once()
+    dying = DiesAtManifest(store.tier.backend)
+    store.tier.backend = store.tier.cache.backend = dying
+    sent |= produce(store, 20, start=20)
+    dying.down = True
+    with pytest.raises(ConnectionError):
+        store.tier.run_once()  # data and index of the next chunk are in, its manifest is not
+    store.crash_for_test()
+    backend = DirectoryBackend(tmp_path / "tier")
+    named = QueueManifest.decode(backend.get(manifest_key("T", 0)))
+    assert len(backend.list("T/0/data/")) == len(named.chunks) + 1  # one orphan
+    store, _ = open_store(tmp_path)
+    assert store.tier is not None
+    try:
+        sent |= produce(store, 10, start=40)
+        store.tier.run_once()
+        for q in range(QUEUES):
+            m = QueueManifest.decode(backend.get(manifest_key("T", q)))
+            spans = [(c.base, c.end) for c in m.chunks]
+            assert all(a[1] == b[0] for a, b in itertools.pairwise(spans)), spans
+            assert len(backend.list(f"T/{q}/data/")) == len(spans)
+            assert len(backend.list(f"T/{q}/index/")) == len(spans)
+            assert m.watermark == store.max_offset("T", q)
+        store.retention.run()
         assert read_all(store) == sent
     finally:
         store.close()

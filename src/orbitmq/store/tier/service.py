@@ -87,6 +87,7 @@ class TierService:
         self.expired_chunks = 0
         self.gap_messages = 0
         self.last_error = ""
+        self.turns = 0  # turns of the thread, done or failed (tests wait for the first)
         self.dispatcher: Dispatcher | None = None  # restore moves an empty log's start
         self.plain: Callable[[memoryview], bytes | memoryview] | None = None
         """Stored record -> record to upload (encryption at rest sets it to the sealer's
@@ -125,6 +126,7 @@ class TierService:
             try:
                 self.run_once()
             except Exception as exc:  # noqa: BLE001 - supervised: reported and retried
+                self.turns += 1
                 self.health.failed(exc)
                 self.last_error = f"{type(exc).__name__}: {exc}"
                 streak += 1
@@ -132,6 +134,7 @@ class TierService:
                 wait *= 1 + random.uniform(-0.2, 0.2)
                 continue
             streak = 0
+            self.turns += 1
             self.health.ok()
             wait = interval
 
