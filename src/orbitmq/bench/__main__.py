@@ -1,4 +1,5 @@
-"""`python -m orbitmq.bench <benchmark> [options]`; benchmarks: store, produce, spread, security."""
+"""`python -m orbitmq.bench <benchmark> [options]`; benchmarks: store, produce, spread, security,
+tier."""
 
 from __future__ import annotations
 
@@ -6,13 +7,14 @@ import os
 import shlex
 import sys
 
-from orbitmq.bench import produce, security, spread, store
+from orbitmq.bench import produce, security, spread, store, tier
 
 BENCHMARKS = {
     "store": store.main,
     "produce": produce.main,
     "spread": spread.main,
     "security": security.main,
+    "tier": tier.main,
 }
 
 

@@ -37,7 +37,7 @@ from orbitmq.broker.lock_manager import LockManager
 from orbitmq.broker.long_polling import LongPolling
 from orbitmq.broker.metadata.journal import MetadataJournal
 from orbitmq.broker.metadata.service import MetadataService
-from orbitmq.broker.metrics import BrokerMetrics, HealthCollector
+from orbitmq.broker.metrics import BrokerMetrics, HealthCollector, TierCollector
 from orbitmq.broker.offset_manager import ConsumerOffsetManager
 from orbitmq.broker.pop.processor import PopProcessor
 from orbitmq.broker.pop.service import PopService
@@ -70,6 +70,7 @@ from orbitmq.store.message_store import MessageStore
 from orbitmq.store.recovery import RecoveryReport
 from orbitmq.store.retention import TopicRetention
 from orbitmq.store.supervise import ServiceHealth
+from orbitmq.store.tier.factory import with_broker_prefix
 from orbitmq.store.timer_index import TimerIndex
 
 log = logging.getLogger(__name__)
@@ -95,7 +96,9 @@ class BrokerController:
         """``system_log``: where the Pop and transaction system topics live (default: this
         broker's store; tests pass an in-memory one)."""
         self.config = config
-        self.store = MessageStore(config.store)
+        self.store = MessageStore(
+            with_broker_prefix(config.store, config.cluster, config.broker_name, config.broker_id)
+        )
         self.topics = TopicConfigManager(
             config.store.store_path / "config" / "topics.json", config.default_queue_nums
         )
@@ -447,6 +450,8 @@ class BrokerController:
         m.queue_locks.set_function(lambda: len(self.locks))
         if self.ha is not None:
             m.registry.register(HaCollector(lambda: self.ha, self.replicas))
+        if self.store.tier is not None:
+            m.registry.register(TierCollector(self.store.tier.stats))
         server, _thread = start_http_server(
             self.config.metrics_port,
             addr=self.config.host,
@@ -459,6 +464,8 @@ class BrokerController:
     # ---------------------------------------------------------------- topics
 
     def apply_retention(self, config: TopicConfig) -> None:
+        if self.store.tier is not None:
+            self.store.tier.set_topic_ttl(config.topic_name, config.tier_retention_ms)
         if config.retention_ms is None and config.retention_bytes is None:
             self.store.set_topic_retention(config.topic_name, None)
         else:

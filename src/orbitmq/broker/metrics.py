@@ -118,3 +118,27 @@ class HealthCollector(Collector):
         for name in sorted(degraded):
             d.add_metric([name], 1)
         yield d
+
+
+class TierCollector(Collector):
+    """Tiered storage at scrape time (docs/tiered-storage.md): ``orbitmq_tier_available`` (0
+    while the object store cannot be reached), ``orbitmq_tier_errors_total`` (failed upload
+    turns), ``orbitmq_tier_upload_lag_messages`` and ``orbitmq_tier_upload_lag_seconds`` (the
+    age of the oldest record not uploaded), ``orbitmq_tier_uploaded_bytes_total`` and
+    ``orbitmq_tier_gap_messages_total`` (offsets lost to deletion before upload: only when the
+    operator allowed it)."""
+
+    def __init__(self, stats: Callable[[], dict[str, int]]) -> None:
+        self.stats = stats
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        s = self.stats()
+        for name, key, scale, doc in (
+            ("available", "tier_available", 1, "1 while the tier's object store is reachable"),
+            ("errors_total", "tier_errors", 1, "Failed tier upload turns since start"),
+            ("upload_lag_messages", "tier_upload_lag_messages", 1, "Messages not uploaded"),
+            ("upload_lag_seconds", "tier_upload_lag_ms", 1000, "Oldest upload wait"),
+            ("uploaded_bytes_total", "tier_uploaded_bytes", 1, "Bytes uploaded since start"),
+            ("gap_messages_total", "tier_gap_messages", 1, "Offsets deleted before upload"),
+        ):
+            yield GaugeMetricFamily(f"orbitmq_tier_{name}", doc, value=s.get(key, 0) / scale)

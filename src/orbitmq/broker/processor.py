@@ -357,7 +357,12 @@ class BrokerProcessor:
         deadline = time.monotonic() + suspend_ms / 1000
         while True:
             parts: list[memoryview] | None = None
-            if sql is None and self.store.max_offset(topic, queue_id) - offset <= TAIL_READ:
+            tier = self.store.tier  # a read of the tier never runs on the loop
+            if (
+                sql is None
+                and self.store.max_offset(topic, queue_id) - offset <= TAIL_READ
+                and (tier is None or not tier.wants(topic, queue_id, offset))
+            ):
                 # A read at the tail: a few records this process just wrote, in the page cache
                 # and trusted (no CRC re-check). Doing it here saves two thread hand-offs, which
                 # are most of a long-polled message's delivery latency.
@@ -457,7 +462,7 @@ class BrokerProcessor:
     async def view_message(self, frame: Frame, conn: Connection) -> Reply:
         req = ViewMessageRequest.decode(frame)
         if req.offset is not None:
-            record = self.store.read_record(req.offset)
+            record = await self.bridge.read(self.store.read_record, req.offset)  # maybe cold
         else:
             assert req.topic is not None and req.msg_id is not None  # validate() requires them
             msg_id = req.msg_id
@@ -508,6 +513,7 @@ class BrokerProcessor:
                 min_offset=self.store.min_offset(topic, q),
                 max_offset=self.store.max_offset(topic, q),
                 last_update_timestamp_ms=self.store.last_store_time(topic, q),
+                **(self.store.tier.ranges(topic, q) if self.store.tier is not None else {}),
             )
             for q in range(max(config.read_queue_nums, config.write_queue_nums))
         ]

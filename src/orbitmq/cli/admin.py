@@ -32,7 +32,7 @@ from orbitmq.cli.common import (
 from orbitmq.client import AsyncAdminClient
 from orbitmq.client.route import TopicRouteNotFoundError
 from orbitmq.common.errors import ClientError, MQError
-from orbitmq.protocol.bodies import MESSAGE_TYPES, TopicConfig
+from orbitmq.protocol.bodies import MESSAGE_TYPES, QueueStats, TopicConfig
 
 topic_app = typer.Typer(
     no_args_is_help=True, help="Create, change, delete, list and describe topics."
@@ -170,6 +170,9 @@ def topic_create(
     retention_bytes: Annotated[
         int | None, typer.Option(min=1, help="Keep at most this many bytes per queue.")
     ] = None,
+    tier_retention_ms: Annotated[
+        int | None, typer.Option(min=1, help="Tiered storage keeps chunks this long.")
+    ] = None,
     cluster: ClusterOpt = None,
     broker: BrokerOpt = None,
     namesrv: NamesrvOpt = DEFAULT_NAMESRV,
@@ -186,6 +189,7 @@ def topic_create(
         message_type=_message_type(message_type) or "NORMAL",
         retention_ms=retention_ms,
         retention_bytes=retention_bytes,
+        tier_retention_ms=tier_retention_ms,
     )
 
     async def go() -> None:
@@ -243,6 +247,9 @@ def topic_update(
     retention_bytes: Annotated[
         int | None, typer.Option(help="Keep at most this many bytes per queue (0: no limit).")
     ] = None,
+    tier_retention_ms: Annotated[
+        int | None, typer.Option(help="Tiered storage keeps chunks this long (0: broker's).")
+    ] = None,
     cluster: ClusterOpt = None,
     broker: BrokerOpt = None,
     namesrv: NamesrvOpt = DEFAULT_NAMESRV,
@@ -273,6 +280,8 @@ def topic_update(
                 changes["retention_ms"] = retention_ms or None
             if retention_bytes is not None:
                 changes["retention_bytes"] = retention_bytes or None
+            if tier_retention_ms is not None:
+                changes["tier_retention_ms"] = tier_retention_ms or None
             fields = {f: getattr(current, f) for f in current.__struct_fields__}
             config = TopicConfig(**{**fields, **changes})
             if cluster is None and broker is None:
@@ -372,7 +381,14 @@ def _retention(config: TopicConfig) -> str:
         parts.append(f"{config.retention_ms} ms")
     if config.retention_bytes:
         parts.append(f"{human_bytes(config.retention_bytes)}/queue")
+    if config.tier_retention_ms:
+        parts.append(f"tier {config.tier_retention_ms} ms")
     return ", ".join(parts) or "default"
+
+
+def _tier_ranges(q: QueueStats) -> tuple[str, str]:
+    """The "local" and "tier" cells of one queue: the offsets on disk, the offsets uploaded."""
+    return f"[{q.local_min_offset}, {q.max_offset})", f"[{q.tier_min_offset}, {q.tier_max_offset})"
 
 
 @topic_app.command("describe")
@@ -437,6 +453,10 @@ def topic_describe(topic: TopicOpt, namesrv: NamesrvOpt = DEFAULT_NAMESRV) -> No
             Column("last stored", no_wrap=True),
             title="queues",
         )
+        tiered = any(q.tier_max_offset is not None for s in desc.stats for q in s.queues)
+        if tiered:  # docs/tiered-storage.md: where each range lives
+            queues.add_column("local", justify="right", no_wrap=True)
+            queues.add_column("tier", justify="right", no_wrap=True)
         total = 0
         for stats in desc.stats:
             for q in sorted(stats.queues, key=lambda q: q.queue_id):
@@ -449,6 +469,7 @@ def topic_describe(topic: TopicOpt, namesrv: NamesrvOpt = DEFAULT_NAMESRV) -> No
                     str(q.max_offset),
                     str(count),
                     timestamp(q.last_update_timestamp_ms, zone=False),
+                    *(_tier_ranges(q) if tiered else ()),
                 )
         queues.add_section()
         queues.add_row("total", "", "", "", str(total), "")

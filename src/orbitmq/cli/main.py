@@ -39,6 +39,7 @@ from orbitmq.cli import (
 )
 from orbitmq.cli import auth as auth_cli
 from orbitmq.cli import console as console_cli
+from orbitmq.cli import tier as tier_cli
 from orbitmq.cli.auth import acl_app, audit_app, user_app
 from orbitmq.cli.cluster import cluster_app
 from orbitmq.cli.common import ACCESS_KEY_ENV, SECRET_KEY_ENV, set_credentials
@@ -105,6 +106,7 @@ def _root(
     set_credentials(access_key, secret_key)
 
 
+app.add_typer(tier_cli.tier_app, name="tier")
 cluster_app.command("describe")(cluster_describe)
 
 console = Console()
@@ -348,6 +350,13 @@ def broker(
             "default: only if the [kafka] table sets a port)."
         ),
     ] = None,
+    tier_restore: Annotated[
+        bool | None,
+        typer.Option(
+            "--tier-restore",
+            help="Rebuild queues lost locally from the tier's manifests (docs/tiered-storage.md).",
+        ),
+    ] = None,
     log_level: LogLevel = "INFO",
 ) -> None:
     """Run a Broker (with --proxy-port, a gRPC proxy beside it); `broker elect` moves a
@@ -372,7 +381,11 @@ def broker(
                 if controller_addr is None
                 else controller_addr.replace(";", ","),
             },
-            "store": {"store_path": store_path, "flush_disk_type": flush},
+            "store": {
+                "store_path": store_path,
+                "flush_disk_type": flush,
+                "tier_restore": tier_restore,
+            },
             "proxy": _proxy_tls(proxy_tls, proxy_tls_cert, proxy_tls_key, proxy_tls_client_ca),
         },
     )

@@ -24,6 +24,7 @@ cannot disagree (docs/errors.md has the table, checked by a test):
     ├── StoreError                     the message store could not do what was asked
     │   ├── DiskFullError              SERVICE_NOT_AVAILABLE (also a ServiceNotAvailableError)
     │   ├── StoreUnavailableError      SERVICE_NOT_AVAILABLE: a store service is failing
+    │   ├── TierUnavailableError       SERVICE_NOT_AVAILABLE: a cold read cannot reach the tier
     │   ├── StoreIOError, FlushTimeoutError, StoreClosedError, CorruptRecordError
     ├── NoPermissionError              NO_PERMISSION; DeadLetterNotWritableError refines it
     ├── ... one class per other code (see the table in docs/errors.md)
@@ -217,6 +218,11 @@ class DiskFullError(StoreError, ServiceNotAvailableError):
 class StoreUnavailableError(StoreError, ServiceNotAvailableError):
     """A store service that makes sends visible (the dispatcher) is failing: sends are refused
     until it works again, rather than acknowledged and never readable."""
+
+
+class TierUnavailableError(StoreError, ServiceNotAvailableError):
+    """A read below the local data needs the tier (docs/tiered-storage.md), which cannot be
+    read now: retry later; no offset moves past the unread data."""
 
 
 class StoreIOError(StoreError):

@@ -27,6 +27,9 @@ class TopicConfig(msgspec.Struct, kw_only=True):
     """OrbitMQ: messages older than this are no longer served (None: broker-wide rules)."""
     retention_bytes: int | None = None
     """OrbitMQ: each queue keeps at most this many bytes of the newest messages."""
+    tier_retention_ms: int | None = None
+    """OrbitMQ: tiered storage keeps this topic's chunks this long (None: the broker's
+    ``tier_retention_ms``; docs/tiered-storage.md)."""
 
 
 class QueueData(msgspec.Struct, kw_only=True):
@@ -70,6 +73,13 @@ class QueueStats(msgspec.Struct, kw_only=True):
     min_offset: int
     max_offset: int
     last_update_timestamp_ms: int = 0
+    # Tiered storage (docs/tiered-storage.md), absent when the broker has no tier:
+    local_min_offset: int | None = None
+    """First offset still on the broker's disk (``min_offset`` may be the tier's)."""
+    tier_min_offset: int | None = None
+    tier_max_offset: int | None = None
+    """The tier's upload watermark: offsets below it are in the tier."""
+    tier_last_upload_ms: int = 0
 
 
 class TopicStats(msgspec.Struct, kw_only=True):

@@ -12,7 +12,7 @@ import enum
 from dataclasses import dataclass
 from pathlib import Path
 
-from orbitmq.common.config import at_least, between, check_settings, setting
+from orbitmq.common.config import at_least, between, check_settings, one_of, setting
 from orbitmq.common.errors import ConfigError
 
 GiB = 1024**3
@@ -98,6 +98,51 @@ class StoreConfig:
     delete_commit_log_files_max_per_run: int = setting(
         10, "Segments deleted at most per run.", at_least(1)
     )
+    # Tiered storage (docs/tiered-storage.md); orbitmq.store.tier.settings checks them together.
+    tier_backend: str = setting(
+        "off", "OrbitMQ: where old data also goes: off, directory or s3.",
+        one_of("off", "directory", "s3"),
+    )  # fmt: skip
+    tier_path: str = setting("", "Directory backend: the tier's root folder (another disk).")
+    tier_prefix: str = setting(
+        "",
+        "Folder of this store's objects in the tier; empty: a broker uses <cluster>/<broker "
+        "name> (a slave adds -<broker id>), so brokers can share one bucket or directory.",
+    )
+    tier_upload_interval_ms: int = setting(
+        1_000, "How often the tier thread uploads flushed data.", at_least(10)
+    )
+    tier_chunk_max_messages: int = setting(
+        10_000, "Records per uploaded chunk at most.", at_least(1)
+    )
+    tier_chunk_max_bytes: int = setting(8 * MiB, "Bytes per uploaded chunk (about).", at_least(1))
+    tier_local_retention_ms: int = setting(
+        -1,
+        "With a tier: a CommitLog segment the tier covers is deleted once older than this, at "
+        "any hour (-1: file_reserved_time_hours, as without a tier).",
+        at_least(-1),
+    )
+    tier_retention_ms: int = setting(
+        0, "Total retention: tier chunks older than this are deleted (0: kept).", at_least(0)
+    )
+    tier_allow_unuploaded_delete: bool = setting(
+        False,
+        "Let retention delete a segment the tier does not cover yet; the lost offsets are "
+        "counted (tier gaps), never silent. Off: the segment waits for its upload.",
+    )
+    tier_restore: bool = setting(
+        False,
+        "At start, continue every queue the tier's manifests know at its watermark (a lost or "
+        "wiped store rebuilt from the bucket; waits for the tier). orbitmq broker --tier-restore.",
+    )
+    tier_cache_bytes: int = setting(64 * MiB, "Cold reads: fetched chunks kept.", at_least(0))
+    tier_s3_endpoint: str = setting("", "S3 backend: endpoint URL (empty: AWS).")
+    tier_s3_bucket: str = setting("", "S3 backend: bucket.")
+    tier_s3_prefix: str = setting("", "S3 backend: key prefix inside the bucket.")
+    tier_s3_region: str = setting("us-east-1", "S3 backend: region.")
+    tier_s3_access_key: str = setting("", "S3 backend: access key id (empty: environment).")
+    tier_s3_secret_key: str = setting("", "S3 backend: secret access key.")
+    tier_s3_allow_http: bool = setting(False, "S3 backend: allow a plain-HTTP endpoint.")
     check_crc_on_read: bool = setting(
         True,
         "OrbitMQ: verify the CRC of records written before this start when reading them, so a "

@@ -71,8 +71,9 @@ from orbitmq.store.replica import append_chunk, read_chunk
 from orbitmq.store.retention import RetentionService, TopicRetention
 from orbitmq.store.sealing import make_sealer
 from orbitmq.store.segment import FileOps, io_error
-from orbitmq.store.status import degraded, store_stats
+from orbitmq.store.status import degraded, messages_by_key, store_stats
 from orbitmq.store.supervise import ServiceHealth
+from orbitmq.store.tier.factory import attach_tier
 from orbitmq.store.truncate import TruncateReport, check_cut, truncate
 
 __all__ = ["GetResult", "GetStatus", "MessageStore"]
@@ -139,6 +140,7 @@ class MessageStore:
         if self.sealer is not None:  # encryption at rest: seal on append, open on read
             self.commit_log.sealer = self.dispatcher.opener = self.sealer
             self._view.props_of = self.sealer.props_of
+        self.tier = attach_tier(self)  # docs/tiered-storage.md; after the parts it reads
         self.epochs = EpochFile(root / EPOCH_FILE, self.fs)
         self._checkpointer = PeriodicService(
             "orbitmq-checkpoint", config.flush_interval_consume_queue_ms / 1000, self.checkpoint
@@ -191,6 +193,8 @@ class MessageStore:
         self.flusher.start()
         self._checkpointer.start()
         self._cleaner.start()
+        if self.tier is not None:
+            self.tier.start()
         self.is_open = True
         return report
 
@@ -199,6 +203,8 @@ class MessageStore:
         if not self.is_open:
             return
         self.is_open = False
+        if self.tier is not None:
+            self.tier.stop()
         self._cleaner.stop()
         self._checkpointer.stop()
         self.flusher.stop()
@@ -231,6 +237,8 @@ class MessageStore:
     def crash_for_test(self) -> None:
         """Stop as a SIGKILL would: no flush, no checkpoint, the abort marker stays."""
         self.is_open = False
+        if self.tier is not None:
+            self.tier.stop()
         self._cleaner.stop()
         self._checkpointer.stop()
         self.flusher.stop()
@@ -477,7 +485,8 @@ class MessageStore:
         cq = self.queues.get(topic, queue_id)
         if cq is None:
             return 0
-        return max(cq.min_offset, self.retention.floor(topic, queue_id))
+        lo = max(cq.min_offset, self.retention.floor(topic, queue_id))
+        return lo if self.tier is None else self.tier.min_offset(topic, queue_id, lo)
 
     def max_offset(self, topic: str, queue_id: int) -> int:
         cq = self.queues.get(topic, queue_id)
@@ -502,7 +511,11 @@ class MessageStore:
             check = self.fs.read_check
             if check is not None:
                 check(topic, queue_id, offset)
-            res = read_queue(self._view, topic, queue_id, offset, max_count, max_bytes, tags)
+            if self.tier is not None and self.tier.wants(topic, queue_id, offset):
+                hi = self.max_offset(topic, queue_id)
+                res = self.tier.read(topic, queue_id, offset, max_count, max_bytes, tags, hi)
+            else:
+                res = read_queue(self._view, topic, queue_id, offset, max_count, max_bytes, tags)
             return res if self.sealer is None else self.sealer.open_result(res)
         except OSError as exc:
             self.read_errors += 1
@@ -517,6 +530,8 @@ class MessageStore:
         """The raw record at a CommitLog offset (zero-copy), verified, or None."""
         loc = self.commit_log.view_at(physical_offset)
         confirmed = self.commit_log.confirm_offset
+        if loc is None and self.tier is not None and physical_offset < self.commit_log.min_offset:
+            return self.tier.read_record(physical_offset)  # an id of data only the tier holds
         if loc is None or physical_offset >= confirmed:
             return None
         view, at, size = loc
@@ -554,24 +569,15 @@ class MessageStore:
         if cq is None:
             return 0
         lo = max(cq.min_offset, self.retention.floor(topic, queue_id))
-        return offset_for_timestamp(self.commit_log, cq, lo, timestamp_ms)
+        found = offset_for_timestamp(self.commit_log, cq, lo, timestamp_ms)
+        return found if found > lo or not self.tier else self.tier.time_offset(cq, timestamp_ms)
 
     def query_by_key(
         self, topic: str, key: str, max_num: int = 32, begin_ms: int = 0, end_ms: int = 2**62
     ) -> list[StoredMessage]:
-        """Messages of ``topic`` whose KEYS contain ``key`` or whose unique id is ``key``."""
-        if self.index is None:
-            return []
-        found: list[StoredMessage] = []
-        for phy in self.index.query(topic, key, max_num * 2, begin_ms, end_ms):
-            msg = self.get_message(phy)
-            if msg is None or msg.topic != topic:
-                continue
-            if key in msg.keys or msg.msg_id == key:
-                found.append(msg)
-                if len(found) >= max_num:
-                    break
-        return found
+        """Messages of ``topic`` whose KEYS contain ``key`` or whose unique id is ``key``
+        (:func:`orbitmq.store.status.messages_by_key`)."""
+        return messages_by_key(self.index, self.get_message, topic, key, max_num, begin_ms, end_ms)
 
     def health(self) -> dict[str, str]:
         """What is degraded, by part, with its cause; empty when everything works
@@ -585,6 +591,7 @@ class MessageStore:
             self.flusher.health,
             self._checkpointer.health,
             self._cleaner.health,
+            *([self.tier.health] if self.tier is not None else []),
         ]
 
     def stats(self) -> dict[str, int]:

@@ -43,6 +43,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 import numpy as np
 
@@ -54,6 +55,12 @@ from orbitmq.store.index_service import IndexService
 from orbitmq.store.reader import offset_for_timestamp
 
 log = logging.getLogger(__name__)
+
+
+class TierGate(Protocol):
+    def covers(self, seg_end: int) -> bool:
+        """Every queue entry below ``seg_end`` is in the tier (or gaps are allowed)."""
+        ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,6 +98,7 @@ class RetentionService:
         self.deleted_segments = 0
         self.no_space: str | None = None  # a segment could not be created: why
         self.refresh_wanted = False  # someone was refused: the next run should come soon
+        self.tier: TierGate | None = None  # set by the store when a tier is on
 
     def _fs_usage(self) -> float:
         usage = shutil.disk_usage(self.root)
@@ -173,7 +181,8 @@ class RetentionService:
         force = cfg.disk_space_clean_forcibly_ratio < 100 and (
             ratio >= cfg.disk_space_clean_forcibly_ratio or self.no_space is not None
         )
-        if not startup and (hour_ok or ratio >= cfg.disk_max_used_space_ratio or force):
+        tiered = self.tier is not None and cfg.tier_local_retention_ms >= 0
+        if not startup and (hour_ok or ratio >= cfg.disk_max_used_space_ratio or force or tiered):
             self._delete_segments(force)
             ratio = self.disk_ratio = self._disk_usage()
         if self.no_space is not None and self._segment_fits():
@@ -192,6 +201,8 @@ class RetentionService:
     def _delete_segments(self, force: bool) -> None:
         cl = self.commit_log
         reserved_ms = self.config.file_reserved_time_hours * 3600 * 1000
+        if self.tier is not None and self.config.tier_local_retention_ms >= 0:
+            reserved_ms = self.config.tier_local_retention_ms  # the tier keeps the rest
         now = self.clock()
         deleted = 0
         while deleted < self.config.delete_commit_log_files_max_per_run:
@@ -203,6 +214,8 @@ class RetentionService:
                 force and self.dispatcher.failure is not None
             ):
                 break  # not fully dispatched yet (a failing dispatcher cannot hold the disk)
+            if self.tier is not None and not self.tier.covers(first.end):
+                break  # Kafka's rule: never delete what the tier does not hold yet
             age_ms = now - os.path.getmtime(first.path) * 1000
             if age_ms < reserved_ms and not force:
                 break

@@ -1,11 +1,14 @@
-"""What a store reports about itself: the degraded parts with their causes, and its counters
-(runtime info and metrics read them). Kept apart from MessageStore so that class stays about
-reading and writing; it takes the parts, never the store class (no import cycle)."""
+"""What a store answers beside reads and writes: the degraded parts with their causes, its
+counters (runtime info and metrics read them) and the key lookup. Kept apart from MessageStore
+so that class stays about reading and writing; it takes the parts, never the store class (no
+import cycle)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
+from orbitmq.common.record import StoredMessage
 from orbitmq.store.supervise import ServiceHealth
 
 
@@ -32,7 +35,8 @@ def degraded(
 def store_stats(store: Any) -> dict[str, int]:
     """The store's counters (``store`` is a MessageStore)."""
     log, dispatcher = store.commit_log, store.dispatcher
-    return {
+    tier = store.tier.stats() if getattr(store, "tier", None) is not None else {}
+    return tier | {
         "commit_log_min_offset": log.min_offset,
         "commit_log_max_offset": log.max_offset,
         "commit_log_flushed_offset": log.flushed_offset,
@@ -45,3 +49,28 @@ def store_stats(store: Any) -> dict[str, int]:
         "service_failures": sum(h.failures for h in store.services()),
         "disk_used_bytes": store.retention.disk_used_bytes,  # cached by the retention run
     }
+
+
+def messages_by_key(
+    index: Any,
+    get_message: Callable[[int], StoredMessage | None],
+    topic: str,
+    key: str,
+    max_num: int,
+    begin_ms: int,
+    end_ms: int,
+) -> list[StoredMessage]:
+    """Messages of ``topic`` whose KEYS contain ``key`` or whose unique id is ``key``: the
+    IndexFile's candidates (hash collisions included) checked against the records."""
+    if index is None:
+        return []
+    found: list[StoredMessage] = []
+    for phy in index.query(topic, key, max_num * 2, begin_ms, end_ms):
+        msg = get_message(phy)
+        if msg is None or msg.topic != topic:
+            continue
+        if key in msg.keys or msg.msg_id == key:
+            found.append(msg)
+            if len(found) >= max_num:
+                break
+    return found
