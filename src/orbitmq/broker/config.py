@@ -269,6 +269,37 @@ class BrokerConfig:
         False,
         "A slave serves pulls (never above its confirm offset); off: it answers NO_PERMISSION.",
     )
+    # Controller mode (docs/ha.md): the controller gives the role, the id and the epoch.
+    controller_addrs: tuple[str, ...] = setting(
+        (),
+        'Controller nodes ("host:port", every one of them). Set: controller mode, the broker '
+        "takes its id and its role (master or slave) from the controller and switches roles "
+        "without a restart; broker_id, ha_enable and ha_master_address are then ignored and "
+        "the HA port is always the broker port + 1. Empty: static mode.",
+    )
+    election_priority: int = setting(
+        2**31 - 1,
+        "Controller mode: among equally up-to-date candidates the lowest priority wins.",
+        at_least(0),
+    )
+    master_lease_ms: int = setting(
+        2_000,
+        "Controller mode: a master stops acknowledging sends this long after the send time of "
+        "its last heartbeat the controller's Raft leader answered. Keep it at or below the "
+        "controller's master_lease_ms.",
+        at_least(100),
+    )
+    controller_heartbeat_interval_ms: int = setting(
+        500,
+        "Controller mode: how often the broker heartbeats every controller node.",
+        at_least(10),
+    )
+    replica_info_poll_ms: int = setting(
+        3_000,
+        "Controller mode: how often the broker reads its group's replica info from the "
+        "controller leader (the fallback for a lost role-change notification).",
+        at_least(50),
+    )
     store: StoreConfig = field(default_factory=StoreConfig)
 
     def __post_init__(self) -> None:

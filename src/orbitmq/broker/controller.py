@@ -27,6 +27,9 @@ from orbitmq.broker.context import (
 from orbitmq.broker.group_config_manager import SubscriptionGroupManager
 from orbitmq.broker.group_config_processor import GroupConfigProcessor
 from orbitmq.broker.ha.master import HaMaster
+from orbitmq.broker.ha.metrics import HaCollector
+from orbitmq.broker.ha.replicas import ReplicasManager
+from orbitmq.broker.ha.roles import RoleSwitch
 from orbitmq.broker.ha.slave import HaSlave
 from orbitmq.broker.lock_manager import LockManager
 from orbitmq.broker.long_polling import LongPolling
@@ -116,9 +119,16 @@ class BrokerController:
         self.locks = LockManager(config.rebalance_lock_ttl_s)
         self.consumers.on_leave(self.locks.release_client)
         self.writable = True
-        self.ha: HaMaster | HaSlave | None = None
-        """Replication (docs/ha.md), when ``ha_enable``: the master's or the slave's side."""
-        if config.ha_enable:
+        self.ha: HaMaster | HaSlave | RoleSwitch | None = None
+        """Replication (docs/ha.md), when ``ha_enable``: the master's or the slave's side; in
+        controller mode (``controller_addrs``) the switch between them."""
+        self.replicas: ReplicasManager | None = None
+        """Controller mode: id, heartbeats, lease and the role from the controller."""
+        self._master_services = False
+        if config.controller_addrs:
+            self.ha = RoleSwitch(config, self.store, self.bridge, clock, self)
+            self.replicas = ReplicasManager(config, self.store, self.ha, clock)
+        elif config.ha_enable:
             if config.broker_id == 0:
                 self.ha = HaMaster(config, self.store, self.bridge, clock)
             else:
@@ -138,7 +148,8 @@ class BrokerController:
             clock=clock,
             topics_changed=self.topics_changed,
             apply_retention=self.apply_retention,
-            writable=lambda: self.writable,
+            # Controller mode: only the master writes (a slave's log holds its master's bytes).
+            writable=lambda: self.writable and not (self.replicas is not None and self.is_slave),
             replication=replication,
         )
         ctx = self.ctx
@@ -205,12 +216,10 @@ class BrokerController:
             self.apply_retention(topic)
         self.store.add_arrival_listener(self.long_polling.on_arrival)
         self.store.add_flush_listener(self._observe_flush)
-        if self.ha is not None:
+        if isinstance(self.ha, HaMaster | HaSlave):
             await self.ha.start()
         if not self.is_slave:  # they append; a slave's log holds only its master's bytes
-            await self.pop.start()  # restores the Pop state before anyone can pop
-            await self.transactions.start()  # replays half messages before anyone can decide
-            await self.timer.start()  # rebuilds pending timers; due-while-down ones fire at once
+            await self.start_master_services()
         await self.server.start()
         self._start_metrics()
         self.started = True
@@ -224,6 +233,10 @@ class BrokerController:
         self._housekeeping_task = self._tasks.spawn(
             self._housekeeping_loop(), name="broker-housekeeping"
         )
+        if self.replicas is not None and isinstance(self.ha, RoleSwitch):
+            # Controller mode: the HA port is always the broker port + 1 (slaves derive it).
+            await self.ha.listen(self.config.host, self.server.port + 1)
+            await self.replicas.start(self.address)  # the role follows, asynchronously
         log.info(
             "broker %s/%s ready on %s (store %s, %s)",
             self.config.cluster, self.config.broker_name, self.address,
@@ -244,10 +257,9 @@ class BrokerController:
         await self._unregister_all()
         await self.namesrv_client.close()
         self.long_polling.wake_all()
-        if not self.is_slave:
-            await self.pop.stop()  # writes the revive checkpoint after persisting offsets
-            await self.transactions.stop()
-            await self.timer.stop()  # after the services that may schedule timers
+        if self.replicas is not None:
+            await self.replicas.stop()
+        await self.stop_master_services()
         if self.ha is not None:
             await self.ha.stop()
         try:
@@ -268,8 +280,43 @@ class BrokerController:
 
     @property
     def is_slave(self) -> bool:
-        """A replicating slave: it runs no service that appends (Pop, transactions, timers)."""
+        """A replicating slave (in controller mode: not master now): it runs no service that
+        appends (Pop, transactions, timers)."""
+        if isinstance(self.ha, RoleSwitch):
+            return not self.ha.is_master
         return isinstance(self.ha, HaSlave)
+
+    @property
+    def route_broker_id(self) -> int | None:
+        """The broker id registered with the NameServers: 0 for the master. In controller mode
+        0 only while master with a live lease, else the controller's id (None: not known
+        yet, so not registered)."""
+        if isinstance(self.ha, RoleSwitch) and self.replicas is not None:
+            if self.ha.broker_id < 0:
+                return None
+            return 0 if self.ha.is_master and self.replicas.lease_ok() else self.ha.broker_id
+        return self.config.broker_id
+
+    async def start_master_services(self) -> None:
+        """Start the services that append (on start, or when made master)."""
+        if self._master_services:
+            return
+        await self.pop.start()  # restores the Pop state before anyone can pop
+        await self.transactions.start()  # replays half messages before anyone can decide
+        await self.timer.start()  # rebuilds pending timers; due-while-down ones fire at once
+        self._master_services = True
+
+    async def stop_master_services(self) -> None:
+        if not self._master_services:
+            return
+        self._master_services = False
+        await self.pop.stop()  # writes the revive checkpoint after persisting offsets
+        await self.transactions.stop()
+        await self.timer.stop()  # after the services that may schedule timers
+
+    def role_changed(self) -> None:
+        """Controller mode: the role changed; register with the NameServers now."""
+        self._register_now.set()
 
     @property
     def address(self) -> str:
@@ -296,6 +343,8 @@ class BrokerController:
         m.registry.register(
             HealthCollector(lambda: (self.bridge.failure_counts(), self.bridge.degraded()))
         )
+        if self.ha is not None:
+            m.registry.register(HaCollector(lambda: self.ha, self.replicas))
         server, _thread = start_http_server(
             self.config.metrics_port, addr=self.config.host, registry=m.registry
         )
@@ -357,12 +406,14 @@ class BrokerController:
         return cls(
             cluster=self.config.cluster,
             broker_name=self.config.broker_name,
-            broker_id=self.config.broker_id,
+            broker_id=self.route_broker_id or 0,
             broker_addr=self.address,
         )
 
     async def register_all(self) -> int:
         """Register with every NameServer at once; returns how many accepted."""
+        if self.route_broker_id is None:
+            return 0  # controller mode, id not known yet
         body = encode_body(
             RegisterBrokerBody(
                 topic_configs=dict(self.topics.topics), data_version=self.topics.data_version
@@ -412,6 +463,9 @@ class BrokerController:
                     await self._register_now.wait()
 
     async def _unregister_all(self) -> None:
+        if self.route_broker_id is None:
+            return
+
         async def one(addr: str) -> None:
             frame = self._identity(UnregisterBrokerRequest).frame()
             try:

@@ -6,7 +6,9 @@ Through :class:`orbitmq.controller.client.ControllerClient` only, which finds th
 itself. The controller has no request that lists its groups, so ``describe`` asks it about the
 groups named with ``--broker-name``, or else about every broker name the NameServers know.
 
-Replica lag is shown as "n/a": brokers do not replicate yet, so there is no lag to report.
+Replica lag (bytes and ms behind the master) is what the master reported in its last heartbeat
+to the controller leader (every 500 ms); "n/a" when it reported none for that replica (not
+connected, or a static-mode group).
 """
 
 from __future__ import annotations
@@ -167,7 +169,9 @@ def _group_table(info: ReplicaInfo) -> Table:
         Column("role", no_wrap=True),
         Column("in sync", no_wrap=True),
         Column("alive", no_wrap=True),
-        Column("lag", justify="right", no_wrap=True),
+        Column("max offset", justify="right", no_wrap=True),
+        Column("lag bytes", justify="right", no_wrap=True),
+        Column("lag ms", justify="right", no_wrap=True),
         box=box.SIMPLE_HEAD,
         pad_edge=False,
     )
@@ -179,7 +183,9 @@ def _group_table(info: ReplicaInfo) -> Table:
             "[bold]master[/]" if master else "slave",
             "yes" if replica.broker_id in in_sync else "no",
             "yes" if replica.alive else "[red]no[/]",
-            "n/a",  # brokers do not replicate yet
+            str(replica.max_offset) if replica.max_offset >= 0 else "n/a",
+            str(replica.lag_bytes) if replica.lag_bytes >= 0 else "n/a",
+            str(replica.lag_ms) if replica.lag_ms >= 0 else "n/a",
         )
     return table
 
@@ -197,7 +203,7 @@ def cluster_describe(
     namesrv: NamesrvOpt = DEFAULT_NAMESRV,
 ) -> None:
     """Show the controller nodes (leader or follower) and, per broker group, its master, master
-    epoch, SyncStateSet and replicas. Lag is n/a until brokers replicate.
+    epoch, SyncStateSet and replicas with their lag behind the master.
 
     Example: orbitmq cluster describe --controller 127.0.0.1:9878 -b broker-a
     """

@@ -269,6 +269,13 @@ def broker(
     flush: Annotated[str | None, typer.Option(help="ASYNC_FLUSH or SYNC_FLUSH.")] = None,
     auto_create_topic: Annotated[bool | None, typer.Option()] = None,
     metrics_port: Annotated[int | None, typer.Option()] = None,
+    controller_addr: Annotated[
+        str | None,
+        typer.Option(
+            "--controller",
+            help="Controller nodes, ';'-separated host:port: controller mode (docs/ha.md).",
+        ),
+    ] = None,
     proxy_port: Annotated[
         int | None,
         typer.Option(
@@ -300,6 +307,9 @@ def broker(
                 "namesrv_addrs": None if namesrv_addr is None else namesrv_addr.replace(";", ","),
                 "auto_create_topic": auto_create_topic,
                 "metrics_port": metrics_port,
+                "controller_addrs": None
+                if controller_addr is None
+                else controller_addr.replace(";", ","),
             },
             "store": {"store_path": store_path, "flush_disk_type": flush},
             "proxy": _proxy_tls(proxy_tls, proxy_tls_cert, proxy_tls_key, proxy_tls_client_ca),

@@ -35,6 +35,8 @@ class Liveness:
     channel: object | None = None
     """The connection the last heartbeat came on (to notify the broker on)."""
     closed: bool = False
+    replica_lag: dict[int, tuple[int, int]] | None = None
+    """From a master: slave id -> (lag bytes, lag ms), as its last heartbeat said."""
 
     def candidate(self) -> Candidate:
         return Candidate(self.broker_id, self.epoch, self.max_offset, self.priority)
@@ -63,6 +65,7 @@ class Heartbeats:
         confirm_offset: int = 0,
         priority: int = DEFAULT_PRIORITY,
         channel: object | None = None,
+        replica_lag: dict[int, tuple[int, int]] | None = None,
     ) -> Liveness:
         key = (broker_name, broker_id)
         now = self.clock.monotonic()
@@ -72,6 +75,7 @@ class Heartbeats:
         entry.address, entry.last_seen, entry.closed = address, now, False
         entry.epoch, entry.max_offset, entry.confirm_offset = epoch, max_offset, confirm_offset
         entry.priority, entry.channel = priority, channel
+        entry.replica_lag = replica_lag
         self._dead.discard(key)
         if epoch > self._floors.get(broker_name, 0):
             self._floors[broker_name] = epoch

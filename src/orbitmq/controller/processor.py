@@ -87,6 +87,21 @@ def check_id(value: int, name: str = "broker_id") -> int:
 
 def replica_info(view: GroupView, heartbeats: Heartbeats) -> ReplicaInfo:
     alive = set(heartbeats.alive_ids(view.broker_name))
+    master = None if view.master is None else heartbeats.get(view.broker_name, view.master)
+    lags = (master.replica_lag if master is not None else None) or {}
+
+    def replica(bid: int, addr: str) -> Replica:
+        seen = heartbeats.get(view.broker_name, bid)
+        lag = (0, 0) if bid == view.master else lags.get(bid, (-1, -1))
+        return Replica(
+            broker_id=bid,
+            address=addr,
+            alive=bid in alive,
+            max_offset=-1 if seen is None else seen.max_offset,
+            lag_bytes=lag[0],
+            lag_ms=lag[1],
+        )
+
     return ReplicaInfo(
         cluster=view.cluster,
         broker_name=view.broker_name,
@@ -95,10 +110,7 @@ def replica_info(view: GroupView, heartbeats: Heartbeats) -> ReplicaInfo:
         master_epoch=view.master_epoch,
         sync_state_set=sorted(view.sync_state_set),
         sync_state_set_epoch=view.sync_state_set_epoch,
-        replicas=[
-            Replica(broker_id=bid, address=addr, alive=bid in alive)
-            for bid, addr in sorted(view.replicas.items())
-        ],
+        replicas=[replica(bid, addr) for bid, addr in sorted(view.replicas.items())],
     )
 
 
@@ -190,6 +202,7 @@ class ControllerProcessor:
             confirm_offset=hb.confirm_offset,
             priority=hb.election_priority,
             channel=connection,
+            replica_lag={r.broker_id: (r.lag_bytes, r.lag_ms) for r in hb.replica_lag[:64]},
         )
         view = self.raft.state.view(hb.broker_name)
         answer = HeartbeatResponse(leader=self.raft.is_leader(), send_time_ms=hb.send_time_ms)

@@ -58,6 +58,17 @@ class RegisterRequest(msgspec.Struct, kw_only=True):
     address: str
 
 
+class ReplicaLag(msgspec.Struct, kw_only=True):
+    """A master's view of one slave, sent in its heartbeats (for ``orbitmq cluster describe``)."""
+
+    broker_id: int
+    acked_offset: int
+    lag_bytes: int
+    """The master's max offset minus what the slave acknowledged."""
+    lag_ms: int
+    """How long the slave has not been caught up with the master (0: caught up)."""
+
+
 class HeartbeatRequest(msgspec.Struct, kw_only=True):
     cluster: str
     broker_name: str
@@ -72,6 +83,8 @@ class HeartbeatRequest(msgspec.Struct, kw_only=True):
     """Lower wins among equally up-to-date candidates (RocketMQ's default: Integer.MAX_VALUE)."""
     send_time_ms: int = 0
     """The broker's monotonic send time, echoed back so it can renew its lease from it."""
+    replica_lag: list[ReplicaLag] = msgspec.field(default_factory=list)
+    """From a master: each connected slave's lag."""
 
 
 class HeartbeatResponse(msgspec.Struct, kw_only=True):
@@ -111,6 +124,13 @@ class Replica(msgspec.Struct, kw_only=True):
     address: str
     alive: bool
     """Whether the answering node has a live heartbeat from it."""
+    max_offset: int = -1
+    """Its CommitLog end as of its last heartbeat (-1: never heard of)."""
+    lag_bytes: int = -1
+    """Bytes behind the master, as the master's last heartbeat says (-1: not known; 0 for
+    the master itself)."""
+    lag_ms: int = -1
+    """How long it has not been caught up, as the master says (-1: not known)."""
 
 
 class ReplicaInfo(msgspec.Struct, kw_only=True):

@@ -20,6 +20,16 @@ end; with no slave in sync, it follows the master's end (RocketMQ 5 with
 loss window. A sync send waits (:meth:`HaMaster.wait_replicated`) until the confirm offset
 covers it, else FLUSH_SLAVE_TIMEOUT after ``slave_timeout_ms``; fewer than
 ``min_in_sync_replicas`` replicas in sync (the master counted) refuses it before it is stored.
+
+Controller mode (an :class:`Office` given): the master takes office at the epoch the controller
+elected it in (refusing one at or below its epoch file's last), and the in-sync set is the
+controller's SyncStateSet: the master proposes every change (``Office.alter``, a compare-and-set
+on the epochs) and, until it commits, counts acks against the union of the committed and the
+proposed set, so neither a shrink nor an expand weakens an ack (RocketMQ #5663). A slave whose
+frames carry a master epoch above this one means this master is deposed (``Office.fenced``).
+While ``Office.lease_ok()`` is false (no heartbeat answered by the controller leader for the
+lease) the master takes no send and answers none SEND_OK: an appended one gets
+FLUSH_SLAVE_TIMEOUT (stored, outcome unknown).
 """
 
 from __future__ import annotations
@@ -29,6 +39,7 @@ import contextlib
 import heapq
 import itertools
 import logging
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 from orbitmq.broker.config import BrokerConfig
@@ -38,12 +49,14 @@ from orbitmq.common.clock import SYSTEM_CLOCK, Clock
 from orbitmq.common.errors import (
     FlushSlaveTimeoutError,
     MQError,
+    NoPermissionError,
     ProtocolError,
     ServiceNotAvailableError,
 )
 from orbitmq.common.tasks import TaskSet
 from orbitmq.protocol.ha import (
     ERR_BAD_DATA,
+    ERR_FENCED,
     ERR_NO_COMMON_EPOCH,
     Ack,
     HaError,
@@ -57,6 +70,31 @@ from orbitmq.store.message_store import MessageStore
 log = logging.getLogger(__name__)
 CHUNK_BYTES = 256 * 1024
 _TICK_S = 0.05
+
+
+class StaleEpochError(Exception):
+    """The controller's epoch for this master is not above the epoch file's last: refused (an
+    epoch is never written twice, even by a controller that lost committed entries)."""
+
+
+@dataclass(slots=True, eq=False)
+class Office:
+    """A master's term in controller mode: what the controller elected it with, and how the
+    master talks back (the broker's :mod:`~orbitmq.broker.ha.replicas` provides the calls)."""
+
+    epoch: int
+    broker_id: int
+    sync_state_set: set[int]
+    sync_state_set_epoch: int
+    port: int
+    """The HA port (the broker port + 1), listened on by the broker's RoleSwitch for its whole
+    life, whatever its role: it hands a master's links to :meth:`HaMaster.serve`."""
+    lease_ok: Callable[[], bool]
+    alter: Callable[[list[int], int, int], Awaitable[tuple[list[int], int] | None]]
+    """Propose (set, master epoch, set epoch); the committed (set, set epoch), or None when
+    refused (the proposer re-reads the replica info)."""
+    fenced: Callable[[str], None]
+    """A peer showed a higher master epoch: this master is deposed."""
 
 
 @dataclass(slots=True, eq=False)
@@ -83,13 +121,20 @@ class HaMaster:
         store: MessageStore,
         bridge: StoreBridge,
         clock: Clock = SYSTEM_CLOCK,
+        office: Office | None = None,
     ) -> None:
         self.config = config
         self.store = store
         self.bridge = bridge
         self.clock = clock
+        self.office = office
         self.sync = config.replication_mode == "sync"
         self.epoch = 0
+        self.pending_set: set[int] | None = None
+        """Controller mode: a proposed SyncStateSet not yet committed."""
+        self.alter_count = 0
+        self.fenced_count = 0
+        self._last_acks: dict[int, int] = {}
         self.slaves: dict[int, SlaveState] = {}
         self._server: asyncio.Server | None = None
         self._tasks = TaskSet("ha-master", logger=log)
@@ -104,11 +149,14 @@ class HaMaster:
         await self.bridge.call(self._take_office)
         self._confirm = self.store.commit_log.max_offset
         self.store.set_confirm_offset(None)
-        port = self.config.ha_port
-        if port is None:
-            port = self.config.port + 1 if self.config.port else 0
-        self._server = await asyncio.start_server(self._serve, self.config.host, port)
-        self._port = self._server.sockets[0].getsockname()[1]
+        if self.office is not None:  # the broker's RoleSwitch listens and hands links over
+            self._port = self.office.port
+        else:
+            port = self.config.ha_port
+            if port is None:
+                port = self.config.port + 1 if self.config.port else 0
+            self._server = await asyncio.start_server(self._serve, self.config.host, port)
+            self._port = self._server.sockets[0].getsockname()[1]
         self._tasks.spawn(self._monitor(), name="ha-monitor")
         log.info(
             "HA master %s epoch %d listening on %s:%d (%s)",
@@ -119,7 +167,14 @@ class HaMaster:
     def _take_office(self) -> None:
         """On a thread: a new epoch for what this run writes (the epoch file is fsynced)."""
         epochs = self.store.epochs
-        if not epochs.entries:
+        if self.office is not None:
+            epoch = self.office.epoch
+            if epochs.entries and epoch <= epochs.last_epoch:
+                raise StaleEpochError(
+                    f"master epoch {epoch} is not above the epoch file's last {epochs.last_epoch}"
+                )
+            epochs.append(epoch, self.store.commit_log.max_offset if epochs.entries else 0)
+        elif not epochs.entries:
             epochs.append(1, 0)  # everything written before replication was on
         else:
             epochs.append(epochs.last_epoch + 1, self.store.commit_log.max_offset)
@@ -145,12 +200,48 @@ class HaMaster:
 
     @property
     def in_sync_replicas(self) -> int:
-        """Replicas in sync, the master counted."""
+        """Replicas in sync, the master counted (controller mode: the committed SyncStateSet,
+        or the proposed one while it is smaller)."""
+        if self.office is not None:
+            n = len(self.office.sync_state_set | {self.office.broker_id})
+            if self.pending_set is not None:
+                n = min(n, len(self.pending_set))
+            return n
         return 1 + sum(1 for s in self.slaves.values() if s.in_sync)
+
+    def ack_members(self) -> set[int]:
+        """The slaves whose acks a sync send waits for: the in-sync ones; in controller mode the
+        union of the committed and the proposed SyncStateSet, the master left out."""
+        if self.office is None:
+            return {s.broker_id for s in self.slaves.values() if s.in_sync}
+        members = set(self.office.sync_state_set)
+        if self.pending_set is not None:
+            members |= self.pending_set
+        members.discard(self.office.broker_id)
+        return members
+
+    def replica_lag(self) -> list[tuple[int, int, int, int]]:
+        """(slave id, acked offset, lag bytes, lag ms) of every connected slave."""
+        end = self.store.commit_log.max_offset
+        now = self.clock.monotonic()
+        return [
+            (s.broker_id, s.acked, max(0, end - s.acked),
+             0 if s.acked >= end else int((now - s.caught_up_at) * 1000))
+            for s in self.slaves.values()
+        ]  # fmt: skip
+
+    def lease_ok(self) -> bool:
+        return self.office is None or self.office.lease_ok()
 
     # ------------------------------------------------------------------ the gate
 
     def check_send(self) -> None:
+        if not self.lease_ok():
+            self.fenced_count += 1
+            raise NoPermissionError(
+                f"broker {self.config.broker_name} is not master: its lease from the controller "
+                "lapsed (send to the group's current master)"
+            )
         if self.sync and self.in_sync_replicas < self.config.min_in_sync_replicas:
             raise ServiceNotAvailableError(
                 f"in-sync replicas not enough: {self.in_sync_replicas} < "
@@ -162,20 +253,29 @@ class HaMaster:
 
     async def wait_replicated(self, end_offset: int) -> None:
         self._notify()  # new bytes: wake the senders now rather than at their next tick
-        if not self.sync or end_offset <= self._confirm:
-            return
-        loop = asyncio.get_running_loop()
-        fut: asyncio.Future[None] = loop.create_future()
-        deadline = loop.time() + self.config.slave_timeout_ms / 1000
-        heapq.heappush(self._waiters, (end_offset, next(self._seq), fut, deadline))
-        await fut
+        if self.sync and end_offset > self._confirm:
+            loop = asyncio.get_running_loop()
+            fut: asyncio.Future[None] = loop.create_future()
+            deadline = loop.time() + self.config.slave_timeout_ms / 1000
+            heapq.heappush(self._waiters, (end_offset, next(self._seq), fut, deadline))
+            await fut
+        if not self.lease_ok():  # checked at ack time: a paused master must not ack late
+            self.fenced_count += 1
+            raise FlushSlaveTimeoutError(
+                f"stored up to {end_offset}, but the master lease lapsed before the ack: "
+                "outcome unknown"
+            )
 
     # ------------------------------------------------------------------ confirm offset
 
     def _recompute(self) -> None:
         """The confirm offset from the in-sync slaves' acks; release the sends it covers."""
         end = self.store.commit_log.max_offset
-        acks = [s.acked for s in self.slaves.values() if s.in_sync]
+        for s in self.slaves.values():
+            self._last_acks[s.broker_id] = s.acked
+        # A member not connected counts with its last ack (0 if never seen): the confirm offset
+        # waits for the controller to commit its removal.
+        acks = [self._last_acks.get(m, 0) for m in self.ack_members()]
         if not self.sync or not acks:
             confirm, setting = end, None
         else:
@@ -214,6 +314,9 @@ class HaMaster:
             return
         if slave.acked >= slave.prev_max:
             slave.caught_up_at = now
+        if self.office is not None:
+            self._want_in_sync(slave, now)
+            return
         limit = self.config.ha_max_time_slave_not_catchup_ms / 1000
         if slave.in_sync and now - slave.caught_up_at > limit:
             slave.in_sync = False
@@ -228,6 +331,54 @@ class HaMaster:
                 slave.in_sync = True
                 log.info("slave %d joins the in-sync set at %d", slave.broker_id, slave.acked)
 
+    def _want_in_sync(self, slave: SlaveState, now: float) -> None:
+        """Controller mode: mark whether ``slave`` belongs in the SyncStateSet (the proposal is
+        made by :meth:`_propose`). Join: acked at least the confirm offset and this epoch's
+        start; leave: behind for ha_max_time_slave_not_catchup_ms."""
+        limit = self.config.ha_max_time_slave_not_catchup_ms / 1000
+        start = self.store.epochs.entries[-1][1] if self.store.epochs.entries else 0
+        if slave.in_sync:
+            slave.in_sync = now - slave.caught_up_at <= limit
+        else:
+            slave.in_sync = (
+                slave.caught_up_at == now and slave.acked >= self._confirm and slave.acked >= start
+            )
+
+    def _propose(self) -> None:
+        """Controller mode: propose the SyncStateSet the links say, unless one is pending."""
+        office = self.office
+        if office is None or self.pending_set is not None:
+            return
+        wanted = {office.broker_id} | {s.broker_id for s in self.slaves.values() if s.in_sync}
+        if wanted == office.sync_state_set | {office.broker_id}:
+            return
+        self.pending_set = wanted
+        self._tasks.spawn(self._alter(office, wanted), name="ha-alter-sync-state-set")
+
+    async def _alter(self, office: Office, wanted: set[int]) -> None:
+        try:
+            result = await office.alter(sorted(wanted), self.epoch, office.sync_state_set_epoch)
+        except (MQError, OSError) as exc:
+            log.warning("SyncStateSet change to %s failed: %s", sorted(wanted), exc)
+            result = None
+        if result is not None:
+            members, set_epoch = result
+            office.sync_state_set, office.sync_state_set_epoch = set(members), set_epoch
+            self.alter_count += 1
+            log.info("SyncStateSet of %s is now %s (epoch %d)",
+                     self.config.broker_name, members, set_epoch)  # fmt: skip
+        else:
+            await asyncio.sleep(0.5)  # refused or unreachable: the next tick proposes again
+        self.pending_set = None
+        self._recompute()
+
+    def set_sync_state_set(self, members: set[int], set_epoch: int) -> None:
+        """Controller mode: the committed set as the controller reports it (a newer epoch)."""
+        office = self.office
+        if office is not None and set_epoch > office.sync_state_set_epoch:
+            office.sync_state_set, office.sync_state_set_epoch = set(members), set_epoch
+            self._recompute()
+
     async def _monitor(self) -> None:
         while True:
             await asyncio.sleep(_TICK_S)
@@ -236,6 +387,7 @@ class HaMaster:
             for slave in self.slaves.values():
                 self._update_in_sync(slave, now)
                 slave.prev_max = end
+            self._propose()
             self._recompute()
             self._expire()
             if end > self._confirm or self._waiters:
@@ -246,6 +398,10 @@ class HaMaster:
             slave.wake.set()
 
     # ------------------------------------------------------------------ one slave
+
+    async def serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        """Serve one slave's link until it closes (controller mode: called by the RoleSwitch)."""
+        await self._serve(reader, writer)
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         link = Link(reader, writer, self.config.ha_link_timeout_ms / 1000)
@@ -274,6 +430,7 @@ class HaMaster:
                 del self.slaves[slave.broker_id]
                 if slave.in_sync:
                     log.warning("slave %d leaves the in-sync set: link lost", slave.broker_id)
+                self._propose()
                 self._recompute()
             await link.close()
 
@@ -282,6 +439,14 @@ class HaMaster:
         if not isinstance(hello, Handshake) or hello.broker_name != self.config.broker_name:
             await self._refuse(link, ERR_BAD_DATA, f"expected a handshake from group "
                                f"{self.config.broker_name}, got {hello!r:.200}")  # fmt: skip
+            return None
+        if self.office is not None and hello.master_epoch > self.epoch:
+            self.fenced_count += 1
+            why = (
+                f"slave {hello.broker_id} follows master epoch {hello.master_epoch} > {self.epoch}"
+            )
+            await self._refuse(link, ERR_FENCED, why)
+            self.office.fenced(why)
             return None
         entries = self.store.epochs.entries
         end = self.store.commit_log.max_offset

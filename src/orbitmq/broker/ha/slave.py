@@ -15,6 +15,10 @@ Store calls run on one thread of the slave's own, in order, never on the event l
 refuses sends (NO_PERMISSION, whose policy sends the client to refresh its route: RocketMQ's
 slave store refuses a put too, and a route lists only the master as writable), and serves
 pulls only with ``slave_read_enable``, never above its confirm offset (the store's gate).
+
+Controller mode (``master`` and ``master_epoch`` given by the controller): the slave's frames
+carry that epoch, and it drops a master whose handshake or TRANSFER carries a lower one (a
+deposed master that has not noticed yet: fencing).
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ from orbitmq.broker.ha.link import Link, LinkClosedError
 from orbitmq.common.errors import MQError, NoPermissionError, ProtocolError
 from orbitmq.common.tasks import TaskSet
 from orbitmq.protocol.ha import (
+    ERR_FENCED,
     ERR_NO_COMMON_EPOCH,
     Ack,
     HaError,
@@ -46,11 +51,24 @@ _MAX_BACKOFF_S = 5.0
 class HaSlave:
     """The slave's replication client and the broker's :class:`ReplicationGate` on a slave."""
 
-    def __init__(self, config: BrokerConfig, store: MessageStore) -> None:
-        if not config.ha_master_address:
+    def __init__(
+        self,
+        config: BrokerConfig,
+        store: MessageStore,
+        *,
+        master: str | None = None,
+        master_epoch: int = 0,
+        broker_id: int | None = None,
+    ) -> None:
+        address = master or config.ha_master_address
+        if not address:
             raise ValueError("a slave with ha_enable needs ha_master_address")
-        host, _, port = config.ha_master_address.rpartition(":")
+        host, _, port = address.rpartition(":")
         self.master = (host, int(port))
+        self.expected_epoch = master_epoch
+        """Controller mode: the master epoch the controller gave (0 in static mode)."""
+        self.broker_id = config.broker_id if broker_id is None else broker_id
+        self.fenced_count = 0
         self.config = config
         self.store = store
         self._thread = ThreadPoolExecutor(1, thread_name_prefix="orbitmq-ha-slave")
@@ -66,14 +84,13 @@ class HaSlave:
 
     def check_send(self) -> None:
         raise NoPermissionError(
-            f"broker {self.config.broker_name} id {self.config.broker_id} is a slave: "
-            "send to its master"
+            f"broker {self.config.broker_name} id {self.broker_id} is a slave: send to its master"
         )
 
     def check_read(self) -> None:
         if not self.config.slave_read_enable:
             raise NoPermissionError(
-                f"broker {self.config.broker_name} id {self.config.broker_id} is a slave "
+                f"broker {self.config.broker_name} id {self.broker_id} is a slave "
                 "without slave_read_enable: read from its master"
             )
 
@@ -124,40 +141,47 @@ class HaSlave:
             reader, writer = await asyncio.open_connection(*self.master)
         link = self._link = Link(reader, writer, timeout_s)
         store, cl = self.store, self.store.commit_log
-        await link.send(Handshake(0, self.config.broker_id, self.config.broker_name,
+        mine = self.expected_epoch
+        await link.send(Handshake(mine, self.broker_id, self.config.broker_name,
                                   store.epochs.entries, cl.max_offset))  # fmt: skip
         hello = await link.recv()
         if isinstance(hello, HaError):
             raise LinkClosedError(f"master refused the link: {hello.message}")
         if not isinstance(hello, Handshake):
             raise ProtocolError(f"expected the master's handshake, got {hello!r:.200}")
+        if hello.master_epoch < mine:
+            self.fenced_count += 1
+            with contextlib.suppress(LinkClosedError):
+                await link.send(HaError(mine, ERR_FENCED, f"master epoch {hello.master_epoch} "
+                                        f"is below {mine}"))  # fmt: skip
+            raise LinkClosedError(f"master epoch {hello.master_epoch} is below {mine} (fenced)")
         try:
             cut = divergence_offset(store.epochs.entries, cl.max_offset, hello.epochs,
                                     hello.max_offset)  # fmt: skip
         except NoCommonEpochError as exc:
             with contextlib.suppress(LinkClosedError):
-                await link.send(HaError(0, ERR_NO_COMMON_EPOCH, str(exc)))
+                await link.send(HaError(mine, ERR_NO_COMMON_EPOCH, str(exc)))
             raise
         if cut < cl.max_offset:
             log.warning("slave %d truncates its log from %d to %d (diverged from the master)",
-                        self.config.broker_id, cl.max_offset, cut)  # fmt: skip
+                        self.broker_id, cl.max_offset, cut)  # fmt: skip
             await self._call(store.truncate_to, cut)
         store.set_confirm_offset(min(cut, store.confirm_offset))  # until the master says more
         self.master_epoch = hello.master_epoch
-        await link.send(Ack(0, cl.max_offset, cl.flushed_offset))
+        await link.send(Ack(mine, cl.max_offset, cl.flushed_offset))
         self.sessions += 1
         self.connected.set()
         log.info("slave %d following master %s:%d epoch %d from %d",
-                 self.config.broker_id, *self.master, hello.master_epoch, cut)  # fmt: skip
+                 self.broker_id, *self.master, hello.master_epoch, cut)  # fmt: skip
         while True:
             frame = await link.recv()
             if isinstance(frame, Transfer):
                 end, flushed = await self._apply(frame)
                 self._confirm(frame.confirm_offset)
-                await link.send(Ack(0, end, flushed))
+                await link.send(Ack(mine, end, flushed))
             elif isinstance(frame, Heartbeat):
                 self._confirm(frame.confirm_offset)
-                await link.send(Ack(0, cl.max_offset, cl.flushed_offset))
+                await link.send(Ack(mine, cl.max_offset, cl.flushed_offset))
             elif isinstance(frame, HaError):
                 raise LinkClosedError(f"master closed the link: {frame.message}")
 
@@ -169,6 +193,7 @@ class HaSlave:
 
     async def _apply(self, t: Transfer) -> tuple[int, int]:
         if t.master_epoch < self.master_epoch:
+            self.fenced_count += 1
             raise ProtocolError(f"TRANSFER of epoch {t.master_epoch} below {self.master_epoch}")
         result = await self._call(_apply_on_thread, self.store, t,
                                   self.config.ha_slave_ack_after_flush)  # fmt: skip
