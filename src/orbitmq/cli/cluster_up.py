@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -50,19 +51,35 @@ STOP_TIMEOUT_S = 15.0
 START_TIMEOUT_S = 60.0
 
 
-def free_port(host: str, *, pair: bool = False) -> int:
-    """A port free on ``host`` (``pair``: and the next one, a broker's HA port)."""
-    for _ in range(200):
-        with socket.socket() as s:
-            s.bind((host, 0))
-            port: int = s.getsockname()[1]
-        if not pair:
+def _ephemeral_low() -> int:
+    """The first port the kernel hands out to outgoing connections (Linux; else 32768)."""
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
+def free_port(host: str, *, pair: bool = False, taken: set[int] | None = None) -> int:
+    """A port free on ``host`` (``pair``: and the next one, a broker's HA port), below the
+    ephemeral range: a process restarted on its port must not find it taken by some client's
+    outgoing connection meanwhile. Ports in ``taken`` are skipped; the one chosen is added."""
+    rng = random.Random()
+    taken = set() if taken is None else taken
+    high = max(_ephemeral_low() - 2, 20_002)
+    for _ in range(500):
+        port = rng.randrange(20_000, high)
+        if port in taken or (pair and port + 1 in taken):
+            continue
+        with contextlib.ExitStack() as stack:
+            try:
+                for p in (port, port + 1) if pair else (port,):
+                    s = stack.enter_context(socket.socket())
+                    s.bind((host, p))
+            except OSError:
+                continue
+            taken.update((port, port + 1) if pair else (port,))
             return port
-        if port < 65535:
-            with socket.socket() as s2, contextlib.suppress(OSError):
-                s2.bind((host, port + 1))
-                return port
-    raise OSError(f"no free port pair on {host}")
+    raise OSError(f"no free port{' pair' if pair else ''} on {host}")
 
 
 @dataclass
@@ -154,9 +171,10 @@ def plan(
     """The processes, their ports and config files (written under ``data_dir``)."""
     logs = data_dir / "logs"
     logs.mkdir(parents=True, exist_ok=True)
-    ns_ports = [free_port(h) for h in hosts]
-    ctl_ports = [free_port(h) for h in hosts]
-    raft_ports = [free_port(h) for h in hosts]
+    taken: set[int] = set()
+    ns_ports = [free_port(h, taken=taken) for h in hosts]
+    ctl_ports = [free_port(h, taken=taken) for h in hosts]
+    raft_ports = [free_port(h, taken=taken) for h in hosts]
     peers = ",".join(f"{h}:{c}/{r}" for h, c, r in zip(hosts, ctl_ports, raft_ports, strict=True))
     namesrv_addrs = [f"{h}:{p}" for h, p in zip(hosts, ns_ports, strict=True)]
     controller_addrs = [f"{h}:{p}" for h, p in zip(hosts, ctl_ports, strict=True)]
@@ -171,7 +189,7 @@ def plan(
             "--controller-data-dir", str(data_dir / f"controller-{i}"),
         ]  # fmt: skip
         namesrvs.append(Child(f"namesrv-{i}", "namesrv", args, logs / f"namesrv-{i}.log"))
-        port = free_port(host, pair=True)
+        port = free_port(host, pair=True, taken=taken)
         config = data_dir / f"{broker_name}-{i}.toml"
         tables: dict[str, dict[str, Any]] = {
             "broker": {
@@ -243,8 +261,18 @@ def state(p: Plan) -> dict[str, Any]:
     }  # fmt: skip
 
 
-def supervise(p: Plan, restart_after_s: float | None, stopping: threading.Event) -> None:
-    """Report (and, with ``restart_after_s``, restart) processes that exit, until stopped."""
+def write_state(p: Plan, path: Path) -> None:
+    """``cluster.json``, replaced atomically (a script may read it at any moment)."""
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(state(p), indent=2) + "\n")
+    tmp.replace(path)
+
+
+def supervise(
+    p: Plan, restart_after_s: float | None, stopping: threading.Event, state_file: Path
+) -> None:
+    """Report (and, with ``restart_after_s``, restart) processes that exit, until stopped;
+    ``state_file`` is rewritten with the new PID after each restart."""
     while not stopping.wait(0.2):
         for child in p.children:
             if child.running or child.proc is None:
@@ -258,6 +286,7 @@ def supervise(p: Plan, restart_after_s: float | None, stopping: threading.Event)
                 time.monotonic() - child.exited_at >= restart_after_s
             ):
                 child.launch()
+                write_state(p, state_file)
                 print(f"{child.name} restarted: pid {child.pid}", flush=True)
 
 
@@ -315,7 +344,7 @@ def cluster_up(
             print(f"error: {exc}", file=sys.stderr, flush=True)
             raise typer.Exit(1) from exc
         info = state(p)
-        (data_dir / "cluster.json").write_text(json.dumps(info, indent=2) + "\n")
+        write_state(p, data_dir / "cluster.json")
         for child in p.children:
             print(f"{child.name:<14} pid {child.pid:<8} {child.role} {child.address}  "
                   f"log {child.log_path}")  # fmt: skip
@@ -326,7 +355,7 @@ def cluster_up(
         endpoints = {"namesrv": info["namesrv"], "controller": info["controller"],
                      "brokers": brokers, "state": str(data_dir / "cluster.json")}  # fmt: skip
         print(ready_line("cluster", endpoints), flush=True)
-        supervise(p, restart_after, stopping)
+        supervise(p, restart_after, stopping, data_dir / "cluster.json")
     finally:
         stop(p.children)
         for sig, handler in previous.items():
