@@ -100,7 +100,9 @@ class Child:
         self.ready.clear()
         self.reported = False
         log = open(self.log_path, "ab")  # noqa: SIM115 - the child owns it
-        env = {k: v for k, v in os.environ.items() if not k.startswith("ORBITMQ_")}
+        # ORBITMQ_<TABLE>_<FIELD> settings apply to every process; a --config file would not
+        # (each process has its own, written here).
+        env = {k: v for k, v in os.environ.items() if k != "ORBITMQ_CONFIG"}
         env["PYTHONUNBUFFERED"] = "1"
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "orbitmq", *self.args],

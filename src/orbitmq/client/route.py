@@ -325,11 +325,11 @@ class TopicRouteCache:
             log.warning("no NameServer reachable, using the cached route of %r: %s", topic, exc)
             return cached
         now = self._clock()
+        self._read_at[topic] = now  # any answer: re-reads after a failure wait from here
         if resp.code == ResponseCode.SUCCESS:
             route = _decode(resp.body, TopicRouteData, "route")
             info = TopicPublishInfo.from_route(topic, route, now)
             self._routes[topic] = info
-            self._read_at[topic] = now
             for bd in route.broker_datas:
                 if self._masters.get(bd.broker_name, (-math.inf, None))[0] <= now:
                     self._masters[bd.broker_name] = (now, bd.master_addr())

@@ -193,7 +193,8 @@ class Sender:
                 f"send to {topic!r} found no time left of its {self.config.send_timeout_s}s budget"
             )
         if len(tries) > 1:
-            last_exc.add_note(f"send to {topic!r} failed {len(tries)} times: " + "; ".join(tries))
+            last = "; ".join(tries[-5:])  # a send following a master may try many times
+            last_exc.add_note(f"send to {topic!r} failed {len(tries)} times; the last: {last}")
         raise last_exc
 
     async def _follow(

@@ -1,0 +1,3 @@
+from tests.harness import cluster
+
+__all__ = ["cluster"]
