@@ -56,13 +56,16 @@ def iterations(default: int) -> int:
 
 class HaCluster:
     def __init__(self, cluster: ProcessCluster, base: Path, *, replicas: int = 3,
-                 mode: str = "sync", flush: str = "ASYNC_FLUSH") -> None:  # fmt: skip
+                 mode: str = "sync", flush: str = "ASYNC_FLUSH",
+                 restart_after_s: float | None = None, extra: Sequence[str] = ()) -> None:  # fmt: skip
         self.data = base / "ha-cluster"
         self.replicas = replicas
         args = [
             "cluster", "up", "--replicas", str(replicas), "--data-dir", str(self.data),
-            "--replication-mode", mode, "--flush", flush,
+            "--replication-mode", mode, "--flush", flush, *extra,
         ]  # fmt: skip
+        if restart_after_s is not None:
+            args += ["--restart-after", str(restart_after_s)]
         self.proc: ServerProcess = cluster.child("cluster", "orbitmq", args, start=False)
         self.ctl: ControllerClient | None = None
         self.state: dict[str, Any] = {}
@@ -103,9 +106,10 @@ class HaCluster:
         except MQError:
             return None
 
-    async def wait_master(self, *, other_than: str = "", in_sync: int = 1,
-                          timeout_s: float = 30.0) -> ReplicaInfo:  # fmt: skip
-        """The group's master once it has one (not ``other_than``) with ``in_sync`` members."""
+    async def wait_master(self, *, other_than: str = "", after_epoch: int = -1,
+                          in_sync: int = 1, timeout_s: float = 30.0) -> ReplicaInfo:  # fmt: skip
+        """The group's master once it has one (not ``other_than``, of an epoch above
+        ``after_epoch``) with ``in_sync`` members in its SyncStateSet."""
         deadline = time.monotonic() + timeout_s
         while True:
             info = await self.replica_info()
@@ -113,6 +117,7 @@ class HaCluster:
                 info is not None
                 and info.has_master
                 and info.master_address != other_than
+                and info.master_epoch > after_epoch
                 and len(info.sync_state_set) >= in_sync
             ):
                 return info
@@ -142,10 +147,13 @@ class HaCluster:
     # ------------------------------------------------------------------ faults, by PID
 
     def signal(self, addr: str, sig: int) -> int:
-        """Send ``sig`` to the process serving ``addr``; its PID."""
+        """Send ``sig`` to the process serving ``addr`` (its PID as ``cluster.json`` says now:
+        the supervisor rewrites it on restarts); that PID."""
+        self.reload()
         pid = int(self.by_address(addr)["pid"])
-        if self._ours(pid):
-            os.kill(pid, sig)
+        if not self._ours(pid):
+            raise AssertionError(f"{addr}: process {pid} is not running")
+        os.kill(pid, sig)
         return pid
 
     def kill(self, addr: str) -> int:

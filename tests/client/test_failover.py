@@ -8,6 +8,8 @@ NO_PERMISSION "not master" (a deposed master), and for a while the group may hav
   moving to another group's queue, also when the route names no master for a while.
 - An unordered send with another group moves there at once (no waiting).
 - NO_PERMISSION that does not say "not master" (a read-only topic) is still raised at once.
+- SERVICE_NOT_AVAILABLE (a new master whose SyncStateSet is too small yet) is waited out by a
+  send that has no other group.
 - The admin client and the consumers' request helper reach the new master on their next
   request after a failure, without waiting for the 30 s route refresh.
 """
@@ -236,3 +238,16 @@ async def standby_send(standby: FakeBroker, producer: Any) -> None:
     """Put one message on the new master directly (what replication copied there)."""
     await producer.send(Message("T", b"n0"), queue=MessageQueue("T", "broker-a", 0))
     assert standby.bodies("T") == [b"n0"]
+
+
+async def test_a_new_master_below_its_in_sync_replicas_is_waited_for(
+    cluster: FakeCluster, make_producer: MakeProducer
+) -> None:
+    only_a(cluster)
+    producer = await make_producer(send_timeout_s=3.0, retry_times_when_send_failed=0)
+    cluster.a.fail_next = [(ResponseCode.SERVICE_NOT_AVAILABLE, {})] * 4
+    started = time.monotonic()
+    result = await producer.send(Message("T", b"x"))
+    assert result.message_queue.broker_name == "broker-a"
+    assert len(cluster.a.sends) == 5
+    assert 0.6 < time.monotonic() - started < 2.5  # re-read at most every 200 ms

@@ -17,7 +17,8 @@ master follows the group (docs/ha.md): when the send must stay on that group (a 
 explicit, by selector or message group) or the topic has no other group, it re-reads the route
 (at most every 200 ms) and tries the group's master again, new or restarted, until the deadline;
 those tries do not count against ``retry_times_when_send_failed``. Otherwise it moves to another
-group as any retriable failure does.
+group as any retriable failure does. SERVICE_NOT_AVAILABLE (a new master whose SyncStateSet is
+still below ``min_in_sync_replicas``) is waited out the same way when the send cannot move.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from orbitmq.client.producer.prepare import PreparedMessage
 from orbitmq.client.producer.types import STATUS_BY_CODE, SendResult, SendStatus
 from orbitmq.client.route import MessageQueue, TopicPublishInfo, TopicRouteCache, master_gone
 from orbitmq.common.clock import now_ms
+from orbitmq.common.codes import ResponseCode
 from orbitmq.common.errors import (
     ClientError,
     MQError,
@@ -187,6 +189,13 @@ class Sender:
                 raise err
             last_exc, last_broker = err, mq.broker_name
             tries.append(f"{mq} at {addr}: {err}")
+            # A new master refuses sends until a slave rejoins its SyncStateSet ("in-sync
+            # replicas not enough"): a send that cannot move waits for that too.
+            if resp.code == ResponseCode.SERVICE_NOT_AVAILABLE and await self._follow(
+                topic, info, queue, mq.broker_name, deadline
+            ):
+                follows += 1
+                continue
             attempts -= 1
         if last_exc is None:
             last_exc = RequestTimeoutError(
