@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import json
 import os
 import random
@@ -144,6 +145,22 @@ class HaCluster:
                 assert time.monotonic() < deadline, f"no route for {topic}"
                 await asyncio.sleep(0.2)
 
+    async def controller_leader(self, *, other_than: str = "", timeout_s: float = 30.0) -> str:
+        """The Remoting address of the controller node that says it leads (not
+        ``other_than``)."""
+        assert self.ctl is not None
+        deadline = time.monotonic() + timeout_s
+        while True:
+            for addr in self.controllers:
+                if addr == other_than:
+                    continue
+                with contextlib.suppress(MQError):
+                    if (await self.ctl.metadata(addr)).is_leader:
+                        return addr
+            if time.monotonic() > deadline:
+                raise AssertionError(f"no controller leader\n{self.logs()}")
+            await asyncio.sleep(0.05)
+
     # ------------------------------------------------------------------ faults, by PID
 
     def signal(self, addr: str, sig: int) -> int:
@@ -247,6 +264,13 @@ class Load:
                 self.last_error = f"{name}: {exc} {getattr(exc, '__notes__', '')}"
                 await asyncio.sleep(0.05)
             seq += 1
+
+    def max_ack_gap_ms(self, since_ms: float, until_ms: float) -> float:
+        """The longest time between two acknowledgements in [since, until] (its ends count as
+        acknowledgements): how long the data path stalled."""
+        times = sorted(r.done_ms for r in self.history.ok() if since_ms <= r.done_ms <= until_ms)
+        points = [since_ms, *times, until_ms]
+        return max(b - a for a, b in itertools.pairwise(points))
 
     def acked(self) -> int:
         return len(self.history.ok())
