@@ -227,7 +227,7 @@ class Load:
         self.history = history
         self.producer = AsyncProducer(
             namesrv,
-            ProducerConfig(send_timeout_s=send_timeout_s, linger_ms=1,
+            ProducerConfig(send_timeout_s=send_timeout_s, try_timeout_s=4.0, linger_ms=1,
                            route_refresh_interval_s=5.0),
         )  # fmt: skip
         self.senders = senders

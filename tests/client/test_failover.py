@@ -251,3 +251,19 @@ async def test_a_new_master_below_its_in_sync_replicas_is_waited_for(
     assert result.message_queue.broker_name == "broker-a"
     assert len(cluster.a.sends) == 5
     assert 0.6 < time.monotonic() - started < 2.5  # re-read at most every 200 ms
+
+
+async def test_a_try_timeout_leaves_time_to_follow_a_silent_master(
+    cluster: FakeCluster, standby: FakeBroker, make_producer: MakeProducer
+) -> None:
+    """A master cut off by a partition answers nothing: with try_timeout_s the try gives up in
+    time to re-read the route and send to the new master within the same send."""
+    only_a(cluster)
+    producer = await make_producer(send_timeout_s=4.0, try_timeout_s=0.5)
+    await producer.send(Message("T", b"before"))
+    cluster.a.hang = True
+    cluster.namesrv.register([standby])
+    started = time.monotonic()
+    await producer.send(Message("T", b"after"))
+    assert time.monotonic() - started < 2.0
+    assert standby.bodies("T") == [b"after"]

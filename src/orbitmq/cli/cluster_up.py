@@ -90,6 +90,8 @@ class Child:
     role: str
     args: list[str]
     log_path: Path
+    netns: str | None = None
+    """A network namespace to run in (``ip netns exec``), or None."""
     proc: subprocess.Popen[bytes] | None = None
     endpoints: dict[str, str] = field(default_factory=dict)
     reported: bool = False
@@ -104,8 +106,9 @@ class Child:
         # (each process has its own, written here).
         env = {k: v for k, v in os.environ.items() if k != "ORBITMQ_CONFIG"}
         env["PYTHONUNBUFFERED"] = "1"
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "orbitmq", *self.args],
+        where = ["ip", "netns", "exec", self.netns] if self.netns else []
+        self.proc = subprocess.Popen(  # ip netns exec execs the command: the PID is Python's
+            [*where, sys.executable, "-m", "orbitmq", *self.args],
             stdout=subprocess.PIPE,
             stderr=log,
             stdin=subprocess.DEVNULL,
@@ -162,6 +165,10 @@ class Plan:
         return [*self.namesrvs, *self.brokers]
 
 
+DEFAULT_PORTS = (9876, 9878, 9880, 10911)
+"""NameServer, controller, Raft and broker ports of a replica in a namespace of its own."""
+
+
 def plan(
     hosts: list[str],
     data_dir: Path,
@@ -169,14 +176,21 @@ def plan(
     mode: str,
     min_in_sync: int,
     flush: str,
+    netns: list[str] | None = None,
 ) -> Plan:
-    """The processes, their ports and config files (written under ``data_dir``)."""
+    """The processes, their ports and config files (written under ``data_dir``). With
+    ``netns``, replica i runs in namespace i on the default ports (free there, and not
+    checkable from here)."""
     logs = data_dir / "logs"
     logs.mkdir(parents=True, exist_ok=True)
     taken: set[int] = set()
-    ns_ports = [free_port(h, taken=taken) for h in hosts]
-    ctl_ports = [free_port(h, taken=taken) for h in hosts]
-    raft_ports = [free_port(h, taken=taken) for h in hosts]
+
+    def port(host: str, i: int, *, pair: bool = False) -> int:
+        return DEFAULT_PORTS[i] if netns else free_port(host, pair=pair, taken=taken)
+
+    ns_ports = [port(h, 0) for h in hosts]
+    ctl_ports = [port(h, 1) for h in hosts]
+    raft_ports = [port(h, 2) for h in hosts]
     peers = ",".join(f"{h}:{c}/{r}" for h, c, r in zip(hosts, ctl_ports, raft_ports, strict=True))
     namesrv_addrs = [f"{h}:{p}" for h, p in zip(hosts, ns_ports, strict=True)]
     controller_addrs = [f"{h}:{p}" for h, p in zip(hosts, ctl_ports, strict=True)]
@@ -190,14 +204,15 @@ def plan(
             "--controller-peers", peers,
             "--controller-data-dir", str(data_dir / f"controller-{i}"),
         ]  # fmt: skip
-        namesrvs.append(Child(f"namesrv-{i}", "namesrv", args, logs / f"namesrv-{i}.log"))
-        port = free_port(host, pair=True, taken=taken)
+        ns = netns[i - 1] if netns else None
+        namesrvs.append(Child(f"namesrv-{i}", "namesrv", args, logs / f"namesrv-{i}.log", ns))
+        broker_port = port(host, 3, pair=True)
         config = data_dir / f"{broker_name}-{i}.toml"
         tables: dict[str, dict[str, Any]] = {
             "broker": {
                 "broker_name": broker_name,
                 "host": host,
-                "port": port,
+                "port": broker_port,
                 "namesrv_addrs": namesrv_addrs,
                 "controller_addrs": controller_addrs,
                 "replication_mode": mode,
@@ -218,6 +233,7 @@ def plan(
                 "broker",
                 ["broker", "--config", str(config)],
                 logs / f"{broker_name}-{i}.log",
+                ns,
             )
         )
     return Plan(namesrvs, brokers)
@@ -317,6 +333,13 @@ def cluster_up(
         float | None,
         typer.Option(help="Restart a process that exits after this many seconds (default: no)."),
     ] = None,
+    netns: Annotated[
+        str | None,
+        typer.Option(
+            help="Linux, as root: run replica i in network namespace i (','-separated, "
+            "made beforehand, with --hosts their addresses) on the default ports."
+        ),
+    ] = None,
 ) -> None:
     """Start a local replicated cluster: N NameServers with controllers and one broker group
     of N in controller mode, as separate processes on 127.0.0.1..N. Ctrl-C stops them all.
@@ -328,6 +351,9 @@ def cluster_up(
     ]  # fmt: skip
     if len(host_list) != replicas:
         fail(f"--hosts names {len(host_list)} hosts for {replicas} replicas")
+    ns_list = [n.strip() for n in netns.split(",") if n.strip()] if netns else None
+    if ns_list is not None and (len(ns_list) != replicas or not hosts):
+        fail("--netns names one namespace per replica, with --hosts their addresses")
     if replication_mode not in ("sync", "async"):
         fail("--replication-mode is sync or async")
     min_isr = min_in_sync_replicas or (2 if replicas >= 3 else 1)
@@ -337,7 +363,7 @@ def cluster_up(
         stopping.set()
 
     previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
-    p = plan(host_list, data_dir, broker_name, replication_mode, min_isr, flush)
+    p = plan(host_list, data_dir, broker_name, replication_mode, min_isr, flush, ns_list)
     try:
         try:
             start(p.namesrvs)

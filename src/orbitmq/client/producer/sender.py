@@ -138,12 +138,13 @@ class Sender:
                 continue
             frame = self._frame(kind, mq, sys_flag, flag, body)
             started = loop.time()
+            wait = min(remaining, self.config.try_timeout_s or remaining)
             try:
-                async with asyncio.timeout(remaining):
+                async with asyncio.timeout(wait):
                     if oneway:
                         await self.remoting.invoke_oneway(addr, frame)
                     else:
-                        resp = await self.remoting.invoke(addr, frame, remaining)
+                        resp = await self.remoting.invoke(addr, frame, wait)
             except (RemoteError, TimeoutError) as exc:  # transport: connect, lost, timed out
                 self.frames_sent += 1
                 self.fault.update(mq.broker_name, (loop.time() - started) * 1000, failed=True)
