@@ -163,6 +163,22 @@ def test_designated_election_and_no_candidate(nodes: list[RaftNode]) -> None:
     assert unclean.ok and unclean.group is not None and unclean.group.master == 1
 
 
+def test_a_restarted_master_is_elected_again_at_a_new_epoch_only_when_it_asks(
+    nodes: list[RaftNode],
+) -> None:
+    group_of_three(nodes, "renew")
+    cmd(nodes, "alter_sync_state_set", "renew", 1, 1, 1, [1, 2], [1, 2, 3])
+    # Designating the alive master is "it is still master" unless it asks to renew.
+    still = cmd(nodes, "elect_master", "renew", 1, 2, None, 1, ALIVE3, False, 0)
+    assert still.code == RC.CONTROLLER_MASTER_STILL_EXIST
+    renewed = cmd(nodes, "elect_master", "renew", 1, 2, None, 1, ALIVE3, False, 4, True)
+    assert renewed.ok and renewed.group is not None and renewed.group.master == 1
+    assert renewed.group.master_epoch == 5 and renewed.group.sync_state_set == {1}
+    # Renewing is only for the master itself.
+    other = cmd(nodes, "elect_master", "renew", 5, 3, None, 2, ALIVE3, False, 0, True)
+    assert other.code == RC.CONTROLLER_ELECT_MASTER_FAILED
+
+
 def test_clean_broker_data_refuses_alive_brokers_and_the_master(nodes: list[RaftNode]) -> None:
     group_of_three(nodes, "clean")
     cmd(nodes, "alter_sync_state_set", "clean", 1, 1, 1, [1, 2, 3], [1, 2, 3])

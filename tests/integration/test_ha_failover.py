@@ -1,6 +1,7 @@
-"""#13's failover in controller mode with real processes: three controller nodes (``orbitmq
-controller``, Raft between them), a NameServer and three brokers of one group in ``sync`` mode
-(``min_in_sync_replicas = 2``, ASYNC_FLUSH), a producer under load; the master is SIGKILLed.
+"""#13's failover in controller mode with real processes: three NameServers each running a
+controller node (``orbitmq namesrv --controller``, Raft between them), three brokers of one
+group in ``sync`` mode (``min_in_sync_replicas = 2``, ASYNC_FLUSH) registered with all of them,
+a producer under load; the master is SIGKILLed.
 
 Checked: a new master within 5 s of the kill (default controller timings: lease 2 s + margin
 0.5 s + a scan); sends resume on it; the NameServer's route names it as the group's master;
@@ -18,6 +19,8 @@ import asyncio
 import contextlib
 import random
 import socket
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -36,7 +39,7 @@ from orbitmq.store.message_store import MessageStore
 from tests.broker.ha.test_controlled import port_pair
 from tests.broker.ha.test_replication import log_bytes
 from tests.broker.test_broker import send_frame
-from tests.harness import PROCESS_STORE, ProcessCluster, ServerProcess
+from tests.harness import PROCESS_STORE, REPO, ProcessCluster, ServerProcess
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(90)]
 TOPIC = "HaFailover"
@@ -127,15 +130,15 @@ async def test_sigkilled_master_fails_over_and_rejoins_as_slave(
 ) -> None:
     ports = [(free_port(), free_port()) for _ in range(3)]
     peers = ",".join(f"127.0.0.1:{p}/{r}" for p, r in ports)
-    controllers = []
+    namesrvs = []  # three NameServers, each with a controller node beside it
     for i, (port, raft) in enumerate(ports):
-        args = ["controller", "--host", "127.0.0.1", "--port", str(port), "--raft-port",
-                str(raft), "--peers", peers, "--data-dir", str(tmp_path / f"ctl{i}")]  # fmt: skip
-        proc = ServerProcess("controller", args, tmp_path / f"ctl{i}.log")
+        args = ["namesrv", "--host", "127.0.0.1", "--port", "0", "--controller",
+                "--controller-port", str(port), "--controller-raft-port", str(raft),
+                "--controller-peers", peers, "--controller-data-dir", str(tmp_path / f"ctl{i}")]  # fmt: skip
+        proc = ServerProcess("namesrv", args, tmp_path / f"namesrv{i}.log")
         cluster.procs.append(proc)
-        controllers.append(proc)
-    cluster.start_all(controllers)
-    namesrv = cluster.namesrv()
+        namesrvs.append(proc)
+    cluster.start_all(namesrvs)
     addrs = [f"127.0.0.1:{p}" for p, _r in ports]
     settings = {
         "broker_name": GROUP,
@@ -145,7 +148,11 @@ async def test_sigkilled_master_fails_over_and_rejoins_as_slave(
     }
     brokers = {
         n: cluster.broker(
-            f"b{n}", [namesrv.address], port=port_pair(), settings={"broker": settings}, start=False
+            f"b{n}",
+            [p.address for p in namesrvs],
+            port=port_pair(),
+            settings={"broker": settings},
+            start=False,
         )
         for n in range(3)
     }
@@ -197,12 +204,23 @@ async def test_sigkilled_master_fails_over_and_rejoins_as_slave(
         await asyncio.gather(*tasks)
     info = await ctl.replica_info(GROUP)
     master = by_address[info.master_address]
-    route = await producer.client.invoke(namesrv.address, GetRouteInfoRequest(topic=TOPIC).frame())
-    assert route.code == ResponseCode.SUCCESS, route.remark
-    data = decode_body(memoryview(route.body), TopicRouteData)
-    assert [b.broker_addrs.get(0) for b in data.broker_datas] == [master.address]
+    for ns in namesrvs:  # every NameServer's route names the new master as the group's id 0
+        route = await producer.client.invoke(ns.address, GetRouteInfoRequest(topic=TOPIC).frame())
+        assert route.code == ResponseCode.SUCCESS, route.remark
+        data = decode_body(memoryview(route.body), TopicRouteData)
+        assert [b.broker_addrs.get(0) for b in data.broker_datas] == [master.address]
     await producer.client.close()
     await ctl.close()
+    # The operator's view: master, epoch, the SyncStateSet of three and every replica's lag.
+    shown = await asyncio.to_thread(
+        subprocess.run,
+        [sys.executable, "-m", "orbitmq", "cluster", "describe", "--controller", ";".join(addrs),
+         "-b", GROUP],
+        capture_output=True, text=True, timeout=30, cwd=REPO,
+    )  # fmt: skip
+    assert shown.returncode == 0, shown.stderr
+    assert f"at {master.address}, master epoch {info.master_epoch}" in shown.stdout, shown.stdout
+    assert "lag bytes" in shown.stdout and shown.stdout.count(" yes ") >= 3, shown.stdout
     assert acked_before > 50 and len(producer.acked) > acked_before
 
     # Stop every broker, then read their stores here.

@@ -60,6 +60,7 @@ from orbitmq.store.message_store import MessageStore
 from orbitmq.store.recovery import RecoveryReport
 from orbitmq.store.retention import TopicRetention
 from orbitmq.store.supervise import ServiceHealth
+from orbitmq.store.timer_index import TimerIndex
 
 log = logging.getLogger(__name__)
 
@@ -125,6 +126,7 @@ class BrokerController:
         self.replicas: ReplicasManager | None = None
         """Controller mode: id, heartbeats, lease and the role from the controller."""
         self._master_services = False
+        self._promotions = 0
         if config.controller_addrs:
             self.ha = RoleSwitch(config, self.store, self.bridge, clock, self)
             self.replicas = ReplicasManager(config, self.store, self.ha, clock)
@@ -301,6 +303,12 @@ class BrokerController:
         """Start the services that append (on start, or when made master)."""
         if self._master_services:
             return
+        if self._promotions:
+            # Promoted again in this process: the timer index still holds what it loaded
+            # before the demotion (some of it maybe cut since by the slave's truncation), and
+            # reloading on top of it would fire those timers twice.
+            self.timer.index = TimerIndex()
+        self._promotions += 1
         await self.pop.start()  # restores the Pop state before anyone can pop
         await self.transactions.start()  # replays half messages before anyone can decide
         await self.timer.start()  # rebuilds pending timers; due-while-down ones fire at once

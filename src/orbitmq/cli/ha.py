@@ -164,10 +164,11 @@ def _group_summary(info: ReplicaInfo) -> str:
 def _group_table(info: ReplicaInfo) -> Table:
     in_sync = set(info.sync_state_set)
     table = Table(
-        Column("broker id", justify="right", no_wrap=True),
+        # Short headers: the nine columns fit an 80-column terminal with full addresses.
+        Column("id", justify="right", no_wrap=True),
         Column("address", no_wrap=True),
         Column("role", no_wrap=True),
-        Column("in sync", no_wrap=True),
+        Column("sync", no_wrap=True),
         Column("alive", no_wrap=True),
         Column("max offset", justify="right", no_wrap=True),
         Column("lag bytes", justify="right", no_wrap=True),

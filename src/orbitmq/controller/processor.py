@@ -290,9 +290,10 @@ class ControllerProcessor:
             )
         designated = broker_id if req.designated else None
         requester = None if req.designated else broker_id
-        return await self.command(
-            request, "elect_master", *self.elect_args(view, requester, designated)
-        )
+        args = self.elect_args(view, requester, designated)
+        if req.renew and req.designated:
+            args = (*args, True)
+        return await self.command(request, "elect_master", *args)
 
     async def clean_broker_data(self, request: Frame, _connection: object) -> Frame:
         req = decode(request, CleanBrokerDataRequest)

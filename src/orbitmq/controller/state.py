@@ -44,7 +44,7 @@ from typing import Any, TypedDict
 from pysyncobj import SyncObjConsumer, replicated
 
 from orbitmq.common.codes import ResponseCode
-from orbitmq.controller.election import Candidate, Verdict, choose, next_epoch
+from orbitmq.controller.election import Candidate, Decision, Verdict, choose, next_epoch
 
 RC = ResponseCode
 
@@ -272,9 +272,12 @@ class ControllerState(SyncObjConsumer):
         alive: dict[int, tuple[int, int, int]],
         allow_unclean: bool,
         epoch_floor: int,
+        renew: bool = False,
     ) -> Outcome:
         """Run the election policy against the state at this place in the log. ``alive`` is the
         proposer's snapshot: broker id -> (epoch, max offset, priority) of alive replicas.
+        ``renew``: the designated broker is the master itself, restarted, asking for a new
+        epoch (elected again if it is an alive SyncStateSet member).
 
         A new master gets ``next_epoch(master_epoch, epoch_floor)`` and SSS := {master}. No
         candidate while a master was set: the master is cleared (epoch bumped), the SSS kept."""
@@ -291,16 +294,25 @@ class ControllerState(SyncObjConsumer):
                     f"{g['sss_epoch']}, expected {expected_master_epoch}/{expected_sss_epoch})",
                     broker_name,
                 )
-            decision = choose(
-                master=g["master"],
-                master_epoch=g["master_epoch"],
-                sync_state_set=set(g["sss"]),
-                replicas=set(g["replicas"]),
-                alive={b: Candidate(b, e, o, p) for b, (e, o, p) in alive.items()},
-                requester=requester,
-                designated=designated,
-                allow_unclean=allow_unclean,
-            )
+            if (
+                renew
+                and designated is not None
+                and designated == g["master"]
+                and designated in alive
+                and designated in g["sss"]
+            ):
+                decision = Decision(Verdict.ELECTED, designated)
+            else:
+                decision = choose(
+                    master=g["master"],
+                    master_epoch=g["master_epoch"],
+                    sync_state_set=set(g["sss"]),
+                    replicas=set(g["replicas"]),
+                    alive={b: Candidate(b, e, o, p) for b, (e, o, p) in alive.items()},
+                    requester=requester,
+                    designated=designated,
+                    allow_unclean=allow_unclean,
+                )
             if decision.verdict is Verdict.ELECTED:
                 assert decision.master is not None
                 g["master"] = decision.master

@@ -113,6 +113,10 @@ class ElectMasterRequest(msgspec.Struct, kw_only=True):
     """The requesting broker (a first election makes it master), or the designated one."""
     designated: bool = False
     """True: elect ``broker_id`` and nobody else (manual failover)."""
+    renew: bool = False
+    """With ``designated``: ``broker_id`` is the current master, restarted, asking to be elected
+    again at a new epoch (what it writes from now on must be told apart from what it wrote
+    before its crash). Refused unless it is an alive SyncStateSet member."""
 
 
 class GetReplicaInfoRequest(msgspec.Struct, kw_only=True):

@@ -174,11 +174,34 @@ async def test_failover_without_restart_and_rejoin(tmp_path: Path) -> None:
             )
             assert log_bytes(back.store) == log_bytes(second.store)
 
-            # Cut off from the controller, the master stops acknowledging after its lease.
-            await node.stop()
-            await asyncio.sleep(0.6)
-            resp = await client.invoke(second.address, send_frame(TOPIC, [b"late"], 0))
-            assert resp.code in (ResponseCode.NO_PERMISSION, ResponseCode.FLUSH_SLAVE_TIMEOUT)
+            # Cut off from the controller, the master stops acknowledging within its lease
+            # (400 ms from the send time of the last heartbeat the leader answered).
+            stop = asyncio.Event()
+            last_ok = 0.0
+
+            async def load() -> None:
+                nonlocal last_ok
+                n = 0
+                while not stop.is_set():
+                    n += 1
+                    resp = await client.invoke(second.address, send_frame(TOPIC, [b"l%d" % n], 0))
+                    if resp.code == ResponseCode.SUCCESS:
+                        last_ok = time.monotonic()
+                    else:
+                        assert resp.code in (
+                            ResponseCode.NO_PERMISSION, ResponseCode.FLUSH_SLAVE_TIMEOUT
+                        ), resp.remark  # fmt: skip
+                        await asyncio.sleep(0.01)
+
+            sender = asyncio.create_task(load())
+            await asyncio.sleep(0.3)
+            assert last_ok > 0
+            await node.stop()  # no heartbeat is answered from here on
+            cut = time.monotonic()
+            await asyncio.sleep(1.0)
+            stop.set()
+            await sender
+            assert last_ok < cut + 0.4 + 0.15, f"acknowledged {last_ok - cut:.3f}s after the cut"
         finally:
             for b in brokers:
                 await b.stop()
@@ -227,6 +250,9 @@ async def test_manual_failover_demotes_the_master_and_back(tmp_path: Path) -> No
             await wait_until(lambda: len(office(first).sync_state_set) == 3)
             for i in range(20):
                 await send_ok(client, first, i)
+            delayed = send_frame(TOPIC, [b"later"], 0, TIMER_DELAY_MS="600000")
+            assert (await client.invoke(first.address, delayed)).code == ResponseCode.SUCCESS
+            await wait_until(lambda: len(first.timer.index) == 1)
             target = next(b for b in brokers if b is not first)
             info = await ctl.elect(first.config.cluster, "broker-a", role(target).broker_id)
             assert info.master_broker_id == role(target).broker_id
@@ -273,11 +299,124 @@ async def test_manual_failover_demotes_the_master_and_back(tmp_path: Path) -> No
             await wait_until(lambda: role(first).is_master and not role(target).is_master)
             await wait_until(lambda: len(office(first).sync_state_set) >= 2)
             assert first.timer.started and first.pop.started
+            assert len(first.timer.index) == 1  # rebuilt, not loaded twice
             for i in range(40, 50):
                 await send_ok(client, first, i)
             assert role(first).master_epoch == first.store.epochs.last_epoch == 3
         finally:
             await ctl.close()
+            for b in brokers:
+                await b.stop()
+            await client.close()
+
+
+async def test_a_restarted_master_takes_a_new_epoch(tmp_path: Path) -> None:
+    """A lone broker restarted: whether the controller still names it master (it asks to be
+    elected again) or cleared the master meanwhile (it asks for an election), it comes back as
+    master at a higher epoch, so what it writes now is told apart from what it wrote before."""
+    client = RemotingClient()
+    port = port_pair()
+    async with controller(tmp_path) as node:
+        config = broker_config(tmp_path / "b", node, port, min_in_sync_replicas=1)
+        broker = BrokerController(config)
+        await broker.start()
+        try:
+            await wait_until(lambda: role(broker).is_master)
+            first_epoch = role(broker).master_epoch
+            for i in range(5):
+                await send_ok(client, broker, i)
+        finally:
+            await broker.stop()
+        broker = BrokerController(config)
+        await broker.start()
+        try:
+            await wait_until(lambda: role(broker).is_master)
+            assert role(broker).master_epoch > first_epoch
+            assert role(broker).broker_id == 1
+            assert broker.store.epochs.last_epoch == role(broker).master_epoch
+            for i in range(5, 10):
+                await send_ok(client, broker, i)
+        finally:
+            await broker.stop()
+            await client.close()
+
+
+async def test_a_master_cut_off_from_the_controller_is_replaced_and_rejoins(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The master loses the controller (not its slaves): it stops acknowledging within its
+    lease, a slave is elected, the slaves follow it; healed, the old master learns it is
+    deposed, cuts whatever only it holds and follows the new master. Nothing acknowledged is
+    lost."""
+    client = RemotingClient()
+    ports = [port_pair() for _ in range(3)]
+    brokers: list[BrokerController] = []
+    async with controller(tmp_path) as node:
+        try:
+            for i in range(3):
+                b = BrokerController(broker_config(tmp_path / f"b{i}", node, ports[i]))
+                await b.start()
+                brokers.append(b)
+            await wait_until(lambda: len(masters(brokers)) == 1)
+            old = masters(brokers)[0]
+            await wait_until(lambda: len(office(old).sync_state_set) == 3)
+            assert old.replicas is not None
+            cut = False
+            real_invoke = old.replicas.client.invoke
+
+            async def partitioned(addr: str, frame: Any, timeout: float = 3.0) -> Any:
+                if cut:
+                    raise OSError("partitioned from the controller")
+                return await real_invoke(addr, frame, timeout)
+
+            monkeypatch.setattr(old.replicas.client, "invoke", partitioned)
+            acked: dict[int, tuple[int, float]] = {}
+            stop = asyncio.Event()
+
+            async def load(target: list[BrokerController]) -> None:
+                n = 0
+                while not stop.is_set():
+                    n += 1
+                    frame = send_frame(TOPIC, [b"p%d" % n], n % 4)
+                    try:
+                        resp = await client.invoke(target[0].address, frame, timeout=3.0)
+                    except Exception:  # noqa: BLE001 - any failure is "not acknowledged"
+                        resp = None
+                    if resp is not None and resp.code == ResponseCode.SUCCESS:
+                        acked[n] = (int(resp.fields["offset"]), time.monotonic())
+                    else:
+                        await asyncio.sleep(0.01)
+
+            target = [old]
+            sender = asyncio.create_task(load(target))
+            await wait_until(lambda: len(acked) > 20)
+            cut = True
+            cut_at = time.monotonic()
+            others = [b for b in brokers if b is not old]
+            await wait_until(lambda: len(masters(others)) == 1)
+            new = masters(others)[0]
+            late = [t for _o, t in acked.values() if t > cut_at + 0.4 + 0.15]
+            assert not late, f"{len(late)} sends acknowledged after the lease"
+            from_old = dict(acked)
+            target[0] = new
+            await wait_until(lambda: len(acked) > len(from_old) + 20)
+            stop.set()
+            await sender
+            old_end = old.store.commit_log.max_offset
+            cut = False  # healed: the old master hears it was replaced
+            await wait_until(lambda: isinstance(role(old).role, HaSlave))
+            await wait_until(
+                lambda: (
+                    old.store.commit_log.max_offset == new.store.commit_log.max_offset
+                    and new.store.commit_log.max_offset > old_end
+                )
+            )
+            assert log_bytes(old.store) == log_bytes(new.store)
+            for n, (offset, _t) in acked.items():
+                record = new.store.read_record(offset)
+                assert record is not None
+                assert [m.body for m in decode_records(bytes(record))] == [b"p%d" % n], n
+        finally:
             for b in brokers:
                 await b.stop()
             await client.close()

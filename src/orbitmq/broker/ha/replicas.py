@@ -290,17 +290,24 @@ class ReplicasManager:
                 log.warning("cannot register with the controller: %s", exc)
             await asyncio.sleep(1.0)
         poll = self.config.replica_info_poll_ms / 1000
+        next_poll = 0.0
         while True:
-            self._changed.clear()
-            try:
-                await self._sync()
-            except (MQError, OSError, StaleEpochError) as exc:
-                log.warning("role from the controller not applied: %s", exc)
-                self._changed.set()
-                await asyncio.sleep(0.2)
+            if self._changed.is_set() or time.monotonic() >= next_poll:
+                self._changed.clear()
+                next_poll = time.monotonic() + poll
+                try:
+                    await self._sync()
+                except (MQError, OSError, StaleEpochError) as exc:
+                    log.warning("role from the controller not applied: %s", exc)
+                    self._changed.set()
+                    await asyncio.sleep(0.2)
+                except Exception:
+                    log.exception("role switch failed; retrying")
+                    self._changed.set()
+                    await asyncio.sleep(1.0)
             self._check_lease()
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(min(poll, 0.25) if self.roles.is_master else poll):
+            with contextlib.suppress(TimeoutError):  # the lease is checked 4 times a second
+                async with asyncio.timeout(0.25):
                     await self._changed.wait()
 
     def _check_lease(self) -> None:
@@ -332,11 +339,11 @@ class ReplicasManager:
                     info.master_epoch, set(info.sync_state_set), info.sync_state_set_epoch
                 )
             else:  # restarted as master: a new epoch for what this run writes
-                await self._ask_election(me, designated=True)
+                await self._ask_election(me, designated=True, renew=True)
             return
         await self.roles.become_slave(ha_address(info.master_address), info.master_epoch)
 
-    async def _ask_election(self, broker_id: int, *, designated: bool) -> None:
+    async def _ask_election(self, broker_id: int, *, designated: bool, renew: bool = False) -> None:
         now = time.monotonic()
         if now - self._last_elect < 1.0:
             return
@@ -344,7 +351,7 @@ class ReplicasManager:
         self.elections_asked += 1
         request = ElectMasterRequest(
             cluster=self.config.cluster, broker_name=self.config.broker_name,
-            broker_id=broker_id, designated=designated,
+            broker_id=broker_id, designated=designated, renew=renew,
         )  # fmt: skip
         info = await self._info_call(RequestCode.CONTROLLER_ELECT_MASTER, request)
         if info is not None:

@@ -85,6 +85,7 @@ class RoleSwitch:
         """Sends refused or unacknowledged because this broker is not (or no more) master."""
         self._lock = asyncio.Lock()
         self._server: asyncio.Server | None = None
+        self._installing: HaMaster | None = None
         self.lease_ok: Callable[[], bool] = lambda: False
         self.alter: Callable[[list[int], int, int], Awaitable[tuple[list[int], int] | None]]
         self.alter = _refuse_alter
@@ -98,7 +99,9 @@ class RoleSwitch:
 
     @property
     def master_epoch(self) -> int:
-        role = self.role
+        """The epoch of the master this broker is (or is taking office as: valid inside
+        ``start_master_services``) or follows; 0 without a role."""
+        role = self.role or self._installing
         if isinstance(role, HaMaster):
             return role.epoch
         if isinstance(role, HaSlave):
@@ -179,7 +182,15 @@ class RoleSwitch:
             )
             master = HaMaster(self.config, self.store, self.bridge, self.clock, office)
             await master.start()  # StaleEpochError propagates: no role
-            await self.hooks.start_master_services()
+            self._installing = master
+            try:
+                await self.hooks.start_master_services()
+            except BaseException:
+                await master.stop()  # no role; the next replica info read tries again
+                await self.hooks.stop_master_services()
+                raise
+            finally:
+                self._installing = None
             self.role = master
             self.switches += 1
             log.warning("broker %s id %d is MASTER at epoch %d (SyncStateSet %s)",
