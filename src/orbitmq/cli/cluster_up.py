@@ -14,7 +14,8 @@ and supervises: a process that exits (kill the master with ``kill -9 PID`` to wa
 failover) is reported, not restarted (``--restart-after S`` restarts it after S seconds). Ctrl-C
 or SIGTERM stops every process it started, by PID: SIGTERM, then SIGKILL after 15 s. Each
 process logs to ``<data-dir>/logs/<name>.log``. Stores are small (64 MiB CommitLog files): this
-is for trying things, not for load.
+is for trying things, not for load. ``--netns`` (root) runs replica i inside network namespace
+i, made beforehand, on the default ports: partition tests cut a namespace off.
 """
 
 from __future__ import annotations
