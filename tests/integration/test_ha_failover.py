@@ -7,7 +7,9 @@ Checked: a new master within 5 s of the kill (default controller timings: lease 
 0.5 s + a scan); sends resume on it; the NameServer's route names it as the group's master;
 the killed master, restarted, gets its old id back, rejoins as a slave and ends byte-identical
 with the new master (it cut whatever tail it had that the group did not keep); every
-acknowledged message is on the new master at its queue offset with its body (0 lost).
+acknowledged message is on the new master at its queue offset with its body (0 lost);
+``orbitmq cluster describe`` shows the group, and ``orbitmq broker elect --to`` makes the
+restarted broker master again, which then takes sends.
 
 The producer here is raw: it sends SEND_MESSAGE frames to the master the controller names and
 re-reads the replica info after any failure (the SDK's route-following is another slice's).
@@ -222,6 +224,25 @@ async def test_sigkilled_master_fails_over_and_rejoins_as_slave(
     assert f"at {master.address}, master epoch {info.master_epoch}" in shown.stdout, shown.stdout
     assert "lag bytes" in shown.stdout and shown.stdout.count(" yes ") >= 3, shown.stdout
     assert acked_before > 50 and len(producer.acked) > acked_before
+
+    # Manual failover back to the broker that was killed: it takes office and takes sends.
+    moved = await asyncio.to_thread(
+        subprocess.run,
+        [sys.executable, "-m", "orbitmq", "broker", "elect", "--broker-name", GROUP, "--to",
+         str(old_id), "--controller", addrs[1]],
+        capture_output=True, text=True, timeout=30, cwd=REPO,
+    )  # fmt: skip
+    assert moved.returncode == 0, moved.stderr
+    assert f"master {old_id} at {old_master.address}" in moved.stdout, moved.stdout
+    client = RemotingClient()
+    deadline = time.monotonic() + 15
+    while True:
+        resp = await client.invoke(old_master.address, send_frame(TOPIC, [b"back"], 0))
+        if resp.code == ResponseCode.SUCCESS:
+            break
+        assert time.monotonic() < deadline, resp.remark
+        await asyncio.sleep(0.1)
+    await client.close()
 
     # Stop every broker, then read their stores here.
     for b in brokers.values():

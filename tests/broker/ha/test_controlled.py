@@ -420,3 +420,72 @@ async def test_a_master_cut_off_from_the_controller_is_replaced_and_rejoins(
             for b in brokers:
                 await b.stop()
             await client.close()
+
+
+async def test_an_id_applied_for_before_a_crash_is_applied_again(tmp_path: Path) -> None:
+    """A crash between writing the id's temp file and renaming it: the next start applies for
+    the same id with the same check code (a retry for the controller) and keeps it."""
+    from orbitmq.broker.ha.replicas import ID_FILE
+    from orbitmq.controller.client import ControllerClient
+    from orbitmq.protocol.codes import RequestCode
+    from orbitmq.protocol.controller import ApplyBrokerIdRequest
+
+    port = port_pair()
+    async with controller(tmp_path) as node:
+        config = broker_config(tmp_path / "b", node, port, min_in_sync_replicas=1)
+        config_dir = config.store.store_path / "config"
+        config_dir.mkdir(parents=True)
+        code = f"127.0.0.1:{port};1"
+        (config_dir / (ID_FILE + ".tmp")).write_text(f'{{"broker_id": 1, "check_code": "{code}"}}')
+        # The apply reached the controller before the crash: id 1 is taken with that code.
+        ctl = ControllerClient([node.address])
+        applied = ApplyBrokerIdRequest(cluster=config.cluster, broker_name=config.broker_name,
+                                       broker_id=1, address=f"127.0.0.1:{port}",
+                                       register_check_code=code)  # fmt: skip
+        await ctl.ok(RequestCode.CONTROLLER_APPLY_BROKER_ID, applied)
+        await ctl.close()
+        broker = BrokerController(config)
+        await broker.start()
+        try:
+            await wait_until(lambda: role(broker).is_master)
+            assert role(broker).broker_id == 1  # a new code would have been refused: id 2
+            assert not (config_dir / (ID_FILE + ".tmp")).exists()
+            assert '"broker_id": 1' in (config_dir / ID_FILE).read_text()
+        finally:
+            await broker.stop()
+
+
+async def test_below_min_in_sync_replicas_sends_are_refused_unstored(tmp_path: Path) -> None:
+    """Sync, two replicas, min 2: the slave goes, the master proposes the shrink, and from then
+    on a send is refused before it is stored; the slave back, the set grows and sends pass."""
+    client = RemotingClient()
+    ports = [port_pair() for _ in range(2)]
+    async with controller(tmp_path) as node:
+        configs = [broker_config(tmp_path / f"b{i}", node, ports[i]) for i in range(2)]
+        brokers = [BrokerController(c) for c in configs]
+        try:
+            for b in brokers:
+                await b.start()
+            await wait_until(lambda: len(masters(brokers)) == 1)
+            master = masters(brokers)[0]
+            slave = next(b for b in brokers if b is not master)
+            await wait_until(lambda: len(office(master).sync_state_set) == 2)
+            await send_ok(client, master, 0)
+            await slave.stop()
+            await wait_until(lambda: office(master).sync_state_set == {role(master).broker_id})
+            await asyncio.to_thread(master.store.wait_for_dispatch)
+            queued = master.store.max_offset(TOPIC, 0)
+            resp = await client.invoke(master.address, send_frame(TOPIC, [b"refused"], 0))
+            assert resp.code == ResponseCode.SERVICE_NOT_AVAILABLE, resp.remark
+            assert "in-sync replicas not enough" in (resp.remark or "")
+            await asyncio.to_thread(master.store.wait_for_dispatch)
+            assert master.store.max_offset(TOPIC, 0) == queued  # not stored
+            back = BrokerController(configs[brokers.index(slave)])
+            brokers[brokers.index(slave)] = back
+            await back.start()
+            await wait_until(lambda: len(office(master).sync_state_set) == 2)
+            await send_ok(client, master, 1)
+        finally:
+            for b in brokers:
+                await b.stop()
+            await client.close()
