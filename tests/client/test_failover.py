@@ -267,3 +267,57 @@ async def test_a_try_timeout_leaves_time_to_follow_a_silent_master(
     await producer.send(Message("T", b"after"))
     assert time.monotonic() - started < 2.0
     assert standby.bodies("T") == [b"after"]
+
+
+def test_a_group_without_master_keeps_its_queues_for_ordered_sends() -> None:
+    from orbitmq.client.route import TopicPublishInfo
+    from orbitmq.protocol.bodies import PERM_READ_WRITE, QueueData, TopicRouteData
+
+    route = TopicRouteData(
+        queue_datas=[
+            QueueData(broker_name=n, read_queue_nums=2, write_queue_nums=2, perm=PERM_READ_WRITE)
+            for n in ("a", "b")
+        ],
+        broker_datas=[
+            BrokerData(cluster="c", broker_name="a", broker_addrs={1: "h:1"}),  # between masters
+            BrokerData(cluster="c", broker_name="b", broker_addrs={0: "h:2"}),
+        ],
+    )
+    info = TopicPublishInfo.from_route("T", route, 0.0)
+    assert [q.broker_name for q in info.write_queues] == ["b", "b"]
+    assert [(q.broker_name, q.queue_id) for q in info.selectable_queues] == [
+        ("a", 0), ("a", 1), ("b", 0), ("b", 1),
+    ]  # fmt: skip
+
+
+async def test_one_topics_reread_moves_every_topic_of_the_group(
+    cluster: FakeCluster, standby: FakeBroker
+) -> None:
+    only_a(cluster)
+    cluster.a.add_topic("U", 2)
+    standby.add_topic("U", 2)
+    cluster.namesrv.register([cluster.a])
+    remoting = RemotingClient(connect_timeout=1.0)
+    routes = TopicRouteCache([cluster.namesrv.addr], remoting, refresh_interval_s=0)
+    try:
+        await routes.get("T")
+        await routes.get("U")
+        assert routes.master_addr("broker-a") == cluster.a.addr
+        cluster.namesrv.register([standby])
+        masterless(cluster, "broker-a", standby.addr)
+        await routes.refresh("T")
+        assert routes.masterless("broker-a") and routes.master_addr("broker-a") is None
+        switch(cluster, standby)
+        await asyncio.sleep(0.21)  # re-reads are at most every 200 ms per topic
+        assert await routes.reread("T", 1.0) is not None
+        # U's cached route still names the old master; the group's freshest says the new one.
+        u = routes.cached("U")
+        assert u is not None and u.broker_addrs["broker-a"] == cluster.a.addr
+        assert routes.master_addr("broker-a") == standby.addr
+        started = time.monotonic()
+        assert await routes.reread("T", 1.0) is not None  # right after a read: waits ~200 ms
+        assert 0.15 < time.monotonic() - started < 0.6
+        assert await routes.reread("T", 0.05) is None  # no time for the wait
+    finally:
+        await routes.close()
+        await remoting.close()
