@@ -15,6 +15,9 @@ up, the cluster is stopped, and:
 - the three CommitLogs are byte-identical (CRC per MiB);
 - failover (kill -> first ack of a send issued after it) is printed as p50/p99/max.
 
+The second of every three kills is a double failover: the new master is SIGKILLed too, within
+1 s of taking office (unclean election is off: if no SyncStateSet member is left, the group has
+no master and takes no send until one is back; nothing acknowledged is lost either way).
 Every third kill also SIGKILLs the controller's Raft leader (with the NameServer it is embedded
 in) at the same moment (RocketMQ #7689): the new leader waits out its tenure delay before it
 elects, so that failover takes longer (about 4.5-6 s), still within the bound.
@@ -70,8 +73,14 @@ async def test_master_sigkills_lose_nothing_acknowledged(
             ha.kill(info.master_address)
             if both:
                 ha.kill(leader)
-            await ha.wait_master(after_epoch=info.master_epoch, timeout_s=60)
+            new = await ha.wait_master(after_epoch=info.master_epoch, timeout_s=60)
             elections.append((time.monotonic() - started) * 1000)
+            if k % 3 == 1:  # a double failover: the new master killed within 1 s of taking office
+                await asyncio.sleep(rng.uniform(0.0, 1.0))
+                history.fault(f"kill {k} (double): new master {new.master_broker_id} at "
+                              f"{new.master_address}")  # fmt: skip
+                ha.kill(new.master_address)
+                await ha.wait_master(after_epoch=new.master_epoch, timeout_s=60)
         await load.wait_acked(load.acked() + 100)
         await load.stop()
         await ha.wait_master(in_sync=3, timeout_s=60)  # the last killed one caught up
@@ -83,7 +92,15 @@ async def test_master_sigkills_lose_nothing_acknowledged(
             await load.stop()
         await ha.close()
 
-    rec = report.recovery_ms()
+    # A double failover may leave no alive SyncStateSet member (the set of a master that just
+    # took office is itself alone): no master (unclean election is off) until the second victim
+    # is back (RESTART_AFTER_S), so that recovery has its own bound.
+    rec = [r.recovered_ms for r in report.recoveries
+           if r.recovered_ms is not None and "(double)" not in r.fault.name]  # fmt: skip
+    doubles = [r.recovered_ms for r in report.recoveries
+               if r.recovered_ms is not None and "(double)" in r.fault.name]  # fmt: skip
+    print(f"double failovers: recovery (ms) {[round(d) for d in doubles]}")
+    assert all(d <= RESTART_AFTER_S * 1000 + 15_000 for d in doubles), doubles
     print(f"{KILLS} kills; {report.summary()}; send errors {errors}")
     print(f"new master after (ms): p50 {percentile(elections, 50):.0f} "
           f"p99 {percentile(elections, 99):.0f} max {max(elections):.0f}")  # fmt: skip
