@@ -125,15 +125,20 @@ class Sender:
             if remaining <= 0:
                 break
             info = await self.route(topic, remaining)
+            mq = None
             try:
                 mq = queue or self.fault.select_queue(topic, info.write_queues, last_broker)
                 addr = self._addr(info, mq)
             except ClientError as exc:  # no master for the queue's group, or no group at all
                 last_exc = exc
-                tries.append(f"{topic}: {exc}")
-                if await self._follow(topic, info, queue, None, deadline):
+                tries.append(f"{mq or topic}: {exc}")
+                failed = mq.broker_name if mq is not None else None
+                if await self._follow(topic, info, queue, failed, deadline):
                     follows += 1
                     continue
+                if mq is not None:  # another topic's route saw the group lose its master
+                    last_broker = mq.broker_name
+                    self.routes.refresh_soon(topic)
                 attempts -= 1
                 continue
             frame = self._frame(kind, mq, sys_flag, flag, body)
