@@ -3,7 +3,8 @@
 :class:`NetLab` makes ``n`` namespaces, each with a veth pair whose outer end is a port of a
 bridge in the root namespace (which has an address too, so the test process reaches every
 namespace); :meth:`NetLab.isolate` takes a namespace's link down (a partition: nothing in or
-out), :meth:`NetLab.heal` brings it back. Every name carries this process's PID, so runs side by
+out), :meth:`NetLab.heal` brings it back, :meth:`NetLab.separate` cuts two namespaces off from
+each other only (the "bridge" topology). Every name carries this process's PID, so runs side by
 side never meet, and :meth:`NetLab.destroy` removes everything it made (deleting a veth's outer
 end deletes the pair; deleting a namespace kills nothing, the test stops its processes first).
 ``tc netem`` and iptables are not used: the machines these tests run on lack both.
@@ -87,6 +88,15 @@ class NetLab:
 
     def heal(self, i: int) -> None:
         _ip("link", "set", self.veths[i], "up")
+
+    def separate(self, i: int, j: int, *, on: bool = True) -> None:
+        """The "bridge" fault: namespaces ``i`` and ``j`` cannot reach each other, each still
+        reaches the others (bridge port isolation: isolated ports talk to unisolated ones only)."""
+        for k in (i, j):
+            subprocess.run(
+                ["bridge", "link", "set", "dev", self.veths[k], "isolated", "on" if on else "off"],
+                capture_output=True, text=True, check=True, timeout=30,
+            )  # fmt: skip
 
     def destroy(self) -> None:
         """Remove what :meth:`create` made, newest first; errors are ignored (already gone)."""

@@ -24,7 +24,6 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -34,7 +33,7 @@ from orbitmq.client import AsyncAdminClient
 from orbitmq.testing.checker import History, check, now_ms, read_back
 from orbitmq.testing.replicas import compare_replicas, opened, read_store
 from tests.chaos.ha_cluster import GROUP, HaCluster, Load, chaos_seed
-from tests.chaos.netns import NetLab, unavailable
+from tests.chaos.netns import NetLab
 from tests.harness import REPO, ProcessCluster
 
 LONG = bool(os.environ.get("ORBITMQ_CHAOS_ITERATIONS"))
@@ -42,18 +41,6 @@ PARTITION_S = 30.0 if LONG else 8.0
 LEASE_MS = 2000  # the broker's master_lease_ms default
 pytestmark = [pytest.mark.chaos, pytest.mark.integration, pytest.mark.timeout(240 + PARTITION_S)]
 TOPIC = "HaPartition"
-
-
-@pytest.fixture
-def lab() -> Iterator[NetLab]:
-    reason = unavailable()
-    if reason is not None:
-        pytest.skip(reason)
-    made = NetLab(3).create()
-    try:
-        yield made
-    finally:
-        made.destroy()
 
 
 def start_ns_sender(
