@@ -9,7 +9,8 @@ load and faults the scenarios share.
   runs a command naming this test's data folder.
 - :class:`Load` sends from asyncio tasks through the real SDK (:class:`AsyncProducer`), each
   send stamped and recorded in a :class:`orbitmq.testing.checker.History`; ``ordered`` senders
-  use a queue selector (one key each), so the checker checks their order.
+  use a queue selector (one key each), so the checker checks their order; one more task sends
+  ``send_async`` bursts (automatic batches).
 
 The seed of a scenario is printed (``ORBITMQ_SEED`` replays it).
 """
@@ -28,7 +29,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from orbitmq.client import AsyncAdminClient, AsyncProducer, Message, MessageQueue
+from orbitmq.client import AsyncAdminClient, AsyncProducer, Message, MessageQueue, SendResult
 from orbitmq.client.producer.config import ProducerConfig
 from orbitmq.common.errors import MQError
 from orbitmq.controller.client import ControllerClient
@@ -241,7 +242,32 @@ class Load:
         await self.producer.start()
         for n in range(self.senders):
             self.tasks.append(asyncio.create_task(self._send_loop(n, n < self.ordered)))
+        self.tasks.append(asyncio.create_task(self._burst_loop()))
         return self
+
+    async def _burst_loop(self) -> None:
+        """``send_async`` bursts: the automatic batches take the failover too."""
+        client, seq = "b", 0
+        rng = random.Random(99)
+        while not self.stop_event.is_set():
+            msgs = [stamp(Message(self.topic, rng.randbytes(rng.randrange(16, 256))), client,
+                          seq + i) for i in range(rng.randrange(1, 40))]  # fmt: skip
+            sent = now_ms()
+            results = await asyncio.gather(
+                *(self.producer.send_async(m) for m in msgs), return_exceptions=True
+            )
+            failed = False
+            for i, res in enumerate(results):
+                if isinstance(res, SendResult):
+                    self.history.result(client, seq + i, res, sent)
+                elif isinstance(res, MQError):
+                    self.history.unknown(client, seq + i, self.topic, sent, res)
+                    failed = True
+                else:
+                    raise res
+            seq += len(msgs)
+            if failed:
+                await asyncio.sleep(0.05)
 
     async def _send_loop(self, n: int, ordered: bool) -> None:
         client = f"{'o' if ordered else 'u'}{n}"
