@@ -76,6 +76,8 @@ class FakeBroker:
         self.hang = False
         self.delay_s = 0.0
         self.released = asyncio.Event()
+        self.refuse: tuple[int, str] | None = None
+        """Answer every request with this (code, remark): a slave or a deposed master."""
 
     @property
     def addr(self) -> str:
@@ -103,6 +105,8 @@ class FakeBroker:
 
     async def handle(self, frame: Frame, conn: Connection) -> Reply:
         self.requests[frame.code] += 1
+        if self.refuse is not None:
+            return frame.reply(*self.refuse)
         if frame.code in (RequestCode.SEND_MESSAGE, RequestCode.SEND_BATCH_MESSAGE):
             return await self._send(frame)
         f = full_fields(frame)

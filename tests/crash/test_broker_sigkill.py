@@ -8,7 +8,10 @@ port, and checks that every message acknowledged so far is readable at its queue
 the same id and body. At the end every queue is read from its first offset: offsets are
 contiguous, every message found is one that was sent (acknowledged or not: a send that got no
 answer may or may not be there), nothing acknowledged is missing, and a sample of the
-acknowledged messages is found by id (the index survived the crashes too).
+acknowledged messages is found by id (the index survived the crashes too). Every send is also
+recorded in a checker history (orbitmq.testing.checker), and the final read-back through the
+NameServer's route is checked by it: nothing acknowledged lost or misplaced, no message nobody
+sent, duplicates (a retry after a kill cut the answer off) bounded by what was in flight.
 
 The seed (kill moments, message sizes) is printed; ORBITMQ_SEED replays it. Kill cycles:
 ORBITMQ_CRASH_ITERATIONS, default 5 (about 3 s each).
@@ -43,6 +46,7 @@ from orbitmq.net.client import RemotingClient
 from orbitmq.protocol.bodies import TopicRouteData, decode_body
 from orbitmq.protocol.codes import RequestCode
 from orbitmq.protocol.frame import Frame
+from orbitmq.testing.checker import History, check, now_ms, read_back, stamp
 from tests import harness
 from tests.harness import ProcessCluster, ServerProcess
 
@@ -52,6 +56,7 @@ DEFAULT_CYCLES = 5
 TOPICS = {"CrashOrders": 4, "CrashEvents": 2}  # topic -> queues
 ACKS_BEFORE_KILL = 30  # each cycle sends at least this much before the random kill delay
 MAX_KILL_DELAY_S = 0.8
+IN_FLIGHT_PER_KILL = 200  # two producers: 2 sync sends, a batch (<= 20), an async burst (< 60)
 WAIT_S = 20.0
 
 
@@ -90,8 +95,13 @@ class Ledger:
     not_durable: int = 0
     """Messages answered FLUSH_DISK_TIMEOUT: stored but not fsynced in time, no promise."""
     errors: dict[str, int] = field(default_factory=dict)
+    history: History = field(default_factory=History)
 
-    def add(self, result: SendResult, bodies: Sequence[bytes]) -> None:
+    def add(self, result: SendResult, msgs: Sequence[Message], sent_ms: float) -> None:
+        for i, m in enumerate(msgs):
+            client, seq = m.properties["CHECKER_CLIENT"], int(m.properties["CHECKER_SEQ"])
+            self.history.result(client, seq, result, sent_ms, index=i)
+        bodies = [m.body for m in msgs]
         if result.status is not SendStatus.SEND_OK:  # stored, not known to be durable
             self.not_durable += len(bodies)
             return
@@ -103,7 +113,10 @@ class Ledger:
                 Acked(mq.topic, mq.queue_id, result.queue_offset + i, msg_id, digest(body))
             )
 
-    def fail(self, exc: BaseException) -> None:
+    def fail(self, exc: BaseException, msgs: Sequence[Message], sent_ms: float) -> None:
+        for m in msgs:
+            client, seq = m.properties["CHECKER_CLIENT"], int(m.properties["CHECKER_SEQ"])
+            self.history.unknown(client, seq, m.topic, sent_ms, exc)
         self.failures += 1
         name = type(exc).__name__
         self.errors[name] = self.errors.get(name, 0) + 1
@@ -140,7 +153,7 @@ class Workers:
         else:
             body = head + rng.randbytes(rng.randrange(8, 1024))
         self.ledger.sent.add(digest(body))
-        return Message(topic, body, keys=[head.decode()])
+        return stamp(Message(topic, body, keys=[head.decode()]), f"w{worker}", seq)
 
     async def _pause_after_failure(self) -> None:
         await asyncio.sleep(0.02)  # the broker is down: do not spin
@@ -150,10 +163,11 @@ class Workers:
         while not self._stop.is_set():
             msg = self._message(n, seq, rng)
             seq += 1
+            sent = now_ms()
             try:
-                self.ledger.add(await producer.send(msg), [msg.body])
+                self.ledger.add(await producer.send(msg), [msg], sent)
             except MQError as exc:
-                self.ledger.fail(exc)
+                self.ledger.fail(exc, [msg], sent)
                 await self._pause_after_failure()
 
     async def _batch(self, n: int, producer: AsyncProducer, rng: random.Random) -> None:
@@ -164,12 +178,13 @@ class Workers:
             for _ in range(rng.randrange(1, 20)):
                 seq += 1
                 m = self._message(n, seq, rng)
-                msgs.append(Message(first.topic, m.body, keys=m.keys))
+                msgs.append(Message(first.topic, m.body, keys=m.keys, properties=m.properties))
             seq += 1
+            sent = now_ms()
             try:
-                self.ledger.add(await producer.send_batch(msgs), [m.body for m in msgs])
+                self.ledger.add(await producer.send_batch(msgs), msgs, sent)
             except MQError as exc:
-                self.ledger.fail(exc)
+                self.ledger.fail(exc, msgs, sent)
                 await self._pause_after_failure()
 
     async def _async(self, n: int, producer: AsyncProducer, rng: random.Random) -> None:
@@ -177,14 +192,15 @@ class Workers:
         while not self._stop.is_set():
             msgs = [self._message(n, seq + i, rng) for i in range(rng.randrange(1, 60))]
             seq += len(msgs)
+            sent = now_ms()
             futures = [producer.send_async(m) for m in msgs]
             results = await asyncio.gather(*futures, return_exceptions=True)
             failed = False
             for msg, res in zip(msgs, results, strict=True):
                 if isinstance(res, SendResult):
-                    self.ledger.add(res, [msg.body])
+                    self.ledger.add(res, [msg], sent)
                 elif isinstance(res, MQError):
-                    self.ledger.fail(res)
+                    self.ledger.fail(res, [msg], sent)
                     failed = True
                 else:
                     raise res
@@ -298,6 +314,7 @@ async def test_broker_sigkill_keeps_every_acknowledged_message(
             delay = rng.uniform(0.0, MAX_KILL_DELAY_S)
             await asyncio.sleep(delay)
             acked_at_kill = len(ledger.acked)
+            ledger.history.fault(f"broker SIGKILL {cycle}")
             await asyncio.to_thread(broker.kill)
             kills.append(f"cycle {cycle}: killed {delay:.3f}s in, {acked_at_kill} acked")
             await asyncio.sleep(rng.uniform(0.0, 0.2))  # the producers see a dead broker
@@ -333,6 +350,11 @@ async def test_broker_sigkill_keeps_every_acknowledged_message(
                 a.queue_offset,
                 a.digest,
             ), a
+        # The same read again through the checker: the route clients use, every queue drained.
+        report = check(ledger.history, await read_back(admin, sorted(TOPICS)))
+        print(report.summary())
+        report.assert_ok(max_duplicates=IN_FLIGHT_PER_KILL * n_cycles)
+        assert report.acked == len(ledger.acked)
         elapsed = time.monotonic() - started
         print(
             f"seed {crash_seed}: {n_cycles} kills in {elapsed:.1f}s; acknowledged "

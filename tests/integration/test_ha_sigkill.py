@@ -3,9 +3,10 @@ it acknowledged -- every send answered SUCCESS is on the slave, at its queue off
 
 A master and a slave broker run as real processes (``replication_mode = "sync"``,
 ``min_in_sync_replicas = 2``, ASYNC_FLUSH on both: the copy on the slave is the only safety).
-Senders in this process send raw SEND_MESSAGE frames to the master and record every SUCCESS;
-after a random delay the master is SIGKILLed (by PID). The slave is then stopped and its store
-opened here: each acknowledged message must be at its queue offset with its body.
+Senders in this process send raw SEND_MESSAGE frames to the master and record every send in a
+checker history (orbitmq.testing.checker); after a random delay the master is SIGKILLed (by PID).
+The slave is then stopped and its store read back here: the checker finds each acknowledged
+message at its queue offset (none lost, misplaced or duplicated, no message nobody sent).
 """
 
 from __future__ import annotations
@@ -21,9 +22,8 @@ import pytest
 from orbitmq.common.codes import ResponseCode
 from orbitmq.common.errors import MQError
 from orbitmq.net.client import RemotingClient
-from orbitmq.protocol.messages import decode_records
-from orbitmq.store.config import StoreConfig
-from orbitmq.store.message_store import MessageStore
+from orbitmq.testing.checker import History, check, now_ms
+from orbitmq.testing.replicas import opened, read_store
 from tests.broker.test_broker import send_frame
 from tests.harness import PROCESS_STORE, ProcessCluster
 
@@ -43,22 +43,27 @@ async def sender(
     client: RemotingClient,
     address: str,
     n: int,
-    acked: dict[tuple[int, int], bytes],
+    history: History,
     stop: asyncio.Event,
 ) -> int:
     seq = errors = 0
     while not stop.is_set():
-        body = b"w%d-%d-" % (n, seq) + bytes(random.randrange(200))
+        body = b"w%d:%d:" % (n, seq) + bytes(random.randrange(200))
         seq += 1
         queue = seq % QUEUES
+        sent = now_ms()
         try:
             resp = await client.invoke(address, send_frame(TOPIC, [body], queue), timeout=3.0)
-        except MQError:
+        except MQError as exc:
+            history.unknown(f"w{n}", seq - 1, TOPIC, sent, exc)
             errors += 1
             await asyncio.sleep(0.02)
             continue
         if resp.code == ResponseCode.SUCCESS:
-            acked[(resp.fields["queue_id"], resp.fields["queue_offset"])] = body
+            history.acked(f"w{n}", seq - 1, TOPIC, "ha-a", resp.fields["queue_id"],
+                          resp.fields["queue_offset"], sent)  # fmt: skip
+        else:
+            history.unknown(f"w{n}", seq - 1, TOPIC, sent, resp.remark)
     return errors
 
 
@@ -80,40 +85,35 @@ async def test_sigkilled_sync_master_loses_no_acknowledged_message(
         },
     )
     client = RemotingClient()
-    acked: dict[tuple[int, int], bytes] = {}
+    history = History()
     stop = asyncio.Event()
     # Wait for the slave to be in sync: sends are refused until then (min_in_sync_replicas 2).
     deadline = time.monotonic() + 20
     while True:
-        resp = await client.invoke(master.address, send_frame(TOPIC, [b"first"], 0))
+        sent = now_ms()
+        resp = await client.invoke(master.address, send_frame(TOPIC, [b"first:0:"], 0))
         if resp.code == ResponseCode.SUCCESS:
-            acked[(0, resp.fields["queue_offset"])] = b"first"
+            history.acked("first", 0, TOPIC, "ha-a", 0, resp.fields["queue_offset"], sent)
             break
         assert time.monotonic() < deadline, resp.remark
         await asyncio.sleep(0.1)
-    tasks = [asyncio.create_task(sender(client, master.address, n, acked, stop)) for n in range(6)]
+    tasks = [
+        asyncio.create_task(sender(client, master.address, n, history, stop)) for n in range(6)
+    ]
     await asyncio.sleep(random.uniform(1.0, 2.5))
+    history.fault("master SIGKILL")
     master.kill()
-    killed_with = len(acked)
+    killed_with = len(history.ok())
     await asyncio.sleep(0.3)
     stop.set()
     await asyncio.gather(*tasks)
     await client.close()
-    print(f"{killed_with} acknowledged before the kill, {len(acked)} in all")
+    print(f"{killed_with} acknowledged before the kill, {len(history.ok())} in all")
     assert killed_with > 50, f"only {killed_with} sends acknowledged before the kill"
     assert slave.stop() == 0, slave.log()[-3000:]
 
-    store = MessageStore(StoreConfig(store_path=tmp_path / "ha-a-s", **PROCESS_STORE))
-    store.open()
-    try:
-        missing = []
-        for (queue, offset), body in sorted(acked.items()):
-            got = store.get_messages(TOPIC, queue, offset, 1)
-            records = decode_records(b"".join(bytes(p) for p in got.body_parts))
-            if not records or records[0].queue_offset != offset or records[0].body != body:
-                missing.append((queue, offset))
-        assert not missing, (
-            f"{len(missing)} of {len(acked)} acknowledged messages lost: {missing[:10]}"
-        )
-    finally:
-        store.close()
+    with opened(tmp_path / "ha-a-s", **PROCESS_STORE) as store:
+        report = check(history, read_store(store, [TOPIC], "ha-a"))
+    print(report.summary())
+    report.assert_ok()
+    assert report.acked == len(history.ok())

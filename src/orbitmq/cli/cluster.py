@@ -1,5 +1,7 @@
 """``orbitmq cluster list``: the clusters the NameServers know, their brokers and each broker's
 runtime state (commit log size, dispatch lag, disk use), asked of every broker at once.
+``orbitmq cluster up`` (a local replicated cluster of processes) is in
+:mod:`orbitmq.cli.cluster_up`; ``cluster describe`` in :mod:`orbitmq.cli.ha`.
 
 Through :class:`orbitmq.client.AsyncAdminClient` only; an unreachable broker is a red row, not a
 failure of the command.
@@ -15,11 +17,13 @@ from rich import box
 from rich.markup import escape
 from rich.table import Column, Table
 
+from orbitmq.cli.cluster_up import cluster_up
 from orbitmq.cli.common import DEFAULT_NAMESRV, NamesrvOpt, admin_config, human_bytes, out, run
 from orbitmq.client import AsyncAdminClient
 from orbitmq.common.errors import MQError
 
 cluster_app = typer.Typer(no_args_is_help=True, help="Clusters and their brokers.")
+cluster_app.command("up")(cluster_up)
 
 
 @cluster_app.command("list")

@@ -16,7 +16,9 @@ An offset is "the next message to consume", as everywhere in RocketMQ.
 
 :class:`BrokerRequester` is the small request helper every consumer piece shares: it finds the
 master address of a queue's broker through the route cache and turns error answers into
-:class:`RemoteError`.
+:class:`RemoteError`; a failure that says the master is gone re-reads the route in the
+background (``TopicRouteCache.master_failed``), so the next pull or commit reaches the group's
+new master (docs/ha.md).
 """
 
 from __future__ import annotations
@@ -91,9 +93,13 @@ class BrokerRequester:
         """One request (``header``, a typed request header, and ``body``); RemoteError unless
         the answer's code is in ``ok``."""
         timeout = self.timeout_s if timeout_s is None else timeout_s
-        resp = await self.remoting.invoke(addr, header.frame(body), timeout)
-        if resp.code not in ok:
-            raise error_for(resp.code, resp.remark)
+        try:
+            resp = await self.remoting.invoke(addr, header.frame(body), timeout)
+            if resp.code not in ok:
+                raise error_for(resp.code, resp.remark)
+        except MQError as exc:
+            self.routes.master_failed(addr, exc)  # a lost master: find the group's next one
+            raise
         return resp
 
     async def call_queue(

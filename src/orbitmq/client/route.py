@@ -11,6 +11,16 @@ timeout or a busy answer moves on to the next. When every NameServer is down the
 stay in use (with a warning): brokers do not move often, and a producer that can still reach
 them should keep sending.
 
+**Following a new master** (replicated broker groups, docs/ha.md). A request that fails as a
+dead or deposed master's would (:func:`master_gone`: connection refused or lost, a timeout,
+NO_PERMISSION from a slave or a former master, a fenced master epoch) is a hint that the group
+has, or will soon have, another master: the caller re-reads the route with :meth:`reread` (at
+most every :data:`FAILOVER_POLL_S` per topic, however many requests failed) or, when it cannot
+wait, :meth:`master_failed` (in the background). :meth:`master_addr` answers from the freshest
+route that named the group, so one topic's re-read moves every topic of that group. A group
+without a master keeps its queues in :attr:`TopicPublishInfo.order_queues`, so an ordered send
+hashes over the same queues during a failover and waits for its group instead of moving.
+
 Not thread-safe: one cache belongs to one event loop.
 """
 
@@ -18,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import random
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -27,8 +38,17 @@ from typing import Any, TypeVar
 import msgspec
 
 from orbitmq.common.codes import ResponseCode
-from orbitmq.common.errors import ClientError, MQError, RemoteError, error_class, error_for
+from orbitmq.common.errors import (
+    ClientError,
+    MQError,
+    NoPermissionError,
+    RemoteError,
+    RequestTimeoutError,
+    error_class,
+    error_for,
+)
 from orbitmq.net.client import RemotingClient
+from orbitmq.net.connection import ConnectionClosedError
 from orbitmq.protocol.bodies import (
     PERM_READ,
     PERM_WRITE,
@@ -46,6 +66,29 @@ AUTO_CREATE_QUEUE_ID = -1
 """Queue id of the stand-in queues of a topic no NameServer knows yet: the broker picks one."""
 
 _NAMESRV_FAILURE_MEMORY_S = 30.0
+
+FAILOVER_POLL_S = 0.2
+"""While a group's master is gone, a topic's route is re-read at most this often."""
+
+_FENCED = frozenset({ResponseCode.CONTROLLER_FENCED_MASTER_EPOCH})
+_NOT_MASTER = ("not master", "is a slave", "not the master")
+"""What a slave's or a deposed master's NO_PERMISSION remark says (broker/ha): NO_PERMISSION
+alone also means a read-only topic, which no re-read of the route changes."""
+
+
+def master_gone(exc: BaseException) -> bool:
+    """Whether a failed request says "the broker at that address is not (or no longer) its
+    group's master": worth a fresh route, since the group may have another master by now."""
+    if isinstance(exc, (ConnectionClosedError, RequestTimeoutError, TimeoutError)):
+        return True
+    if not isinstance(exc, MQError):
+        return False
+    if exc.code in _FENCED:
+        return True
+    if isinstance(exc, NoPermissionError):
+        remark = (exc.remark if isinstance(exc, RemoteError) else str(exc)).lower()
+        return any(words in remark for words in _NOT_MASTER)
+    return False
 
 
 @dataclass(frozen=True, slots=True, order=True)
@@ -77,6 +120,14 @@ class TopicPublishInfo:
     auto_create: bool = False
     """No NameServer knows the topic: the queues are one stand-in per master broker
     (queue id -1), for brokers that create topics on first send."""
+    order_queues: tuple[MessageQueue, ...] = ()
+    """Writable queues of every group in the route, with a master or not (between two masters):
+    what an ordered send's selector chooses from, so a failover does not move its key."""
+
+    @property
+    def selectable_queues(self) -> tuple[MessageQueue, ...]:
+        """The queues an ordered send chooses among (``order_queues``, else ``write_queues``)."""
+        return self.order_queues or self.write_queues
 
     @classmethod
     def from_route(cls, topic: str, route: TopicRouteData, fetched_at: float) -> TopicPublishInfo:
@@ -87,7 +138,12 @@ class TopicPublishInfo:
                 addrs[bd.broker_name] = master
         write: list[MessageQueue] = []
         read: list[MessageQueue] = []
+        order: list[MessageQueue] = []
         for qd in route.queue_datas:
+            if qd.perm & PERM_WRITE:
+                order += (
+                    MessageQueue(topic, qd.broker_name, i) for i in range(qd.write_queue_nums)
+                )
             if qd.broker_name not in addrs:
                 continue  # no master: nowhere to send or read
             if qd.perm & PERM_WRITE:
@@ -96,7 +152,10 @@ class TopicPublishInfo:
                 )
             if qd.perm & PERM_READ:
                 read += (MessageQueue(topic, qd.broker_name, i) for i in range(qd.read_queue_nums))
-        return cls(topic, tuple(sorted(write)), tuple(sorted(read)), addrs, fetched_at, route)
+        return cls(
+            topic, tuple(sorted(write)), tuple(sorted(read)), addrs, fetched_at, route,
+            order_queues=tuple(sorted(set(order))),
+        )  # fmt: skip
 
     @classmethod
     def stand_in(cls, topic: str, cluster: ClusterInfo, fetched_at: float) -> TopicPublishInfo:
@@ -158,6 +217,9 @@ class TopicRouteCache:
         self._preferred: str | None = None
         self._refresh_task: asyncio.Task[None] | None = None
         self._soon: dict[str, asyncio.Task[None]] = {}
+        self._read_at: dict[str, float] = {}
+        self._masters: dict[str, tuple[float, str | None]] = {}
+        """broker name -> (when read, its master or None) from the freshest route naming it."""
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -212,15 +274,18 @@ class TopicRouteCache:
             self.refresh_soon(topic)  # the broker may have created it by now
         return info
 
-    def refresh_soon(self, topic: str) -> None:
-        """Refresh ``topic`` in the background (once, however often this is called meanwhile)."""
+    def refresh_soon(self, topic: str, *, after_s: float = 0.0) -> None:
+        """Refresh ``topic`` in the background, ``after_s`` from now (once, however often this
+        is called meanwhile)."""
         if topic in self._soon:
             return
-        task = asyncio.get_running_loop().create_task(self._refresh_quietly(topic))
+        task = asyncio.get_running_loop().create_task(self._refresh_quietly(topic, after_s))
         self._soon[topic] = task
         task.add_done_callback(lambda _t: self._soon.pop(topic, None))
 
-    async def _refresh_quietly(self, topic: str) -> None:
+    async def _refresh_quietly(self, topic: str, after_s: float = 0.0) -> None:
+        if after_s > 0:
+            await asyncio.sleep(after_s)
         try:
             await self.refresh(topic)
         except MQError as exc:
@@ -260,10 +325,14 @@ class TopicRouteCache:
             log.warning("no NameServer reachable, using the cached route of %r: %s", topic, exc)
             return cached
         now = self._clock()
+        self._read_at[topic] = now  # any answer: re-reads after a failure wait from here
         if resp.code == ResponseCode.SUCCESS:
             route = _decode(resp.body, TopicRouteData, "route")
             info = TopicPublishInfo.from_route(topic, route, now)
             self._routes[topic] = info
+            for bd in route.broker_datas:
+                if self._masters.get(bd.broker_name, (-math.inf, None))[0] <= now:
+                    self._masters[bd.broker_name] = (now, bd.master_addr())
             return info
         if resp.code != ResponseCode.TOPIC_NOT_EXIST:
             raise error_for(resp.code, resp.remark)
@@ -286,12 +355,56 @@ class TopicRouteCache:
         return _decode(resp.body, ClusterInfo, "cluster info")
 
     def master_addr(self, broker_name: str) -> str | None:
-        """The master address of ``broker_name`` from any cached route."""
+        """The master address of ``broker_name`` in the freshest route that named it (None
+        when that route named no master: the group is between two masters)."""
+        fresh = self._masters.get(broker_name)
+        if fresh is not None:
+            return fresh[1]
         for info in self._routes.values():
             addr = info.broker_addrs.get(broker_name)
             if addr:
                 return addr
         return None
+
+    def masterless(self, broker_name: str) -> bool:
+        """Whether the freshest route naming ``broker_name`` named no master for it."""
+        fresh = self._masters.get(broker_name)
+        return fresh is not None and fresh[1] is None
+
+    # ------------------------------------------------------------------ following a master
+
+    async def reread(self, topic: str, timeout_s: float) -> TopicPublishInfo | None:
+        """Re-read ``topic``'s route after a :func:`master_gone` failure: at once when the last
+        read is at least :data:`FAILOVER_POLL_S` old, else when it is (one request for every
+        caller meanwhile). None when that does not fit in ``timeout_s``; the cached route when
+        no NameServer answers."""
+        wait = self._read_at.get(topic, -math.inf) + FAILOVER_POLL_S - self._clock()
+        if wait >= timeout_s:
+            return None
+        if wait > 0:
+            await asyncio.sleep(wait)
+        try:
+            async with asyncio.timeout(max(timeout_s - max(wait, 0.0), 0.001)):
+                return await self.refresh(topic)
+        except TimeoutError:
+            return None
+        except MQError as exc:
+            log.warning("re-reading the route of %r failed: %s", topic, exc)
+            return self._routes.get(topic)
+
+    def master_failed(self, addr: str, exc: BaseException) -> None:
+        """A request to ``addr`` failed with ``exc``: when :func:`master_gone` says so, re-read
+        (in the background) every cached route naming ``addr`` as a master, no sooner than
+        :data:`FAILOVER_POLL_S` after its last read. For callers that cannot wait: their next
+        request finds the group's new master through :meth:`master_addr`."""
+        if not master_gone(exc):
+            return
+        now = self._clock()
+        for topic, info in list(self._routes.items()):
+            if addr in info.broker_addrs.values() and topic not in self._soon:
+                log.info("master %s failed (%s): re-reading the route of %r", addr, exc, topic)
+                wait = self._read_at.get(topic, -math.inf) + FAILOVER_POLL_S - now
+                self.refresh_soon(topic, after_s=max(wait, 0.0))
 
     # ------------------------------------------------------------------ NameServer requests
 

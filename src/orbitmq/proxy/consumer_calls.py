@@ -94,7 +94,14 @@ class ConsumerCalls:
         """One request; the answer whatever its code."""
         if self.remoting is None:
             raise ClientError("the proxy's consumer service is not started")
-        return await self.remoting.invoke(addr, frame, timeout_s)
+        try:
+            resp = await self.remoting.invoke(addr, frame, timeout_s)
+        except MQError as exc:
+            self.ctx.routes.master_failed(addr, exc)  # a lost master: find the group's next one
+            raise
+        if resp.code == ResponseCode.NO_PERMISSION:
+            self.ctx.routes.master_failed(addr, error_for(resp.code, resp.remark))
+        return resp
 
     async def call(
         self,

@@ -132,7 +132,8 @@ class ProxyContext:
     async def broker_addr(self, topic: str, broker_name: str) -> str:
         """The master address of ``broker_name`` for ``topic`` (route refreshed once if unknown)."""
         info = await self.routes.get(topic)
-        addr = info.broker_addrs.get(broker_name)
+        # The freshest route naming the group: a failover seen on another topic counts too.
+        addr = self.routes.master_addr(broker_name) or info.broker_addrs.get(broker_name)
         if addr is None:
             info = await self.routes.refresh(topic)
             addr = info.broker_addrs.get(broker_name)

@@ -101,9 +101,13 @@ class AdminBase:
         timeout_s: float | None = None,
     ) -> Frame:
         timeout = self.timeout_s if timeout_s is None else timeout_s
-        resp = await self.remoting.invoke(addr, header.frame(body), timeout)
-        if resp.code not in ok:
-            raise error_for(resp.code, resp.remark)
+        try:
+            resp = await self.remoting.invoke(addr, header.frame(body), timeout)
+            if resp.code not in ok:
+                raise error_for(resp.code, resp.remark)
+        except MQError as exc:
+            self.routes.master_failed(addr, exc)  # a lost master: re-read its group's routes
+            raise
         return resp
 
     async def _namesrv(self, header: Header) -> Frame:
@@ -117,7 +121,8 @@ class AdminBase:
 
     async def _addr_of(self, mq: MessageQueue) -> str:
         info = await self._info(mq.topic)
-        addr = info.broker_addrs.get(mq.broker_name)
+        # The freshest route naming the group: another topic's re-read may know a new master.
+        addr = self.routes.master_addr(mq.broker_name) or info.broker_addrs.get(mq.broker_name)
         if addr is None:
             info = await self._info(mq.topic, fresh=True)
             addr = info.broker_addrs.get(mq.broker_name)

@@ -359,11 +359,15 @@ class AsyncSimpleConsumer:
             consume_from_where=self.consume_from_where.value,
             client_id=self.client_id,
         )
-        resp = await self.remoting.invoke(
-            target.addr,
-            header.frame(),
-            poll_ms / 1000 + self.request_timeout_s,
-        )
+        try:
+            resp = await self.remoting.invoke(
+                target.addr,
+                header.frame(),
+                poll_ms / 1000 + self.request_timeout_s,
+            )
+        except MQError as exc:
+            self.routes.master_failed(target.addr, exc)  # the next receive finds the new master
+            raise
         if resp.code in _EMPTY:
             return []
         if resp.code != ResponseCode.SUCCESS:

@@ -213,9 +213,12 @@ class RecordAccumulator:
 def select_queue(
     info: TopicPublishInfo, msg: Message, selector: MessageQueueSelector, arg: Any
 ) -> MessageQueue:
-    """The selector's queue among the topic's writable ones (checked to be one of the topic's)."""
-    if not info.write_queues:
+    """The selector's queue among the topic's writable ones (checked to be one of the topic's).
+    A group between two masters keeps its queues here (``selectable_queues``): an ordered send
+    waits for the group's new master rather than hash to another queue."""
+    queues = info.selectable_queues
+    if not queues:
         raise ClientError(f"topic {msg.topic!r} has no writable queue")
-    mq = selector(info.write_queues, msg, arg)
+    mq = selector(queues, msg, arg)
     check_queue(mq, msg.topic)
     return mq

@@ -23,6 +23,13 @@ MAX_BATCH_BYTES = DEFAULT_MAX_FRAME_SIZE - 2 * MAX_HEADER_SIZE
 class ProducerConfig:
     group: str = setting("DEFAULT_PRODUCER", "Producer group (transactional check-backs).")
     send_timeout_s: float = setting(3.0, "Budget of one send, all retries included.", above(0))
+    try_timeout_s: float = setting(
+        0.0,
+        "Longest wait for one try's answer (0: the whole send budget). Below send_timeout_s, a "
+        "try at a master cut off by a partition fails in time to retry at its group's new "
+        "master (docs/ha.md); keep it above the brokers' slave_timeout_ms.",
+        at_least(0),
+    )
     retry_times_when_send_failed: int = setting(
         2, "Tries after the first for a retriable failure, on another broker if any.", at_least(0)
     )

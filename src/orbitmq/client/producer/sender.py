@@ -17,6 +17,15 @@ answer: only a failure to write is retried (nothing was written then).
 Answers that mean "stored, but not as safely as asked" (FLUSH_DISK_TIMEOUT, FLUSH_SLAVE_TIMEOUT,
 SLAVE_NOT_AVAILABLE) become a SendResult with that status when the broker reports where the
 message went, and are never retried (a retry would store the message twice).
+
+A failure that says the group lost its master (:func:`orbitmq.client.route.master_gone`: refused
+or lost connection, timeout, NO_PERMISSION from a slave or deposed master) or a route naming no
+master follows the group (docs/ha.md): when the send must stay on that group (a fixed queue:
+explicit, by selector or message group) or the topic has no other group, it re-reads the route
+(at most every 200 ms) and tries the group's master again, new or restarted, until the deadline;
+those tries do not count against ``retry_times_when_send_failed``. Otherwise it moves to another
+group as any retriable failure does. SERVICE_NOT_AVAILABLE (a new master whose SyncStateSet is
+still below ``min_in_sync_replicas``) is waited out the same way when the send cannot move.
 """
 
 from __future__ import annotations
@@ -30,8 +39,9 @@ from orbitmq.client.fault import FaultStrategy
 from orbitmq.client.producer.config import ProducerConfig
 from orbitmq.client.producer.prepare import PreparedMessage
 from orbitmq.client.producer.types import STATUS_BY_CODE, SendResult, SendStatus
-from orbitmq.client.route import MessageQueue, TopicPublishInfo, TopicRouteCache
+from orbitmq.client.route import MessageQueue, TopicPublishInfo, TopicRouteCache, master_gone
 from orbitmq.common.clock import now_ms
+from orbitmq.common.codes import ResponseCode
 from orbitmq.common.errors import (
     ClientError,
     MQError,
@@ -49,6 +59,9 @@ from orbitmq.protocol.messages import encode_send_body
 from orbitmq.protocol.requests import SendBatchMessageRequest, SendMessageRequest
 
 __all__ = ["Sender", "check_queue"]
+
+_MAX_FOLLOWS = 200
+"""Tries at a group's (new) master within one send: the deadline bounds them first."""
 
 
 class Sender:
@@ -84,7 +97,11 @@ class Sender:
             raise RequestTimeoutError(f"no route for {topic!r} within the send timeout") from None
 
     def _addr(self, info: TopicPublishInfo, mq: MessageQueue) -> str:
-        addr = info.broker_addrs.get(mq.broker_name) or self.routes.master_addr(mq.broker_name)
+        # The freshest route naming the group first: another topic's re-read may have seen
+        # its new master (or that it has none) after this topic's route was read.
+        addr = self.routes.master_addr(mq.broker_name)
+        if addr is None and not self.routes.masterless(mq.broker_name):
+            addr = info.broker_addrs.get(mq.broker_name)
         if not addr:
             raise ClientError(f"no master address known for broker {mq.broker_name!r}")
         return addr
@@ -121,32 +138,49 @@ class Sender:
         last_exc: MQError | None = None
         tries: list[str] = []
         busy = 0
-        while attempts > 0:
+        follows = 0
+        while attempts > 0 and follows < _MAX_FOLLOWS:
             remaining = deadline - loop.time()
             if remaining <= 0:
                 break
-            attempts -= 1
             info = await self.route(topic, remaining)
-            mq = queue or self.fault.select_queue(topic, info.write_queues, last_broker)
+            mq = None
             try:
+                mq = queue or self.fault.select_queue(topic, info.write_queues, last_broker)
                 addr = self._addr(info, mq)
-            except ClientError as exc:
-                last_exc, last_broker = exc, mq.broker_name
-                tries.append(f"{mq}: {exc}")
+            except ClientError as exc:  # no master for the queue's group, or no group at all
+                last_exc = exc
+                tries.append(f"{mq or topic}: {exc}")
+                failed = mq.broker_name if mq is not None else None
+                if await self._follow(topic, info, queue, failed, deadline):
+                    follows += 1
+                    continue
+                if mq is not None:  # another topic's route saw the group lose its master
+                    last_broker = mq.broker_name
+                    self.routes.refresh_soon(topic)
+                attempts -= 1
                 continue
             frame = self._frame(kind, mq, sys_flag, flag, body)
             started = loop.time()
+            wait = min(remaining, self.config.try_timeout_s or remaining)
             try:
-                async with asyncio.timeout(remaining):
+                async with asyncio.timeout(wait):
                     if oneway:
                         await self.remoting.invoke_oneway(addr, frame)
                     else:
-                        resp = await self.remoting.invoke(addr, frame, remaining)
+                        resp = await self.remoting.invoke(addr, frame, wait)
             except (RemoteError, TimeoutError) as exc:  # transport: connect, lost, timed out
                 self.frames_sent += 1
                 self.fault.update(mq.broker_name, (loop.time() - started) * 1000, failed=True)
                 last_exc, last_broker = _as_mq_error(exc, mq), mq.broker_name
                 tries.append(f"{mq} at {addr}: {last_exc}")
+                if master_gone(exc) and await self._follow(
+                    topic, info, queue, mq.broker_name, deadline
+                ):
+                    follows += 1
+                    continue
+                self.routes.master_failed(addr, exc)
+                attempts -= 1
                 continue
             self.frames_sent += 1
             if oneway:
@@ -160,6 +194,16 @@ class Sender:
             # retriable, the route refreshed when refresh_route. A stored answer (message
             # stored, less safely than asked) without its offsets is raised, never resent.
             err = error_for(resp.code, resp.remark)
+            if master_gone(err):  # a slave or a deposed master: follow the group's master
+                self.fault.update(mq.broker_name, latency_ms, failed=True)
+                last_exc, last_broker = err, mq.broker_name
+                tries.append(f"{mq} at {addr}: {err}")
+                if await self._follow(topic, info, queue, mq.broker_name, deadline):
+                    follows += 1
+                    continue
+                self.routes.master_failed(addr, err)
+                attempts -= 1
+                continue
             if err.refresh_route:
                 self.routes.refresh_soon(topic)
             retriable = err.retriable and not (
@@ -172,11 +216,18 @@ class Sender:
             if busy_waits and isinstance(err, SystemBusyError):
                 # Back-pressure, not a failure: pause, then try again (on another broker if
                 # the fault strategy has one), without using up a retry; the deadline bounds it.
-                attempts += 1
                 busy += 1
                 await asyncio.sleep(min(self._busy_pause(busy), max(0.0, deadline - loop.time())))
                 continue
             tries.append(f"{mq} at {addr}: {err}")
+            # A new master refuses sends until a slave rejoins its SyncStateSet ("in-sync
+            # replicas not enough"): a send that cannot move waits for that too.
+            if resp.code == ResponseCode.SERVICE_NOT_AVAILABLE and await self._follow(
+                topic, info, queue, mq.broker_name, deadline
+            ):
+                follows += 1
+                continue
+            attempts -= 1
         if busy:
             tries.append(f"{busy} SYSTEM_BUSY answer(s), the last from {last_broker}")
         if last_exc is None:
@@ -184,8 +235,27 @@ class Sender:
                 f"send to {topic!r} found no time left of its {self.config.send_timeout_s}s budget"
             )
         if len(tries) > 1:
-            last_exc.add_note(f"send to {topic!r} failed {len(tries)} times: " + "; ".join(tries))
+            last = "; ".join(tries[-5:])  # a send following a master may try many times
+            last_exc.add_note(f"send to {topic!r} failed {len(tries)} times; the last: {last}")
         raise last_exc
+
+    async def _follow(
+        self,
+        topic: str,
+        info: TopicPublishInfo,
+        fixed: MessageQueue | None,
+        failed: str | None,
+        deadline: float,
+    ) -> bool:
+        """After the master of group ``failed`` failed (or a group had none): whether to try
+        that group again after re-reading the route (at most every 200 ms), without counting a
+        retry. Yes for a send that must stay on its group (``fixed`` queue) and for one with
+        no other group to go to; no when another group has writable queues, or no time is
+        left."""
+        if fixed is None and any(q.broker_name != failed for q in info.write_queues):
+            return False
+        remaining = deadline - asyncio.get_running_loop().time()
+        return await self.routes.reread(topic, remaining) is not None
 
 
 def _results(
