@@ -62,7 +62,6 @@ app = typer.Typer(
     no_args_is_help=True,
     pretty_exceptions_enable=False,
 )
-app.callback()(client_tls)
 config_app = typer.Typer(help="Configuration.", no_args_is_help=True)
 bench_app = typer.Typer(help="Benchmarks (figures go in docs/benchmarks.md).", no_args_is_help=True)
 app.add_typer(config_app, name="config")
@@ -102,8 +101,32 @@ def _root(
             help="That user's secret (prefer the environment variable to the flag).",
         ),
     ] = None,
+    tls: Annotated[
+        bool, typer.Option("--tls", envvar="ORBITMQ_TLS", help="Connect to servers with TLS.")
+    ] = False,
+    tls_ca: Annotated[
+        Path | None,
+        typer.Option(envvar="ORBITMQ_TLS_CA", help="PEM CA file the servers are verified with."),
+    ] = None,
+    tls_cert: Annotated[
+        Path | None,
+        typer.Option(envvar="ORBITMQ_TLS_CERT", help="PEM client certificate (mutual TLS)."),
+    ] = None,
+    tls_key: Annotated[
+        Path | None, typer.Option(envvar="ORBITMQ_TLS_KEY", help="PEM key of --tls-cert.")
+    ] = None,
+    tls_insecure: Annotated[
+        bool,
+        typer.Option(
+            envvar="ORBITMQ_TLS_INSECURE", help="Do not verify servers (development only)."
+        ),
+    ] = False,
 ) -> None:
+    """OrbitMQ: a messaging and streaming platform on the design of Apache RocketMQ 5. The
+    options here apply to every client command: credentials (servers with authentication on)
+    and TLS (servers with TLS on)."""
     set_credentials(access_key, secret_key)
+    client_tls(tls, tls_ca, tls_cert, tls_key, tls_insecure)
 
 
 app.add_typer(tier_cli.tier_app, name="tier")
