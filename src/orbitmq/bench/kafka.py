@@ -78,6 +78,10 @@ async def _native(namesrv: str, topic: str, opts: KafkaBenchOptions) -> tuple[fl
         await asyncio.gather(*futs)
         produce = opts.count / (time.perf_counter() - t0)
         queues = await admin.queues(topic)
+        for _ in range(600):  # bounded: until every sent message is readable (dispatched)
+            if sum([await admin.max_offset(q) for q in queues]) >= opts.count:
+                break
+            await asyncio.sleep(0.05)
         t0 = time.perf_counter()
         got = 0
         for mq in queues:
