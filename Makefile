@@ -15,7 +15,7 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q -e '.[dev,spark,console]'
 	touch $(STAMP)
 
-up: $(STAMP) ## start OrbitMQ: NameServer + Broker + gRPC proxy (8081) in one process, data in ./orbitmq-data
+up: $(STAMP) ## start OrbitMQ in one process: NameServer, Broker, gRPC proxy (8081), Kafka (9092), MQTT (1883), console (8088); data in ./orbitmq-data
 	$(VENV)/bin/orbitmq up
 
 lint: $(STAMP) ## ruff (lint + format check), mypy, import contracts
