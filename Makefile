@@ -33,7 +33,9 @@ test: lint browser ## lint, then the whole test suite
 
 browser: ## Debian's chromium for the console's browser tests (skipped without it)
 	@command -v chromium >/dev/null 2>&1 || { command -v apt-get >/dev/null 2>&1 && [ "$$(id -u)" = 0 ] && \
-		apt-get install -y -q --no-install-recommends chromium >/dev/null 2>&1 || \
+		{ apt-get install -y -q --no-install-recommends chromium >/dev/null 2>&1 || \
+		  { apt-get update -q >/dev/null 2>&1 && \
+		    apt-get install -y -q --no-install-recommends chromium >/dev/null 2>&1; }; } || \
 		echo "chromium not installed: the console's browser tests will be skipped"; }
 
 vendor: ## refresh the console's vendored htmx and uPlot (npm pack; see its static/VENDOR.md)
