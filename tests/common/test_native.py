@@ -1,6 +1,8 @@
 """The optional C codec (orbitmq._native) writes exactly what the Python codec writes, and
 OrbitMQ works without it (issue #15). The differential tests run wherever the extension was
-built (any machine with a C compiler at install); the fallback test runs everywhere."""
+built (any machine with a C compiler at install), with the codec switched on for this module
+whatever ORBITMQ_NATIVE says (it is off by default, docs/native.md); the fallback test runs
+everywhere."""
 
 from __future__ import annotations
 
@@ -13,7 +15,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from orbitmq.common.native import NATIVE
+import orbitmq.common.record as record_module
 from orbitmq.common.record import (
     BatchHeader,
     RecordError,
@@ -23,7 +25,24 @@ from orbitmq.common.record import (
     encode_batch_py,
 )
 
+try:
+    from orbitmq import _native as NATIVE
+except ImportError:  # not built here (no compiler at install)
+    NATIVE = None  # type: ignore[assignment]  # the tests below then skip
+
 native = pytest.mark.skipif(NATIVE is None, reason="orbitmq._native not built here")
+_DEFAULT = record_module.NATIVE
+
+
+def setup_module() -> None:
+    """The record codec's dispatch goes to the extension for this module's tests (a module-level
+    switch: hypothesis tests may not take function-scoped fixtures)."""
+    record_module.NATIVE = NATIVE
+
+
+def teardown_module() -> None:
+    record_module.NATIVE = _DEFAULT
+
 
 I32 = st.integers(-(2**31), 2**31 - 1)
 I64 = st.integers(-(2**63), 2**63 - 1)
@@ -129,6 +148,13 @@ def test_pull_body_decode_matches_and_rejects_alike(
             assert str(info.value) == str(exc)
         else:
             assert decode_batch(body, verify_crc=verify) == expected
+
+
+def test_the_python_codec_is_the_default() -> None:
+    """Without ORBITMQ_NATIVE=1 the Python codec serves, extension built or not."""
+    code = "from orbitmq.common.native import NATIVE\nassert NATIVE is None, NATIVE\n"
+    env = {k: v for k, v in os.environ.items() if k != "ORBITMQ_NATIVE"}
+    subprocess.run([sys.executable, "-c", code], env=env, check=True, timeout=60)
 
 
 def test_without_the_extension_the_python_codec_serves() -> None:
