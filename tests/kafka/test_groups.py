@@ -91,7 +91,7 @@ async def test_unknown_member_and_bad_session() -> None:
 kafka = pytest.importorskip("kafka")
 
 
-@pytest.mark.timeout(120)
+@pytest.mark.timeout(200)
 async def test_two_kafka_python_consumers_share_partitions(stack: Stack) -> None:
     def run() -> tuple[set[int], set[int], int]:
         admin = kafka.KafkaAdminClient(bootstrap_servers=stack.bootstrap)
@@ -110,7 +110,7 @@ async def test_two_kafka_python_consumers_share_partitions(stack: Stack) -> None
         for c in consumers:
             c.subscribe(["shared"])
         seen: list[set[bytes]] = [set(), set()]
-        end = time.monotonic() + 60
+        end = time.monotonic() + 150  # kafka-python rebalances slowly on a loaded machine
         while time.monotonic() < end:
             for i, c in enumerate(consumers):
                 for recs in c.poll(timeout_ms=200).values():
