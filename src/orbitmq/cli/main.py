@@ -54,7 +54,14 @@ from orbitmq.cli.runner import (
     run_server,
 )
 from orbitmq.cli.settings import settings_rows
-from orbitmq.cli.tls_options import client_tls
+from orbitmq.cli.tls_options import (
+    TlsCaOpt,
+    TlsCertOpt,
+    TlsInsecureOpt,
+    TlsKeyOpt,
+    TlsOpt,
+    client_tls,
+)
 
 app = typer.Typer(
     name="orbitmq",
@@ -101,26 +108,11 @@ def _root(
             help="That user's secret (prefer the environment variable to the flag).",
         ),
     ] = None,
-    tls: Annotated[
-        bool, typer.Option("--tls", envvar="ORBITMQ_TLS", help="Connect to servers with TLS.")
-    ] = False,
-    tls_ca: Annotated[
-        Path | None,
-        typer.Option(envvar="ORBITMQ_TLS_CA", help="PEM CA file the servers are verified with."),
-    ] = None,
-    tls_cert: Annotated[
-        Path | None,
-        typer.Option(envvar="ORBITMQ_TLS_CERT", help="PEM client certificate (mutual TLS)."),
-    ] = None,
-    tls_key: Annotated[
-        Path | None, typer.Option(envvar="ORBITMQ_TLS_KEY", help="PEM key of --tls-cert.")
-    ] = None,
-    tls_insecure: Annotated[
-        bool,
-        typer.Option(
-            envvar="ORBITMQ_TLS_INSECURE", help="Do not verify servers (development only)."
-        ),
-    ] = False,
+    tls: TlsOpt = False,
+    tls_ca: TlsCaOpt = None,
+    tls_cert: TlsCertOpt = None,
+    tls_key: TlsKeyOpt = None,
+    tls_insecure: TlsInsecureOpt = False,
 ) -> None:
     """OrbitMQ: a messaging and streaming platform on the design of Apache RocketMQ 5. The
     options here apply to every client command: credentials (servers with authentication on)

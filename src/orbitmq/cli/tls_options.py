@@ -18,28 +18,33 @@ from orbitmq.common.errors import ConfigError
 from orbitmq.net.client import set_default_ssl_context
 from orbitmq.net.tls import client_context
 
+TlsOpt = Annotated[
+    bool, typer.Option("--tls", envvar="ORBITMQ_TLS", help="Connect to servers with TLS.")
+]
+TlsCaOpt = Annotated[
+    Path | None,
+    typer.Option(envvar="ORBITMQ_TLS_CA", help="PEM CA file the servers are verified with."),
+]
+TlsCertOpt = Annotated[
+    Path | None,
+    typer.Option(envvar="ORBITMQ_TLS_CERT", help="PEM client certificate (mutual TLS)."),
+]
+TlsKeyOpt = Annotated[
+    Path | None, typer.Option(envvar="ORBITMQ_TLS_KEY", help="PEM key of --tls-cert.")
+]
+TlsInsecureOpt = Annotated[
+    bool,
+    typer.Option(envvar="ORBITMQ_TLS_INSECURE", help="Do not verify servers (development only)."),
+]
+"""The root options of ``orbitmq`` (cli/main.py) that :func:`client_tls` applies."""
+
 
 def client_tls(
-    tls: Annotated[
-        bool, typer.Option("--tls", envvar="ORBITMQ_TLS", help="Connect to servers with TLS.")
-    ] = False,
-    tls_ca: Annotated[
-        Path | None,
-        typer.Option(envvar="ORBITMQ_TLS_CA", help="PEM CA file the servers are verified with."),
-    ] = None,
-    tls_cert: Annotated[
-        Path | None,
-        typer.Option(envvar="ORBITMQ_TLS_CERT", help="PEM client certificate (mutual TLS)."),
-    ] = None,
-    tls_key: Annotated[
-        Path | None, typer.Option(envvar="ORBITMQ_TLS_KEY", help="PEM key of --tls-cert.")
-    ] = None,
-    tls_insecure: Annotated[
-        bool,
-        typer.Option(
-            envvar="ORBITMQ_TLS_INSECURE", help="Do not verify servers (development only)."
-        ),
-    ] = False,
+    tls: TlsOpt = False,
+    tls_ca: TlsCaOpt = None,
+    tls_cert: TlsCertOpt = None,
+    tls_key: TlsKeyOpt = None,
+    tls_insecure: TlsInsecureOpt = False,
 ) -> None:
     """OrbitMQ: a messaging and streaming platform on the design of Apache RocketMQ 5."""
     if not (tls or tls_ca or tls_cert or tls_insecure):
