@@ -240,28 +240,45 @@ async def local_mqtt(
     settings: Settings, broker: BrokerController, endpoints: dict[str, str], *, free: bool
 ) -> AsyncIterator[None]:
     """Run the MQTT gateway on ``broker`` for the body of the ``with`` (docs/mqtt.md).
-    ``[mqtt] port`` 0: none. Unless the port was set, a throwaway broker (``free``: it took a
-    free port itself) takes a free one, and a taken default port only leaves MQTT off."""
-    explicit = "mqtt.port" in settings.sources
+    ``[mqtt] port`` 0: none. Each port (MQTT, TLS, WebSocket) not set explicitly is a free one
+    for a throwaway broker (``free``); a taken default WebSocket port only leaves WebSocket off,
+    a taken default MQTT port leaves MQTT off."""
     if settings.mqtt.port == 0:
         yield
         return
+    from orbitmq.common.errors import ConfigError
     from orbitmq.mqtt.gateway import MqttGateway
     from orbitmq.mqtt.store_access import StoreAccess
 
-    port = 0 if free and not explicit else settings.mqtt.port
-    gateway = MqttGateway(settings.mqtt, StoreAccess(broker), listen_port=port)
-    try:
-        await gateway.start()
-    except OSError as exc:
-        await gateway.stop()
-        if explicit:
-            raise
-        log.warning("MQTT gateway not started: %s", exc)
-        endpoints["mqtt"] = f"off ({exc.strerror or exc})"
-        yield
-        return
-    endpoints["mqtt"] = gateway.address
+    cfg = settings.mqtt
+    explicit = {k for k in ("port", "tls_port", "ws_port") if f"mqtt.{k}" in settings.sources}
+
+    def chosen(key: str, value: int) -> int:
+        return 0 if free and key not in explicit else value
+
+    ws: int | None = chosen("ws_port", cfg.ws_port) if cfg.ws_port else None
+    while True:
+        gateway = MqttGateway(
+            cfg, StoreAccess(broker), listen_port=chosen("port", cfg.port),
+            tls_port=chosen("tls_port", cfg.tls_port), ws_port=ws,
+        )  # fmt: skip
+        try:
+            await gateway.start()
+            break
+        except (OSError, ConfigError) as exc:
+            await gateway.stop()
+            failed = gateway.port and (gateway.tls_port or cfg.tls_mode == "off")
+            if failed and ws is not None and "ws_port" not in explicit:
+                log.warning("MQTT over WebSocket not started: %s", exc)
+                ws = None  # the WebSocket port was the one taken: go on without it
+                continue
+            if explicit or not isinstance(exc.__cause__ or exc, OSError):
+                raise
+            log.warning("MQTT gateway not started: %s", exc)
+            endpoints["mqtt"] = f"off ({exc})"
+            yield
+            return
+    endpoints.update(gateway.endpoints())
     try:
         yield
     finally:

@@ -2,14 +2,22 @@
 
 It feeds the socket's bytes to the sans-IO :class:`ServerConnection` and acts on the events:
 CONNECT (authentication, the session: new, resumed or taken over, in-flight state resent),
-PUBLISH (stored through the registry, then PUBACK/PUBREC with the outcome), SUBSCRIBE /
-UNSUBSCRIBE (the session's filters, shared groups, retained messages), acknowledgements (the
+PUBLISH (authorized, stored through the registry, then PUBACK/PUBREC with the outcome),
+SUBSCRIBE / UNSUBSCRIBE (authorized per filter; the session's filters, shared groups, retained
+messages), acknowledgements (the
 deliverer frees the slot), DISCONNECT and protocol errors (5.0: DISCONNECT with the reason
 first; malformed input never reaches anything but this connection).
 
 Reading stops while the publishes of one read are being stored, which bounds what a fast
 publisher can queue (3.1.1 has no Receive Maximum). A watchdog closes a client that sends no
 CONNECT within ``CONNECT_TIMEOUT_S`` or goes silent for 1.5 keep-alive periods (0x8D).
+
+The bytes come from a TCP or TLS stream, or from WebSocket frames
+(:class:`orbitmq.mqtt.websocket.WebSocketStream`): the handler only needs a :class:`Writer`.
+
+A PUBLISH the policies refuse gets PUBACK/PUBREC 0x87 (5.0); 3.1.1 has no negative
+acknowledgement, so it is acknowledged and dropped (as Mosquitto does): closing would only make
+the client send it again forever. A refused subscription gets SUBACK 0x87 (5.0) or 0x80 (3.1.1).
 """
 
 from __future__ import annotations
@@ -18,10 +26,14 @@ import asyncio
 import contextlib
 import logging
 import uuid
+from dataclasses import dataclass
+from typing import Any, Protocol
 
-from orbitmq.mqtt.auth import Authenticator
+from orbitmq.auth.model import Action
+from orbitmq.mqtt.auth import EVERY_TOPIC, Authenticator
 from orbitmq.mqtt.context import GatewayContext
 from orbitmq.mqtt.delivery import Deliverer
+from orbitmq.mqtt.mapping import orbit_topic
 from orbitmq.mqtt.registry import Registry
 from orbitmq.mqtt.session import Session, SubOptions
 from orbitmq.protocol.mqtt.codes import MQTT_5, ReasonCode
@@ -56,12 +68,48 @@ log = logging.getLogger(__name__)
 CONNECT_TIMEOUT_S = 10.0
 READ_SIZE = 256 * 1024
 LINGER_S = 2.0
+AUTH_FAILURE_DELAY_S = 0.1
+"""A refused CONNECT's CONNACK waits this long (password guessing gets slow)."""
+
+
+class Reader(Protocol):
+    """What the handler reads from: an ``asyncio.StreamReader`` or a WebSocket stream."""
+
+    async def read(self, n: int = -1) -> bytes: ...
+    def feed_eof(self) -> None: ...
+
+
+class Writer(Protocol):
+    """What the handler writes to: an ``asyncio.StreamWriter`` or a WebSocket stream."""
+
+    def write(self, data: bytes) -> None: ...
+    async def drain(self) -> None: ...
+    def close(self) -> None: ...
+    def is_closing(self) -> bool: ...
+    def can_write_eof(self) -> bool: ...
+    def write_eof(self) -> None: ...
+    def get_extra_info(self, name: str, default: Any = None) -> Any: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Peer:
+    ip: str
+    port: int
+    principal: str | None = None
+    """A verified client certificate's principal (mutual TLS), None without one."""
+    websocket: bool = False
+
+    @classmethod
+    def of(cls, writer: Writer, principal: str | None = None, websocket: bool = False) -> Peer:
+        peer = writer.get_extra_info("peername")
+        ip, port = (str(peer[0]), int(peer[1])) if peer else ("0.0.0.0", 0)
+        return cls(ip, port, principal, websocket)
 
 
 class ClientHandler:
     def __init__(
         self, ctx: GatewayContext, registry: Registry, auth: Authenticator,
-        reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+        reader: Reader, writer: Writer, peer: Peer | None = None,
     ) -> None:  # fmt: skip
         self.ctx = ctx
         self.registry = registry
@@ -74,8 +122,10 @@ class ClientHandler:
             topic_alias_maximum=cfg.topic_alias_maximum,
             max_packet_size=cfg.max_packet_size,
         )
-        peer = writer.get_extra_info("peername")
-        self.peer: tuple[str, int] = (str(peer[0]), int(peer[1])) if peer else ("0.0.0.0", 0)
+        self.remote = peer or Peer.of(writer)
+        self.peer: tuple[str, int] = (self.remote.ip, self.remote.port)
+        self.user = ""
+        """The authenticated user ("" while anonymous)."""
         self.session: Session | None = None
         self.deliverer: Deliverer | None = None
         self.will: Will | None = None
@@ -238,6 +288,13 @@ class ClientHandler:
         session = self.session
         if session is None:
             return
+        fallback = self.ctx.config.fallback_topic
+        allowed = [self._may(Action.PUB, orbit_topic(p.topic, fallback)) for p in pubs]
+        if not all(allowed):
+            self._acknowledge(session, pubs, [0 if ok else -1 for ok in allowed], True)
+            pubs = [p for p, ok in zip(pubs, allowed, strict=True) if ok]
+            if not pubs:
+                return
         cid = session.client_id
         found: set[int] = set()  # resent QoS 2 ids found stored before a crash
         for p in pubs:
@@ -255,10 +312,28 @@ class ClientHandler:
             self.ctx.save_session(session)  # where each QoS 2 message goes, before it is stored
         stored = iter(await self.registry.store(todo, cid, self.peer))
         codes = [0 if p.qos == 2 and p.packet_id in found else next(stored) for p in pubs]
+        self._acknowledge(session, pubs, codes, False)
+
+    def _may(self, action: Action, topic: str, group: str | None = None) -> bool:
+        return self.auth.may(self.user, action, topic, self.remote.ip, group=group)
+
+    def _acknowledge(
+        self, session: Session, pubs: list[Publish], codes: list[int], refusals: bool
+    ) -> None:
+        """PUBACK/PUBREC each of ``pubs`` with its code; ``refusals``: only those coded -1
+        (not authorized: 5.0 0x87, 3.1.1 a plain acknowledgement, the message dropped)."""
         v5 = self.conn.version == MQTT_5
+        if refusals:
+            pairs = [(p, ReasonCode.NOT_AUTHORIZED if v5 else 0)
+                     for p, c in zip(pubs, codes, strict=True) if c == -1]  # fmt: skip
+            for p, _ in pairs:
+                log.info("mqtt %s (%s): PUBLISH to %s not authorized",
+                         session.client_id, self.user, p.topic)  # fmt: skip
+        else:
+            pairs = list(zip(pubs, codes, strict=True))
         out = bytearray()
         qos2 = False
-        for p, code in zip(pubs, codes, strict=True):
+        for p, code in pairs:
             if code and not v5:
                 # 3.1.1 cannot refuse a PUBLISH: closing makes the client send it again.
                 log.warning(
@@ -289,8 +364,19 @@ class ClientHandler:
             self.write(self.conn.refuse(ReasonCode.BAD_AUTHENTICATION_METHOD))
             self.close()
             return
-        if not self.auth.check(c.username, c.password):
+        user = self.auth.login(
+            c.username, c.password, self.remote.principal, f"{self.remote.ip}:{self.remote.port}"
+        )
+        if user is None:
+            await asyncio.sleep(AUTH_FAILURE_DELAY_S)
             self.write(self.conn.refuse(ReasonCode.BAD_USER_NAME_OR_PASSWORD))
+            self.close()
+            return
+        self.user = user
+        if c.will is not None and not self._may(
+            Action.PUB, orbit_topic(c.will.topic, cfg.fallback_topic)
+        ):
+            self.write(self.conn.refuse(ReasonCode.NOT_AUTHORIZED))
             self.close()
             return
         props: Properties = {}
@@ -354,6 +440,10 @@ class ClientHandler:
             if sub.filter in self.ctx.config.deny_subscribe:
                 codes.append(ReasonCode.UNSPECIFIED_ERROR)
                 continue
+            if not self._may_subscribe(sub.filter if shared is None else shared.filter,
+                                       None if shared is None else shared.group):  # fmt: skip
+                codes.append(ReasonCode.NOT_AUTHORIZED if v5 else 0x80)
+                continue
             existed = sub.filter in session.subs
             opts = SubOptions(sub.filter, sub.qos, sub.no_local, sub.retain_as_published,
                               sub_id if isinstance(sub_id, int) else None)  # fmt: skip
@@ -373,6 +463,14 @@ class ClientHandler:
         d.send_retained()
         d.flush()
         d.wake.set()
+
+    def _may_subscribe(self, topic_filter: str, group: str | None) -> bool:
+        first = topic_filter.partition("/")[0]
+        if first in ("+", "#"):
+            topic = EVERY_TOPIC
+        else:
+            topic = orbit_topic(topic_filter, self.ctx.config.fallback_topic)
+        return self._may(Action.SUB, topic, group)
 
     def _unsubscribe(self, u: Unsubscribe) -> None:
         session, d = self.session, self.deliverer

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from orbitmq.auth.server import ServerAuth
 from orbitmq.broker.controller import BrokerController
 from orbitmq.common.errors import NoPermissionError, TopicNotExistError
 from orbitmq.common.message import MessageBatch
@@ -40,6 +41,10 @@ class StoreAccess:
         self._broker = broker
         self.store = broker.store
         self.store_path = broker.config.store.store_path
+
+    def server_auth(self) -> ServerAuth | None:
+        """The broker's users, policies and audit log (its guard is None when auth is off)."""
+        return self._broker.auth
 
     def queues(self, topic: str) -> int:
         """The topic's read queue count, 0 when it does not exist or is not readable."""

@@ -36,8 +36,11 @@ _ids = itertools.count()
 
 
 class MqttServer:
-    def __init__(self, folder: Path, **mqtt_settings: Any) -> None:
+    def __init__(
+        self, folder: Path, broker_settings: dict[str, Any] | None = None, **mqtt_settings: Any
+    ) -> None:
         self.folder = folder
+        self.broker_settings = broker_settings or {}
         self.mqtt_settings = mqtt_settings
         self.loop = new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
@@ -47,6 +50,8 @@ class MqttServer:
         self.broker: BrokerController | None = None
         self.gateway: MqttGateway | None = None
         self.port = 0
+        self.tls_port = 0
+        self.ws_port = 0
         self.call(self._start())
 
     def call(self, coro: Coroutine[Any, Any, T], timeout: float = 30) -> T:
@@ -63,14 +68,18 @@ class MqttServer:
             self.folder / "store",
             namesrv_addrs=(self.namesrv.address,),
             store={"max_message_size": 4 * 1024 * 1024},
+            **self.broker_settings,
         )
         self.broker = BrokerController(cfg)
         await self.broker.start()
         self.gateway = MqttGateway(
-            MqttConfig(**self.mqtt_settings), StoreAccess(self.broker), listen_port=self.port
-        )
+            MqttConfig(**self.mqtt_settings), StoreAccess(self.broker), listen_port=self.port,
+            tls_port=self.tls_port, ws_port=self.ws_port,
+        )  # fmt: skip
         await self.gateway.start()
         self.port = self.gateway.port
+        self.tls_port = self.gateway.tls_port
+        self.ws_port = self.gateway.ws_port
 
     async def _stop(self) -> None:
         if self.gateway is not None:
