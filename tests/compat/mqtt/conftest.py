@@ -114,11 +114,14 @@ class Client:
     """A paho-mqtt 2.x client that records what it receives."""
 
     def __init__(
-        self, port: int, version: int = 5, client_id: str | None = None, **connect: Any
-    ) -> None:
+        self, port: int, version: int = 5, client_id: str | None = None, transport: str = "tcp",
+        **connect: Any,
+    ) -> None:  # fmt: skip
         proto = mqtt.MQTTv5 if version == 5 else mqtt.MQTTv311
         self.client_id = client_id or f"c{next(_ids)}"
-        kwargs: dict[str, Any] = {"protocol": proto, "client_id": self.client_id}
+        kwargs: dict[str, Any] = {
+            "protocol": proto, "client_id": self.client_id, "transport": transport
+        }  # fmt: skip
         if version != 5:
             kwargs["clean_session"] = connect.pop("clean_session", True)
         self.c = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, **kwargs)
