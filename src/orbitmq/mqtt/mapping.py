@@ -13,6 +13,9 @@ message properties and back.
   ``MQTT_CORRELATION_DATA`` (base64), ``MQTT_PAYLOAD_FORMAT`` ("1": UTF-8) and
   ``MQTT_USER_PROPERTIES`` (a JSON list of [name, value] pairs, order kept). An empty payload
   is stored as one zero byte with ``MQTT_EMPTY`` "1" (the store refuses empty bodies).
+- **Key**: the full MQTT topic is also the message key (``KEYS``) when it holds no space (the
+  key separator): a Kafka consumer of ``plant`` sees it as the record key, and a query by key
+  finds a device's messages.
 - **Back to MQTT**: a message without ``MQTT_TOPIC`` (sent natively, by Kafka, by Spark) is
   delivered under its OrbitMQ topic name, or under the ``MQTT_TOPIC`` the sender set; its QoS is
   the subscription's (a stored message is as durable as QoS 2 asks). A compressed body is
@@ -32,7 +35,7 @@ from dataclasses import dataclass
 import msgspec
 
 from orbitmq.client._codec import decompress  # the one body inflater (zstd, RocketMQ's zlib)
-from orbitmq.common.message import encode_properties
+from orbitmq.common.message import KEY_SEPARATOR, PROPERTY_KEYS, encode_properties
 from orbitmq.common.record import StoredMessage
 from orbitmq.protocol.mqtt.packets import Publish
 from orbitmq.protocol.mqtt.properties import Prop, Properties
@@ -86,6 +89,8 @@ def publish_properties(
     if not _clean(publish.topic):
         raise MappingError("topic holds a \\x01 or \\x02 byte")
     props = {MQTT_TOPIC: publish.topic, MQTT_QOS: str(publish.qos)}
+    if KEY_SEPARATOR not in publish.topic:
+        props[PROPERTY_KEYS] = publish.topic
     if not publish.payload:
         props[MQTT_EMPTY] = "1"
     if publish.retain if retain is None else retain:

@@ -69,3 +69,45 @@ def test_mqtt_publish_read_natively_with_sql92(server: MqttServer, clients: list
         assert bodies == [b"first"] + [f"t{i}".encode() for i in range(5)]
     finally:
         consumer.close()
+
+
+def test_mqtt_publish_read_by_a_kafka_consumer(server: MqttServer, clients: list[Client]) -> None:
+    """M8: a Kafka consumer of topic ``plant`` (kafka-python, through the Kafka gateway on the
+    same broker) reads MQTT publishes with key = MQTT topic and the MQTT properties as headers."""
+    kafka = pytest.importorskip("kafka")
+    from orbitmq.kafka.config import KafkaConfig
+    from orbitmq.kafka.server import KafkaGateway
+
+    pub = Client(server.port, 5)
+    clients.append(pub)
+    pub.connect()
+    pub.c.publish("plant/line1/temp", b"21.5", 1).wait_for_publish(5)  # creates topic plant
+    pub.c.publish("plant/line2/temp", b"19.0", 1).wait_for_publish(5)
+    time.sleep(1.2)  # the broker registers the new topic with the NameServer
+    gateway = KafkaGateway(KafkaConfig(namesrv_addrs=(server.namesrv.address,), port=0))
+    server.call(gateway.start())
+    consumer = None
+    try:
+        consumer = kafka.KafkaConsumer(
+            "plant",
+            bootstrap_servers=f"127.0.0.1:{gateway.port}",
+            auto_offset_reset="earliest",
+            enable_auto_commit=False,
+            consumer_timeout_ms=1000,
+        )
+        got: dict[bytes, tuple[bytes | None, dict[str, bytes]]] = {}
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and len(got) < 2:
+            for record in consumer.poll(timeout_ms=500).values():
+                for r in record:
+                    got[r.value] = (r.key, dict(r.headers))
+        assert set(got) == {b"21.5", b"19.0"}
+        key, headers = got[b"21.5"]
+        assert key == b"plant/line1/temp"
+        assert headers[MQTT_TOPIC] == b"plant/line1/temp"
+        assert headers[MQTT_QOS] == b"1"
+        assert got[b"19.0"][0] == b"plant/line2/temp"
+    finally:
+        if consumer is not None:
+            consumer.close()
+        server.call(gateway.stop())
