@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import resource
 import socket
 from collections.abc import Callable
 
@@ -45,6 +46,19 @@ LIMITS = Limits(
 )  # fmt: skip
 """No admission caps on the MQTT ports (devices behind one NAT address are the normal case);
 the listener's TLS handshake timeout (10 s) applies, CONNECT_TIMEOUT_S after it."""
+
+
+def raise_nofile_limit() -> int:
+    """Raise this process's soft RLIMIT_NOFILE to its hard limit (every MQTT device holds a
+    connection open: 10,000 of them need as many descriptors); returns the soft limit now."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard == resource.RLIM_INFINITY:
+        hard = max(soft, 1 << 20)
+    if soft < hard:
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+            soft = hard
+    return soft
 
 
 class MqttGateway:
@@ -116,6 +130,7 @@ class MqttGateway:
 
     async def start(self) -> None:
         self.ctx.hub.loop = asyncio.get_running_loop()
+        raise_nofile_limit()
         self.ctx.journal.load()
         retained = self.ctx.retained.load()
         self.registry.load()
