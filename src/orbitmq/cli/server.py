@@ -256,8 +256,8 @@ async def local_mqtt(
     def chosen(key: str, value: int) -> int:
         return 0 if free and key not in explicit else value
 
-    ws: int | None = chosen("ws_port", cfg.ws_port) if cfg.ws_port else None
-    while True:
+    ws = chosen("ws_port", cfg.ws_port) if cfg.ws_port else -1
+    for _attempt in range(2):  # the second one without WebSocket, if its default port is taken
         gateway = MqttGateway(
             cfg, StoreAccess(broker), listen_port=chosen("port", cfg.port),
             tls_port=chosen("tls_port", cfg.tls_port), ws_port=ws,
@@ -267,13 +267,20 @@ async def local_mqtt(
             break
         except (OSError, ConfigError) as exc:
             await gateway.stop()
-            failed = gateway.port and (gateway.tls_port or cfg.tls_mode == "off")
-            if failed and ws is not None and "ws_port" not in explicit:
-                log.warning("MQTT over WebSocket not started: %s", exc)
-                ws = None  # the WebSocket port was the one taken: go on without it
-                continue
-            if explicit or not isinstance(exc.__cause__ or exc, OSError):
+            if not isinstance(exc.__cause__ or exc, OSError):
+                raise  # a configuration error (a missing certificate, ...), not a taken port
+            if not gateway.port:
+                failed = "port"
+            elif cfg.tls_mode != "off" and not gateway.tls_port:
+                failed = "tls_port"
+            else:
+                failed = "ws_port"
+            if failed in explicit:
                 raise
+            if failed == "ws_port" and ws >= 0:
+                log.warning("MQTT over WebSocket not started: %s", exc)
+                ws = -1  # the default WebSocket port is taken: go on without it
+                continue
             log.warning("MQTT gateway not started: %s", exc)
             endpoints["mqtt"] = f"off ({exc})"
             yield

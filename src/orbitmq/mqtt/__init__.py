@@ -4,8 +4,10 @@ their messages are ordinary OrbitMQ messages (docs/mqtt.md).
 A service beside the broker, in its process and event loop: it imports the broker (through
 :mod:`orbitmq.mqtt.store_access` only), the store, the sans-IO codec
 (:mod:`orbitmq.protocol.mqtt`) and common; nothing below imports it. Modules, top down:
-``gateway`` (listener, lifecycle) > ``handler`` (one connection) > ``registry`` (sessions,
+``gateway`` (listeners, lifecycle) > ``websocket`` (MQTT over WebSocket) > ``handler`` (one
+connection) > ``registry`` (sessions,
 wills, expiry, inbound) > ``shared`` (``$share`` groups) > ``delivery`` (outbound per session)
 > ``context`` (what they share, the arrival hub) > ``retained``, ``session``, ``journal``,
-``mapping``, ``store_access``, ``auth``, ``config``.
+``mapping``, ``store_access``, ``auth`` (ACL users and policies, or a password file),
+``config``. Listeners are :class:`orbitmq.net.listener.Listener` (TLS as on every port).
 """

@@ -2,8 +2,10 @@
 :func:`orbitmq.common.config.setting`, which documents and checks it).
 
 The gateway runs inside a broker process (``orbitmq broker``, ``orbitmq up``) on port 1883
-unless told otherwise; port 0 turns it off (a test that wants a free port builds the gateway
-itself with ``listen_port=0``). docs/mqtt.md describes what each limit means on the wire.
+(WebSocket 8083; TLS 8883 when ``tls_mode`` is not off) unless told otherwise; port 0 turns it
+off (a test that wants free ports builds the gateway itself with ``listen_port=0``, ...). The
+TLS settings have the names and meaning of the other listeners' (orbitmq.net.settings).
+docs/mqtt.md describes what each limit means on the wire.
 """
 
 from __future__ import annotations

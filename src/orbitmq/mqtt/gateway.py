@@ -67,11 +67,12 @@ class MqttGateway:
         tls_port: int | None = None, ws_port: int | None = None, clock: Clock = SYSTEM_CLOCK,
     ) -> None:  # fmt: skip
         """``listen_port`` / ``tls_port`` / ``ws_port`` replace the configured ports (0: a free
-        port); ``ws_port`` 0 in the config (and not given here) turns WebSocket off."""
+        port); ``ws_port`` negative, or 0 in the config and None here, turns WebSocket off."""
         self.config = config
         self.listen_port = config.port if listen_port is None else listen_port
         self.tls_listen_port = config.tls_port if tls_port is None else tls_port
-        self.ws_listen_port = ws_port if ws_port is not None else (config.ws_port or None)
+        ws = (config.ws_port or -1) if ws_port is None else ws_port
+        self.ws_listen_port = ws if ws >= 0 else None
         folder = access.store_path / "mqtt"
         self.ctx = GatewayContext(
             config, access, clock,
