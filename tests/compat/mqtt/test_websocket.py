@@ -86,3 +86,34 @@ def test_the_handshake_wants_the_mqtt_subprotocol(server: MqttServer) -> None:
     assert b"sec-websocket-protocol: mqtt" in accepted.lower()
     assert _upgrade(server.ws_port, "chat, superchat").startswith(b"HTTP/1.1 400")
     assert _upgrade(server.ws_port, None).startswith(b"HTTP/1.1 101")  # none offered: lenient
+
+
+def test_a_text_frame_closes_the_websocket_with_1003(server: MqttServer) -> None:
+    lines = [
+        "GET /mqtt HTTP/1.1",
+        f"Host: 127.0.0.1:{server.ws_port}",
+        "Upgrade: websocket",
+        "Connection: Upgrade",
+        "Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==",
+        "Sec-WebSocket-Version: 13",
+        "Sec-WebSocket-Protocol: mqtt",
+    ]
+    with socket.create_connection(("127.0.0.1", server.ws_port), timeout=5) as sock:
+        sock.sendall(("\r\n".join(lines) + "\r\n\r\n").encode())
+        answer = b""
+        while b"\r\n\r\n" not in answer:
+            chunk = sock.recv(4096)
+            assert chunk, "closed during the handshake"
+            answer += chunk
+        assert answer.startswith(b"HTTP/1.1 101")
+        rest = answer.partition(b"\r\n\r\n")[2]
+        mask, text = b"\x01\x02\x03\x04", b"hello"
+        masked = bytes(b ^ mask[i % 4] for i, b in enumerate(text))
+        sock.sendall(bytes([0x81, 0x80 | len(text)]) + mask + masked)  # a masked text frame
+        while len(rest) < 4:
+            chunk = sock.recv(4096)
+            if not chunk:
+                break
+            rest += chunk
+    assert rest[0] == 0x88  # FIN + close
+    assert int.from_bytes(rest[2:4], "big") == 1003
