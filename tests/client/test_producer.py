@@ -323,6 +323,26 @@ async def test_send_async_batches_into_few_frames(
     assert p.frames_sent == 1
 
 
+async def test_sends_held_while_every_slot_is_busy_leave_as_one_batch(
+    cluster: FakeCluster, make_producer: MakeProducer
+) -> None:
+    p = await make_producer(linger_ms=0, max_in_flight_batches=1)
+    first = p.send_async(Message("T", b"first"))
+    await asyncio.sleep(0)  # its batch now holds the only slot
+    later = []
+    for i in range(40):  # one per loop iteration, as concurrent gRPC calls arrive
+        later.append(p.send_async(Message("T", f"m{i}".encode())))
+        await asyncio.sleep(0)
+    results = await asyncio.gather(first, *later)
+    assert len({r.msg_id for r in results}) == 41
+    sends = cluster.a.sends + cluster.b.sends
+    # What arrived while a send was out waited for it and left together: without holding,
+    # each of the 41 would have been its own frame (the fake brokers answer within a few
+    # loop iterations, so how many go together varies; less than half the frames is sure).
+    assert sum(s.count for s in sends) == 41
+    assert p.frames_sent == len(sends) <= 20, [s.count for s in sends]
+
+
 async def test_batches_split_by_size_count_and_go_round_robin(
     cluster: FakeCluster, make_producer: MakeProducer
 ) -> None:

@@ -113,6 +113,14 @@ class ProxyConfig:
         "Budget of one send to the brokers, retries included (the clients' own deadline is 3 s).",
         above(0),
     )
+    send_batches_in_flight: int = setting(
+        2,
+        "Batches of sends to the brokers awaiting an answer at once. Sends of concurrent calls "
+        "that arrive meanwhile wait in one open batch and leave together when an answer comes "
+        "(without a bound each call would be its own broker request): fewer, larger requests "
+        "under load, no wait for a lone send.",
+        at_least(1),
+    )
     send_max_attempts: int = setting(
         3,
         "Advertised in the settings as the clients' send retry policy (Java proxy: 3).",
