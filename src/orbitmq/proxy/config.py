@@ -47,6 +47,12 @@ class ProxyConfig:
         "gRPC port (the Java proxy's default); 0 picks a free one.",
         PORT,
     )
+    reuse_port: bool = setting(
+        False,
+        "Listen with SO_REUSEPORT so several proxy processes share ``port`` (the kernel spreads "
+        "client connections over them); set by ``orbitmq proxy --workers N``. Every process on "
+        "the port must set it.",
+    )
     tls_mode: str = setting(
         "permissive",
         "``permissive`` (the Java proxy's default): TLS and plaintext clients on the same port; "
