@@ -323,10 +323,11 @@ async def test_send_async_batches_into_few_frames(
     assert p.frames_sent == 1
 
 
+@pytest.mark.parametrize("bound", ["max_in_flight_batches", "max_in_flight_per_key"])
 async def test_sends_held_while_every_slot_is_busy_leave_as_one_batch(
-    cluster: FakeCluster, make_producer: MakeProducer
+    cluster: FakeCluster, make_producer: MakeProducer, bound: str
 ) -> None:
-    p = await make_producer(linger_ms=0, max_in_flight_batches=1)
+    p = await make_producer(linger_ms=0, **{bound: 1})
     first = p.send_async(Message("T", b"first"))
     await asyncio.sleep(0)  # its batch now holds the only slot
     later = []

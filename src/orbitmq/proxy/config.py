@@ -121,10 +121,10 @@ class ProxyConfig:
     )
     send_batches_in_flight: int = setting(
         2,
-        "Batches of sends to the brokers awaiting an answer at once. Sends of concurrent calls "
-        "that arrive meanwhile wait in one open batch and leave together when an answer comes "
-        "(without a bound each call would be its own broker request): fewer, larger requests "
-        "under load, no wait for a lone send.",
+        "Batches of sends of one topic to the brokers awaiting an answer at once. Sends of "
+        "concurrent calls that arrive meanwhile wait in one open batch and leave together when "
+        "an answer comes (without a bound each call would be its own broker request): fewer, "
+        "larger requests under load, no wait for a lone send.",
         at_least(1),
     )
     send_max_attempts: int = setting(
