@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 from typing import Any
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from orbitmq.auth.store import AuthStore
 from orbitmq.proxy.auth import Authenticator, parse_authorization, sign
 from orbitmq.proxy.grpc_v2 import definition_pb2 as pb
 from orbitmq.proxy.grpc_v2 import service_pb2 as svc
@@ -63,6 +65,25 @@ def test_authenticator_rules() -> None:
         with pytest.raises(ProxyError) as info:
             on.check(headers)
         assert info.value.status_code == Code.UNAUTHORIZED
+
+
+def test_a_remembered_pass_is_bound_to_its_header_and_the_store_version(tmp_path: Path) -> None:
+    stamp = "20261121T233428Z"
+    on = Authenticator(True, {AK: SK})
+    good = metadata(ak=AK, sk=SK, date_time=stamp)
+    assert on.check(good) == AK and on.check(good) == AK  # the second from memory
+    with pytest.raises(ProxyError):  # same date-time, wrong signature: checked, refused
+        on.check(metadata(ak=AK, sk="wrong", date_time=stamp))
+
+    store = AuthStore(tmp_path / "auth.json")
+    store.create_user("alice", "alice-sk")
+    backed = Authenticator(True, {}, store=store, refresh_interval_s=0.0)
+    signed = metadata(ak="alice", sk="alice-sk", date_time=stamp)
+    assert backed.check(signed) == "alice" and backed.check(signed) == "alice"
+    AuthStore(tmp_path / "auth.json").update_user("alice", enabled=False)  # another process
+    with pytest.raises(ProxyError) as info:  # the same header, a new store version: refused
+        backed.check(signed)
+    assert info.value.status_code == Code.UNAUTHORIZED
 
 
 @given(st.text(max_size=300), st.text(max_size=40))
