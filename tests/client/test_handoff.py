@@ -42,8 +42,27 @@ def test_send_future_sets_what_the_stdlib_future_sets() -> None:
     """SendFuture fills Future's private attributes itself; a Python that changes them fails."""
     fut = SendFuture(threading.Condition(), _Owner(), 1, None)
     stdlib = set(vars(concurrent.futures.Future()))
-    assert stdlib <= set(vars(fut))
+    lazy = {"_waiters", "_done_callbacks"}  # made on first use (properties)
+    assert stdlib <= set(vars(fut)) | lazy
+    assert "_lazy_waiters" not in vars(fut) and "_lazy_callbacks" not in vars(fut)
+    assert fut._waiters == [] and fut._done_callbacks == []
     assert fut.running() and not fut.cancel()
+
+
+def test_wait_and_as_completed_see_a_pending_future_settle() -> None:
+    """concurrent.futures.wait installs a waiter on the lazily made list; the batch wakes it."""
+    futs = [SendFuture(threading.Condition(), _Owner(), 1, None) for _ in range(2)]
+    timer = threading.Timer(0.05, complete_all, ([futs[1]], [_result(3)]))
+    timer.start()
+    try:
+        done, pending = concurrent.futures.wait(
+            futs, timeout=5, return_when=concurrent.futures.FIRST_COMPLETED
+        )
+        assert done == {futs[1]} and pending == {futs[0]}
+        fail_all([futs[0]], ClientError("gone"))
+        assert [f.done() for f in concurrent.futures.as_completed(futs, timeout=5)] == [True] * 2
+    finally:
+        timer.cancel()
 
 
 def test_a_batch_settles_once_callbacks_run_and_bytes_come_back() -> None:

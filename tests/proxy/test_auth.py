@@ -3,13 +3,18 @@
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 from typing import Any
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from orbitmq.auth.audit import AuditLog
+from orbitmq.auth.model import PolicyEntry
+from orbitmq.auth.store import AuthStore
 from orbitmq.proxy.auth import Authenticator, parse_authorization, sign
+from orbitmq.proxy.authz import Authorizer
 from orbitmq.proxy.grpc_v2 import definition_pb2 as pb
 from orbitmq.proxy.grpc_v2 import service_pb2 as svc
 from orbitmq.proxy.grpc_v2 import service_pb2_grpc
@@ -63,6 +68,44 @@ def test_authenticator_rules() -> None:
         with pytest.raises(ProxyError) as info:
             on.check(headers)
         assert info.value.status_code == Code.UNAUTHORIZED
+
+
+def test_a_remembered_pass_is_bound_to_its_header_and_the_store_version(tmp_path: Path) -> None:
+    stamp = "20261121T233428Z"
+    on = Authenticator(True, {AK: SK})
+    good = metadata(ak=AK, sk=SK, date_time=stamp)
+    assert on.check(good) == AK and on.check(good) == AK  # the second from memory
+    with pytest.raises(ProxyError):  # same date-time, wrong signature: checked, refused
+        on.check(metadata(ak=AK, sk="wrong", date_time=stamp))
+
+    store = AuthStore(tmp_path / "auth.json")
+    store.create_user("alice", "alice-secret")
+    backed = Authenticator(True, {}, store=store, refresh_interval_s=0.0)
+    signed = metadata(ak="alice", sk="alice-secret", date_time=stamp)
+    assert backed.check(signed) == "alice" and backed.check(signed) == "alice"
+    AuthStore(tmp_path / "auth.json").update_user("alice", enabled=False)  # another process
+    with pytest.raises(ProxyError) as info:  # the same header, a new store version: refused
+        backed.check(signed)
+    assert info.value.status_code == Code.UNAUTHORIZED
+
+
+def test_a_remembered_send_verdict_ends_with_the_acl_that_allowed_it(tmp_path: Path) -> None:
+    store = AuthStore(tmp_path / "auth.json")
+    store.create_user("bob", "bob-secret")
+    store.put_entries("bob", [PolicyEntry.make("Topic:orders", ["Pub"], "Allow")], create=True)
+    authz = Authorizer(store, AuditLog(None, "proxy"))
+    peer = "ipv4:127.0.0.1:5000"
+    send = svc.SendMessageRequest(messages=[pb.Message(topic=res("orders"), body=b"x")])
+    authz.check("bob", send, peer)
+    authz.check("bob", send, peer)  # from memory
+    other = svc.SendMessageRequest(messages=[pb.Message(topic=res("audit"), body=b"x")])
+    with pytest.raises(ProxyError):  # another topic is decided, and refused
+        authz.check("bob", other, peer)
+    AuthStore(tmp_path / "auth.json").delete_entries("bob", None)  # another process
+    store.refresh()  # what the authenticator does before every call
+    with pytest.raises(ProxyError) as info:
+        authz.check("bob", send, peer)
+    assert info.value.status_code == Code.FORBIDDEN
 
 
 @given(st.text(max_size=300), st.text(max_size=40))

@@ -1,5 +1,5 @@
 """`python -m orbitmq.bench <benchmark> [options]`; benchmarks: store, produce, spread, security,
-tier."""
+tier, proxy."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import os
 import shlex
 import sys
 
-from orbitmq.bench import produce, security, spread, store, tier
+from orbitmq.bench import produce, proxy_bench, security, spread, store, tier
 
 BENCHMARKS = {
     "store": store.main,
@@ -15,6 +15,7 @@ BENCHMARKS = {
     "spread": spread.main,
     "security": security.main,
     "tier": tier.main,
+    "proxy": proxy_bench.main,
 }
 
 

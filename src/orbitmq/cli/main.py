@@ -435,6 +435,17 @@ def bench_store(ctx: typer.Context) -> None:
     raise typer.Exit(bench_main(["store", *ctx.args]))
 
 
+@bench_app.command(
+    "proxy", context_settings={"allow_extra_args": True, "ignore_unknown_options": True}
+)
+def bench_proxy(ctx: typer.Context) -> None:
+    """gRPC proxy SendMessage vs a bare grpc.aio echo, asyncio generator (options: see
+    `orbitmq bench proxy --help`)."""
+    from orbitmq.bench.__main__ import main as bench_main
+
+    raise typer.Exit(bench_main(["proxy", *ctx.args]))
+
+
 app.command("send")(produce.send)
 app.command("tail")(tail.tail)
 app.command("consume")(consume.consume)

@@ -58,6 +58,14 @@ def proxy(
             "(needs --tls required)."
         ),
     ] = None,
+    workers: Annotated[
+        int,
+        typer.Option(
+            min=1,
+            help="Proxy processes sharing the port (SO_REUSEPORT; the kernel spreads client "
+            "connections over them).",
+        ),
+    ] = 1,
     log_level: LogLevel = "INFO",
 ) -> None:
     """Run a stateless gRPC proxy routing by NameServer routes."""
@@ -66,6 +74,22 @@ def proxy(
     from orbitmq.proxy.config import parse_access_keys
 
     configure_logging(log_level)
+    if workers > 1:
+        from orbitmq.cli.proxy_workers import run_workers
+
+        given = {
+            "--config": config, "--namesrv": namesrv, "--host": host,
+            "--max-message-size": max_message_size, "--tls": tls, "--tls-cert": tls_cert,
+            "--tls-key": tls_key, "--tls-client-ca": tls_client_ca, "--log-level": log_level,
+        }  # fmt: skip
+        args = [item for flag, v in given.items() if v is not None for item in (flag, str(v))]
+        args += [item for key in access_key or () for item in ("--access-key", key)]
+        args += ["--acl"] if acl else []
+        settings = load_or_exit(config, {"proxy": {"host": host, "port": port}})
+        code = run_workers(
+            args, settings.proxy.host, settings.proxy.port, workers, announcer("Proxy", "proxy")
+        )
+        raise typer.Exit(code)
     try:
         keys = parse_access_keys(access_key) if access_key else None
     except ValueError as exc:

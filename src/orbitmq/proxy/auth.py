@@ -8,6 +8,12 @@ NameServers, re-read when the file changes, so a disabled or deleted user is ref
 second) or, without one, from the proxy's own ``access_keys`` table. An unknown access key, a
 disabled user and a wrong signature get the same answer. No clock-skew check, on purpose: the Python client stamps local time labelled as UTC, and the
 Telemetry stream is signed once and lives for a year (the Java proxy does not check skew either).
+
+Verified headers are remembered: clients stamp ``x-mq-date-time`` to the second, so the calls of
+one client within a second carry the same (Authorization, date-time) pair, and its verdict
+depends only on that pair and the secrets. A remembered pass holds only for the store version
+it was checked against (``AuthStore.snapshot``, re-read as before), so a disabled user is
+refused as soon as the proxy sees the new file. Failures are not remembered.
 """
 
 from __future__ import annotations
@@ -31,6 +37,8 @@ HEADER_DATE_TIME = "x-mq-date-time"
 BAD_CREDENTIAL = "authentication failed: check signature failed or unknown access key"
 MAX_HEADER_CHARS = 4096
 """A longer Authorization header is refused before parsing (no client sends one)."""
+MAX_REMEMBERED = 4096
+"""Verified (Authorization, date-time) pairs kept; the table is emptied when it is full."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,6 +93,8 @@ class Authenticator:
         self.store = store
         self.refresh_interval_s = refresh_interval_s
         self._next_refresh = 0.0
+        self._verified: dict[tuple[str, str], tuple[object, str]] = {}
+        """(authorization, date-time) -> (the store snapshot it passed against, access key)."""
 
     def refresh(self) -> None:
         """Re-read the store if its file changed, at most every refresh_interval_s."""
@@ -116,6 +126,13 @@ class Authenticator:
                 date_time = value if isinstance(value, str) else value.decode("latin-1")
         if not auth:
             raise ProxyError(pb.Code.UNAUTHORIZED, "ACL is on: the call carries no authorization")
+        snapshot: object = None
+        if self.store is not None:
+            self.refresh()
+            snapshot = self.store.snapshot
+        known = self._verified.get((auth, date_time))
+        if known is not None and known[0] is snapshot:
+            return known[1]
         cred = parse_authorization(auth)
         secret = self._secret(cred.access_key)
         if secret is None:
@@ -126,4 +143,7 @@ class Authenticator:
         given = cred.signature.strip().lower().encode("utf-8", "replace")
         if not hmac.compare_digest(expected.encode(), given):
             raise ProxyError(pb.Code.UNAUTHORIZED, BAD_CREDENTIAL)
+        if len(self._verified) >= MAX_REMEMBERED:
+            self._verified.clear()
+        self._verified[(auth, date_time)] = (snapshot, cred.access_key)
         return cred.access_key

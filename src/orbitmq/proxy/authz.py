@@ -57,16 +57,38 @@ RULES: dict[type[Any], Callable[[Any], list[Check]]] = {
 """request type -> its checks (all must pass). A type missing here is refused."""
 
 
+MAX_REMEMBERED = 4096
+"""SendMessage verdicts kept (see Authorizer); the table is emptied when it is full."""
+
+
 class Authorizer:
-    """Decides a call of an authenticated user; ``check`` raises ProxyError(FORBIDDEN)."""
+    """Decides a call of an authenticated user; ``check`` raises ProxyError(FORBIDDEN).
+
+    SendMessage, the call made per message, remembers what it allowed: (user, source address,
+    topics) for the store version it was decided against, so a producer's sends decide once per
+    topic until the ACLs change. Refusals are decided (and audited) every time."""
 
     def __init__(self, store: AuthStore, audit: AuditLog) -> None:
         self.store = store
         self.audit = audit
+        self._sends_allowed: dict[tuple[str, str, tuple[str, ...]], object] = {}
 
     def check(self, principal: str, request: Any, peer: str) -> None:
         """``peer``: gRPC's ``context.peer()`` (``ipv4:1.2.3.4:5678``)."""
         ip = _peer_ip(peer)
+        if type(request) is svc.SendMessageRequest:
+            snapshot = self.store.snapshot
+            key = (principal, ip, tuple(m.topic.name for m in request.messages))
+            if self._sends_allowed.get(key) is snapshot:
+                return
+            self._decide(principal, request, peer, ip)
+            if len(self._sends_allowed) >= MAX_REMEMBERED:
+                self._sends_allowed.clear()
+            self._sends_allowed[key] = snapshot
+            return
+        self._decide(principal, request, peer, ip)
+
+    def _decide(self, principal: str, request: Any, peer: str, ip: str) -> None:
         rule = RULES.get(type(request))
         if rule is None:
             self._refuse(principal, peer, type(request).__name__, "-", "unmapped request")

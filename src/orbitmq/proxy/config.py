@@ -47,6 +47,12 @@ class ProxyConfig:
         "gRPC port (the Java proxy's default); 0 picks a free one.",
         PORT,
     )
+    reuse_port: bool = setting(
+        False,
+        "Listen with SO_REUSEPORT so several proxy processes share ``port`` (the kernel spreads "
+        "client connections over them); set by ``orbitmq proxy --workers N``. Every process on "
+        "the port must set it.",
+    )
     tls_mode: str = setting(
         "permissive",
         "``permissive`` (the Java proxy's default): TLS and plaintext clients on the same port; "
@@ -112,6 +118,14 @@ class ProxyConfig:
         3.0,
         "Budget of one send to the brokers, retries included (the clients' own deadline is 3 s).",
         above(0),
+    )
+    send_batches_in_flight: int = setting(
+        2,
+        "Batches of sends of one topic to the brokers awaiting an answer at once. Sends of "
+        "concurrent calls that arrive meanwhile wait in one open batch and leave together when "
+        "an answer comes (without a bound each call would be its own broker request): fewer, "
+        "larger requests under load, no wait for a lone send.",
+        at_least(1),
     )
     send_max_attempts: int = setting(
         3,

@@ -53,7 +53,8 @@ class ProxyContext:
                 # proxy's time (the send path is latency-bound), and receive never has to undo it.
                 compress_over_bytes=-1,
                 max_message_size=config.max_message_size,
-                linger_ms=0.0,  # batch only what arrives in the same loop iteration
+                linger_ms=0.0,  # no timer: batches grow only while others are in flight
+                max_in_flight_per_key=config.send_batches_in_flight,
                 # A topic no NameServer knows is TOPIC_NOT_FOUND for gRPC clients (as in
                 # RocketMQ 5), not a guess at brokers that might auto-create it.
                 auto_create_fallback=False,

@@ -78,6 +78,9 @@ SYSTEM_PROPERTIES = DELIVERY_PROPERTIES | frozenset(
     }
 )
 MAX_TAG_CHARS = 255
+MAX_VALID_TOPICS_KEPT = 10_000
+_valid_topics: set[str] = set()
+"""Topic names already validated (bounded): a send re-checks only names it has not seen."""
 MAX_KEY_CHARS = 255
 
 
@@ -195,7 +198,10 @@ def from_pb_message(
     topic = resource_name(m.topic)
     if not m.topic.name:
         raise ProxyError(Code.ILLEGAL_TOPIC, "message has no topic")
-    validate_topic(topic)  # InvalidTopicError -> ILLEGAL_TOPIC
+    if topic not in _valid_topics:
+        validate_topic(topic)  # InvalidTopicError -> ILLEGAL_TOPIC
+        if len(_valid_topics) < MAX_VALID_TOPICS_KEPT:
+            _valid_topics.add(topic)
     message_id = sp.message_id
     if not message_id or len(message_id) > 128 or not message_id.isprintable():
         raise ProxyError(Code.ILLEGAL_MESSAGE_ID, "message id is blank or malformed")

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 
 from orbitmq.client.recall import recall_message
 from orbitmq.client.route import MessageQueue
@@ -48,6 +49,7 @@ ACCEPT_TYPES: dict[str, tuple[int, ...]] = {
 """What a topic of each OrbitMQ message_type accepts (advertised in routes, enforced on send)."""
 
 _RECALL_VERSION = "r1"
+_OK = status.ok()
 
 
 def encode_recall_handle(broker_name: str, message_id: str) -> str:
@@ -69,8 +71,10 @@ class ProducerRpcs:
     # ------------------------------------------------------------------ SendMessage
 
     async def send_message(
-        self, request: svc.SendMessageRequest, client_id: str
+        self, request: svc.SendMessageRequest, client_id: Callable[[], str]
     ) -> svc.SendMessageResponse:
+        """``client_id`` is called only when a message needs it (transactions): reading the
+        call's metadata costs more than the rest of a plain send's own work."""
         messages = request.messages
         if not messages:
             return svc.SendMessageResponse(status=status.make(Code.BAD_REQUEST, "no message"))
@@ -80,59 +84,62 @@ class ProducerRpcs:
                     Code.BAD_REQUEST, f"more than {MAX_MESSAGES_PER_SEND} messages in one send"
                 )
             )
+        # Entries are filled in place inside the response (no sub-messages built and copied).
+        resp = svc.SendMessageResponse()
         if len(messages) == 1:
-            entry = await self._send_one(messages[0], client_id)
-            return svc.SendMessageResponse(status=entry.status, entries=[entry])
-        entries = await asyncio.gather(*(self._send_one(m, client_id) for m in messages))
-        codes = {e.status.code for e in entries}
-        top = (
-            entries[0].status
-            if len(codes) == 1
-            else status.make(Code.MULTIPLE_RESULTS, "messages have different results")
+            entry = resp.entries.add()
+            await self._send_one(messages[0], client_id, entry)
+            resp.status.CopyFrom(entry.status)
+            return resp
+        entries = [resp.entries.add() for _ in messages]
+        await asyncio.gather(
+            *(self._send_one(m, client_id, e) for m, e in zip(messages, entries, strict=True))
         )
-        return svc.SendMessageResponse(status=top, entries=entries)
+        codes = {e.status.code for e in entries}
+        if len(codes) == 1:
+            resp.status.CopyFrom(entries[0].status)
+        else:
+            resp.status.CopyFrom(
+                status.make(Code.MULTIPLE_RESULTS, "messages have different results")
+            )
+        return resp
 
-    async def _send_one(self, m: pb.Message, client_id: str) -> svc.SendResultEntry:
+    async def _send_one(
+        self, m: pb.Message, client_id: Callable[[], str], entry: svc.SendResultEntry
+    ) -> None:
         cfg = self.ctx.config
-        message_id = m.system_properties.message_id
         try:
             spec = from_pb_message(m, max_body=cfg.max_message_size, max_delay_s=cfg.max_delay_s)
             topic = spec.message.topic
-            await self._check_type(topic, spec)
+            types = self.ctx.topic_types
+            declared = types.cached(topic)
+            if declared is None:
+                declared = await types.get(topic)
+            _check_type(topic, declared, spec)
             if spec.kind == TRANSACTION:
                 self.relay.prepare(spec.message.properties, topic)
-                self.relay.remember_sender(spec.message_id, client_id)
+                self.relay.remember_sender(spec.message_id, client_id())
             if spec.kind == NORMAL or spec.kind == FIFO:
                 # Sends that arrive together (many clients, many threads) leave as one batch
-                # frame per queue; linger 0 means a lone send waits for no one.
+                # frame per queue; while the proxy's send batches are in flight
+                # (send_batches_in_flight), later sends wait in one open batch.
                 result = await self.ctx.producer.send_async(spec.message)
             else:  # timers and half messages are sent one by one, as brokers expect them
                 result = await self.ctx.producer.send(spec.message)
         except MQError as exc:
-            return svc.SendResultEntry(status=status.from_error(exc), message_id=message_id)
+            entry.status.CopyFrom(status.from_error(exc))
+            entry.message_id = m.system_properties.message_id
+            return
         mq: MessageQueue = result.message_queue
-        entry = svc.SendResultEntry(
-            status=_send_status(result.status.name),
-            message_id=spec.message_id,
-            offset=result.queue_offset,
-        )
+        name = result.status.name
+        entry.status.CopyFrom(_OK if name == "SEND_OK" else _send_status(name))
+        entry.message_id = spec.message_id
+        entry.offset = result.queue_offset
         if spec.kind == TRANSACTION:
             entry.transaction_id = encode_transaction_id(mq.broker_name, result.offset)
             self.relay.after_half_sent(topic, mq.broker_name)
         elif spec.kind == DELAY:
             entry.recall_handle = encode_recall_handle(mq.broker_name, spec.message_id)
-        return entry
-
-    async def _check_type(self, topic: str, spec: SendSpec) -> None:
-        kind = self.ctx.topic_types.cached(topic)
-        if kind is None:
-            kind = await self.ctx.topic_types.get(topic)
-        accepted = ACCEPT_TYPES.get(kind, ACCEPT_TYPES["MIXED"])
-        if spec.kind not in accepted:
-            raise ProxyError(
-                Code.MESSAGE_PROPERTY_CONFLICT_WITH_TYPE,
-                f"topic {topic} accepts {kind} messages, not {MT.Name(spec.kind)}",
-            )
 
     # ------------------------------------------------------------------ EndTransaction
 
@@ -171,6 +178,16 @@ class ProducerRpcs:
         except MQError as exc:
             return svc.RecallMessageResponse(status=status.from_error(exc))
         return svc.RecallMessageResponse(status=status.ok(), message_id=message_id)
+
+
+def _check_type(topic: str, declared: str, spec: SendSpec) -> None:
+    """Refuse a message of a type its topic does not accept (``declared``: the topic's type)."""
+    accepted = ACCEPT_TYPES.get(declared, ACCEPT_TYPES["MIXED"])
+    if spec.kind not in accepted:
+        raise ProxyError(
+            Code.MESSAGE_PROPERTY_CONFLICT_WITH_TYPE,
+            f"topic {topic} accepts {declared} messages, not {MT.Name(spec.kind)}",
+        )
 
 
 def _send_status(name: str) -> pb.Status:

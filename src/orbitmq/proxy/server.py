@@ -85,7 +85,8 @@ class ProxyServer:
                     ("grpc.keepalive_permit_without_calls", 1),
                     ("grpc.http2.min_recv_ping_interval_without_data_ms", 5_000),
                     ("grpc.http2.max_ping_strikes", 0),
-                    ("grpc.so_reuseport", 0),
+                    # Off unless asked: a second proxy on a taken port must fail, not share it.
+                    ("grpc.so_reuseport", 1 if cfg.reuse_port else 0),
                 ]
             )
             host = "127.0.0.1" if cfg.host in ("0.0.0.0", "::", "") else cfg.host
@@ -111,7 +112,7 @@ class ProxyServer:
                     _bind(server, "127.0.0.1:0", None) if cfg.tls_mode == "permissive" else None
                 )
                 mux = PortMux(cfg.tls_mode, tls_port, plain_port)
-                port = await mux.start(cfg.host, cfg.port)
+                port = await mux.start(cfg.host, cfg.port, reuse_port=cfg.reuse_port)
                 self._mux = mux
             self.port = port
             servicer = MessagingServicer(ctx, ConsumerRpcs(ctx), endpoints_of(host, port))

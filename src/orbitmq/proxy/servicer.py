@@ -238,7 +238,7 @@ class MessagingServicer:
     async def _send_message(
         self, request: svc.SendMessageRequest, context: Ctx
     ) -> svc.SendMessageResponse:
-        return await self.producer.send_message(request, self.ctx.client_id(context))
+        return await self.producer.send_message(request, lambda: self.ctx.client_id(context))
 
     async def _end_transaction(
         self, request: svc.EndTransactionRequest, context: Ctx

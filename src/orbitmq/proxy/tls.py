@@ -304,12 +304,15 @@ class PortMux:
         self.tasks = TaskSet("TLS splice", logger=log)
         self._server: asyncio.AbstractServer | None = None
 
-    async def start(self, host: str, port: int) -> int:
-        """Listen on ``host:port`` (0: a free port); returns the port."""
+    async def start(self, host: str, port: int, *, reuse_port: bool = False) -> int:
+        """Listen on ``host:port`` (0: a free port); returns the port. ``reuse_port``: share it
+        with other processes (SO_REUSEPORT, ``orbitmq proxy --workers``)."""
         loop = asyncio.get_running_loop()
         factory: Callable[[], asyncio.Protocol] = lambda: _Front(self)  # noqa: E731
         try:
-            self._server = await loop.create_server(factory, host or None, port, reuse_address=True)
+            self._server = await loop.create_server(
+                factory, host or None, port, reuse_address=True, reuse_port=reuse_port or None
+            )
         except OSError as exc:
             raise ConfigError(f"proxy cannot listen on {host}:{port}: {exc}") from exc
         sock = self._server.sockets[0]

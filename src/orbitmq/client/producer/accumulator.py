@@ -10,6 +10,11 @@ their order: one batch per queue is in flight at a time. A message with a messag
 (``__SHARDINGKEY``, see :mod:`orbitmq.client.fifo`) and no queue or selector goes to its group's
 queue; a selector waiting for its topic's route parks the message until the route comes.
 
+While ``max_in_flight_batches`` batches await their answer (or ``max_in_flight_per_key`` of its
+own topic or queue), a batch whose linger is over stays open and keeps growing instead of
+queueing behind them; the next answer sends it (Nagle's rule). Under load, sends then leave in fewer, larger frames without
+waiting longer than they would have waited for a slot anyway; a lone send still leaves at once.
+
 Everything here runs on the producer's event loop.
 """
 
@@ -66,6 +71,9 @@ class RecordAccumulator:
         self._in_flight = asyncio.Semaphore(config.max_in_flight_batches)
         self._route_waiters: dict[str, list[_Waiter]] = {}
         self._sending = 0
+        self._held: list[_Batch] = []
+        self._key_in_flight: dict[_BatchKey, int] = {}
+        """Batches whose linger ended while every in-flight slot was taken (see the docstring)."""
 
     def start(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop
@@ -153,14 +161,31 @@ class RecordAccumulator:
             assert loop is not None
             batch = self._batches[key] = _Batch(key)
             if cfg.linger_ms <= 0:
-                batch.timer = loop.call_soon(self._flush, batch)
+                batch.timer = loop.call_soon(self._linger_over, batch)
             else:
-                batch.timer = loop.call_later(cfg.linger_ms / 1000.0, self._flush, batch)
+                batch.timer = loop.call_later(cfg.linger_ms / 1000.0, self._linger_over, batch)
         batch.items.append(item)
         batch.futures.append(fut)
         batch.nbytes += size
         if len(batch.items) >= cfg.batch_max_messages or batch.nbytes >= cfg.batch_max_bytes:
             self._flush(batch)
+
+    def _linger_over(self, batch: _Batch) -> None:
+        batch.timer = None
+        if batch.flushed:
+            return
+        per_key = self.config.max_in_flight_per_key
+        if self._in_flight.locked() or (
+            per_key and self._key_in_flight.get(batch.key, 0) >= per_key
+        ):
+            self._held.append(batch)  # open until a slot frees (see the module docstring)
+            return
+        self._flush(batch)
+
+    def _release_held(self) -> None:
+        held, self._held = self._held, []
+        for batch in held:  # each one held again if its own bound is still reached
+            self._linger_over(batch)
 
     def _flush(self, batch: _Batch) -> None:
         if self._batches.get(batch.key) is batch:
@@ -172,6 +197,7 @@ class RecordAccumulator:
             return
         batch.flushed = True
         self._sending += len(batch.items)
+        self._key_in_flight[batch.key] = self._key_in_flight.get(batch.key, 0) + 1
         self._tasks.spawn(self._send_batch(batch))
 
     async def _send_batch(self, batch: _Batch) -> None:
@@ -208,6 +234,13 @@ class RecordAccumulator:
             complete_all(batch.futures, results)
         finally:
             self._sending -= len(batch.items)
+            left = self._key_in_flight[batch.key] - 1
+            if left:
+                self._key_in_flight[batch.key] = left
+            else:
+                del self._key_in_flight[batch.key]
+            if self._held:
+                self._release_held()
 
 
 def select_queue(

@@ -16,6 +16,7 @@ from __future__ import annotations
 import concurrent.futures
 import ssl
 import threading
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -54,11 +55,18 @@ class Producer(BlockingFacade[AsyncProducer]):
         config = resolve_config(ProducerConfig, config, overrides, "Producer")
         self._async = AsyncProducer(namesrv_addrs, config, ssl_context=ssl_context)
         self.config = self._async.config
-        self._buffered = 0
+        # Unanswered bytes = _reserved - _released. Callers add to _reserved under
+        # _reserve_lock, which the I/O thread never takes; the I/O thread adds to _released
+        # under _release_lock, which callers never take. So a send_async never waits for the
+        # I/O thread (a lock shared with it made every caller queue behind it for the GIL),
+        # and _space is touched only when a caller really has to wait for room.
+        self._reserved = 0
+        self._released = 0
+        self._reserve_lock = threading.Lock()
+        self._release_lock = threading.Lock()
         self._waiting = 0
-        self._lock = threading.Lock()
-        self._space = threading.Condition(self._lock)
-        """Waits for buffer room (on ``_lock``, which also guards ``_buffered``)."""
+        self._space = threading.Condition()
+        """Callers waiting for buffer room sleep here; releases notify it when one waits."""
         self._settled = threading.Condition()
         """Shared by every SendFuture of this producer (see .handoff)."""
         self._thread = LoopThread("orbitmq-producer")
@@ -148,36 +156,49 @@ class Producer(BlockingFacade[AsyncProducer]):
         if left:
             fail_all(left, ClientError("producer is closed"))
 
+    @property
+    def _buffered(self) -> int:
+        """Bytes handed to send_async and not answered yet."""
+        return self._reserved - self._released
+
+    def _try_reserve(self, size: int, limit: int) -> bool:
+        with self._reserve_lock:
+            buffered = self._reserved - self._released
+            if not buffered or buffered + size <= limit:
+                self._reserved += size
+                return True
+        return False
+
     def _reserve(self, size: int) -> None:
         limit = self.config.max_buffered_bytes
-        with self._lock:  # the common case: room, one plain lock round
-            if not self._buffered or self._buffered + size <= limit:
-                self._buffered += size
-                return
+        if self._try_reserve(size, limit):  # the common case: room, one uncontended lock
+            return
         # From a callback (the I/O thread) waiting would block the releases: do not wait there.
         timeout = 0.0 if self._thread.in_loop_thread else self.config.max_block_s
+        deadline = time.monotonic() + timeout
         with self._space:
             self._waiting += 1
             try:
-                fits = self._space.wait_for(
-                    lambda: self._buffered == 0 or self._buffered + size <= limit,
-                    timeout=timeout,
-                )
+                # A release after the check below notifies (it sees _waiting, then waits for
+                # this lock, which wait() gives up); the short timeout only bounds a surprise.
+                while not self._try_reserve(size, limit):
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        raise ClientError(
+                            f"send_async buffer full ({self._buffered} bytes unanswered) for "
+                            f"{timeout}s (max_block_s)"
+                        )
+                    self._space.wait(min(left, 0.1))
             finally:
                 self._waiting -= 1
-            if not fits:
-                raise ClientError(
-                    f"send_async buffer full ({self._buffered} bytes unanswered) for "
-                    f"{timeout}s (max_block_s)"
-                )
-            self._buffered += size
 
     def release_buffer(self, nbytes: int) -> None:
         """Give back buffer space; called by the settling of a batch of SendFutures (on the
         loop thread, once per batch), not by users."""
-        with self._lock:
-            self._buffered -= nbytes
-            if self._waiting:
+        with self._release_lock:
+            self._released += nbytes
+        if self._waiting:
+            with self._space:
                 self._space.notify_all()
 
     def publish_queues(self, topic: str) -> list[MessageQueue]:

@@ -60,6 +60,14 @@ class ProducerConfig:
         "Automatic batches awaiting an answer at once; beyond it batches queue up (and grow).",
         at_least(1),
     )
+    max_in_flight_per_key: int = setting(
+        0,
+        "Automatic batches of one topic (one queue, for sends to a queue) awaiting an answer "
+        "at once; 0: no bound but max_in_flight_batches. While a topic is at its bound, its "
+        "later sends wait in one open batch that leaves when an answer comes (the gRPC proxy "
+        "sets it, so concurrent calls share broker requests).",
+        at_least(0),
+    )
     max_buffered_bytes: int = setting(
         64 * 1024 * 1024,
         "Blocking Producer only: bytes send_async may hold unanswered; beyond it send_async "
