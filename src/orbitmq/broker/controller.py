@@ -189,6 +189,7 @@ class BrokerController:
         self.trace = TraceService(ctx, lambda: self.address)
         """Message trace records (RMQ_SYS_TRACE_TOPIC), when ``trace_enable``."""
         trace = self.trace
+        self.pop.trace = trace
         self.processor = BrokerProcessor(
             ctx, self.delayed, self.halves, self.long_polling, self.timer.stats, trace
         )
@@ -207,7 +208,7 @@ class BrokerController:
             consumers=ConsumerProcessor(ctx, self.delayed, inflight=self.pop.inflight, trace=trace),
             group_configs=GroupConfigProcessor(ctx),
             pop=self.pop_processor,
-            timers=TimerProcessor(self.timer),
+            timers=TimerProcessor(self.timer, trace),
             transactions=TransactionProcessor(ctx, self.transactions, trace),
             runtime_config=RuntimeConfigProcessor(
                 lambda: self.config, self.apply_config, self.auth.audit
