@@ -364,6 +364,7 @@ class Reviver:
                     trace.on_dlq(group, origin, dlq_topic(group), moved)
         await self.pop.append_ops([DoneRecord(ck.ck_id) for ck in taken])
         self.revived += messages
+        self.ctx.metrics.rmq.on_revive_out("CK", len(taken))
         return taken
 
     def _add_copy(

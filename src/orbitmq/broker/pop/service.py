@@ -24,7 +24,7 @@ from orbitmq.broker.context import BrokerContext
 from orbitmq.broker.dead_letter import copy_properties, ensure_dlq_topic, exhausted
 from orbitmq.broker.pop.fifo import FifoWindow
 from orbitmq.broker.pop.receipt import HandleCodec, load_or_create_secret
-from orbitmq.broker.pop.records import REVIVE_TOPIC, AckRecord, Op, encode_entry
+from orbitmq.broker.pop.records import REVIVE_TOPIC, AckRecord, CkRecord, Op, encode_entry
 from orbitmq.broker.pop.revive import Reviver
 from orbitmq.broker.pop.state import PopCheckpoint, PopState
 from orbitmq.broker.timer_delivery import DelayedDelivery
@@ -160,6 +160,10 @@ class PopService:
     async def append_ops(self, ops: list[Op]) -> int:
         """Append one revive-log entry; returns its queue offset in the log."""
         body = encode_entry(ops, self.secret)
+        rmq = self.ctx.metrics.rmq
+        for op in ops:
+            if isinstance(op, CkRecord | AckRecord):
+                rmq.on_revive_in("CK" if isinstance(op, CkRecord) else "ACK", 1)
         batch = MessageBatch(REVIVE_TOPIC, 0, [body], [b""], born_timestamp_ms=self.clock.now_ms())
         floor = self.system_log.max_offset(REVIVE_TOPIC, 0)
         self._append_floors.append(floor)
