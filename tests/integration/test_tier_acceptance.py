@@ -133,6 +133,7 @@ async def read_all_by_pull(admin: AsyncAdminClient, maxes: dict[int, int]) -> No
         assert seen == maxes[q], (q, seen)
 
 
+@pytest.mark.timeout(1800 if SCALE else 120)
 async def test_tiered_messages_read_back_exactly(tmp_path: Path) -> None:
     per_queue = 50_000 if SCALE else 1_000
     async with tiered_broker(tmp_path) as (addr, broker):
@@ -150,6 +151,7 @@ async def test_tiered_messages_read_back_exactly(tmp_path: Path) -> None:
             await read_all_by_pull(admin, maxes)
 
 
+@pytest.mark.timeout(1800 if SCALE else 120)
 async def test_backend_outage_under_load(tmp_path: Path) -> None:
     rate = 5_000 if SCALE else 400  # messages per second, all queues together
     outage_s = 60.0 if SCALE else 2.0
@@ -212,6 +214,8 @@ async def test_backend_outage_under_load(tmp_path: Path) -> None:
                         assert exc.retriable, exc
                     else:
                         assert got == []
+            sent_in_outage = sum(counts.values()) - sum(at_outage.values())
+            print(f"outage: {sent_in_outage} sent in {time.monotonic() - started:.1f} s")
             assert failures == 0
             assert cold_error is not None
             assert flaky.down and all(counts[q] > at_outage[q] for q in range(QUEUES))
@@ -225,6 +229,7 @@ async def test_backend_outage_under_load(tmp_path: Path) -> None:
             back = time.monotonic()
             await wait_tiered(broker, dict(counts), catch_up_s)
             assert time.monotonic() - back < catch_up_s
+            print(f"uploads caught up {time.monotonic() - back:.1f} s after the store returned")
             await read_all_by_pull(admin, counts)
             popped: dict[int, set[int]] = {q: set() for q in range(QUEUES)}
             total = sum(counts.values())
