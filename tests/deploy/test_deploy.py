@@ -135,9 +135,13 @@ def test_metric_name_extraction() -> None:
     assert metric_names(expr) == {"a_bucket", "b_total", "c"}
 
 
-@pytest.mark.skipif(shutil.which("promtool") is None, reason="promtool (Prometheus) not installed")
+@pytest.mark.skipif(
+    shutil.which("promtool") is None,
+    reason="promtool (Prometheus) not installed: `make promtool` installs Debian's prometheus",
+)
 def test_promtool_checks_the_rules() -> None:
     out = subprocess.run(
         ["promtool", "check", "rules", str(RULES)], capture_output=True, text=True, timeout=60
     )
     assert out.returncode == 0, out.stdout + out.stderr
+    assert f"SUCCESS: {len(rules())} rules found" in out.stdout, out.stdout
