@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import asyncio
 import urllib.request
+from pathlib import Path
 from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
 from orbitmq.proxy.grpc_v2 import definition_pb2 as pb
 from orbitmq.proxy.grpc_v2 import service_pb2 as svc
+from tests.harness import ProcessCluster
 from tests.proxy.conftest import ProxyEnv, endpoints_pb, proxy_env_fixture
 from tests.proxy.test_producer_rpcs import message, send
 
@@ -77,3 +79,22 @@ async def test_proxy_up_rpc_latency_and_connections(env: ProxyEnv, stub: Any) ->
     assert find(got, "rocketmq_producer_connections", language="PYTHON", version="5.0.1") == 1
     assert find(got, "rocketmq_consumer_connections", consumer_group="GM", language="JAVA",
                 version="5.0.7", consume_mode="pop") == 1  # fmt: skip
+
+
+def test_orbitmq_proxy_metrics_port_announces_its_endpoint(tmp_path: Path) -> None:
+    """``orbitmq proxy --metrics-port 0``: the ready line names the endpoint, which serves
+    rocketmq_proxy_up 1."""
+    c = ProcessCluster(tmp_path)
+    try:
+        # No NameServer needed to serve: the proxy resolves routes on demand.
+        proxy = c.proxy(["127.0.0.1:1"], "--metrics-port", "0", "--tls", "off")
+        urls = [
+            w.partition("=")[2] for w in proxy.ready_line.split() if w.startswith("proxy_metrics=")
+        ]
+        assert len(urls) == 1, proxy.ready_line
+        text = urllib.request.urlopen(urls[0], timeout=10).read().decode()
+        ups = [s for f in text_string_to_metric_families(text) for s in f.samples
+               if s.name == "rocketmq_proxy_up"]  # fmt: skip
+        assert [(s.labels["node_type"], s.value) for s in ups] == [("proxy", 1.0)]
+    finally:
+        c.stop_all()

@@ -58,6 +58,10 @@ def proxy(
             "(needs --tls required)."
         ),
     ] = None,
+    metrics_port: Annotated[
+        int | None,
+        typer.Option(help="Serve the RocketMQ proxy metrics on this port (0: a free one)."),
+    ] = None,
     log_level: LogLevel = "INFO",
 ) -> None:
     """Run a stateless gRPC proxy routing by NameServer routes."""
@@ -85,6 +89,7 @@ def proxy(
                 "tls_cert_file": tls_cert,
                 "tls_key_file": tls_key,
                 "tls_client_ca_file": tls_client_ca,
+                "metrics_port": metrics_port,
             }
         },
     )
