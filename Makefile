@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: help up test lint fmt test-crash test-chaos test-mqtt-interop fuzz bench bench-store proto clean browser vendor native
+.PHONY: help up test lint fmt test-crash test-chaos test-mqtt-interop fuzz bench bench-store proto clean browser promtool test-s3 vendor native
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
@@ -28,7 +28,7 @@ fmt: $(STAMP) ## format the code
 	$(VENV)/bin/ruff format src tests examples
 	$(VENV)/bin/ruff check --fix src tests examples
 
-test: lint browser ## lint, then the whole test suite
+test: lint browser promtool ## lint, then the whole test suite
 	$(PY) -m pytest
 
 browser: ## Debian's chromium for the console's browser tests (skipped without it)
@@ -37,6 +37,20 @@ browser: ## Debian's chromium for the console's browser tests (skipped without i
 		  { apt-get update -q >/dev/null 2>&1 && \
 		    apt-get install -y -q --no-install-recommends chromium >/dev/null 2>&1; }; } || \
 		echo "chromium not installed: the console's browser tests will be skipped"; }
+
+promtool: ## Debian's prometheus package for promtool (tests/deploy checks the alert rules with it; skipped without it)
+	@command -v promtool >/dev/null 2>&1 || { command -v apt-get >/dev/null 2>&1 && [ "$$(id -u)" = 0 ] && \
+		{ apt-get install -y -q --no-install-recommends prometheus >/dev/null 2>&1 || \
+		  { apt-get update -q >/dev/null 2>&1 && \
+		    apt-get install -y -q --no-install-recommends prometheus >/dev/null 2>&1; }; } || \
+		echo "promtool not installed: the deploy test's promtool check will be skipped"; }
+
+test-s3: ## install Debian's Swift (s3api) and run the tier's S3 tests against it (root for the install)
+	@command -v swift-proxy-server >/dev/null 2>&1 || { [ "$$(id -u)" = 0 ] && \
+		{ apt-get install -y -q --no-install-recommends swift-proxy swift-account swift-container swift-object memcached >/dev/null 2>&1 || \
+		  { apt-get update -q >/dev/null 2>&1 && \
+		    apt-get install -y -q --no-install-recommends swift-proxy swift-account swift-container swift-object memcached >/dev/null; }; }; }
+	ORBITMQ_TEST_SWIFT=1 $(PY) -m pytest -p no:cacheprovider -q -rs tests/store/tier/test_s3_backend.py
 
 vendor: ## refresh the console's vendored htmx and uPlot (npm pack; see its static/VENDOR.md)
 	cd $$(mktemp -d) && npm pack -q htmx.org@2.0.8 htmx-ext-sse@2.2.4 uplot@1.6.32 && \

@@ -62,6 +62,8 @@ class ServerProcess:
         """What runs as ``python -m``; it prints ``orbitmq <role> ready <address> ...``."""
         self.proc: subprocess.Popen[bytes] | None = None
         self.address = ""
+        self.ready_line = ""
+        """The whole ``orbitmq <role> ready ...`` line (every ``key=value`` it announced)."""
 
     def start(self, timeout: float = 30.0) -> ServerProcess:
         self.launch()
@@ -103,6 +105,7 @@ class ServerProcess:
                 line = raw.decode(errors="replace")
                 if line.startswith(prefix):
                     self.address = _ready_address(line[len(prefix) :])
+                    self.ready_line = line
                     return self
         self.stop()
         raise RuntimeError(

@@ -15,6 +15,7 @@ import pytest
 import yaml
 
 from orbitmq.broker.controller import BrokerController
+from orbitmq.proxy.metrics import ProxyMetrics
 from orbitmq.testing import small_broker_config
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
@@ -48,15 +49,41 @@ def metric_names(expr: str) -> set[str]:
 
 @pytest.fixture(scope="module")
 def exported(tmp_path_factory: pytest.TempPathFactory) -> set[str]:
-    """Every sample name the broker's registry can expose (families without samples yet
-    included), plus ``up``, which Prometheus adds per target."""
+    """Every sample name the broker's and the proxy's registries can expose (families without
+    samples yet included), plus ``up``, which Prometheus adds per target."""
     b = BrokerController(small_broker_config(tmp_path_factory.mktemp("deploy") / "s"))
     names = {"up"}
-    for fam in b.metrics.registry.collect():
-        for suffix in SUFFIXES.get(fam.type, ("",)):
-            names.add(fam.name + suffix)
-        names.update(s.name for s in fam.samples)
+    for registry in (b.metrics.registry, ProxyMetrics("C", "127.0.0.1:8081").registry):
+        for fam in registry.collect():
+            for suffix in SUFFIXES.get(fam.type, ("",)):
+                names.add(fam.name + suffix)
+            names.update(s.name for s in fam.samples)
     return names
+
+
+# The RocketMQ 5 families of transactions, timers, Pop revive and the proxy: each exported
+# and used by an alert rule or a dashboard panel.
+SERVICE_FAMILIES = (
+    "rocketmq_commit_messages_total", "rocketmq_rollback_messages_total",
+    "rocketmq_half_messages", "rocketmq_finish_message_latency_bucket",
+    "rocketmq_timer_enqueue_lag", "rocketmq_timer_dequeue_lag",
+    "rocketmq_timer_enqueue_latency_milliseconds", "rocketmq_timer_dequeue_latency_milliseconds",
+    "rocketmq_pop_revive_in_message_total", "rocketmq_pop_revive_out_message_total",
+    "rocketmq_pop_revive_lag", "rocketmq_pop_revive_latency_milliseconds",
+    "rocketmq_pop_offset_buffer_size", "rocketmq_pop_checkpoint_buffer_size",
+    "rocketmq_proxy_up", "rocketmq_producer_connections",
+)  # fmt: skip
+
+
+def test_service_and_proxy_families_are_exported_and_used(exported: set[str]) -> None:
+    used = set().union(*(metric_names(r["expr"]) for r in rules()))
+    doc = json.loads(DASHBOARD.read_text())
+    used |= set().union(
+        *(metric_names(e.replace("$__rate_interval", "1m")) for e in dashboard_exprs(doc))
+    )
+    for name in SERVICE_FAMILIES:
+        assert name in exported, name
+        assert name in used, name
 
 
 def rules() -> list[dict[str, Any]]:
@@ -108,9 +135,13 @@ def test_metric_name_extraction() -> None:
     assert metric_names(expr) == {"a_bucket", "b_total", "c"}
 
 
-@pytest.mark.skipif(shutil.which("promtool") is None, reason="promtool (Prometheus) not installed")
+@pytest.mark.skipif(
+    shutil.which("promtool") is None,
+    reason="promtool (Prometheus) not installed: `make promtool` installs Debian's prometheus",
+)
 def test_promtool_checks_the_rules() -> None:
     out = subprocess.run(
         ["promtool", "check", "rules", str(RULES)], capture_output=True, text=True, timeout=60
     )
     assert out.returncode == 0, out.stdout + out.stderr
+    assert f"SUCCESS: {len(rules())} rules found" in out.stdout, out.stdout

@@ -432,6 +432,8 @@ class ConsumerProcessor:
         result = await self.bridge.put(batch)
         self.metrics.messages_sent_back.inc()
         self.metrics.rmq.on_dlq(first_topic, group)
+        if self.trace is not None and self.trace.enabled:
+            self.trace.on_dlq(group, first_topic, config.topic_name, [msg], result.physical_offsets)
         log.info(
             "group %s: message %s of %s dead-lettered after %d reconsumes (%s)",
             group, msg.msg_id, first_topic, times, reason,

@@ -44,6 +44,7 @@ from orbitmq.broker.pop.service import PopService
 from orbitmq.broker.processor import BrokerProcessor
 from orbitmq.broker.routes import Dispatcher, build_routes
 from orbitmq.broker.runtime_config import RuntimeConfigProcessor
+from orbitmq.broker.service_metrics import ServiceGaugeCollector, store_backlogs
 from orbitmq.broker.store_bridge import StoreBridge
 from orbitmq.broker.timer_delivery import DelayedDelivery
 from orbitmq.broker.timer_processor import TimerProcessor
@@ -185,10 +186,15 @@ class BrokerController:
                 self.consumers,
             )
         )
+        self.metrics.registry.register(ServiceGaugeCollector(
+            self.metrics.rmq.base, half_messages=self.transactions.state.pending_by_topic,
+            timer=self.timer.gauges, pop=lambda: self.pop.state.revive_gauges(clock.now_ms()),
+            store=lambda: store_backlogs(self.store)))  # fmt: skip
         # Processors: one per area, each answering the codes routes.py gives it.
         self.trace = TraceService(ctx, lambda: self.address)
         """Message trace records (RMQ_SYS_TRACE_TOPIC), when ``trace_enable``."""
         trace = self.trace
+        self.pop.trace = trace
         self.processor = BrokerProcessor(
             ctx, self.delayed, self.halves, self.long_polling, self.timer.stats, trace
         )
@@ -207,7 +213,7 @@ class BrokerController:
             consumers=ConsumerProcessor(ctx, self.delayed, inflight=self.pop.inflight, trace=trace),
             group_configs=GroupConfigProcessor(ctx),
             pop=self.pop_processor,
-            timers=TimerProcessor(self.timer),
+            timers=TimerProcessor(self.timer, trace),
             transactions=TransactionProcessor(ctx, self.transactions, trace),
             runtime_config=RuntimeConfigProcessor(
                 lambda: self.config, self.apply_config, self.auth.audit

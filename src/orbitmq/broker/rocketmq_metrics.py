@@ -29,6 +29,9 @@ MESSAGE_SIZE_BUCKETS = (1024, 4096, 16384, 65536, 262144, 1048576, 4194304)
 RPC_LATENCY_BUCKETS = (1, 3, 5, 10, 25, 50, 100, 500, 1000, 3000)
 """Milliseconds, RocketMQ's ``rocketmq_rpc_latency`` buckets."""
 
+FINISH_LATENCY_BUCKETS = (10, 100, 1000, 5000, 10000, 60000, 300000, 3600000)
+"""Milliseconds from a half message's store to its commit or rollback."""
+
 MESSAGE_TYPES = ("normal", "fifo", "transaction", "delay")
 
 
@@ -65,6 +68,11 @@ class RocketMQMetrics(Collector):
         self.dlq: dict[tuple[str, str], int] = {}
         self.rpc: dict[tuple[int, int], _Histogram] = {}
         self._size_edges = np.asarray(MESSAGE_SIZE_BUCKETS, dtype=np.int64)
+        self.tx_commit: dict[str, int] = {}
+        self.tx_rollback: dict[str, int] = {}
+        self.tx_finish: dict[str, _Histogram] = {}
+        self.revive_in: dict[str, int] = {}
+        self.revive_out: dict[str, int] = {}
         self.pulled: dict[tuple[str, str, int], int] = {}
         """(group, topic, queue) -> next offset a pull handed out (for the in-flight gauge)."""
 
@@ -112,6 +120,25 @@ class RocketMQMetrics(Collector):
         h.counts[bisect.bisect_left(RPC_LATENCY_BUCKETS, millis)] += 1
         h.total += millis
 
+    def on_end_transaction(self, topic: str, committed: bool, latency_ms: int) -> None:
+        """A half message of ``topic`` committed or rolled back ``latency_ms`` after it was
+        stored (``rocketmq_{commit,rollback}_messages_total``, ``_finish_message_latency``)."""
+        table = self.tx_commit if committed else self.tx_rollback
+        table[topic] = table.get(topic, 0) + 1
+        h = self.tx_finish.get(topic)
+        if h is None:
+            h = self.tx_finish[topic] = _Histogram(len(FINISH_LATENCY_BUCKETS))
+        h.counts[bisect.bisect_left(FINISH_LATENCY_BUCKETS, latency_ms)] += 1
+        h.total += latency_ms
+
+    def on_revive_in(self, kind: str, count: int) -> None:
+        """Pop records written to the revive log (``kind``: CK or ACK)."""
+        self.revive_in[kind] = self.revive_in.get(kind, 0) + count
+
+    def on_revive_out(self, kind: str, count: int) -> None:
+        """Pop checkpoints taken out by revive (``kind``: CK)."""
+        self.revive_out[kind] = self.revive_out.get(kind, 0) + count
+
     def forget_group(self, group: str) -> None:
         """A deleted group: drop its pull positions (its counters stay, as counters do)."""
         for key in [k for k in list(self.pulled) if k[0] == group]:
@@ -133,6 +160,32 @@ class RocketMQMetrics(Collector):
             for (topic, other), value in sorted(table.copy().items()):
                 fam.add_metric([*base, topic, other], value)
             yield fam
+        for name, doc, one in (
+            ("rocketmq_commit_messages", "Half messages committed", self.tx_commit),
+            ("rocketmq_rollback_messages", "Half messages rolled back", self.tx_rollback),
+        ):
+            fam = CounterMetricFamily(name, doc, labels=[*names, "topic"])
+            for topic, value in sorted(one.copy().items()):
+                fam.add_metric([*base, topic], value)
+            yield fam
+        for name, doc, kinds in (
+            ("rocketmq_pop_revive_in_message", "Records written to the revive log", self.revive_in),
+            ("rocketmq_pop_revive_out_message", "Checkpoints taken out by revive", self.revive_out),
+        ):
+            fam = CounterMetricFamily(name, doc, labels=[*names, "revive_message_type"])
+            for kind, value in sorted(kinds.copy().items()):
+                fam.add_metric([*base, kind], value)
+            yield fam
+        finish = HistogramMetricFamily(
+            "rocketmq_finish_message_latency",
+            "Half message store to commit or rollback, milliseconds",
+            labels=[*names, "topic"],
+        )
+        for topic, h in sorted(self.tx_finish.copy().items()):
+            finish.add_metric(
+                [*base, topic], _buckets(FINISH_LATENCY_BUCKETS, h), sum_value=h.total
+            )
+        yield finish
         sizes = HistogramMetricFamily(
             "rocketmq_message_size",
             "Body size of stored messages, bytes",

@@ -10,7 +10,9 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from orbitmq.broker.timer_service import TimerService
+from orbitmq.broker.trace import TraceService
 from orbitmq.common.codes import ResponseCode
+from orbitmq.common.errors import MQError
 from orbitmq.protocol.frame import Frame
 from orbitmq.protocol.requests import RecallMessageRequest
 
@@ -19,13 +21,23 @@ if TYPE_CHECKING:
 
 
 class TimerProcessor:
-    """Reads RECALL_MESSAGE; ``timer`` drops the pending copies."""
+    """Reads RECALL_MESSAGE; ``timer`` drops the pending copies; ``trace`` (when tracing)
+    records each recall, done or refused, as a RocketMQ ``Recall`` trace record."""
 
-    def __init__(self, timer: TimerService) -> None:
+    def __init__(self, timer: TimerService, trace: TraceService | None = None) -> None:
         self.timer = timer
+        self.trace = trace
 
     async def recall(self, frame: Frame, conn: Connection) -> Reply:
         """RECALL_MESSAGE (topic, msg_id): cancel a delayed message before it is due."""
         req = RecallMessageRequest.decode(frame)  # msg_id: 1 to MAX_MSG_ID_LENGTH characters
-        removed = await self.timer.recall(req.topic, req.msg_id)
+        trace = self.trace if self.trace is not None and self.trace.enabled else None
+        try:
+            removed = await self.timer.recall(req.topic, req.msg_id)
+        except MQError:
+            if trace is not None:
+                trace.on_recall(req.producer_group or "", req.topic, req.msg_id, False)
+            raise
+        if trace is not None:
+            trace.on_recall(req.producer_group or "", req.topic, req.msg_id, True)
         return frame.reply(ResponseCode.SUCCESS, fields={"recalled": removed})

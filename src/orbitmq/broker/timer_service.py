@@ -69,6 +69,7 @@ from orbitmq.common.message import (
 from orbitmq.common.record import decode
 from orbitmq.common.tasks import TaskSet
 from orbitmq.protocol.bodies import TopicConfig
+from orbitmq.store.reader import store_time
 from orbitmq.store.supervise import ServiceHealth
 from orbitmq.store.timer_index import (
     PROPERTY_TIMER_CANCEL,
@@ -201,6 +202,9 @@ class TimerService:
         self.rolled = 0
         self.skipped = 0
         self.recalled = 0
+        self.next_due_ms: int | None = None
+        self.overdue = 0
+        """The earliest due time and the timers due that the firing loop saw last (metrics)."""
         self._stale_below = 0
         """At start: timer-topic entries below this offset were stored more than a roll window
         ago (broker down, or the window shrank); they are rolled at once."""
@@ -328,6 +332,8 @@ class TimerService:
             try:
                 nxt = self.index.next_due()
                 now = self.clock.now_ms()
+                self.next_due_ms = nxt
+                self.overdue = self.index.count_due(now) if nxt is not None and nxt <= now else 0
                 if nxt is not None and nxt <= now:
                     await self.fire_due(now)
                     await self.write_checkpoint()
@@ -478,6 +484,22 @@ class TimerService:
         return removed
 
     # ------------------------------------------------------------------ stats
+
+    def gauges(self) -> dict[str, int]:
+        """RocketMQ's timer gauges (broker/service_metrics.py), from the metrics thread:
+        entries stored but not loaded, and timers due but not delivered (the earliest due
+        time the firing loop last saw: a loop that falls behind shows a growing latency)."""
+        now = self.clock.now_ms()
+        cq = self.store.queues.get(TIMER_TOPIC, TIMER_QUEUE_ID)
+        lag = max(0, cq.max_offset - self.loaded) if cq is not None else 0
+        waited = store_time(self.store.commit_log, cq.entry(self.loaded)) if lag and cq else None
+        nxt = self.next_due_ms
+        return {
+            "enqueue_lag": lag,
+            "enqueue_latency_ms": max(0, now - waited) if waited is not None else 0,
+            "dequeue_lag": self.overdue if nxt is not None and nxt <= now else 0,
+            "dequeue_latency_ms": max(0, now - nxt) if nxt is not None and nxt <= now else 0,
+        }
 
     def stats(self) -> dict[str, int]:
         return {

@@ -9,7 +9,11 @@ What is recorded (``orbitmq.common.trace`` has the format):
   (UPDATE_CONSUMER_OFFSET or a pull's piggy-backed commit), a Pop ack (success) or an
   invisible-time change (success=false: RocketMQ 5 clients nack that way, and an extension
   looks the same; the later ack still gets its SubAfter); cost = time since SubBefore;
-- ``EndTransaction`` when a producer commits or rolls back a half message.
+- ``EndTransaction`` when a producer commits or rolls back a half message;
+- a ``Pub`` into ``%DLQ%<group>`` (group: the consumer group) when a message is dead-lettered
+  (a push consumer's send-back, Pop revive, an orderly Pop's last failure): RocketMQ has no DLQ
+  trace type, so the move is written as the publish it is, with the message's own id;
+- ``Recall`` when a delayed message is recalled (success=false: not found or already due).
 
 Switches (``[broker]``): ``trace_enable`` (off by default), ``trace_topics`` (empty: every
 user topic), ``trace_sample_ratio`` (a message is traced when a hash of its id falls under
@@ -35,12 +39,13 @@ from itertools import count
 
 from orbitmq.broker.context import BrokerContext
 from orbitmq.common.message import MessageBatch, decode_properties, encode_properties
-from orbitmq.common.record import decode_batch
+from orbitmq.common.record import StoredMessage, decode_batch
 from orbitmq.common.tasks import TaskSet
 from orbitmq.common.trace import (
     END_TRANSACTION,
     MAX_TRACE_BODY,
     PUB,
+    RECALL,
     SUB_AFTER,
     SUB_BEFORE,
     TRACE_TOPIC,
@@ -218,6 +223,41 @@ class TraceService:
             END_TRANSACTION, ts=self.ctx.clock.now_ms(), group=group, topic=topic,
             msg_id=msg_id, store_host=f"{host}:{port}", msg_type=2, tx_id=msg_id,
             tx_state=tx_state, from_check=from_check,
+        ))  # fmt: skip
+
+    def on_dlq(
+        self,
+        group: str,
+        origin_topic: str,
+        dlq_topic: str,
+        msgs: Sequence[StoredMessage],
+        physical_offsets: Sequence[int] = (),
+    ) -> None:
+        """A Pub into ``dlq_topic`` for every sampled message of a traced topic dead-lettered
+        by ``group`` (``physical_offsets``: the DLQ copies', when known, for offsetMsgId)."""
+        if not self.wants(origin_topic):
+            return
+        now = self.ctx.clock.now_ms()
+        host, port = self._store_host()
+        for i, msg in enumerate(msgs):
+            msg_id = msg.msg_id
+            if not msg_id or not self.sampled(msg_id):
+                continue
+            phys = physical_offsets[i] if i < len(physical_offsets) else -1
+            self._add(TraceRecord(
+                PUB, ts=now, group=group, topic=dlq_topic, msg_id=msg_id,
+                tags=msg.properties.get("TAGS", ""), keys=msg.properties.get("KEYS", ""),
+                store_host=f"{host}:{port}", body_len=len(msg.body),
+                offset_msg_id=offset_msg_id(host, port, phys) if phys >= 0 else "",
+            ))  # fmt: skip
+
+    def on_recall(self, group: str, topic: str, msg_id: str, success: bool) -> None:
+        """Recall of a delayed message of a traced topic (success: its copies were dropped)."""
+        if not self.wants(topic) or not self.sampled(msg_id):
+            return
+        self._add(TraceRecord(
+            RECALL, ts=self.ctx.clock.now_ms(), group=group, topic=topic, msg_id=msg_id,
+            success=success,
         ))  # fmt: skip
 
     def _store_host(self) -> tuple[str, int]:

@@ -25,7 +25,13 @@ from orbitmq.cli.common import (
 )
 from orbitmq.client import AsyncAdminClient
 from orbitmq.common.record import StoredMessage
-from orbitmq.common.trace import TRACE_TOPIC, decode_records, timeline, trace_details
+from orbitmq.common.trace import (
+    TRACE_TOPIC,
+    decode_records,
+    timeline,
+    trace_details,
+    trace_label,
+)
 
 message_app = typer.Typer(no_args_is_help=True, help="Look messages up by id or key.")
 
@@ -128,7 +134,8 @@ def message_trace(
     namesrv: NamesrvOpt = DEFAULT_NAMESRV,
 ) -> None:
     """Show a message's trace: when it was stored (Pub), handed to each group (SubBefore) and
-    consumed or acked (SubAfter), and its transaction's end, oldest first. Brokers write these
+    consumed or acked (SubAfter), dead-lettered (DLQ), recalled (Recall) and its transaction's
+    end, oldest first. Brokers write these
     records with trace_enable (docs/console.md#message-trace).
 
     Example: orbitmq message trace --msg-id 7F0000011A2B18B4AAC2... --topic Orders
@@ -149,7 +156,7 @@ def message_trace(
             table.add_column(name)
         for r in records:
             table.add_row(
-                escape(timestamp(r.ts)), r.type, escape(r.group or "-"), str(r.cost_ms),
+                escape(timestamp(r.ts)), trace_label(r), escape(r.group or "-"), str(r.cost_ms),
                 "yes" if r.success else "no", escape(trace_details(r)),
             )  # fmt: skip
         out().print(table)

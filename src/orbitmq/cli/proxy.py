@@ -66,6 +66,10 @@ def proxy(
             "connections over them).",
         ),
     ] = 1,
+    metrics_port: Annotated[
+        int | None,
+        typer.Option(help="Serve the RocketMQ proxy metrics on this port (0: a free one)."),
+    ] = None,
     log_level: LogLevel = "INFO",
 ) -> None:
     """Run a stateless gRPC proxy routing by NameServer routes."""
@@ -76,6 +80,11 @@ def proxy(
     configure_logging(log_level)
     if workers > 1:
         from orbitmq.cli.proxy_workers import run_workers
+
+        if metrics_port is not None:
+            # Each worker would need its own metrics port, and the ready line names one.
+            typer.echo("configuration error: --metrics-port works with --workers 1 only", err=True)
+            raise typer.Exit(2)
 
         given = {
             "--config": config, "--namesrv": namesrv, "--host": host,
@@ -109,6 +118,7 @@ def proxy(
                 "tls_cert_file": tls_cert,
                 "tls_key_file": tls_key,
                 "tls_client_ca_file": tls_client_ca,
+                "metrics_port": metrics_port,
             }
         },
     )

@@ -119,6 +119,8 @@ async def local_proxy(
         yield
         return
     endpoints["proxy"] = server.address
+    if server.metrics_port is not None:
+        endpoints["proxy_metrics"] = f"http://{config.host}:{server.metrics_port}/metrics"
     try:
         yield
     finally:

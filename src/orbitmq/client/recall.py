@@ -21,18 +21,24 @@ _MISSES = (ResponseCode.TIMER_MESSAGE_NOT_FOUND, ResponseCode.TIMER_MESSAGE_NOT_
 
 
 async def recall_message(
-    admin: AsyncAdminClient, topic: str, msg_id: str, *, broker_name: str | None = None
+    admin: AsyncAdminClient,
+    topic: str,
+    msg_id: str,
+    *,
+    broker_name: str | None = None,
+    producer_group: str | None = None,
 ) -> str:
     """RECALL_MESSAGE: the message is not delivered. Returns the broker that held it.
 
     Raises RemoteError with TIMER_MESSAGE_NOT_PENDING when it was delivered (or recalled)
-    already, TIMER_MESSAGE_NOT_FOUND when no broker asked knows it.
+    already, TIMER_MESSAGE_NOT_FOUND when no broker asked knows it. ``producer_group``
+    goes into the broker's Recall trace record.
     """
     info = await admin.routes.refresh(topic)
     names = sorted(info.broker_addrs) if broker_name is None else [broker_name]
     if broker_name is not None and broker_name not in info.broker_addrs:
         raise ClientError(f"broker {broker_name!r} serves no queue of {topic!r}")
-    header = RecallMessageRequest(topic=topic, msg_id=msg_id)
+    header = RecallMessageRequest(topic=topic, msg_id=msg_id, producer_group=producer_group)
 
     async def one(name: str) -> Frame:
         frame = header.frame()

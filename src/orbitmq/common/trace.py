@@ -12,6 +12,13 @@ its trace. Field order per type, as RocketMQ 4.x/5.x clients write and read them
 - ``SubAfter``: type, requestId, msgId, costTime, success, keys, contextCode, ts, group
 - ``EndTransaction``: type, ts, region, group, topic, msgId, tags, keys, storeHost, msgType,
   txId, txState, fromCheck
+- ``Recall``: type, ts, region, group, topic, msgId, success (a delayed message recalled before
+  it was due; RocketMQ 5.3's ``TraceType.Recall``)
+
+RocketMQ has no trace type of its own for a move to the dead-letter queue. OrbitMQ writes it as
+what it is, a ``Pub`` of the message (same msgId) into ``%DLQ%<group>`` with the consumer group
+as the record's group, so RocketMQ's tools read it as a publish to the DLQ topic;
+:func:`trace_label` names such a record ``DLQ`` in timelines.
 
 Records written by RocketMQ clients decode the same way, so both sources merge in one
 timeline. Unknown types are kept with their raw fields.
@@ -31,6 +38,10 @@ MAX_TRACE_BODY = 128_000
 """Bytes of records per trace message at most (RocketMQ's ``maxMsgSize`` for traces)."""
 
 PUB, SUB_BEFORE, SUB_AFTER, END_TRANSACTION = "Pub", "SubBefore", "SubAfter", "EndTransaction"
+RECALL = "Recall"
+DLQ = "DLQ"
+"""Not a record type: the label of a ``Pub`` into a ``%DLQ%`` topic (:func:`trace_label`)."""
+DLQ_PREFIX = "%DLQ%"
 
 # RocketMQ's MessageType ordinals, as Pub and EndTransaction carry them.
 MSG_NORMAL, MSG_TRANS_HALF, MSG_TRANS_COMMIT, MSG_DELAY, MSG_ORDER = 0, 1, 2, 3, 4
@@ -79,6 +90,9 @@ class TraceRecord:
             parts = [t, self.ts, self.region, self.group, self.topic, self.msg_id, self.tags,
                      self.keys, self.store_host, self.msg_type, self.tx_id, self.tx_state,
                      _b(self.from_check)]  # fmt: skip
+        elif t == RECALL:
+            parts = [t, self.ts, self.region, self.group, self.topic, self.msg_id,
+                     _b(self.success)]  # fmt: skip
         else:
             parts = list(self.raw) or [t]
         return FIELD_SEP.join(_clean(p) for p in parts) + RECORD_END
@@ -124,6 +138,9 @@ def _decode_one(f: list[str]) -> TraceRecord:
                            tags=g[6], keys=g[7], store_host=g[8], msg_type=_int(g[9]),
                            tx_id=g[10], tx_state=g[11], from_check=g[12] == "true",
                            raw=f)  # fmt: skip
+    if t == RECALL:
+        return TraceRecord(t, ts=_int(g[1]), region=g[2], group=g[3], topic=g[4], msg_id=g[5],
+                           success=g[6] != "false", raw=f)  # fmt: skip
     return TraceRecord(t, ts=_int(g[1]), raw=f)
 
 
@@ -148,13 +165,23 @@ def offset_msg_id(host: str, port: int, physical_offset: int) -> str:
 
 def timeline(records: list[TraceRecord], msg_id: str) -> list[TraceRecord]:
     """The records of one message in the order they happened (Pub first on a tie)."""
-    order = {PUB: 0, END_TRANSACTION: 1, SUB_BEFORE: 2, SUB_AFTER: 3}
+    order = {PUB: 0, END_TRANSACTION: 1, RECALL: 1, SUB_BEFORE: 2, SUB_AFTER: 3, DLQ: 4}
     mine = [r for r in records if r.msg_id == msg_id]
-    return sorted(mine, key=lambda r: (r.ts, order.get(r.type, 9)))
+    return sorted(mine, key=lambda r: (r.ts, order.get(trace_label(r), 9)))
+
+
+def trace_label(r: TraceRecord) -> str:
+    """The record's type as a timeline shows it: ``DLQ`` for a Pub into a dead-letter topic."""
+    return DLQ if r.type == PUB and r.topic.startswith(DLQ_PREFIX) else r.type
 
 
 def trace_details(r: TraceRecord) -> str:
     """The fields of a record worth a column of their own in a timeline, as text."""
+    if r.type == PUB and r.topic.startswith(DLQ_PREFIX):
+        return (f"dead-lettered to {r.topic} (group {r.group or '-'}) keys={r.keys or '-'} "
+                f"bytes={r.body_len} store={r.store_host} offsetMsgId={r.offset_msg_id}")  # fmt: skip
+    if r.type == RECALL:
+        return f"topic={r.topic} " + ("recalled" if r.success else "recall failed")
     if r.type == PUB:
         return (f"topic={r.topic} tags={r.tags or '-'} keys={r.keys or '-'} bytes={r.body_len} "
                 f"store={r.store_host} offsetMsgId={r.offset_msg_id}")  # fmt: skip

@@ -18,7 +18,13 @@ from starlette.responses import JSONResponse, RedirectResponse, Response
 from orbitmq.client.admin.types import PullStatus
 from orbitmq.client.dlq import DlqMessage
 from orbitmq.common.message import Message
-from orbitmq.common.trace import TRACE_TOPIC, decode_records, timeline, trace_details
+from orbitmq.common.trace import (
+    TRACE_TOPIC,
+    decode_records,
+    timeline,
+    trace_details,
+    trace_label,
+)
 from orbitmq.console.auth import Session
 from orbitmq.console.poller import is_system_topic
 
@@ -153,7 +159,7 @@ async def messages(c: Console, request: Request, s: Session) -> Response:
 
 
 async def trace(c: Console, request: Request, s: Session) -> Response:
-    """A message's trace timeline (Pub, SubBefore, SubAfter, EndTransaction) from the
+    """A message's trace timeline (Pub, SubBefore, SubAfter, EndTransaction, DLQ, Recall) from the
     records brokers with trace_enable wrote to RMQ_SYS_TRACE_TOPIC. No bodies: safe when
     bodies are hidden."""
     msg_id = request.query_params.get("msg_id", "").strip()
@@ -165,7 +171,7 @@ async def trace(c: Console, request: Request, s: Session) -> Response:
             records = timeline([r for m in found for r in decode_records(m.body)], msg_id)
             start = records[0].ts if records else 0
             rows = [
-                {"ts": r.ts, "after_ms": r.ts - start, "type": r.type, "group": r.group,
+                {"ts": r.ts, "after_ms": r.ts - start, "type": trace_label(r), "group": r.group,
                  "cost_ms": r.cost_ms, "success": r.success, "details": trace_details(r)}
                 for r in records
             ]  # fmt: skip

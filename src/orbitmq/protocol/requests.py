@@ -287,6 +287,8 @@ class RecallMessageRequest(Header):
     )
     topic: str
     msg_id: Annotated[str, Meta(min_length=1, max_length=MAX_MSG_ID_LENGTH)]
+    producer_group: str | None = None
+    """The recalling producer's group (RocketMQ's header has it; trace records carry it)."""
 
 
 class EndTransactionRequest(Header):

@@ -11,7 +11,16 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from orbitmq.common.config import PORT, above, at_least, check_settings, non_empty, one_of, setting
+from orbitmq.common.config import (
+    PORT,
+    above,
+    at_least,
+    check_settings,
+    non_empty,
+    one_of,
+    optional,
+    setting,
+)
 from orbitmq.common.errors import ConfigError
 from orbitmq.common.validation import DEFAULT_MAX_MESSAGE_SIZE
 
@@ -194,6 +203,15 @@ class ProxyConfig:
         " as a member of its group (native consumers beat every 10 s; brokers expire after 120 "
         "s).",
         above(0),
+    )
+    metrics_port: int | None = setting(
+        None,
+        "Prometheus endpoint port on ``host`` (None: off; 0: a free port): the RocketMQ proxy "
+        "metrics (docs/console.md#metrics).",
+        optional(PORT),
+    )
+    cluster: str = setting(
+        "DefaultCluster", "The ``cluster`` label of the proxy's metrics.", non_empty()
     )
     telemetry_idle_s: float = setting(
         0.0,

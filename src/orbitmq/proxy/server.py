@@ -3,7 +3,9 @@
 One ``grpc.aio`` server on the caller's event loop: each client keeps a Telemetry stream open
 per endpoint plus long-polling receives, which a thread-per-call server would pay a thread for.
 The receive limit is raised to the largest body plus overhead (gRPC's 4 MiB default would refuse
-a 4 MiB body). Server keepalive pings keep idle Telemetry streams alive through NAT.
+a 4 MiB body). Server keepalive pings keep idle Telemetry streams alive through NAT. With
+``metrics_port`` set, the RocketMQ proxy metrics (:mod:`orbitmq.proxy.metrics`) are served over
+HTTP on ``host`` by prometheus_client's server thread.
 """
 
 from __future__ import annotations
@@ -11,14 +13,17 @@ from __future__ import annotations
 import asyncio
 import ipaddress
 import logging
+from wsgiref.simple_server import WSGIServer
 
 import grpc
+from prometheus_client import start_http_server
 
 from orbitmq.common.errors import ConfigError
 from orbitmq.proxy.config import ProxyConfig
 from orbitmq.proxy.consumer_service import ConsumerRpcs
 from orbitmq.proxy.context import ProxyContext
 from orbitmq.proxy.grpc_v2 import definition_pb2 as pb
+from orbitmq.proxy.metrics import ProxyMetrics
 from orbitmq.proxy.servicer import MessagingServicer
 from orbitmq.proxy.tls import PortMux, read_pem, reloading_credentials, self_signed
 
@@ -61,6 +66,9 @@ class ProxyServer:
         self._server: grpc.aio.Server | None = None
         self._sweeper: asyncio.Task[None] | None = None
         self._mux: PortMux | None = None
+        self.metrics: ProxyMetrics | None = None
+        self.metrics_port: int | None = None
+        self._metrics_server: WSGIServer | None = None
         self.tls_cert_pem: bytes | None = None
         """The certificate TLS clients are shown (PEM), None with TLS off: a client that
         verifies can be given it when the proxy made its own."""
@@ -116,7 +124,9 @@ class ProxyServer:
                 self._mux = mux
             self.port = port
             servicer = MessagingServicer(ctx, ConsumerRpcs(ctx), endpoints_of(host, port))
-            server.add_generic_rpc_handlers((servicer.handler(),))
+            metrics = ProxyMetrics(cfg.cluster, f"{host}:{port}")
+            metrics.sessions = lambda: ctx.sessions
+            server.add_generic_rpc_handlers((servicer.handler(metrics),))
             await servicer.start()
             try:
                 await server.start()
@@ -130,6 +140,13 @@ class ProxyServer:
             await ctx.close()
             raise
         self.ctx, self.servicer, self._server = ctx, servicer, server
+        self.metrics = metrics
+        metrics.up = 1
+        if cfg.metrics_port is not None:
+            http, _thread = start_http_server(
+                cfg.metrics_port, addr=cfg.host, registry=metrics.registry
+            )
+            self._metrics_server, self.metrics_port = http, http.server_port
         self._sweeper = asyncio.get_running_loop().create_task(
             self._sweep(), name="orbitmq-proxy-sessions"
         )
@@ -151,6 +168,12 @@ class ProxyServer:
     async def stop(self, grace_s: float = 1.0) -> None:
         """Stop accepting calls, end the open ones after ``grace_s``, close the broker clients."""
         server, self._server = self._server, None
+        if self.metrics is not None:
+            self.metrics.up = 0
+        http, self._metrics_server = self._metrics_server, None
+        if http is not None:
+            await asyncio.to_thread(http.shutdown)
+            http.server_close()
         if self._sweeper is not None:
             self._sweeper.cancel()
             await asyncio.gather(self._sweeper, return_exceptions=True)

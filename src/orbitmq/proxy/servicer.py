@@ -29,6 +29,7 @@ from orbitmq.proxy.context import ProxyContext
 from orbitmq.proxy.grpc_v2 import definition_pb2 as pb
 from orbitmq.proxy.grpc_v2 import service_pb2 as svc
 from orbitmq.proxy.membership import ConsumerMembership
+from orbitmq.proxy.metrics import ProxyMetrics
 from orbitmq.proxy.producer_service import ProducerRpcs
 from orbitmq.proxy.route_service import RouteRpcs
 from orbitmq.proxy.status import ProxyError
@@ -264,7 +265,8 @@ class MessagingServicer:
 
     # ------------------------------------------------------------------ registration
 
-    def handler(self) -> grpc.GenericRpcHandler:
+    def handler(self, metrics: ProxyMetrics | None = None) -> grpc.GenericRpcHandler:
+        """The service's methods; each unary and streaming call timed by ``metrics``."""
         c = self.consumer
         unary: dict[str, tuple[type[PbMessage], type[PbMessage], Any]] = {
             "QueryRoute": (svc.QueryRouteRequest, svc.QueryRouteResponse, self._query_route),
@@ -320,14 +322,16 @@ class MessagingServicer:
         }
         handlers: dict[str, grpc.RpcMethodHandler[Any, Any]] = {}
         for name, (req, resp, fn) in unary.items():
+            call = self.unary(resp, fn)
             handlers[name] = grpc.unary_unary_rpc_method_handler(
-                self.unary(resp, fn),
+                metrics.unary(name, call) if metrics is not None else call,
                 request_deserializer=_deserializer(req),
                 response_serializer=resp.SerializeToString,
             )
         for name, (req, resp, fn) in streaming.items():
+            stream = self.streaming(resp, fn)
             handlers[name] = grpc.unary_stream_rpc_method_handler(
-                self.streaming(resp, fn),
+                metrics.streaming(name, stream) if metrics is not None else stream,
                 request_deserializer=_deserializer(req),
                 response_serializer=resp.SerializeToString,
             )

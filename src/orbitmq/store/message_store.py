@@ -576,8 +576,9 @@ class MessageStore:
         self, topic: str, key: str, max_num: int = 32, begin_ms: int = 0, end_ms: int = 2**62
     ) -> list[StoredMessage]:
         """Messages of ``topic`` whose KEYS contain ``key`` or whose unique id is ``key``
-        (:func:`orbitmq.store.status.messages_by_key`)."""
-        return messages_by_key(self.index, self.get_message, topic, key, max_num, begin_ms, end_ms)
+        (:func:`orbitmq.store.status.messages_by_key`; the tier's key index too)."""
+        args = (topic, key, max_num, begin_ms, end_ms, self.tier)
+        return messages_by_key(self.index, self.get_message, *args)
 
     def health(self) -> dict[str, str]:
         """What is degraded, by part, with its cause; empty when everything works

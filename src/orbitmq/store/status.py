@@ -6,10 +6,14 @@ import cycle)."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from orbitmq.common.errors import TierUnavailableError
 from orbitmq.common.record import StoredMessage
 from orbitmq.store.supervise import ServiceHealth
+
+if TYPE_CHECKING:
+    from orbitmq.store.tier.service import TierService
 
 
 def degraded(
@@ -59,11 +63,34 @@ def messages_by_key(
     max_num: int,
     begin_ms: int,
     end_ms: int,
+    tier: TierService | None = None,
 ) -> list[StoredMessage]:
     """Messages of ``topic`` whose KEYS contain ``key`` or whose unique id is ``key``: the
-    IndexFile's candidates (hash collisions included) checked against the records."""
-    if index is None:
-        return []
+    IndexFile's candidates (hash collisions included) checked against the records, then, while
+    fewer than ``max_num``, the tier's key indexes (data whose local index is gone)."""
+    found: list[StoredMessage] = []
+    if index is not None:
+        found = _local_by_key(index, get_message, topic, key, max_num, begin_ms, end_ms)
+    if tier is None or len(found) >= max_num:
+        return found
+    seen = {m.physical_offset for m in found}
+    try:
+        return found + tier.by_key(topic, key, max_num - len(found), begin_ms, end_ms, seen)
+    except TierUnavailableError:
+        if found:
+            return found  # what the disk holds now; the tier's part when it is back
+        raise
+
+
+def _local_by_key(
+    index: Any,
+    get_message: Callable[[int], StoredMessage | None],
+    topic: str,
+    key: str,
+    max_num: int,
+    begin_ms: int,
+    end_ms: int,
+) -> list[StoredMessage]:
     found: list[StoredMessage] = []
     for phy in index.query(topic, key, max_num * 2, begin_ms, end_ms):
         msg = get_message(phy)

@@ -210,6 +210,13 @@ class TimerIndex:
             self._heads[i] = head
         self._drop_empty()
 
+    def count_due(self, now_ms: int) -> int:
+        """Timers due at or before ``now_ms`` (recalled ones not yet stepped over included)."""
+        return sum(
+            int(np.searchsorted(run["due"][head:], now_ms, side="right"))
+            for run, head in zip(self._runs, self._heads, strict=True)
+        )
+
     def min_qoff(self) -> int | None:
         """The lowest queue offset pending (a restart must read the queue from there)."""
         best: int | None = None

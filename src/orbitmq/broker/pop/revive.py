@@ -51,6 +51,7 @@ from orbitmq.store.supervise import ServiceHealth
 if TYPE_CHECKING:
     from orbitmq.broker.context import BrokerContext
     from orbitmq.broker.timer_delivery import DelayedDelivery
+    from orbitmq.broker.trace import TraceService
 
 log = logging.getLogger(__name__)
 
@@ -82,6 +83,8 @@ class _Copies:
         self.dlq_groups: set[str] = set()
         self.dlq_counts: dict[tuple[str, str], int] = {}
         """(origin topic, group) -> DLQ copies (rocketmq_send_to_dlq_messages_total)."""
+        self.dlq_msgs: dict[tuple[str, str], list[StoredMessage]] = {}
+        """(origin topic, group) -> the messages dead-lettered (trace records)."""
 
     def add(self, key: _BatchKey, msg: StoredMessage, properties: bytes) -> None:
         group = self.batches.setdefault(key, [])
@@ -109,6 +112,7 @@ class PopLog(Protocol):
 
     state: PopState
     secret: bytes
+    trace: TraceService | None
 
     async def append_ops(self, ops: list[Op]) -> int: ...
 
@@ -354,8 +358,13 @@ class Reviver:
                     raise result
             for (origin, group), n in copies.dlq_counts.items():
                 self.ctx.metrics.rmq.on_dlq(origin, group, n)
+            trace = self.pop.trace
+            if trace is not None and trace.enabled:
+                for (origin, group), moved in copies.dlq_msgs.items():
+                    trace.on_dlq(group, origin, dlq_topic(group), moved)
         await self.pop.append_ops([DoneRecord(ck.ck_id) for ck in taken])
         self.revived += messages
+        self.ctx.metrics.rmq.on_revive_out("CK", len(taken))
         return taken
 
     def _add_copy(
@@ -372,6 +381,7 @@ class Reviver:
             copies.dlq_groups.add(rec.group)
             key_dlq = (origin, rec.group)
             copies.dlq_counts[key_dlq] = copies.dlq_counts.get(key_dlq, 0) + 1
+            copies.dlq_msgs.setdefault(key_dlq, []).append(msg)
         else:
             target = pop_retry_topic(rec.group, rec.origin_topic)
             props = copy_properties(msg, origin)

@@ -24,10 +24,11 @@ from orbitmq.broker.context import BrokerContext
 from orbitmq.broker.dead_letter import copy_properties, ensure_dlq_topic, exhausted
 from orbitmq.broker.pop.fifo import FifoWindow
 from orbitmq.broker.pop.receipt import HandleCodec, load_or_create_secret
-from orbitmq.broker.pop.records import REVIVE_TOPIC, AckRecord, Op, encode_entry
+from orbitmq.broker.pop.records import REVIVE_TOPIC, AckRecord, CkRecord, Op, encode_entry
 from orbitmq.broker.pop.revive import Reviver
 from orbitmq.broker.pop.state import PopCheckpoint, PopState
 from orbitmq.broker.timer_delivery import DelayedDelivery
+from orbitmq.broker.trace import TraceService
 from orbitmq.common.errors import (
     MQError,
     ReceiptHandleExpiredError,
@@ -72,6 +73,8 @@ class PopService:
         self.clock = ctx.clock
         self.state = PopState()
         self.reviver = Reviver(ctx, self, delayed)
+        self.trace: TraceService | None = None
+        """Set by the controller: dead-letter moves become trace records."""
         self.secret = b""
         self._codec: HandleCodec | None = None
         self._waiters: dict[str, set[asyncio.Future[None]]] = {}
@@ -157,6 +160,10 @@ class PopService:
     async def append_ops(self, ops: list[Op]) -> int:
         """Append one revive-log entry; returns its queue offset in the log."""
         body = encode_entry(ops, self.secret)
+        rmq = self.ctx.metrics.rmq
+        for op in ops:
+            if isinstance(op, CkRecord | AckRecord):
+                rmq.on_revive_in("CK" if isinstance(op, CkRecord) else "ACK", 1)
         batch = MessageBatch(REVIVE_TOPIC, 0, [body], [b""], born_timestamp_ms=self.clock.now_ms())
         floor = self.system_log.max_offset(REVIVE_TOPIC, 0)
         self._append_floors.append(floor)
@@ -261,6 +268,7 @@ class PopService:
         target = dlq_topic(rec.group)
         attempts = rec.fifo_attempts or []
         puts = []
+        moved: list[StoredMessage] = []
         for i, msg in zip(indexes, found, strict=True):
             if msg is None or msg.queue_offset != rec.offsets[i] or msg.topic != rec.topic:
                 log.warning("FIFO pop: %s/%d offset %d is gone from the store; not dead-lettered",
@@ -275,10 +283,15 @@ class PopService:
                 reconsume_times=max(0, attempts[i] - 1),
             )  # fmt: skip
             puts.append(self.bridge.put(batch))
+            moved.append(msg)
+        phys: list[int] = []
         for result in await asyncio.gather(*puts, return_exceptions=True):
             if isinstance(result, BaseException):
                 raise result
+            phys.append(result.physical_offsets[0])
         self.ctx.metrics.rmq.on_dlq(rec.origin_topic, rec.group, len(puts))
+        if self.trace is not None and self.trace.enabled:
+            self.trace.on_dlq(rec.group, rec.origin_topic, target, moved, phys)
         for i in indexes:
             self.state.mark(ck, i)
         ck.pending += 1

@@ -68,6 +68,22 @@ class PopState:
     def inflight(self, group: str, topic: str, queue_id: int) -> int:
         return self._inflight.get((group, topic, queue_id), 0)
 
+    def revive_gauges(self, now_ms: int) -> dict[str, int]:
+        """Pop's ``rocketmq_pop_*`` gauges: checkpoints past their deadline and not yet
+        revived, the oldest one's delay, open entries and open checkpoints. Called from the
+        metrics thread: reads copies (a stale heap entry is skipped as :meth:`due` skips it)."""
+        cks = self.cks
+        overdue = [
+            d for d, ck_id in list(self._deadlines)
+            if d <= now_ms and (ck := cks.get(ck_id)) is not None and ck.record.deadline_ms == d
+        ]  # fmt: skip
+        return {
+            "revive_lag": len(overdue),
+            "revive_latency_ms": now_ms - min(overdue) if overdue else 0,
+            "offset_buffer": sum(list(self._group_open.values())),
+            "checkpoint_buffer": len(cks),
+        }
+
     def revive_floor(self) -> int | None:
         """The lowest revive-log offset of an open CK (None: none is open)."""
         heap = self._log_heap

@@ -34,6 +34,7 @@ class TransactionProcessor:
     def __init__(
         self, ctx: BrokerContext, service: TransactionService, trace: TraceService | None = None
     ) -> None:
+        self.ctx = ctx
         self.service = service
         self.trace = trace
         self.system_log = ctx.log
@@ -67,6 +68,8 @@ class TransactionProcessor:
             await self.service.commit(half)
         else:
             await self.service.rollback(half)
+        latency = max(0, self.ctx.clock.now_ms() - half.store_ms)
+        self.ctx.metrics.rmq.on_end_transaction(half.topic, decision == "COMMIT", latency)
         if self.trace is not None:
             state = "COMMIT_MESSAGE" if decision == "COMMIT" else "ROLLBACK_MESSAGE"
             self.trace.on_end_transaction(group, half.topic, msg_id, state, from_check)

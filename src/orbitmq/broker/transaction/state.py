@@ -180,6 +180,15 @@ class TxState:
     def pending(self) -> int:
         return sum(not h.status.decided for h in self.by_q.values())
 
+    def pending_by_topic(self) -> dict[str, int]:
+        """Undecided half messages per real topic (``rocketmq_half_messages``; called from
+        the metrics thread, so it reads a copy of the window)."""
+        out: dict[str, int] = {}
+        for h in list(self.by_q.values()):
+            if not h.status.decided:
+                out[h.topic] = out.get(h.topic, 0) + 1
+        return out
+
 
 def half_from_record(msg: StoredMessage) -> Half | None:
     props = msg.properties

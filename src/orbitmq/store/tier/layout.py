@@ -4,6 +4,7 @@ Keys (all under the backend's root; a topic name is a valid path segment by its 
 
     <topic>/<queue_id>/data/<base:020d>-<end:020d>    the records of queue offsets [base, end)
     <topic>/<queue_id>/index/<base:020d>-<end:020d>   one INDEX entry per record in the data
+    <topic>/<queue_id>/keys/<base:020d>-<end:020d>    the chunk's key index (:mod:`.keys`)
     <topic>/<queue_id>/manifest.json                  the queue's chunks, watermark, gaps
 
 A **data** object is the original CommitLog records, byte for byte, in queue order: each still
@@ -24,7 +25,7 @@ An **index** entry (40 bytes, big-endian):
 Entries are in queue-offset order; a record that failed its check when it was uploaded has no
 entry (the local read would have skipped it too).
 
-The **manifest** (JSON) is written after the chunk's two objects, so a manifest never names a
+The **manifest** (JSON) is written after the chunk's objects, so a manifest never names a
 chunk that is not there; objects without a manifest entry are orphans of an interrupted upload
 and are deleted before the queue uploads again. The bucket alone is enough to rebuild the
 tier's state (``watermark``: the next queue offset to upload; ``min_offset``: the first one
@@ -66,6 +67,10 @@ def index_key(topic: str, queue_id: int, base: int, end: int) -> str:
     return f"{queue_prefix(topic, queue_id)}index/{base:020d}-{end:020d}"
 
 
+def keys_key(topic: str, queue_id: int, base: int, end: int) -> str:
+    return f"{queue_prefix(topic, queue_id)}keys/{base:020d}-{end:020d}"
+
+
 def manifest_key(topic: str, queue_id: int) -> str:
     return queue_prefix(topic, queue_id) + MANIFEST
 
@@ -73,7 +78,9 @@ def manifest_key(topic: str, queue_id: int) -> str:
 @dataclass(slots=True)
 class ChunkInfo:
     """One uploaded chunk: queue offsets [base, end), its byte size and time and
-    CommitLog ranges (``min_phy`` .. ``end_phy``: the original offsets its records spanned)."""
+    CommitLog ranges (``min_phy`` .. ``end_phy``: the original offsets its records spanned).
+    ``keys``: entries of its key index object, -1 when it has none (uploaded before key
+    indexes existed; ``--tier-restore`` builds it)."""
 
     base: int
     end: int
@@ -83,6 +90,7 @@ class ChunkInfo:
     max_ts: int
     min_phy: int
     end_phy: int
+    keys: int = -1
 
 
 @dataclass(slots=True)

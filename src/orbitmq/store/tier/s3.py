@@ -7,7 +7,8 @@ or a broker reader thread, never on an event loop.
 
 **Conditional puts are probed at start** (:meth:`S3Backend.probe`): a ``put(mode="create")``
 on a key that exists must fail with ``AlreadyExistsError``. OpenStack Swift's ``s3api`` answers
-``NotImplemented``; ``conditional_puts`` records which it is. OrbitMQ's keys are already
+``NotImplemented`` (501) to every conditional PUT, even of a new key; ``conditional_puts``
+records which it is. OrbitMQ's keys are already
 immutable and only one broker writes its prefix, so nothing depends on it yet: it is reported
 in ``orbitmq tier status`` for the day two writers may share a prefix.
 """
@@ -83,7 +84,14 @@ class S3Backend(TierBackend):
     def probe(self) -> None:
         """Find out whether the store honours ``If-None-Match: *`` (sets ``conditional_puts``)."""
         key = f"_probe/{secrets.token_hex(8)}"
-        obstore.put(self.store, key, b"1", mode="create")
+        try:
+            obstore.put(self.store, key, b"1", mode="create")
+        except Exception as exc:
+            if not _not_implemented(exc):
+                raise  # unreachable or refusing: the tier thread retries the load
+            # Swift's s3api refuses every conditional PUT with 501, even of a new key.
+            self.conditional_puts = False
+            return
         try:
             obstore.put(self.store, key, b"2", mode="create")
             self.conditional_puts = False
@@ -93,3 +101,9 @@ class S3Backend(TierBackend):
             self.conditional_puts = False
         finally:
             self.delete(key)
+
+
+def _not_implemented(exc: Exception) -> bool:
+    """Whether a failed PUT was refused as not implemented (HTTP 501, S3's NotImplemented)."""
+    text = str(exc)
+    return "501" in text or "NotImplemented" in text

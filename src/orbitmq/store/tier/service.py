@@ -9,7 +9,9 @@ The store hooks in at four places, each a line or two:
 - retention: a CommitLog segment is deleted only when :meth:`covers` it (every queue's
   watermark is past each of the segment's entries), unless ``tier_allow_unuploaded_delete``;
   the uploader then counts the lost offsets as gaps;
-- ``services``/``stats``: the thread's health and the tier's metrics.
+- ``services``/``stats``: the thread's health and the tier's metrics;
+- ``query_by_key``: the tier's per-chunk key indexes (:meth:`by_key`) answer for data whose
+  local IndexFile and segments are gone.
 
 **The thread** (``orbitmq-tier``, supervised like the store's other threads): each turn loads
 the catalog once (every queue's manifest from the backend: startup never waits for the object
@@ -34,6 +36,7 @@ from collections.abc import Callable, Iterable
 import numpy as np
 
 from orbitmq.common.errors import TierUnavailableError
+from orbitmq.common.record import StoredMessage
 from orbitmq.store.commit_log import CommitLog
 from orbitmq.store.config import StoreConfig
 from orbitmq.store.consume_queue import ENTRY_DTYPE, ConsumeQueue, ConsumeQueueTable
@@ -42,6 +45,7 @@ from orbitmq.store.reader import GetResult, store_time
 from orbitmq.store.supervise import ServiceHealth
 from orbitmq.store.tier.backend import TierBackend
 from orbitmq.store.tier.cold import ChunkCache, find_record, read_cold, time_to_offset
+from orbitmq.store.tier.keys import find_by_key, index_missing
 from orbitmq.store.tier.layout import MANIFEST, QueueManifest
 from orbitmq.store.tier.uploader import build_chunk, expire_chunks, remove_orphans, upload_chunk
 
@@ -188,6 +192,9 @@ class TierService:
                 self.dispatcher.reput_offset = start
         restored = 0
         for (topic, qid), m in sorted(self.manifests.items()):
+            indexed = index_missing(self.backend, m)  # chunks from before key indexes
+            if indexed is not None:
+                self._install((topic, qid), indexed)
             cq = self.queues.get_or_create(topic, qid)
             if cq.max_offset >= m.watermark:
                 continue
@@ -317,6 +324,26 @@ class TierService:
             if found is not None:
                 return found
         return None
+
+    def by_key(
+        self, topic: str, key: str, max_num: int, begin_ms: int, end_ms: int, skip: set[int]
+    ) -> list[StoredMessage]:
+        """Up to ``max_num`` messages of ``topic`` the tier holds under ``key`` (KEYS word or
+        unique id), newest first, leaving out CommitLog offsets in ``skip`` (found locally).
+        Retryable error while the tier is unreachable."""
+        if not self.loaded:
+            raise TierUnavailableError(f"tier {self.backend.describe()} not reachable yet")
+        found: list[StoredMessage] = []
+        queues = [m for (t, _q), m in list(self.manifests.items()) if t == topic and m.held]
+        for m in queues:
+            for msg in find_by_key(self.cache.get, m, key, begin_ms, end_ms):
+                if msg.physical_offset in skip:
+                    continue
+                skip.add(msg.physical_offset)
+                found.append(msg)
+                if len(found) >= max_num:
+                    return found
+        return found
 
     def time_offset(self, cq: ConsumeQueue, timestamp_ms: int) -> int:
         """Time to offset when the local data starts at or after ``timestamp_ms``: the first

@@ -5,7 +5,7 @@ CommitLog's flushed offset, and the confirm offset when replication holds one ba
 ``max_count`` records and about ``max_bytes``. Each record is checked as a read from disk would
 (``check_record``: magic, lengths, CRC; and its queue id and queue offset must be the entry's):
 a record failing the check gets no index entry, exactly as a local read skips it. The order of
-writes is data, index, manifest; the in-memory manifest (and with it the watermark that gates
+writes is data, index, key index (:mod:`.keys`), manifest; the in-memory manifest (and with it the watermark that gates
 local deletion) moves only after all three succeeded.
 """
 
@@ -27,12 +27,14 @@ from orbitmq.common.record import (
 from orbitmq.store.commit_log import CommitLog
 from orbitmq.store.consume_queue import ENTRY_DTYPE, ConsumeQueue
 from orbitmq.store.tier.backend import TierBackend
+from orbitmq.store.tier.keys import build_keys
 from orbitmq.store.tier.layout import (
     INDEX_DTYPE,
     ChunkInfo,
     QueueManifest,
     data_key,
     index_key,
+    keys_key,
     manifest_key,
     parse_chunk_name,
     queue_prefix,
@@ -45,6 +47,7 @@ class Chunk:
     end: int
     data: bytearray
     index: np.ndarray
+    keys: np.ndarray
 
     def info(self) -> ChunkInfo:
         idx = self.index
@@ -56,8 +59,9 @@ class Chunk:
         else:
             min_ts = max_ts = min_phy = end_phy = 0
         return ChunkInfo(
-            self.base, self.end, len(self.data), len(idx), min_ts, max_ts, min_phy, end_phy
-        )
+            self.base, self.end, len(self.data), len(idx), min_ts, max_ts, min_phy, end_phy,
+            len(self.keys),
+        )  # fmt: skip
 
 
 def build_chunk(
@@ -109,7 +113,7 @@ def build_chunk(
     if pos == start:
         return None
     index = np.array(rows, dtype=INDEX_DTYPE) if rows else np.zeros(0, dtype=INDEX_DTYPE)
-    return Chunk(start, pos, data, index)
+    return Chunk(start, pos, data, index, build_keys(cq.topic, data, index))
 
 
 def upload_chunk(
@@ -120,6 +124,7 @@ def upload_chunk(
     topic, qid = manifest.topic, manifest.queue_id
     backend.put(data_key(topic, qid, chunk.base, chunk.end), chunk.data)
     backend.put(index_key(topic, qid, chunk.base, chunk.end), chunk.index.tobytes())
+    backend.put(keys_key(topic, qid, chunk.base, chunk.end), chunk.keys.tobytes())
     new = manifest.copy()
     if not new.chunks:
         new.min_offset = chunk.base
@@ -138,7 +143,7 @@ def remove_orphans(backend: TierBackend, manifest: QueueManifest) -> int:
     named = {(c.base, c.end) for c in manifest.chunks}
     gone = 0
     prefix = queue_prefix(manifest.topic, manifest.queue_id)
-    for kind in ("data/", "index/"):
+    for kind in ("data/", "index/", "keys/"):
         for key in backend.list(prefix + kind):
             span = parse_chunk_name(key)
             if span is not None and span not in named:
@@ -167,4 +172,5 @@ def expire_chunks(
     for c in dropped:
         backend.delete(data_key(topic, qid, c.base, c.end))
         backend.delete(index_key(topic, qid, c.base, c.end))
+        backend.delete(keys_key(topic, qid, c.base, c.end))
     return new
