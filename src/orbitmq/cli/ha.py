@@ -21,7 +21,16 @@ from rich import box
 from rich.markup import escape
 from rich.table import Column, Table
 
-from orbitmq.cli.common import DEFAULT_NAMESRV, NamesrvOpt, admin_config, fail, out, run, split_list
+from orbitmq.cli.common import (
+    DEFAULT_NAMESRV,
+    NamesrvOpt,
+    admin_config,
+    credentials,
+    fail,
+    out,
+    run,
+    split_list,
+)
 from orbitmq.common.errors import MQError
 from orbitmq.controller.client import ControllerClient
 from orbitmq.protocol.controller import ControllerMetadata, ReplicaInfo
@@ -46,7 +55,7 @@ def _client(controller: str) -> ControllerClient:
     addrs = split_list(controller)
     if not addrs:
         fail("--controller names no address")
-    return ControllerClient(addrs)
+    return ControllerClient(addrs, **credentials())
 
 
 def _master_text(info: ReplicaInfo) -> str:

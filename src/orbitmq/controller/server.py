@@ -34,6 +34,7 @@ from wsgiref.simple_server import WSGIServer
 
 from prometheus_client import start_http_server
 
+from orbitmq.auth.server import ServerAuth
 from orbitmq.common.clock import SYSTEM_CLOCK, Clock
 from orbitmq.common.codes import ResponseCode
 from orbitmq.common.tasks import TaskSet
@@ -74,6 +75,17 @@ def _code_name(enum: type[RequestCode] | type[ResponseCode], code: int) -> str:
         return str(code)
 
 
+def open_auth(config: ControllerConfig) -> ServerAuth:
+    """The node's ServerAuth: off, or the Guard on the configured store."""
+    return ServerAuth.open(
+        enabled=config.auth_enabled,
+        auth_file=config.auth_file,
+        audit_file=config.audit_file,
+        cluster=config.cluster,
+        node="controller",
+    )
+
+
 class ControllerNode:
     def __init__(self, config: ControllerConfig, *, clock: Clock = SYSTEM_CLOCK) -> None:
         config.check()
@@ -97,6 +109,8 @@ class ControllerNode:
             tls_mode=config.tls_mode,
             limits=config.limits(),
         )
+        self.auth = open_auth(config)
+        """Authentication, authorization and the user/ACL admin codes (docs/security.md)."""
         self.tasks = TaskSet("controller", logger=log)
         self._electing: set[str] = set()
         self._fresh_term = -1
@@ -197,7 +211,11 @@ class ControllerNode:
     async def _handle(self, request: Frame, conn: Connection) -> Reply:
         if self.processor is None:
             return request.reply(ResponseCode.SYSTEM_BUSY, "controller starting")
-        reply = await self.processor.process(request, conn)
+        # Every request passes the same Guard as on a NameServer before any handler; an
+        # unmapped code is refused there (auth/actions.py maps every controller code).
+        answer = self.auth.before(request, conn)
+        reply = await self.processor.process(request, conn) if answer is None else answer
+        await self.auth.penalize(reply, conn)  # a failed authentication waits (auth/server.py)
         name = _code_name(RequestCode, request.code)
         self.metrics.requests.labels(name, _code_name(ResponseCode, reply.code)).inc()
         return reply
