@@ -225,6 +225,8 @@ RULES: dict[int, Rule] = {
     R.CLEAN_BROKER_DATA: _cluster_rule(UPDATE),
     R.CONTROLLER_GET_REPLICA_INFO: _cluster_rule(GET),
     R.CONTROLLER_GET_METADATA_INFO: _cluster_rule(GET),
+    # the sealed users-and-ACLs document servers follow: what a server's own user may read
+    R.CONTROLLER_GET_AUTH_DATA: _cluster_rule(UPDATE),
     # users and ACLs (3001-3010)
     R.AUTH_CREATE_USER: _cluster_rule(UPDATE),
     R.AUTH_UPDATE_USER: _cluster_rule(UPDATE),

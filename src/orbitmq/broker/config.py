@@ -315,9 +315,15 @@ class BrokerConfig(ListenerSettings):
         "The hash-chained audit log of admin changes and refusals (None: "
         "<store_path>/audit.jsonl).",
     )
+    auth_controller_addrs: tuple[str, ...] = setting(
+        (),
+        """Controller nodes ("host:port") whose replicated users and ACLs this broker follows
+        (`auth_store = "raft"` there; read-only here, cached in auth_file; the sealing key
+        from ORBITMQ_AUTH_KEY or `<auth_file>.key`). Empty: the auth_file store.""",
+    )
     access_key: str | None = setting(
         None,
-        "The user this broker signs its own requests to NameServers with (auth on there).",
+        "The user this broker signs its own requests to NameServers and controllers with.",
     )
     secret_key: str | None = setting(
         None,

@@ -199,6 +199,7 @@ class BrokerController:
             audit_file=config.audit_file or config.store.store_path / "audit.jsonl",
             cluster=config.cluster,
             node=f"broker {config.broker_name}/{config.broker_id}",
+            controllers=config.auth_controller_addrs,
         )
         """Authentication, authorization and the user/ACL admin codes (docs/security.md)."""
         self.pop_processor = PopProcessor(ctx, self.pop, trace)
@@ -293,6 +294,7 @@ class BrokerController:
             await self.metadata.start(None)
         if not self.is_slave:  # they append; a slave's log holds only its master's bytes
             await self.start_master_services()
+        await self.auth.start(self.namesrv_client)  # users from the controllers, if so configured
         await self.server.start()
         self._start_metrics()
         self.started = True
@@ -328,6 +330,7 @@ class BrokerController:
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
         await self._unregister_all()
+        await self.auth.stop()
         await self.namesrv_client.close()
         self.long_polling.wake_all()
         if self.replicas is not None:

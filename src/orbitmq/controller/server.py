@@ -34,10 +34,13 @@ from wsgiref.simple_server import WSGIServer
 
 from prometheus_client import start_http_server
 
+from orbitmq.auth.audit import AuditLog
+from orbitmq.auth.guard import Guard
 from orbitmq.auth.server import ServerAuth
 from orbitmq.common.clock import SYSTEM_CLOCK, Clock
 from orbitmq.common.codes import ResponseCode
 from orbitmq.common.tasks import TaskSet
+from orbitmq.controller.auth_data import bootstrap, raft_auth_store
 from orbitmq.controller.config import ControllerConfig
 from orbitmq.controller.heartbeats import Heartbeats
 from orbitmq.controller.metrics import ControllerMetrics
@@ -76,7 +79,10 @@ def _code_name(enum: type[RequestCode] | type[ResponseCode], code: int) -> str:
 
 
 def open_auth(config: ControllerConfig) -> ServerAuth:
-    """The node's ServerAuth: off, or the Guard on the configured store."""
+    """The node's ServerAuth: off, or the Guard on the configured store (with auth_store
+    "raft", nothing but the audit log until the Raft node exists)."""
+    if config.auth_store == "raft":
+        return ServerAuth(None, AuditLog(config.audit_file, "controller"), None)
     return ServerAuth.open(
         enabled=config.auth_enabled,
         auth_file=config.auth_file,
@@ -110,7 +116,9 @@ class ControllerNode:
             limits=config.limits(),
         )
         self.auth = open_auth(config)
-        """Authentication, authorization and the user/ACL admin codes (docs/security.md)."""
+        """Authentication, authorization and the user/ACL admin codes (docs/security.md); with
+        auth_store "raft" replaced at start, once the Raft state exists."""
+        self._auth_in_thread = False
         self.tasks = TaskSet("controller", logger=log)
         self._electing: set[str] = set()
         self._fresh_term = -1
@@ -156,6 +164,8 @@ class ControllerNode:
             secret=config.raft_secret,
             clock=self.clock,
         )
+        if config.auth_store == "raft":
+            self._open_raft_auth(self.raft)
         self.processor = ControllerProcessor(
             config,
             self.raft,
@@ -180,6 +190,17 @@ class ControllerNode:
             config.raft_address,
             ",".join(self.peers),
         )
+
+    def _open_raft_auth(self, raft: RaftNode) -> None:
+        """Users and ACLs in the Raft state: the Guard reads them there, the admin codes change
+        them through Raft (auth_data.py); with auth on, the first Super user is made."""
+        config, audit = self.config, self.auth.audit
+        store = raft_auth_store(config, raft)
+        guard = Guard(store, audit, cluster=config.cluster) if config.auth_enabled else None
+        self.auth = ServerAuth(store, audit, guard)
+        self._auth_in_thread = True
+        if guard is not None:
+            self.tasks.spawn(bootstrap(store, raft), name="controller-auth-bootstrap")
 
     async def stop(self) -> None:
         await self.tasks.close(timeout=5.0)
@@ -213,7 +234,11 @@ class ControllerNode:
             return request.reply(ResponseCode.SYSTEM_BUSY, "controller starting")
         # Every request passes the same Guard as on a NameServer before any handler; an
         # unmapped code is refused there (auth/actions.py maps every controller code).
-        answer = self.auth.before(request, conn)
+        if self._auth_in_thread and request.code in self.auth.codes:
+            # a change commits through Raft and waits for it: not on the event loop
+            answer = await asyncio.to_thread(self.auth.before, request, conn)
+        else:
+            answer = self.auth.before(request, conn)
         reply = await self.processor.process(request, conn) if answer is None else answer
         await self.auth.penalize(reply, conn)  # a failed authentication waits (auth/server.py)
         name = _code_name(RequestCode, request.code)
