@@ -9,6 +9,9 @@ document's version only grows; a broker cannot change users (read-only copy)."""
 from __future__ import annotations
 
 import asyncio
+import os
+import subprocess
+import sys
 import time
 from collections.abc import AsyncIterator
 from dataclasses import replace
@@ -26,6 +29,7 @@ from orbitmq.net.client import RemotingClient
 from orbitmq.protocol.signature import Signer
 from orbitmq.testing import small_broker_config
 from tests.auth.test_servers import send
+from tests.harness import REPO
 
 from .brokers import until
 from .test_server import configs, leader
@@ -161,3 +165,36 @@ async def test_a_restarted_node_keeps_the_users(nodes: list[ControllerNode]) -> 
         return all(has_user(n, "alice") for n in nodes)
 
     await until(alice_back, 15)
+
+
+async def test_user_and_acl_commands_against_a_controller(nodes: list[ControllerNode]) -> None:
+    """``orbitmq user|acl ... --controller <node>`` (a follower when there is one)."""
+    lead = await leader(nodes)
+
+    async def bootstrapped() -> bool:
+        return all(has_user(n, "admin") for n in nodes)
+
+    await until(bootstrapped, 15)
+    target = next(n for n in nodes if n is not lead).address
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ORBITMQ_")}
+    env.update(ORBITMQ_ACCESS_KEY="admin", ORBITMQ_SECRET_KEY=ADMIN_SECRET)
+
+    def cli(*args: str, stdin: str = "") -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "orbitmq", *args, "--controller", target],
+            input=stdin, capture_output=True, text=True, timeout=30, cwd=REPO, env=env,
+        )  # fmt: skip
+
+    made = await asyncio.to_thread(cli, "user", "create", "-u", "bob", "-p", "-",
+                                   stdin="bob-secret-22\n")  # fmt: skip
+    assert made.returncode == 0, made.stderr
+    acl = await asyncio.to_thread(cli, "acl", "create", "-s", "User:bob", "-r", "Topic:t",
+                                  "-a", "Pub")  # fmt: skip
+    assert acl.returncode == 0, acl.stderr
+    listed = await asyncio.to_thread(cli, "user", "list")
+    assert listed.returncode == 0 and "bob" in listed.stdout, listed.stdout + listed.stderr
+
+    async def everywhere() -> bool:
+        return all(has_user(n, "bob") for n in nodes)
+
+    await until(everywhere, 5)
