@@ -284,6 +284,8 @@ class BrokerController:
         self.offsets.load()
         self.groups.load()
         self.recovery = await self.bridge.call(self.store.open)
+        if self.ha is None:  # a confirm offset kept from a replicated past holds nothing back
+            self.store.set_confirm_offset(None)
         for topic in self.topics.topics.values():
             self.apply_retention(topic)
         self.store.add_arrival_listener(self.long_polling.on_arrival)

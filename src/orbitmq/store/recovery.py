@@ -195,12 +195,19 @@ def recover(parts: StoreParts, checkpoint_path: Path, abort_path: Path) -> Recov
             report.index_entries_dropped = index.truncate_from(start)
     cl.max_offset = end
     cl.flushed_offset = end if report.clean else min(end, report.scanned_from)
-    dispatcher.reput_offset = report.scanned_from if not report.clean else end
-    # Pass 5: re-dispatch the tail.
+    # A clean close dispatched up to the confirm offset only (store/confirm.py): start there.
+    clean_from = end if cp is None else min(end, max(cp.dispatch_safe_offset, cl.min_offset))
+    dispatcher.reput_offset = report.scanned_from if not report.clean else clean_from
+    # Pass 5: re-dispatch the tail, up to the confirm offset read back before recovery.
     if not report.clean:
-        report.redispatched = dispatcher.dispatch_until(end)
-    # Pass 6: offsets.
+        report.redispatched = dispatcher.dispatch_until(cl.confirm_offset)
+    # Pass 6: offsets, from the queues and from the records not dispatched (above the confirm
+    # offset), so a broker appending after its promotion continues every queue after them.
     cl.queue_offsets = {key: cq.max_offset for key, cq in queues.queues.items()}
+    if dispatcher.reput_offset < end:
+        from orbitmq.store.truncate import queue_offsets_in  # truncate imports this module
+
+        cl.queue_offsets.update(queue_offsets_in(cl, dispatcher.reput_offset, end))
     for cq in queues.queues.values():
         cq.correct_min_offset(cl.min_offset)
     report.end_offset = end
