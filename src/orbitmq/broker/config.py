@@ -18,7 +18,6 @@ from orbitmq.common.config import (
     optional,
     setting,
 )
-from orbitmq.common.errors import ConfigError
 from orbitmq.net.settings import ListenerSettings
 from orbitmq.store.config import StoreConfig
 
@@ -400,9 +399,3 @@ class BrokerConfig(ListenerSettings):
     def __post_init__(self) -> None:
         check_settings(self, "broker")
         self.check_listener("broker")
-        if (self.ha_enable or self.controller_addrs) and self.store.encrypt_at_rest:
-            # Replicas would need the master's per-segment keys: not built yet (security.md).
-            raise ConfigError(
-                "store.encrypt_at_rest does not work with replication (ha_enable or "
-                "controller_addrs) yet"
-            )
