@@ -53,14 +53,20 @@ def seed(auth_file: Path) -> None:
 
 
 def namesrvs_with_controllers(
-    cluster: ProcessCluster, tmp_path: Path, namesrv_table: dict[str, object]
+    cluster: ProcessCluster,
+    tmp_path: Path,
+    namesrv_table: dict[str, object],
+    controller_table: dict[str, object] | None = None,
 ) -> tuple[list[ServerProcess], list[str]]:
     ports = [(free_port(), free_port()) for _ in range(3)]
     peers = ",".join(f"127.0.0.1:{p}/{r}" for p, r in ports)
     procs = []
     for i, (port, raft) in enumerate(ports):
         config = tmp_path / f"namesrv{i}.toml"
-        config.write_text(settings_toml({"namesrv": namesrv_table}))
+        tables: dict[str, dict[str, object]] = {"namesrv": namesrv_table}
+        if controller_table:
+            tables["controller"] = controller_table
+        config.write_text(settings_toml(tables))
         args = ["namesrv", "--config", str(config), "--host", "127.0.0.1", "--port", "0",
                 "--controller", "--controller-port", str(port), "--controller-raft-port",
                 str(raft), "--controller-peers", peers, "--controller-data-dir",
