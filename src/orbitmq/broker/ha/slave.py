@@ -204,7 +204,7 @@ class HaSlave:
             raise LinkClosedError("the master encrypts at rest and this replica does not: "
                                   "set store.encrypt_at_rest and the same master key")  # fmt: skip
         try:
-            await self._call(sealer.deks.install, frame.segment_start, frame.wrapped)
+            await self._call(sealer.install_key, frame.segment_start, frame.wrapped)
         except StoreError as exc:
             raise LinkClosedError(f"segment key from the master not usable here: {exc}") from None
 
