@@ -33,6 +33,7 @@ from .raftutil import free_ports
 from .test_server import FAST, leader
 
 R = RequestCode
+DAVE_SECRET = "dave-secret-4"
 
 
 @pytest.fixture
@@ -41,7 +42,7 @@ async def node(tmp_path: Path) -> AsyncIterator[ControllerNode]:
     store = AuthStore(auth_file)
     seed(store)
     # dave may read the controller's state (cluster describe), not change it
-    store.create_user("dave", "dave-secret-4")
+    store.create_user("dave", DAVE_SECRET)
     store.put_entries("dave", [PolicyEntry.make("Cluster:*", ["Get"], "Allow")], create=True)
     port, raft = free_ports(2)
     config = replace(
@@ -69,7 +70,7 @@ def client(node: ControllerNode, user: str | None, secret: str | None = None) ->
         [node.address],
         timeout=5.0,
         access_key=user,
-        secret_key=secret or SECRETS.get(user, "dave-secret-4"),
+        secret_key=secret or {**SECRETS, "dave": DAVE_SECRET}.get(user, "no-such-user-secret"),
     )
 
 
