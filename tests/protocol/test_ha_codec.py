@@ -10,7 +10,15 @@ from hypothesis import strategies as st
 
 from orbitmq.common.errors import ProtocolError
 from orbitmq.protocol import ha
-from orbitmq.protocol.ha import Ack, HaDecoder, HaError, Handshake, Heartbeat, Transfer
+from orbitmq.protocol.ha import (
+    Ack,
+    HaDecoder,
+    HaError,
+    Handshake,
+    Heartbeat,
+    SegmentKey,
+    Transfer,
+)
 
 offsets = st.integers(0, 2**63 - 1)
 epochs32 = st.integers(0, 2**32 - 1)
@@ -40,6 +48,7 @@ frames = st.one_of(
     st.builds(Ack, epochs32, offsets, offsets),
     st.builds(Heartbeat, epochs32, offsets, offsets),
     st.builds(HaError, epochs32, st.integers(0, 65535), st.text(max_size=40)),
+    st.builds(SegmentKey, epochs32, offsets, st.binary(min_size=1, max_size=ha.MAX_WRAPPED)),
 )
 
 
@@ -104,7 +113,14 @@ def test_every_frame_carries_the_master_epoch() -> None:
         Ack(7, 103, 100),
         Heartbeat(7, 103, 103),
         HaError(7, ha.ERR_FENCED, "epoch 6 < 7"),
+        SegmentKey(7, 1 << 30, bytes(84)),
     ):
         (decoded,) = HaDecoder().feed(ha.encode(frame))
         assert decoded == frame
         assert decoded.master_epoch == 7
+
+
+def test_segment_key_limits() -> None:
+    for bad in (b"", bytes(ha.MAX_WRAPPED + 1)):
+        with pytest.raises(ProtocolError):
+            ha.encode(SegmentKey(1, 0, bad))

@@ -214,6 +214,19 @@ RULES: dict[int, Rule] = {
     R.DELETE_TOPIC_IN_NAMESRV: _topic_rule(DELETE),
     R.WIPE_WRITE_PERM_OF_BROKER: _cluster_rule(UPDATE),
     R.ADD_WRITE_PERM_OF_BROKER: _cluster_rule(UPDATE),
+    # controller (docs/ha.md): brokers' heartbeats and registrations change the group state,
+    # as a NameServer registration does; elections and forgetting replicas are admin changes
+    R.BROKER_HEARTBEAT: _cluster_rule(UPDATE),
+    R.CONTROLLER_GET_NEXT_BROKER_ID: _cluster_rule(UPDATE),
+    R.CONTROLLER_APPLY_BROKER_ID: _cluster_rule(UPDATE),
+    R.CONTROLLER_REGISTER_BROKER: _cluster_rule(UPDATE),
+    R.CONTROLLER_ALTER_SYNC_STATE_SET: _cluster_rule(UPDATE),
+    R.CONTROLLER_ELECT_MASTER: _cluster_rule(UPDATE),
+    R.CLEAN_BROKER_DATA: _cluster_rule(UPDATE),
+    R.CONTROLLER_GET_REPLICA_INFO: _cluster_rule(GET),
+    R.CONTROLLER_GET_METADATA_INFO: _cluster_rule(GET),
+    # the sealed users-and-ACLs document servers follow: what a server's own user may read
+    R.CONTROLLER_GET_AUTH_DATA: _cluster_rule(UPDATE),
     # users and ACLs (3001-3010)
     R.AUTH_CREATE_USER: _cluster_rule(UPDATE),
     R.AUTH_UPDATE_USER: _cluster_rule(UPDATE),
@@ -241,6 +254,8 @@ ADMIN_CODES = frozenset(
         R.INVOKE_BROKER_TO_RESET_OFFSET,
         R.WIPE_WRITE_PERM_OF_BROKER,
         R.ADD_WRITE_PERM_OF_BROKER,
+        R.CONTROLLER_ELECT_MASTER,
+        R.CLEAN_BROKER_DATA,
     }
     or 3001 <= code <= 3010
 )

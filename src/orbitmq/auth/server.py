@@ -14,12 +14,15 @@ import asyncio
 import logging
 import os
 import sys
+from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from orbitmq.auth.admin import AuthAdmin
 from orbitmq.auth.audit import AuditLog
+from orbitmq.auth.document import FollowerAuthStore, Invoker
 from orbitmq.auth.guard import AUTH_FAILED, MAX_AUTH_FAILURES, Guard, peer_ip
-from orbitmq.auth.store import AuthStore
+from orbitmq.auth.store import AuthStore, load_key
 from orbitmq.common.codes import ResponseCode
 from orbitmq.protocol.frame import Frame
 
@@ -46,6 +49,7 @@ def bootstrap_admin(store: AuthStore, admin_user: str = "admin") -> None:
 
 class ServerAuth:
     def __init__(self, store: AuthStore | None, audit: AuditLog, guard: Guard | None) -> None:
+        """``store``: a file AuthStore, or a DocumentAuthStore (controller quorum)."""
         self.store = store
         self.audit = audit
         self.guard = guard
@@ -63,10 +67,20 @@ class ServerAuth:
         cluster: str,
         node: str,
         admin_user: str = "admin",
+        controllers: Sequence[str] = (),
     ) -> ServerAuth:
         """Build from a server's settings; with ``enabled``, make sure an admin exists (a
-        generated secret is printed once, to stderr, and never stored in clear)."""
+        generated secret is printed once, to stderr, and never stored in clear).
+        ``controllers``: users and ACLs are the controller quorum's, followed read-only
+        (``auth_file`` then caches the last version; call :meth:`start`)."""
         audit = AuditLog(audit_file, node)
+        if controllers:
+            if auth_file is None:
+                raise ValueError("following the controllers' users needs an auth_file (cache)")
+            cache = Path(auth_file)
+            follower = FollowerAuthStore(cache, load_key(cache, create=False), controllers)
+            guard = Guard(follower, audit, cluster=cluster) if enabled else None
+            return cls(follower, audit, guard)
         if auth_file is None:
             if enabled:
                 raise ValueError("authentication needs an auth_file")
@@ -76,6 +90,16 @@ class ServerAuth:
             return cls(store, audit, None)
         bootstrap_admin(store, admin_user)
         return cls(store, audit, Guard(store, audit, cluster=cluster))
+
+    async def start(self, invoker: Invoker) -> None:
+        """Start following the controllers (a FollowerAuthStore only): ``invoker`` is a
+        RemotingClient that signs as this server's user."""
+        if isinstance(self.store, FollowerAuthStore):
+            await self.store.start(invoker)
+
+    async def stop(self) -> None:
+        if isinstance(self.store, FollowerAuthStore):
+            await self.store.stop()
 
     @property
     def enabled(self) -> bool:

@@ -56,6 +56,18 @@ class Snapshot:
     acls: dict[str, tuple[PolicyEntry, ...]] = field(default_factory=dict)
 
 
+def load_key(path: Path, *, create: bool = True) -> bytes:
+    """The sealing key: ORBITMQ_AUTH_KEY, else ``<path>.key`` (created 0600 when missing and
+    ``create``; ConfigurationError when missing and not)."""
+    if not create and not os.environ.get(KEY_ENV):
+        keyfile = path.with_name(path.name + ".key")
+        if not keyfile.exists():
+            raise ConfigurationError(
+                f"no auth key: set {KEY_ENV} or copy the controllers' key to {keyfile}"
+            )
+    return _load_key(path)
+
+
 def _load_key(path: Path) -> bytes:
     env = os.environ.get(KEY_ENV)
     if env:
@@ -98,10 +110,11 @@ def validate_secret(secret: str) -> str:
 class AuthStore:
     """The users and ACLs of ``path``; thread-safe; mutations are serialized across processes."""
 
-    def __init__(self, path: str | os.PathLike[str]) -> None:
+    def __init__(self, path: str | os.PathLike[str], *, key: bytes | None = None) -> None:
+        """``key``: the secret-sealing key (else ORBITMQ_AUTH_KEY or ``<path>.key``)."""
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._aead = AESGCM(_load_key(self.path))
+        self._aead = AESGCM(_load_key(self.path) if key is None else key)
         self._lock = threading.Lock()
         self._ident: tuple[int, int, int] | None = None
         self.snapshot = Snapshot()
@@ -130,7 +143,10 @@ class AuthStore:
             return True
 
     def _read(self) -> Snapshot:
-        data = json.loads(self.path.read_text("utf-8"))
+        return self.snapshot_of(json.loads(self.path.read_text("utf-8")))
+
+    def snapshot_of(self, data: dict[str, Any]) -> Snapshot:
+        """The Snapshot of one version of the document (secrets unsealed)."""
         snap = Snapshot(version=int(data.get("version", 0)))
         for name, u in data.get("users", {}).items():
             snap.users[name] = User(name, UserType.parse(u["type"]), bool(u.get("enabled", True)))

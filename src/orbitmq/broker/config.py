@@ -18,7 +18,6 @@ from orbitmq.common.config import (
     optional,
     setting,
 )
-from orbitmq.common.errors import ConfigError
 from orbitmq.net.settings import ListenerSettings
 from orbitmq.store.config import StoreConfig
 
@@ -315,9 +314,15 @@ class BrokerConfig(ListenerSettings):
         "The hash-chained audit log of admin changes and refusals (None: "
         "<store_path>/audit.jsonl).",
     )
+    auth_controller_addrs: tuple[str, ...] = setting(
+        (),
+        """Controller nodes ("host:port") whose replicated users and ACLs this broker follows
+        (`auth_store = "raft"` there; read-only here, cached in auth_file; the sealing key
+        from ORBITMQ_AUTH_KEY or `<auth_file>.key`). Empty: the auth_file store.""",
+    )
     access_key: str | None = setting(
         None,
-        "The user this broker signs its own requests to NameServers with (auth on there).",
+        "The user this broker signs its own requests to NameServers and controllers with.",
     )
     secret_key: str | None = setting(
         None,
@@ -394,9 +399,3 @@ class BrokerConfig(ListenerSettings):
     def __post_init__(self) -> None:
         check_settings(self, "broker")
         self.check_listener("broker")
-        if (self.ha_enable or self.controller_addrs) and self.store.encrypt_at_rest:
-            # Replicas would need the master's per-segment keys: not built yet (security.md).
-            raise ConfigError(
-                "store.encrypt_at_rest does not work with replication (ha_enable or "
-                "controller_addrs) yet"
-            )

@@ -205,6 +205,7 @@ class BrokerController:
             audit_file=config.audit_file or config.store.store_path / "audit.jsonl",
             cluster=config.cluster,
             node=f"broker {config.broker_name}/{config.broker_id}",
+            controllers=config.auth_controller_addrs,
         )
         """Authentication, authorization and the user/ACL admin codes (docs/security.md)."""
         self.pop_processor = PopProcessor(ctx, self.pop, trace)
@@ -289,6 +290,8 @@ class BrokerController:
         self.offsets.load()
         self.groups.load()
         self.recovery = await self.bridge.call(self.store.open)
+        if self.ha is None:  # a confirm offset kept from a replicated past holds nothing back
+            self.store.set_confirm_offset(None)
         for topic in self.topics.topics.values():
             self.apply_retention(topic)
         self.store.add_arrival_listener(self.long_polling.on_arrival)
@@ -299,6 +302,7 @@ class BrokerController:
             await self.metadata.start(None)
         if not self.is_slave:  # they append; a slave's log holds only its master's bytes
             await self.start_master_services()
+        await self.auth.start(self.namesrv_client)  # users from the controllers, if so configured
         await self.server.start()
         self._start_metrics()
         self.started = True
@@ -334,6 +338,7 @@ class BrokerController:
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
         await self._unregister_all()
+        await self.auth.stop()
         await self.namesrv_client.close()
         self.long_polling.wake_all()
         if self.replicas is not None:

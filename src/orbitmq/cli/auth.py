@@ -2,8 +2,9 @@
 verify`` (docs/security.md).
 
 The user and ACL commands mirror ``mqadmin``'s (createUser -u -p -t, createAcl -s -r -a -d -i)
-and go to a NameServer through :class:`orbitmq.client.AsyncAdminClient`; every server of the
-cluster reads the same auth store. Requests are signed with the root options ``--access-key``
+and go to a NameServer (or, with users in the controller quorum, a controller node:
+``--controller`` names the same option) through :class:`orbitmq.client.AsyncAdminClient`;
+every server of the cluster reads the same auth store. Requests are signed with the root options ``--access-key``
 and ``--secret-key`` (or ORBITMQ_ACCESS_KEY / ORBITMQ_SECRET_KEY). A secret given as ``-p -``
 is read from stdin, so that it stays out of the shell history and the process list.
 """
@@ -19,13 +20,25 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from orbitmq.cli.common import DEFAULT_NAMESRV, NamesrvOpt, admin_config, fail, out, run, split_list
+from orbitmq.cli.common import DEFAULT_NAMESRV, admin_config, fail, out, run, split_list
 from orbitmq.client import AsyncAdminClient
 
 user_app = typer.Typer(no_args_is_help=True, help="Create, change, delete and list users.")
 acl_app = typer.Typer(no_args_is_help=True, help="Create, change, delete, get and list ACLs.")
 audit_app = typer.Typer(no_args_is_help=True, help="The audit log of admin changes and refusals.")
 
+NamesrvOpt = Annotated[
+    str,
+    typer.Option(
+        "--namesrv",
+        "-n",
+        "--controller",
+        envvar="ORBITMQ_NAMESRV",
+        help="Where users and ACLs are kept: NameServer addresses (file store), or a controller "
+        "node (auth_store raft; any node takes changes), host:port separated by ';' or ','.",
+        show_envvar=True,
+    ),
+]
 UserOpt = Annotated[str, typer.Option("--username", "-u", help="User name.")]
 SecretOpt = Annotated[
     str | None, typer.Option("--password", "-p", help="Secret key ('-': read from stdin).")

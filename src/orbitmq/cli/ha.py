@@ -14,6 +14,7 @@ connected, or a static-mode group).
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -21,7 +22,17 @@ from rich import box
 from rich.markup import escape
 from rich.table import Column, Table
 
-from orbitmq.cli.common import DEFAULT_NAMESRV, NamesrvOpt, admin_config, fail, out, run, split_list
+from orbitmq.cli.common import (
+    DEFAULT_NAMESRV,
+    NamesrvOpt,
+    admin_config,
+    credentials,
+    fail,
+    out,
+    run,
+    split_list,
+)
+from orbitmq.cli.runner import ConfigOpt
 from orbitmq.common.errors import MQError
 from orbitmq.controller.client import ControllerClient
 from orbitmq.protocol.controller import ControllerMetadata, ReplicaInfo
@@ -46,7 +57,7 @@ def _client(controller: str) -> ControllerClient:
     addrs = split_list(controller)
     if not addrs:
         fail("--controller names no address")
-    return ControllerClient(addrs)
+    return ControllerClient(addrs, **credentials())
 
 
 def _master_text(info: ReplicaInfo) -> str:
@@ -209,3 +220,48 @@ def cluster_describe(
     Example: orbitmq cluster describe --controller 127.0.0.1:9878 -b broker-a
     """
     describe_cluster(controller, broker_name, namesrv)
+
+
+@broker_app.command("resync")
+def broker_resync(
+    config: ConfigOpt = None,
+    store_path: Annotated[
+        Path | None, typer.Option(help="The stopped broker's store (else from --config).")
+    ] = None,
+    to: Annotated[
+        int | None,
+        typer.Option(
+            "--to", help="Cut the log at this known-good CommitLog offset instead of emptying it."
+        ),
+    ] = None,
+    yes: Annotated[bool, typer.Option("--yes", help="Do not ask for confirmation.")] = False,
+) -> None:
+    """Rebuild a replica from its master: empty its log (moved aside, not deleted) or cut it at
+    a known-good offset; at its next start it copies the rest from its master (docs/ha.md).
+
+    The broker must be stopped. Example: orbitmq broker resync --config broker-b.toml
+    """
+    from orbitmq.broker.ha.resync import resync
+    from orbitmq.cli.runner import load_or_exit
+
+    settings = load_or_exit(
+        config, {"store": {"store_path": None if store_path is None else str(store_path)}}
+    )
+    store = settings.broker.store
+    what = "empty its log" if to is None else f"cut its log at offset {to}"
+    if not yes and not typer.confirm(f"Resync {store.store_path}: {what}?"):
+        fail("not resynced")
+    try:
+        report = resync(store, to=to)
+    except MQError as exc:
+        fail(str(exc))
+    if report.backup is not None:
+        out().print(
+            f"resynced {escape(str(report.store))}: moved {', '.join(report.moved) or 'nothing'} "
+            f"to {escape(str(report.backup))}; start the broker to copy its master's log"
+        )
+    else:
+        out().print(
+            f"resynced {escape(str(report.store))}: log cut from {report.end_before} to "
+            f"{report.cut_at}; start the broker to copy the rest from its master"
+        )

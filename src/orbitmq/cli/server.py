@@ -430,12 +430,33 @@ async def controller_node(
         await node.stop()
 
 
+def embedded_controller_auth(
+    settings: Settings, controller: ControllerConfig | None
+) -> ControllerConfig | None:
+    """A controller beside a NameServer with auth on checks requests as the NameServer does
+    (same auth file, audit log and cluster), unless its own [controller] auth settings say
+    otherwise: an embedded controller is never the one open door of an authenticated node."""
+    ns = settings.namesrv
+    if controller is None or not ns.auth_enabled or controller.auth_enabled:
+        return controller
+    if "controller.auth_enabled" in settings.sources:
+        return controller  # explicitly off: the operator's choice, said at start by auth_notice
+    return dataclasses.replace(
+        controller,
+        auth_enabled=True,
+        auth_file=controller.auth_file or ns.auth_file,
+        audit_file=controller.audit_file or ns.audit_file,
+        cluster=ns.cluster if "controller.cluster" not in settings.sources else controller.cluster,
+    )
+
+
 async def run_namesrv(
     settings: Settings, announce: Announce, controller: ControllerConfig | None = None
 ) -> None:
     """A NameServer; with ``controller`` also a controller node in this process (started
     after the NameServer, stopped before it)."""
     auth_notice("namesrv", settings.namesrv.auth_enabled, settings.namesrv.host)
+    controller = embedded_controller_auth(settings, controller)
     namesrv = NamesrvController(settings.namesrv)
     await namesrv.start()
     try:
@@ -450,6 +471,7 @@ async def run_namesrv(
 
 async def run_controller(settings: Settings, announce: Announce) -> None:
     """A controller node alone: ``controller=<host:port> raft=<host:port> [metrics=...]``."""
+    auth_notice("controller", settings.controller.auth_enabled, settings.controller.host)
     endpoints: dict[str, str] = {}
     async with controller_node(settings.controller, endpoints):
         endpoints["data"] = settings.controller.data_dir

@@ -29,14 +29,23 @@ from orbitmq.protocol.controller import (
     ReplicaInfo,
 )
 from orbitmq.protocol.frame import Frame
+from orbitmq.protocol.signature import Signer
 
 _NEXT_NODE = frozenset({ResponseCode.CONTROLLER_NOT_LEADER, ResponseCode.SYSTEM_BUSY})
 
 
 class ControllerClient:
     def __init__(
-        self, addrs: list[str], *, timeout: float = 10.0, request_timeout: float = 3.0
+        self,
+        addrs: list[str],
+        *,
+        timeout: float = 10.0,
+        request_timeout: float = 3.0,
+        access_key: str | None = None,
+        secret_key: str | None = None,
     ) -> None:
+        """``access_key``/``secret_key``: the user every request is signed as (a controller
+        with auth on refuses unsigned requests)."""
         if not addrs:
             raise ValueError("at least one controller address is needed")
         self.addrs = list(addrs)
@@ -44,7 +53,10 @@ class ControllerClient:
         self.request_timeout = request_timeout
         self.leader: str | None = None
         """The node that answered last (the leader, as far as this client knows)."""
-        self.remoting = RemotingClient(name="controller-client")
+        self.remoting = RemotingClient(
+            name="controller-client",
+            signer=None if access_key is None else Signer(access_key, secret_key or ""),
+        )
 
     async def once(self, addr: str, code: int, body: msgspec.Struct | None = None) -> Frame:
         """One request to one node, whatever its answer."""

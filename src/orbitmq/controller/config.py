@@ -143,6 +143,34 @@ class ControllerConfig(ListenerSettings):
         outcome is then unknown: read the replica info).""",
         above(0),
     )
+    # Authentication and authorization (docs/security.md, "Controller").
+    auth_enabled: bool = setting(
+        False,
+        """Every request (broker heartbeats and registrations, elections, `cluster describe`)
+        must be signed by a user (AK/SK) or come with a client certificate, and is authorized
+        by that user's ACL: Cluster Update for changes, Cluster Get for reads.""",
+    )
+    auth_store: str = setting(
+        "file",
+        """Where users and ACLs live: `file` (`auth_file`, as a broker or NameServer) or
+        `raft` (in this controller group's replicated state, versioned; brokers and
+        NameServers follow it with `auth_controller_addrs`).""",
+        Check(lambda v: v in ("file", "raft"), "file or raft"),
+    )
+    auth_file: str | None = setting(
+        None,
+        """The users-and-ACLs file (auth_store `file`; required then when auth_enabled). With
+        `raft`, only `<auth_file>.key` is used: the key sealing secrets, the same on every
+        server (or ORBITMQ_AUTH_KEY).""",
+    )
+    audit_file: str | None = setting(
+        None, "The hash-chained audit log of admin changes and refusals (None: the log only)."
+    )
+    cluster: str = setting(
+        "DefaultCluster",
+        "The cluster name the Cluster resource of every controller request is checked on.",
+        non_empty(),
+    )
 
     def __post_init__(self) -> None:
         peers: object = self.peers
@@ -153,6 +181,8 @@ class ControllerConfig(ListenerSettings):
                 parse_peer(p)
         check_settings(self, "controller")
         self.check_listener("controller")
+        if self.auth_enabled and self.auth_store == "file" and not self.auth_file:
+            raise ConfigError("controller.auth_enabled with auth_store file needs auth_file")
 
     def peer_list(self) -> list[Peer]:
         return [parse_peer(p) for p in self.peers]

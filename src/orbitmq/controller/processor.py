@@ -28,6 +28,7 @@ import msgspec
 from orbitmq.common.clock import SYSTEM_CLOCK, Clock
 from orbitmq.common.codes import ResponseCode
 from orbitmq.common.errors import MQError
+from orbitmq.controller.auth_data import auth_data_answer
 from orbitmq.controller.config import ControllerConfig
 from orbitmq.controller.election import election_wait
 from orbitmq.controller.heartbeats import Heartbeats
@@ -146,6 +147,8 @@ class ControllerProcessor:
             RequestCode.BROKER_HEARTBEAT: self.heartbeat,
             RequestCode.CONTROLLER_GET_METADATA_INFO: self.metadata,
         }
+        if config.auth_store == "raft":
+            self._handlers[RequestCode.CONTROLLER_GET_AUTH_DATA] = self.auth_data
         self._leader_handlers: dict[int, Handler] = {
             RequestCode.CONTROLLER_GET_NEXT_BROKER_ID: self.next_broker_id,
             RequestCode.CONTROLLER_APPLY_BROKER_ID: self.apply_broker_id,
@@ -224,6 +227,9 @@ class ControllerProcessor:
         if since is not None:
             meta.leader_for_ms = max(0, int((self.clock.monotonic() - since) * 1000))
         return request.reply(RC.SUCCESS, body=encode_body(meta))
+
+    async def auth_data(self, request: Frame, _connection: object) -> Frame:
+        return auth_data_answer(request, self.raft)
 
     # ------------------------------------------------------------------ leader only
 

@@ -34,9 +34,13 @@ from wsgiref.simple_server import WSGIServer
 
 from prometheus_client import start_http_server
 
+from orbitmq.auth.audit import AuditLog
+from orbitmq.auth.guard import Guard
+from orbitmq.auth.server import ServerAuth
 from orbitmq.common.clock import SYSTEM_CLOCK, Clock
 from orbitmq.common.codes import ResponseCode
 from orbitmq.common.tasks import TaskSet
+from orbitmq.controller.auth_data import bootstrap, raft_auth_store
 from orbitmq.controller.config import ControllerConfig
 from orbitmq.controller.heartbeats import Heartbeats
 from orbitmq.controller.metrics import ControllerMetrics
@@ -74,6 +78,20 @@ def _code_name(enum: type[RequestCode] | type[ResponseCode], code: int) -> str:
         return str(code)
 
 
+def open_auth(config: ControllerConfig) -> ServerAuth:
+    """The node's ServerAuth: off, or the Guard on the configured store (with auth_store
+    "raft", nothing but the audit log until the Raft node exists)."""
+    if config.auth_store == "raft":
+        return ServerAuth(None, AuditLog(config.audit_file, "controller"), None)
+    return ServerAuth.open(
+        enabled=config.auth_enabled,
+        auth_file=config.auth_file,
+        audit_file=config.audit_file,
+        cluster=config.cluster,
+        node="controller",
+    )
+
+
 class ControllerNode:
     def __init__(self, config: ControllerConfig, *, clock: Clock = SYSTEM_CLOCK) -> None:
         config.check()
@@ -97,6 +115,10 @@ class ControllerNode:
             tls_mode=config.tls_mode,
             limits=config.limits(),
         )
+        self.auth = open_auth(config)
+        """Authentication, authorization and the user/ACL admin codes (docs/security.md); with
+        auth_store "raft" replaced at start, once the Raft state exists."""
+        self._auth_in_thread = False
         self.tasks = TaskSet("controller", logger=log)
         self._electing: set[str] = set()
         self._fresh_term = -1
@@ -142,6 +164,8 @@ class ControllerNode:
             secret=config.raft_secret,
             clock=self.clock,
         )
+        if config.auth_store == "raft":
+            self._open_raft_auth(self.raft)
         self.processor = ControllerProcessor(
             config,
             self.raft,
@@ -166,6 +190,17 @@ class ControllerNode:
             config.raft_address,
             ",".join(self.peers),
         )
+
+    def _open_raft_auth(self, raft: RaftNode) -> None:
+        """Users and ACLs in the Raft state: the Guard reads them there, the admin codes change
+        them through Raft (auth_data.py); with auth on, the first Super user is made."""
+        config, audit = self.config, self.auth.audit
+        store = raft_auth_store(config, raft)
+        guard = Guard(store, audit, cluster=config.cluster) if config.auth_enabled else None
+        self.auth = ServerAuth(store, audit, guard)
+        self._auth_in_thread = True
+        if guard is not None:
+            self.tasks.spawn(bootstrap(store, raft), name="controller-auth-bootstrap")
 
     async def stop(self) -> None:
         await self.tasks.close(timeout=5.0)
@@ -197,7 +232,15 @@ class ControllerNode:
     async def _handle(self, request: Frame, conn: Connection) -> Reply:
         if self.processor is None:
             return request.reply(ResponseCode.SYSTEM_BUSY, "controller starting")
-        reply = await self.processor.process(request, conn)
+        # Every request passes the same Guard as on a NameServer before any handler; an
+        # unmapped code is refused there (auth/actions.py maps every controller code).
+        if self._auth_in_thread and request.code in self.auth.codes:
+            # a change commits through Raft and waits for it: not on the event loop
+            answer = await asyncio.to_thread(self.auth.before, request, conn)
+        else:
+            answer = self.auth.before(request, conn)
+        reply = await self.processor.process(request, conn) if answer is None else answer
+        await self.auth.penalize(reply, conn)  # a failed authentication waits (auth/server.py)
         name = _code_name(RequestCode, request.code)
         self.metrics.requests.labels(name, _code_name(ResponseCode, reply.code)).inc()
         return reply

@@ -8,7 +8,7 @@ Per group (``broker_name``), as RocketMQ's ReplicasInfoManager keeps it (docs/ha
 - ``sss``, the SyncStateSet (ids holding every acknowledged byte), and ``sss_epoch`` (+1 per
   change).
 
-It is a pysyncobj ``SyncObjConsumer``. The five commands below are ``@replicated``: a call from
+It is a pysyncobj ``SyncObjConsumer``. The commands below are ``@replicated``: a call from
 any thread appends the command to the Raft log and returns at once; pysyncobj then runs the
 method body on every node, in log order, on its tick thread, and hands the leader's result to
 the callback. The rules that make this safe (brief section 3):
@@ -111,6 +111,9 @@ class ControllerState(SyncObjConsumer):
         self._lock = threading.RLock()
         super().__init__()
         self.groups: dict[str, Group] = {}
+        self.auth: dict[str, Any] = {"version": 0, "users": {}, "acls": {}}
+        """Users and ACLs (auth_store "raft"): the auth file's document, secrets sealed;
+        replaced whole by `set_auth_data` (docs/security.md)."""
 
     # ------------------------------------------------------------------ reads (any thread)
 
@@ -127,6 +130,12 @@ class ControllerState(SyncObjConsumer):
         with self._lock:
             g = self.groups.get(broker_name)
             return 1 if g is None else g["next_broker_id"]
+
+    def auth_data(self) -> tuple[int, dict[str, Any]]:
+        """(version, document) of the users and ACLs; the document is not copied: a caller
+        that changes it copies it first (it is replaced whole, never changed in place)."""
+        with self._lock:
+            return int(self.auth.get("version", 0)), self.auth
 
     def _deserialize(self, data: dict[str, Any]) -> None:
         with self._lock:
@@ -377,3 +386,17 @@ class ControllerState(SyncObjConsumer):
                 g["sss"] = [b for b in g["sss"] if b not in ids]
                 g["sss_epoch"] += 1
             return self._outcome(RC.SUCCESS, "", broker_name, changed=True)
+
+    # Named to sort after every older command: pysyncobj numbers replicated methods by sorted
+    # name, so older journals keep their numbering (module docstring).
+    @replicated
+    def set_auth_data(self, expected_version: int, document: dict[str, Any]) -> Outcome:
+        """Compare-and-set of the users-and-ACLs document on its version."""
+        with self._lock:
+            current = int(self.auth.get("version", 0))
+            if current != expected_version:
+                return Outcome(RC.SYSTEM_BUSY, f"auth data is at version {current}")
+            if int(document.get("version", -1)) != expected_version + 1:
+                return Outcome(RC.MESSAGE_ILLEGAL, "auth data must move one version up")
+            self.auth = document
+        return Outcome(RC.SUCCESS, changed=True)

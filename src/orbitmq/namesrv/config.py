@@ -49,6 +49,20 @@ class NamesrvConfig(ListenerSettings):
         None,
         "The hash-chained audit log of admin changes and refusals (None: the log only).",
     )
+    auth_controller_addrs: tuple[str, ...] = setting(
+        (),
+        """Controller nodes ("host:port") whose replicated users and ACLs this NameServer
+        follows (`auth_store = "raft"` there), signing as access_key; auth_file then caches
+        them. Empty: the auth_file store.""",
+    )
+    access_key: str | None = setting(
+        None, "The user this NameServer signs its requests to controllers with."
+    )
+    secret_key: str | None = setting(
+        None,
+        "That user's secret (keep the config file private; or ORBITMQ_NAMESRV_SECRET_KEY).",
+        secret=True,
+    )
     cluster: str = setting(
         "DefaultCluster",
         "The cluster name Cluster resources of this NameServer's admin requests are checked on.",

@@ -29,11 +29,13 @@ from orbitmq.common.errors import ConfigError
 from orbitmq.namesrv.config import NamesrvConfig
 from orbitmq.namesrv.processor import NamesrvProcessor
 from orbitmq.namesrv.route_info import Clock, RouteInfoManager
+from orbitmq.net.client import RemotingClient
 from orbitmq.net.connection import Connection, Reply
 from orbitmq.net.metrics import RefusalCollector
 from orbitmq.net.server import RemotingServer
 from orbitmq.protocol.codes import RequestCode
 from orbitmq.protocol.frame import Frame
+from orbitmq.protocol.signature import Signer
 
 log = logging.getLogger(__name__)
 
@@ -86,6 +88,7 @@ class NamesrvController:
             audit_file=config.audit_file,
             cluster=config.cluster,
             node="namesrv",
+            controllers=config.auth_controller_addrs,
         )
         """Authentication, authorization and the user/ACL admin codes (docs/security.md)."""
         self.processor = NamesrvProcessor(self.routes, self.auth)
@@ -103,6 +106,7 @@ class NamesrvController:
         self.metrics_port: int | None = None
         """The Prometheus endpoint's port once started (None: no endpoint)."""
         self._scan_task: asyncio.Task[None] | None = None
+        self._auth_client: RemotingClient | None = None
         self._metrics_server: WSGIServer | None = None
         self._metrics_thread: threading.Thread | None = None
         m, routes, server = self.metrics, self.routes, self.server
@@ -125,6 +129,14 @@ class NamesrvController:
     # ------------------------------------------------------------------ lifecycle
 
     async def start(self) -> None:
+        if self.config.auth_controller_addrs:  # users and ACLs from the controller quorum
+            self._auth_client = RemotingClient(
+                name="namesrv-to-controller",
+                signer=None
+                if self.config.access_key is None
+                else Signer(self.config.access_key, self.config.secret_key or ""),
+            )
+            await self.auth.start(self._auth_client)
         await self.server.start()
         try:
             if self.config.metrics_port is not None:
@@ -144,6 +156,9 @@ class NamesrvController:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         await self.server.stop()
+        await self.auth.stop()
+        if self._auth_client is not None:
+            await self._auth_client.close()
         server, self._metrics_server = self._metrics_server, None
         thread, self._metrics_thread = self._metrics_thread, None
         if server is not None:

@@ -83,6 +83,9 @@ class RequestCode(enum.IntEnum):
     CLEAN_BROKER_DATA = 1211
     CONTROLLER_GET_NEXT_BROKER_ID = 1212
     CONTROLLER_APPLY_BROKER_ID = 1213
+    CONTROLLER_GET_AUTH_DATA = 1220
+    """OrbitMQ's own: the users-and-ACLs document of a controller with ``auth_store = "raft"``
+    (field ``version``: the one the caller holds; no body in the answer when it is current)."""
     # Users and ACLs (docs/security.md), RocketMQ 5.3's numbers.
     AUTH_CREATE_USER = 3001
     AUTH_UPDATE_USER = 3002

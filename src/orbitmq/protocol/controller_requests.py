@@ -74,3 +74,12 @@ class ControllerApplyBrokerIdRequest(_ControllerRequest):
     code = RequestCode.CONTROLLER_APPLY_BROKER_ID
     body = "ApplyBrokerIdRequest: group, broker id, register check code"
     response = "body ReplicaInfo; CONTROLLER_BROKER_ID_INVALID when the id was taken"
+
+
+class ControllerGetAuthDataRequest(_ControllerRequest):
+    code = RequestCode.CONTROLLER_GET_AUTH_DATA
+    body = "none; field version: the users-and-ACLs version the caller holds (-1: none)"
+    response = (
+        "field version; body: the sealed users-and-ACLs JSON document when newer than the "
+        "caller's, else empty (auth_store raft only; docs/security.md)"
+    )

@@ -12,7 +12,8 @@ Every frame, big-endian::
 
      0  4  LENGTH        u32  bytes after this field: 6 + the frame's own fields + payload
      4  1  VERSION       u8   1
-     5  1  TYPE          u8   1 HANDSHAKE, 2 TRANSFER, 3 ACK, 4 HEARTBEAT, 5 ERROR
+     5  1  TYPE          u8   1 HANDSHAKE, 2 TRANSFER, 3 ACK, 4 HEARTBEAT, 5 ERROR,
+                              6 SEGMENT_KEY
      6  4  MASTER_EPOCH  u32  the master epoch the sender knows (a slave: the one the
                               controller gave it); a peer drops a link below its own
     10     fields of TYPE:
@@ -24,6 +25,9 @@ Every frame, big-endian::
     ACK        max_offset i64 (written), flushed_offset i64
     HEARTBEAT  max_offset i64, confirm_offset i64
     ERROR      code u16, message (UTF-8, at most 1 KiB)
+    SEGMENT_KEY  segment_start i64, wrapped (the segment's DEK file as the master keeps it:
+               wrapped under the master key, at most 256 bytes); an encrypted master sends it
+               before the first TRANSFER of a segment (docs/security.md)
 
 Why a fixed binary layout rather than the Remoting frame's msgpack header: a TRANSFER is sent
 tens of thousands of times a second and carries four integers; the payload is the CommitLog's
@@ -43,7 +47,8 @@ from dataclasses import dataclass, field
 from orbitmq.common.errors import ProtocolError
 
 VERSION = 1
-HANDSHAKE, TRANSFER, ACK, HEARTBEAT, ERROR = 1, 2, 3, 4, 5
+HANDSHAKE, TRANSFER, ACK, HEARTBEAT, ERROR, SEGMENT_KEY = 1, 2, 3, 4, 5, 6
+MAX_WRAPPED = 256
 PREFIX = struct.Struct(">IBBI")  # length, version, type, master epoch
 PREFIX_SIZE = PREFIX.size  # 10
 DEFAULT_MAX_PAYLOAD = 8 * 1024 * 1024
@@ -61,6 +66,7 @@ _TRANSFER = struct.Struct(">qIqq")
 _ACK = struct.Struct(">qq")
 _HEARTBEAT = struct.Struct(">qq")
 _ERROR = struct.Struct(">H")
+_KEY = struct.Struct(">q")
 
 Buffer = bytes | bytearray | memoryview
 EpochList = tuple[tuple[int, int], ...]
@@ -118,7 +124,14 @@ class HaError:
     message: str = field(default="")
 
 
-HaFrame = Handshake | Transfer | Ack | Heartbeat | HaError
+@dataclass(frozen=True, slots=True)
+class SegmentKey:
+    master_epoch: int
+    segment_start: int
+    wrapped: bytes
+
+
+HaFrame = Handshake | Transfer | Ack | Heartbeat | HaError | SegmentKey
 
 
 def _check_epochs(epochs: Sequence[tuple[int, int]]) -> None:
@@ -149,6 +162,12 @@ def _check_transfer(f: Transfer) -> None:
         raise ProtocolError(f"data epoch {f.epoch} above the master epoch {f.master_epoch}")
 
 
+def _check_key(f: SegmentKey) -> None:
+    _check_offsets(f.segment_start)
+    if not 0 < len(f.wrapped) <= MAX_WRAPPED:
+        raise ProtocolError(f"wrapped key of {len(f.wrapped)} bytes outside [1, {MAX_WRAPPED}]")
+
+
 def _fields(frame: HaFrame) -> tuple[int, bytes]:
     """(type, encoded fields) of a frame, validated as the decoder would validate it."""
     if isinstance(frame, Transfer):
@@ -162,6 +181,9 @@ def _fields(frame: HaFrame) -> tuple[int, bytes]:
     if isinstance(frame, Heartbeat):
         _check_offsets(frame.max_offset, frame.confirm_offset)
         return HEARTBEAT, _HEARTBEAT.pack(frame.max_offset, frame.confirm_offset)
+    if isinstance(frame, SegmentKey):
+        _check_key(frame)
+        return SEGMENT_KEY, _KEY.pack(frame.segment_start) + frame.wrapped
     if isinstance(frame, Handshake):
         name = frame.broker_name.encode()
         if len(name) > MAX_NAME:
@@ -203,6 +225,7 @@ _FIXED = {
     ACK: _ACK.size,
     HEARTBEAT: _HEARTBEAT.size,
     ERROR: _ERROR.size,
+    SEGMENT_KEY: _KEY.size + 1,
 }
 
 
@@ -238,6 +261,10 @@ def _decode(kind: int, epoch: int, body: memoryview) -> HaFrame:
         return frame
     if kind == HANDSHAKE:
         return _decode_handshake(epoch, body)
+    if kind == SEGMENT_KEY:
+        key = SegmentKey(epoch, _KEY.unpack_from(body, 0)[0], bytes(body[_KEY.size :]))
+        _check_key(key)
+        return key
     if kind == ERROR:
         (code,) = _ERROR.unpack_from(body, 0)
         if len(body) - _ERROR.size > MAX_ERROR_TEXT:

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import contextlib
 import hashlib
 import logging
 import os
@@ -158,6 +159,9 @@ class DekStore:
             data = self.path(seg_start).read_bytes()
         except FileNotFoundError:
             return None
+        return self._unwrap(seg_start, data)
+
+    def _unwrap(self, seg_start: int, data: bytes) -> bytes:
         if (
             len(data) != _DEK.size
             or crc32c.crc32c(data[:76]) != struct.unpack(">I", data[76:80])[0]
@@ -174,6 +178,27 @@ class DekStore:
             raise StoreError(
                 f"DEK of segment {self.name(seg_start)} does not unwrap (wrong master key?)"
             ) from None
+
+    def raw(self, seg_start: int) -> bytes | None:
+        """The segment's DEK file as stored (wrapped: safe to send to a replica)."""
+        try:
+            return self.path(seg_start).read_bytes()
+        except FileNotFoundError:
+            return None
+
+    def install(self, seg_start: int, data: bytes) -> bool:
+        """A replica's copy of its master's DEK file for a segment: it must unwrap here (the
+        same master key on every replica; StoreError if not), then it is written durably.
+        One that holds another DEK is replaced (what this broker wrote in that segment as a
+        master was cut when it rejoined: a divergent tail never shares its segment's start
+        with the group's log). True when the file changed."""
+        dek = self._unwrap(seg_start, data)
+        with contextlib.suppress(StoreError):
+            if self.load(seg_start) == dek:
+                return False
+        self.dir.mkdir(parents=True, exist_ok=True)
+        _write_atomic(self.path(seg_start), data)
+        return True
 
     def segments(self) -> list[int]:
         if not self.dir.is_dir():
@@ -221,8 +246,11 @@ class WriterEpoch:
             raise StoreError(f"{self.path} is not a writer epoch file")
         return int(value)
 
-    def bump(self) -> int:
-        value = self.read() + 1
+    def bump(self, floor: int = 0) -> int:
+        """A new epoch, above every earlier one of this store and at least ``floor`` (a master
+        takes ``master epoch << 16`` when it takes office: replicas share the segment keys,
+        so two writers of one group must never use the same epoch; docs/security.md)."""
+        value = max(self.read() + 1, floor)
         if value >= 1 << 32:
             raise StoreError("writer epoch exhausted")
         self.path.parent.mkdir(parents=True, exist_ok=True)

@@ -6,7 +6,8 @@
     get_messages(topic, queue, offset, max_count, max_bytes, tags) -> GetResult (memoryviews)
     min_offset / max_offset / offset_for_timestamp / get_message / query_by_key
     replication (docs/ha.md): epochs, read_replication, append_replicated, truncate_to,
-    set_confirm_offset (reads and dispatch stop there; without replicas, at the max offset)
+    set_confirm_offset (reads and dispatch stop there; without replicas, at the max offset;
+    kept in ``confirm`` across restarts, store/confirm.py)
 
 Every call is synchronous and may block on disk. An event loop may append and dispatch on its
 own thread (page-cache writes; the broker does so for small batches, docs/benchmarks.md) and
@@ -41,18 +42,13 @@ from orbitmq.common.errors import (
     StoreUnavailableError,
 )
 from orbitmq.common.message import MessageBatch
-from orbitmq.common.record import (
-    RecordError,
-    StoredMessage,
-    check_record,
-    decode,
-    pack_host,
-)
+from orbitmq.common.record import RecordError, StoredMessage, check_record, decode, pack_host
 from orbitmq.common.validation import validate_bodies_and_properties, validate_topic
 from orbitmq.store import layout
 from orbitmq.store.checkpoint import Checkpoint
 from orbitmq.store.commit_log import AppendResult, CommitLog
 from orbitmq.store.config import FlushDiskType, StoreConfig
+from orbitmq.store.confirm import ConfirmFile
 from orbitmq.store.consume_queue import ConsumeQueueTable
 from orbitmq.store.dispatch import ArrivalListener, Dispatcher
 from orbitmq.store.epoch import EPOCH_FILE, EpochFile
@@ -100,6 +96,7 @@ class MessageStore:
         self.root = root
         self.abort_path = root / layout.ABORT_FILE
         self.checkpoint_path = root / layout.CHECKPOINT_FILE
+        self.confirm_file = ConfirmFile(root / "confirm", self.fs)
         self.commit_log = CommitLog(
             root / layout.COMMITLOG_DIR, config.mapped_file_size_commit_log, self.fs, clock
         )
@@ -109,17 +106,12 @@ class MessageStore:
             self.fs,
             config.max_open_consume_queue_files,
         )
-        self.index: IndexService | None = (
-            IndexService(
-                root / layout.INDEX_DIR,
-                config.max_hash_slot_num,
-                config.max_index_num,
-                clock=clock,
-                fs=self.fs,
+        self.index: IndexService | None = None
+        if config.message_index_enable:
+            index_dir = root / layout.INDEX_DIR
+            self.index = IndexService(
+                index_dir, config.max_hash_slot_num, config.max_index_num, clock=clock, fs=self.fs
             )
-            if config.message_index_enable
-            else None
-        )
         self.dispatcher = Dispatcher(self.commit_log, self.queues, self.index)
         self.flusher = FlushService(self.commit_log, config)
         self.retention = RetentionService(
@@ -178,6 +170,7 @@ class MessageStore:
         except StoreError:
             self._release()
             raise
+        self.commit_log.confirmed = self.confirm_file.load()  # serve no more than before
         parts = StoreParts(self.commit_log, self.queues, self.index, self.dispatcher)
         report = recover(parts, self.checkpoint_path, self.abort_path)
         self.epochs.truncate_after(self.commit_log.max_offset)  # a crash inside truncate_to
@@ -215,14 +208,15 @@ class MessageStore:
                 log.error("closing after an I/O failure (%s): not a clean shutdown",
                           self.commit_log.fenced)  # fmt: skip
                 return
-            self.dispatcher.dispatch_until(self.commit_log.max_offset)
+            self.dispatcher.dispatch_until(self.commit_log.confirm_offset)  # not above it
             self.commit_log.flush()
             self.queues.flush()
             if self.index is not None:
                 self.index.flush()
             end = self.commit_log.max_offset
+            self.confirm_file.save(self.commit_log.confirmed)
             Checkpoint(
-                dispatch_safe_offset=end,
+                dispatch_safe_offset=self.dispatcher.reput_offset,
                 commit_log_flushed=end,
                 clean_end_offset=end,
                 last_record_offset=self.queues.last_record_offset(end),
@@ -276,6 +270,7 @@ class MessageStore:
                 commit_log_flushed=self.commit_log.flushed_offset,
                 written_at_ms=self.clock(),
             ).save(self.checkpoint_path, self.fs)
+            self.confirm_file.save(self.commit_log.confirmed)
 
     # ------------------------------------------------------------------ replication
 
@@ -300,6 +295,9 @@ class MessageStore:
                 self.commit_log.fenced = f"truncation to {offset} failed part-way: {exc}"
                 raise
         self.flusher.forget_beyond(offset)
+        if (confirmed := self.commit_log.confirmed) is not None:  # durable before new bytes
+            self.set_confirm_offset(min(confirmed, offset))
+        self.confirm_file.save(self.commit_log.confirmed)
         self.last_cut = offset
         self.truncations += 1
         for service in reversed(services):

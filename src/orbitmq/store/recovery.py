@@ -32,7 +32,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from orbitmq.common.record import RecordError, check_record
+from orbitmq.common.record import HEADER, HEADER_SIZE, U16, RecordError, check_record
 from orbitmq.store.checkpoint import Checkpoint
 from orbitmq.store.commit_log import CommitLog
 from orbitmq.store.consume_queue import ConsumeQueueTable
@@ -164,6 +164,28 @@ def _scan(cl: CommitLog, start: int, report: RecoveryReport) -> int:
         pos = seg.start + size
 
 
+def queue_offsets_in(cl: CommitLog, start: int, end: int) -> dict[tuple[str, int], int]:
+    """The next queue offset of every queue with a record in [start, end), from the records."""
+    found: dict[tuple[str, int], int] = {}
+    pos = start
+    while pos < end:
+        loc = cl.view_at(pos)
+        if loc is None:
+            break
+        view, at, size = loc
+        n = check_record(view, at, size, verify_crc=False)
+        if n < 0:  # filler: the rest of the segment
+            pos += -n
+            continue
+        (_t, _m, _c, qid, _f, qoff, *_rest, body_len) = HEADER.unpack_from(view, at)
+        t_at = at + HEADER_SIZE + body_len
+        tlen = U16.unpack_from(view, t_at)[0]
+        topic = bytes(view[t_at + 2 : t_at + 2 + tlen]).decode("utf-8", "replace")
+        found[(topic, qid)] = qoff + 1
+        pos += n
+    return found
+
+
 def recover(parts: StoreParts, checkpoint_path: Path, abort_path: Path) -> RecoveryReport:
     """Load the parts and bring them back to a consistent state (the passes above)."""
     began = time.monotonic()
@@ -195,12 +217,17 @@ def recover(parts: StoreParts, checkpoint_path: Path, abort_path: Path) -> Recov
             report.index_entries_dropped = index.truncate_from(start)
     cl.max_offset = end
     cl.flushed_offset = end if report.clean else min(end, report.scanned_from)
-    dispatcher.reput_offset = report.scanned_from if not report.clean else end
-    # Pass 5: re-dispatch the tail.
+    # A clean close dispatched up to the confirm offset only (store/confirm.py): start there.
+    clean_from = end if cp is None else min(end, max(cp.dispatch_safe_offset, cl.min_offset))
+    dispatcher.reput_offset = report.scanned_from if not report.clean else clean_from
+    # Pass 5: re-dispatch the tail, up to the confirm offset read back before recovery.
     if not report.clean:
-        report.redispatched = dispatcher.dispatch_until(end)
-    # Pass 6: offsets.
+        report.redispatched = dispatcher.dispatch_until(cl.confirm_offset)
+    # Pass 6: offsets, from the queues and from the records not dispatched (above the confirm
+    # offset), so a broker appending after its promotion continues every queue after them.
     cl.queue_offsets = {key: cq.max_offset for key, cq in queues.queues.items()}
+    if dispatcher.reput_offset < end:
+        cl.queue_offsets.update(queue_offsets_in(cl, dispatcher.reput_offset, end))
     for cq in queues.queues.values():
         cq.correct_min_offset(cl.min_offset)
     report.end_offset = end

@@ -87,6 +87,14 @@ class RecordSealer:
 
     # ------------------------------------------------------------------ keys
 
+    def install_key(self, seg_start: int, wrapped: bytes) -> bool:
+        """A replica's copy of its master's DEK file for a segment (``DekStore.install``); a
+        cached cipher of the segment's previous DEK is dropped. True when the DEK changed."""
+        changed = self.deks.install(seg_start, wrapped)
+        if changed:
+            self._ciphers.pop(seg_start, None)
+        return changed
+
     def _cipher(self, seg_start: int, create: bool) -> AESGCM | None:
         aead = self._ciphers.get(seg_start)
         if aead is None:

@@ -34,11 +34,11 @@ from pathlib import Path
 
 from orbitmq.common.clock import now_ms
 from orbitmq.common.errors import StoreError
-from orbitmq.common.record import HEADER, HEADER_SIZE, U16, RecordError, check_record
+from orbitmq.common.record import RecordError, check_record
 from orbitmq.store.checkpoint import Checkpoint
 from orbitmq.store.commit_log import CommitLog
 from orbitmq.store.epoch import EpochFile
-from orbitmq.store.recovery import StoreParts
+from orbitmq.store.recovery import StoreParts, queue_offsets_in
 
 log = logging.getLogger(__name__)
 _ZERO_CHUNK = bytes(1 << 20)
@@ -78,28 +78,6 @@ def check_cut(cl: CommitLog, offset: int) -> None:
         check_record(view, at, size, verify_crc=False)
     except RecordError as exc:
         raise StoreError(f"cannot cut at {offset}: not the start of a record ({exc})") from None
-
-
-def queue_offsets_in(cl: CommitLog, start: int, end: int) -> dict[tuple[str, int], int]:
-    """The next queue offset of every queue with a record in [start, end), from the records."""
-    found: dict[tuple[str, int], int] = {}
-    pos = start
-    while pos < end:
-        loc = cl.view_at(pos)
-        if loc is None:
-            break
-        view, at, size = loc
-        n = check_record(view, at, size, verify_crc=False)
-        if n < 0:  # filler: the rest of the segment
-            pos += -n
-            continue
-        (_t, _m, _c, qid, _f, qoff, *_rest, body_len) = HEADER.unpack_from(view, at)
-        t_at = at + HEADER_SIZE + body_len
-        tlen = U16.unpack_from(view, t_at)[0]
-        topic = bytes(view[t_at + 2 : t_at + 2 + tlen]).decode("utf-8", "replace")
-        found[(topic, qid)] = qoff + 1
-        pos += n
-    return found
 
 
 def truncate(

@@ -32,9 +32,13 @@ MiB = 1024 * 1024
 
 @contextlib.contextmanager
 def opened(path: Path, **store: Any) -> Iterator[MessageStore]:
-    """The store at ``path`` (``store``: its StoreConfig sizes), opened for the block."""
+    """The store at ``path`` (``store``: its StoreConfig sizes), opened for the block, its
+    whole log readable: a replica keeps its confirm offset across restarts and serves nothing
+    above it (store/confirm.py), but a check asks what the copy *holds* (what a new master
+    would confirm), so the kept confirm offset is lifted here, and forgotten at close."""
     ms = MessageStore(StoreConfig(store_path=path, **store))
     ms.open()
+    ms.set_confirm_offset(None)
     try:
         yield ms
     finally:

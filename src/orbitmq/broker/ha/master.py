@@ -62,6 +62,7 @@ from orbitmq.protocol.ha import (
     HaError,
     Handshake,
     Heartbeat,
+    SegmentKey,
     Transfer,
 )
 from orbitmq.store.epoch import NoCommonEpochError, divergence_offset
@@ -110,6 +111,8 @@ class SlaveState:
     prev_max: int = 0
     ready: bool = False  # its first ACK (after truncation) came
     wake: asyncio.Event = field(default_factory=asyncio.Event)
+    keys_sent: set[int] = field(default_factory=set)
+    """Segments whose DEK this link carried (encryption at rest)."""
 
 
 class HaMaster:
@@ -181,6 +184,9 @@ class HaMaster:
         else:
             epochs.append(epochs.last_epoch + 1, self.store.commit_log.max_offset)
         self.epoch = epochs.last_epoch
+        if self.store.sealer is not None and self.epoch < 1 << 16:
+            # writer epochs unique in the group: the segment keys are shared (keys.py)
+            self.store.sealer.epoch.bump(floor=self.epoch << 16)
 
     async def stop(self) -> None:
         if self._server is not None:
@@ -499,6 +505,16 @@ class HaMaster:
             log.warning("HA sender to slave %d stops: %s", slave.broker_id, exc)
             slave.link.writer.close()
 
+    async def _send_key(self, slave: SlaveState, seg_start: int) -> None:
+        """Before a segment's first bytes: its DEK file (wrapped under the master key, which
+        every replica holds), so the slave reads, dispatches and later writes it as we do."""
+        if seg_start in slave.keys_sent or self.store.sealer is None:
+            return
+        raw = await self.bridge.call(self.store.sealer.deks.raw, seg_start)
+        if raw is not None:  # None: a segment written before encryption was on
+            await slave.link.send(SegmentKey(self.epoch, seg_start, raw))
+        slave.keys_sent.add(seg_start)
+
     async def _stream(self, slave: SlaveState) -> None:
         """Send the log from the slave's end on, and heartbeats when idle."""
         cl = self.store.commit_log
@@ -513,6 +529,8 @@ class HaMaster:
             if pos < cl.max_offset:
                 epoch, start, limit = self._epoch_at(pos)
                 chunk = await self.bridge.read(_read_copy, self.store, pos, limit)
+                if chunk and self.store.sealer is not None:
+                    await self._send_key(slave, pos - pos % cl.segment_size)
                 if chunk:
                     frame = Transfer(self.epoch, pos, epoch, start, min(confirm, pos + len(chunk)),
                                      chunk)  # fmt: skip

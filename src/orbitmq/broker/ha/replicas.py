@@ -63,6 +63,7 @@ from orbitmq.protocol.controller import (
     ReplicaLag,
 )
 from orbitmq.protocol.frame import Frame
+from orbitmq.protocol.signature import Signer
 from orbitmq.store.message_store import MessageStore
 
 log = logging.getLogger(__name__)
@@ -97,7 +98,14 @@ class ReplicasManager:
         self.lease_until = 0.0
         """Monotonic seconds until which this broker may act as master."""
         self.elections_asked = 0
-        self.client = RemotingClient(name="broker-to-controller", handler=self._incoming)
+        # Signed as its NameServer registrations are: a controller with auth on refuses the rest.
+        self.client = RemotingClient(
+            name="broker-to-controller",
+            handler=self._incoming,
+            signer=None
+            if config.access_key is None
+            else Signer(config.access_key, config.secret_key or ""),
+        )
         self._tasks = TaskSet("ha-replicas", logger=log)
         self._changed = asyncio.Event()
         self._seen: tuple[int, int, int] = (-2, -1, -1)

@@ -31,7 +31,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from orbitmq.broker.config import BrokerConfig
 from orbitmq.broker.ha.link import Link, LinkClosedError
-from orbitmq.common.errors import MQError, NoPermissionError, ProtocolError
+from orbitmq.common.errors import MQError, NoPermissionError, ProtocolError, StoreError
 from orbitmq.common.tasks import TaskSet
 from orbitmq.protocol.ha import (
     ERR_FENCED,
@@ -40,6 +40,7 @@ from orbitmq.protocol.ha import (
     HaError,
     Handshake,
     Heartbeat,
+    SegmentKey,
     Transfer,
 )
 from orbitmq.store.epoch import NoCommonEpochError, divergence_offset
@@ -190,8 +191,22 @@ class HaSlave:
             elif isinstance(frame, Heartbeat):
                 self._confirm(frame.confirm_offset)
                 await link.send(Ack(mine, cl.max_offset, cl.flushed_offset))
+            elif isinstance(frame, SegmentKey):
+                await self._install_key(frame)
             elif isinstance(frame, HaError):
                 raise LinkClosedError(f"master closed the link: {frame.message}")
+
+    async def _install_key(self, frame: SegmentKey) -> None:
+        """The master's DEK for a segment, before that segment's bytes (encryption at rest:
+        same master key on every replica; docs/security.md)."""
+        sealer = self.store.sealer
+        if sealer is None:
+            raise LinkClosedError("the master encrypts at rest and this replica does not: "
+                                  "set store.encrypt_at_rest and the same master key")  # fmt: skip
+        try:
+            await self._call(sealer.install_key, frame.segment_start, frame.wrapped)
+        except StoreError as exc:
+            raise LinkClosedError(f"segment key from the master not usable here: {exc}") from None
 
     def _confirm(self, master_confirm: int) -> None:
         cl = self.store.commit_log
