@@ -161,8 +161,7 @@ class BrokerController:
         )
         ctx = self.ctx
         self.metadata = MetadataService(ctx, journal) if journal is not None else None
-        """The metadata log (docs/ha.md, "Metadata replication"), when ``ha_enable`` or in
-        controller mode."""
+        """The metadata log (docs/ha.md, "Metadata replication"): ha_enable or controller mode."""
         if self.metadata is not None and isinstance(self.ha, HaSlave | RoleSwitch):
             self.ha.truncation_guard = self.metadata.paused  # no apply pass during a cut
         # Services: state and background work (each takes only what it uses).
