@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+import secrets
 from collections.abc import Sequence
 from itertools import accumulate
 
@@ -51,6 +52,11 @@ from orbitmq.common.errors import (
     SystemBusyError,
     TopicNotExistError,
     error_for,
+)
+from orbitmq.common.message import (
+    PROPERTY_PRODUCER_COUNT,
+    PROPERTY_PRODUCER_ID,
+    PROPERTY_PRODUCER_SEQ,
 )
 from orbitmq.common.record import record_overhead
 from orbitmq.net.client import RemotingClient
@@ -80,6 +86,23 @@ class Sender:
         self.fault = fault
         self.frames_sent = 0
         """Send frames written (tries included); for tests and metrics."""
+        self.producer_id = secrets.randbits(63) if config.idempotent else -1
+        """Idempotent producers: a random id, unique with overwhelming probability."""
+        self._sequences: dict[MessageQueue, int] = {}
+
+    def _stamp(self, mq: MessageQueue, items: Sequence[PreparedMessage]) -> bytes:
+        """The send body with the producer id and the next sequences of ``mq`` on the first
+        message; the sequences are used up even if the send fails (the broker allows gaps)."""
+        seq = self._sequences.get(mq, 0)
+        self._sequences[mq] = seq + len(items)
+        first = items[0].props
+        if first and not first.endswith(b"\x02"):
+            first += b"\x02"
+        first += (
+            f"{PROPERTY_PRODUCER_ID}\x01{self.producer_id}\x02{PROPERTY_PRODUCER_SEQ}\x01{seq}"
+            f"\x02{PROPERTY_PRODUCER_COUNT}\x01{len(items)}\x02"
+        ).encode()
+        return encode_send_body([i.body for i in items], [first, *(i.props for i in items[1:])])
 
     def _busy_pause(self, busy: int) -> float:
         """Seconds to wait after the ``busy``-th SYSTEM_BUSY answer in a row: doubling from
@@ -139,6 +162,7 @@ class Sender:
         tries: list[str] = []
         busy = 0
         follows = 0
+        stamped = not self.config.idempotent or oneway
         while attempts > 0 and follows < _MAX_FOLLOWS:
             remaining = deadline - loop.time()
             if remaining <= 0:
@@ -160,6 +184,10 @@ class Sender:
                     self.routes.refresh_soon(topic)
                 attempts -= 1
                 continue
+            if not stamped:
+                # Idempotent: numbered once for this queue, and every retry goes there too
+                # (the broker recognises a replay per queue).
+                body, queue, stamped = self._stamp(mq, items), mq, True
             frame = self._frame(kind, mq, sys_flag, flag, body)
             started = loop.time()
             wait = min(remaining, self.config.try_timeout_s or remaining)
