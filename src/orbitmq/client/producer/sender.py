@@ -149,20 +149,27 @@ class Sender:
         deadline: float,
         oneway: bool = False,
         busy_waits: bool = False,
+        packed: tuple[bytes, int] | None = None,
     ) -> list[SendResult]:
         """One send frame, tried up to 1 + retry_times_when_send_failed times before
         ``deadline`` (loop time); one SendResult per item ([] when ``oneway``).
-        ``busy_waits``: SYSTEM_BUSY answers pause and resend without using up a try."""
+        ``busy_waits``: SYSTEM_BUSY answers pause and resend without using up a try.
+        ``packed``: (a send body already encoded, its message count) instead of ``items``;
+        one SendResult for the whole send then (its first offsets, no message ids)."""
         loop = asyncio.get_running_loop()
-        kind = SendBatchMessageRequest if len(items) > 1 else SendMessageRequest
-        body = encode_send_body([i.body for i in items], [i.props for i in items])
+        if packed is not None:
+            body, count = packed
+        else:
+            body = encode_send_body([i.body for i in items], [i.props for i in items])
+            count = len(items)
+        kind = SendBatchMessageRequest if count > 1 else SendMessageRequest
         attempts = 1 + self.config.retry_times_when_send_failed
         last_broker: str | None = None
         last_exc: MQError | None = None
         tries: list[str] = []
         busy = 0
         follows = 0
-        stamped = not self.config.idempotent or oneway
+        stamped = not self.config.idempotent or oneway or packed is not None
         while attempts > 0 and follows < _MAX_FOLLOWS:
             remaining = deadline - loop.time()
             if remaining <= 0:
@@ -217,6 +224,8 @@ class Sender:
             status = STATUS_BY_CODE.get(resp.code)
             if status is not None and "queue_offset" in resp.fields:
                 self.fault.update(mq.broker_name, latency_ms)
+                if packed is not None:
+                    return [_packed_result(resp, mq, status)]
                 return _results(resp, mq, items, status)
             # What to do is the answer's class policy (orbitmq.common.errors): retried when
             # retriable, the route refreshed when refresh_route. A stored answer (message
@@ -310,6 +319,18 @@ def _results(
             items, range(queue_offset, queue_offset + len(items)), offsets, strict=True
         )
     ]
+
+
+def _packed_result(resp: Frame, mq: MessageQueue, status: SendStatus) -> SendResult:
+    fields = resp.fields
+    try:
+        queue_id = int(fields.get("queue_id", mq.queue_id))
+        queue_offset = int(fields["queue_offset"])
+        offset = int(fields.get("offset", -1))
+    except (TypeError, ValueError) as exc:
+        raise ProtocolError(f"malformed send response fields {fields!r}") from exc
+    real_mq = mq if queue_id == mq.queue_id else MessageQueue(mq.topic, mq.broker_name, queue_id)
+    return SendResult(status, "", real_mq, queue_offset, offset, ())
 
 
 def _as_mq_error(exc: BaseException, mq: MessageQueue) -> MQError:

@@ -162,19 +162,40 @@ def build_batch(
         raise KafkaCodecError("a batch holds at least one record")
     w = Writer()
     for rec in records:
-        _write_record(w, rec)
-    payload = compress(codec, bytes(w.buf))
-    attrs = (attributes & ~ATTR_CODEC) | codec
-    last_delta = max(rec.offset_delta for rec in records)
-    max_ts = base_timestamp + max(rec.timestamp_delta for rec in records)
+        write_record(w, rec)
+    return batch_of(
+        compress(codec, bytes(w.buf)),
+        len(records),
+        last_offset_delta=max(rec.offset_delta for rec in records),
+        base_offset=base_offset,
+        base_timestamp=base_timestamp,
+        max_timestamp=base_timestamp + max(rec.timestamp_delta for rec in records),
+        attributes=(attributes & ~ATTR_CODEC) | codec,
+        leader_epoch=leader_epoch,
+        producer=(producer_id, producer_epoch, base_sequence),
+    )
+
+
+def batch_of(
+    payload: bytes | bytearray,
+    count: int,
+    *,
+    last_offset_delta: int,
+    base_offset: int,
+    base_timestamp: int,
+    max_timestamp: int,
+    attributes: int = 0,
+    leader_epoch: int = -1,
+    producer: tuple[int, int, int] = (NO_PRODUCER_ID, -1, NO_SEQUENCE),
+) -> bytes:
+    """A v2 batch around records already encoded (and compressed as ``attributes`` say)."""
     body = bytearray(HEADER_SIZE + len(payload))
     HEADER.pack_into(
         body, 0, base_offset, HEADER_SIZE - LOG_OVERHEAD + len(payload), leader_epoch, 2, 0,
-        attrs, last_delta, base_timestamp, max_ts, producer_id, producer_epoch, base_sequence,
-        len(records),
+        attributes, last_offset_delta, base_timestamp, max_timestamp, *producer, count,
     )  # fmt: skip
     body[HEADER_SIZE:] = payload
-    struct.pack_into(">I", body, 17, crc32c.crc32c(body[CRC_START:]))
+    struct.pack_into(">I", body, 17, crc32c.crc32c(memoryview(body)[CRC_START:]))
     return bytes(body)
 
 
@@ -287,7 +308,7 @@ def _write_nullable(w: Writer, b: bytes | None) -> None:
         w.raw(b)
 
 
-def _write_record(out: Writer, rec: Record) -> None:
+def write_record(out: Writer, rec: Record) -> None:
     w = Writer()
     w.int8(0)
     w.varint(rec.timestamp_delta)
