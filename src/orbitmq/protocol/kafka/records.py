@@ -246,9 +246,21 @@ def _parse_records(buf: bytes, count: int) -> list[Record]:
         rec_end = pos + length
         if length < 0 or rec_end > end:
             raise ValueError(f"record length {length}")
-        pos += 1  # record attributes: unused in v2
-        ts_delta = varint()
-        off_delta = varint()
+        # attributes (unused in v2), then the two deltas: one byte each in the usual record,
+        # decoded here without a call
+        b = buf[pos + 1]
+        if b < 0x80:
+            ts_delta = (b >> 1) ^ -(b & 1)
+            pos += 2
+        else:
+            pos += 1
+            ts_delta = varint()
+        b = buf[pos]
+        if b < 0x80:
+            off_delta = (b >> 1) ^ -(b & 1)
+            pos += 1
+        else:
+            off_delta = varint()
         key = blob()
         value = blob()
         n_headers = varint()
