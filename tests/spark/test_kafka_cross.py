@@ -53,6 +53,9 @@ def test_kafka_records_read_by_spark(spark: Any, orbit_cluster: OrbitCluster) ->
         assert r.key == b"k%d" % i and r.tags == f"t{i % 3}"
         props = dict(r.properties)
         assert props["unit"] == "C" and props["KAFKA_TS"] == str(1_700_000_000_000 + i)
+        assert props["KAFKA_HEADERS_ALL"] == "1"  # a binary header: the whole list, in order
         assert json.loads(props["KAFKA_HEADERS"]) == [
-            ["raw", base64.b64encode(bytes([0xFE, i])).decode()]
+            ["unit", base64.b64encode(b"C").decode()],
+            ["raw", base64.b64encode(bytes([0xFE, i])).decode()],
+            ["rocketmq.tag", base64.b64encode(f"t{i % 3}".encode()).decode()],
         ]

@@ -8,14 +8,15 @@ A produced record becomes an ordinary message, readable by every OrbitMQ consume
   otherwise base64 in ``KAFKA_KEY_B64``;
 - timestamp -> ``KAFKA_TS`` (CreateTime, ms; the message's store time is the log append time);
 - headers -> user properties when key and value are plain text and the key is not a property
-  OrbitMQ reserves; every other header (binary or null values, reserved names) goes, in order,
-  into ``KAFKA_HEADERS`` as JSON ``[[key, base64 or null], ...]``. A header ``rocketmq.tag``
-  sets the message's tag.
+  OrbitMQ reserves. When any header cannot be one (binary or null values, reserved names, a
+  repeated key) or ``rocketmq.tag`` is not the first, the whole list goes, in order, into
+  ``KAFKA_HEADERS`` as JSON ``[[key, base64 or null], ...]`` with ``KAFKA_HEADERS_ALL=1``, and
+  Fetch serves that list as it was produced. A header ``rocketmq.tag`` sets the message's tag.
 
 Read back (Fetch), a message written by any protocol becomes a record: the Kafka properties
 above are undone, a RocketMQ message's first key is the record key and its tag the header
-``rocketmq.tag``; its other user properties are headers. Header order is kept only for the
-headers in ``KAFKA_HEADERS`` (plain ones come back in property order).
+``rocketmq.tag``; its other user properties are headers. Headers keep their produced order and
+repeats: plain ones are properties in that order, and any other case stores the whole list.
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ PROP_EMPTY_VALUE = "KAFKA_EMPTY_VALUE"
 EMPTY_BODY = b"\x00"
 PROP_KEY_B64 = "KAFKA_KEY_B64"
 PROP_HEADERS = "KAFKA_HEADERS"
+PROP_HEADERS_ALL = "KAFKA_HEADERS_ALL"
 TAG_HEADER = "rocketmq.tag"
 
 _SYSTEM = frozenset({
@@ -77,21 +79,25 @@ def to_message(topic: str, rec: Record, timestamp_ms: int) -> Message:
         props[PROP_NULL_VALUE] = "1"
     elif not rec.value:
         props[PROP_EMPTY_VALUE] = "1"
-    odd: list[list[str | None]] = []
-    for hkey, hval in rec.headers:
+    every: list[list[str | None]] = []
+    odd = False
+    for i, (hkey, hval) in enumerate(rec.headers):
+        every.append([hkey, None if hval is None else base64.b64encode(hval).decode()])
         if hkey == TAG_HEADER and hval is not None and tags is None:
             text = _utf8(hval)
             if text is not None and _plain(text):
                 tags = text
+                odd = odd or i > 0  # read back first: the order needs the full list
                 continue
         text = None if hval is None else _utf8(hval)
         if text is not None and _plain(text) and _plain(hkey) and not _is_reserved(hkey) \
                 and hkey not in props:  # fmt: skip
             props[hkey] = text
         else:
-            odd.append([hkey, None if hval is None else base64.b64encode(hval).decode()])
-    if odd:
-        props[PROP_HEADERS] = json.dumps(odd, separators=(",", ":"))
+            odd = True
+    if odd:  # the whole list, in order, duplicates kept; the plain ones stay properties too
+        props[PROP_HEADERS] = json.dumps(every, separators=(",", ":"))
+        props[PROP_HEADERS_ALL] = "1"
     # OrbitMQ stores no empty body: a null or empty value is one placeholder byte, marked
     return Message(topic, rec.value or EMPTY_BODY, tags=tags, keys=keys, properties=props)
 
@@ -148,6 +154,14 @@ def to_record(msg: StoredMessage, base_offset: int, base_ts: int) -> Record:
     elif props.get(PROP_EMPTY_VALUE) == "1":
         value = b""
     headers: list[tuple[str, bytes | None]] = []
+    if props.get(PROP_HEADERS_ALL) == "1":
+        try:
+            headers = [(str(k), None if v is None else base64.b64decode(v))
+                       for k, v in json.loads(props[PROP_HEADERS])]  # fmt: skip
+            return Record(msg.queue_offset - base_offset, timestamp_of(msg) - base_ts, key,
+                          value, headers)  # fmt: skip
+        except (KeyError, ValueError, TypeError):
+            headers = []  # written by someone else: read as below
     tag = msg.tags
     if tag:
         headers.append((TAG_HEADER, tag.encode()))
