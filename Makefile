@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: help up test lint fmt test-crash test-chaos test-mqtt-interop fuzz bench bench-store proto clean browser promtool test-s3 vendor native
+.PHONY: help up test lint fmt test-crash test-chaos test-mqtt-interop test-kafka-suite fuzz bench bench-store proto clean browser promtool test-s3 vendor native
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
@@ -71,6 +71,13 @@ PAHO_TESTING_COMMIT := 9d7bb80bb8b9d9cfc0b52f8cb4c1916401281103
 test-mqtt-interop: $(STAMP) ## Eclipse Paho MQTT 3.1.1 + 5.0 interoperability suites (needs port 1883 free; PAHO_TESTING=checkout)
 	test -d $(PAHO_TESTING) || { git clone -q https://github.com/eclipse/paho.mqtt.testing $(PAHO_TESTING) && git -C $(PAHO_TESTING) checkout -q $(PAHO_TESTING_COMMIT); }
 	$(PY) tests/compat/mqtt/paho_interop.py $(PAHO_TESTING)
+
+LIBRDKAFKA ?= .cache/librdkafka
+LIBRDKAFKA_REF ?= v2.16.0
+
+test-kafka-suite: $(STAMP) ## librdkafka's own tests (brief K10 list) against an `orbitmq up` Kafka listener (LIBRDKAFKA=checkout; builds it: C toolchain, zlib; RDK_TESTS="0001 0002" for some)
+	test -d $(LIBRDKAFKA) || git clone -q --depth 1 --branch $(LIBRDKAFKA_REF) https://github.com/confluentinc/librdkafka $(LIBRDKAFKA)
+	$(PY) tests/compat/kafka/librdkafka_suite.py $(LIBRDKAFKA) $(RDK_TESTS)
 
 # The side-by-side harness (NATS, RabbitMQ, Redis, Mosquitto and OrbitMQ in one run) lives beside
 # the checkout and is read-only for the project; PEERS=path/to/peers points elsewhere.

@@ -18,6 +18,14 @@ import numpy as np
 
 from orbitmq.broker.context import BrokerContext
 from orbitmq.broker.heap import PAUSES
+from orbitmq.broker.idempotence import (
+    DUPLICATE,
+    STALE,
+    Claim,
+    IdempotenceTable,
+    producer_of,
+    read_tail,
+)
 from orbitmq.broker.long_polling import LongPolling
 from orbitmq.broker.metadata.records import METADATA_TOPIC
 from orbitmq.broker.timer_delivery import DelayedDelivery
@@ -164,6 +172,7 @@ class BrokerProcessor:
         self.long_polling = long_polling
         self.timer_stats = timer_stats
         self._round_robin = 0
+        self.idempotence = IdempotenceTable()
 
     # ------------------------------------------------------------------ helpers
 
@@ -224,6 +233,15 @@ class BrokerProcessor:
         timed = half is None and self.delayed.wants(send.properties_block)
         code = ResponseCode.SUCCESS
         remark = ""
+        claim: Claim | None = None
+        ident = producer_of(send.properties[0]) if half is None and not timed else None
+        if ident is not None:  # an idempotent producer's send (orbitmq.broker.idempotence)
+            claim = await self._claim(topic, queue_id, ident)
+            if claim.verdict == DUPLICATE:
+                assert claim.future is not None
+                first, physical = await claim.future
+                dup = {"queue_id": queue_id, "queue_offset": first, "offset": physical}
+                return frame.reply(code, "duplicate: stored before, not again", fields=dup)
         try:
             if timed:
                 result = await self.delayed.put_send(batch)
@@ -233,9 +251,17 @@ class BrokerProcessor:
                 result = await self.halves.put_half(half)
         except FlushTimeoutError as exc:
             if not isinstance(exc.result, AppendResult):
+                if claim is not None:
+                    self.idempotence.failed(claim, exc)
                 raise
             # Stored but not yet durable: say where, like RocketMQ's FLUSH_DISK_TIMEOUT status.
             result, code, remark = exc.result, ResponseCode.FLUSH_DISK_TIMEOUT, str(exc)
+        except BaseException as exc:
+            if claim is not None:
+                self.idempotence.failed(claim, exc)
+            raise
+        if claim is not None:
+            self.idempotence.stored(claim, result.first_queue_offset, result.physical_offsets[0])
         try:
             await self.ctx.replication.wait_replicated(result.end_offset)
         except FlushSlaveTimeoutError as exc:
@@ -261,6 +287,22 @@ class BrokerProcessor:
         if timed and result.count > 1:
             fields["offsets"] = result.physical_offsets  # split batch: not back to back
         return frame.reply(code, remark, fields=fields)
+
+    async def _claim(self, topic: str, queue_id: int, ident: tuple[int, int, int]) -> Claim:
+        table = self.idempotence
+
+        async def tail(n: int) -> list[tuple[dict[str, str], int, int]]:
+            return await self.bridge.read(read_tail, self.store, topic, queue_id, n)
+
+        await table.ensure_loaded(topic, queue_id, tail)
+        claim = table.claim(ident[0], topic, queue_id, ident[1])
+        if claim.verdict == STALE:
+            raise MessageIllegalError(
+                f"producer {ident[0]} sequence {ident[1]} on {topic}/{queue_id} is older than the "
+                f"last {table.retained} sends the broker remembers: not stored (it may be a "
+                "duplicate)"
+            )
+        return claim
 
     # ------------------------------------------------------------------ pull
 

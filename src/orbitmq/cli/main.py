@@ -26,6 +26,7 @@ from orbitmq.cli import (
     bench_grpc,
     bench_kafka,
     bench_produce,
+    bench_sink,
     bench_spark,
     bench_timer,
     consume,
@@ -456,6 +457,7 @@ bench_app.command("timer")(bench_timer.bench_timer)
 bench_app.command("grpc")(bench_grpc.bench_grpc)
 bench_app.command("spark")(bench_spark.bench_spark)
 bench_app.command("kafka")(bench_kafka.bench_kafka)
+bench_app.command("sink-commit")(bench_sink.bench_sink_commit)
 bench_app.command("auth")(auth_cli.bench_auth)
 
 

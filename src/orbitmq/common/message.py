@@ -32,6 +32,11 @@ PROPERTY_REAL_QUEUE_ID = "REAL_QID"
 PROPERTY_SHARDING_KEY = "__SHARDINGKEY"
 PROPERTY_TRANSACTION_PREPARED = "TRAN_MSG"
 PROPERTY_PRODUCER_GROUP = "PGROUP"
+PROPERTY_PRODUCER_ID = "PRODUCER_ID"
+"""Idempotent producers (orbitmq.broker.idempotence): on a send's first message, the
+producer's id, the send's first sequence on its queue and how many messages it holds."""
+PROPERTY_PRODUCER_SEQ = "PRODUCER_SEQ"
+PROPERTY_PRODUCER_COUNT = "PRODUCER_COUNT"
 
 DELIVERY_PROPERTIES = frozenset(
     {

@@ -27,7 +27,8 @@ from orbitmq.common.errors import MessageTooLargeError
 from orbitmq.common.record import StoredMessage
 from orbitmq.kafka import errors as E
 from orbitmq.kafka.config import KafkaConfig
-from orbitmq.kafka.mapping import timestamp_of, to_message, to_record
+from orbitmq.kafka.fetch_encode import encode_pull
+from orbitmq.kafka.mapping import timestamp_of, to_send_body
 from orbitmq.kafka.partitions import Partitions
 from orbitmq.kafka.producer_state import (
     DUPLICATE,
@@ -40,7 +41,7 @@ from orbitmq.kafka.producer_state import (
     ProducerStates,
 )
 from orbitmq.protocol.kafka.primitives import KafkaCodecError
-from orbitmq.protocol.kafka.records import Batch, build_batch, read_batches
+from orbitmq.protocol.kafka.records import Batch, read_batches
 
 Body = dict[str, Any]
 MAX_PULL = 512
@@ -128,13 +129,13 @@ class DataPlane:
                 return E.OUT_OF_ORDER_SEQUENCE_NUMBER, -1
             if verdict == FENCED:
                 return E.INVALID_PRODUCER_EPOCH, -1
-        msgs = [
-            to_message(topic, r, batch.base_timestamp + r.timestamp_delta) for r in batch.records()
-        ]
-        if idempotent:
-            msgs[0].properties.update({PROP_PID: str(pid), PROP_EPOCH: str(epoch), PROP_SEQ: str(seq),
-                                       PROP_COUNT: str(batch.record_count)})  # fmt: skip
-        result = await self.producer.send_batch(msgs, queue=mq)
+        records = batch.records()
+        first = None
+        if idempotent:  # the producer's numbers on the first message, for `rebuild`
+            first = {PROP_PID: str(pid), PROP_EPOCH: str(epoch), PROP_SEQ: str(seq),
+                     PROP_COUNT: str(batch.record_count)}  # fmt: skip
+        body = to_send_body(topic, records, batch.base_timestamp, first)
+        result = await self.producer.send_packed(topic, body, len(records), queue=mq)
         if idempotent:
             self.states.record(pid, topic, index, epoch, seq, last_seq, result.queue_offset)
         return E.NONE, result.queue_offset
@@ -215,8 +216,8 @@ class DataPlane:
             answer["error_code"] = E.UNKNOWN_TOPIC_OR_PARTITION
             return answer
         try:
-            res = await self.admin.pull(mq, offset, max_nums=MAX_PULL, max_bytes=max(1024, p["partition_max_bytes"]),
-                                        suspend_timeout_ms=wait_ms)  # fmt: skip
+            res = await self.admin.pull_raw(mq, offset, max_nums=MAX_PULL, max_bytes=max(1024, p["partition_max_bytes"]),
+                                            suspend_timeout_ms=wait_ms)  # fmt: skip
         except Exception as e:  # noqa: BLE001  # mapped to a Kafka code
             answer["error_code"] = E.code_for(e)
             return answer
@@ -227,9 +228,11 @@ class DataPlane:
         ):
             answer["error_code"] = E.OFFSET_OUT_OF_RANGE
             return answer
-        msgs = [m for m in res.messages if m.queue_offset >= offset]
-        if msgs:
-            answer["records"] = encode_messages(msgs)
+        if res.status is PullStatus.FOUND and res.body:
+            try:
+                answer["records"] = encode_pull(res.body, offset)
+            except Exception as e:  # noqa: BLE001  # a bad stored record: mapped to a Kafka code
+                answer["error_code"] = E.code_for(e)
         return answer
 
     # -- ListOffsets -------------------------------------------------------------------------
@@ -276,24 +279,3 @@ class DataPlane:
         except Exception as e:  # noqa: BLE001  # mapped to a Kafka code
             ans["error_code"] = E.code_for(e)
         return ans
-
-
-def encode_messages(msgs: list[StoredMessage]) -> bytes:
-    """Uncompressed v2 batches, one per run of consecutive queue offsets."""
-    out = bytearray()
-    run: list[StoredMessage] = []
-    for m in msgs:
-        if run and m.queue_offset != run[-1].queue_offset + 1:
-            out += _batch(run)
-            run = []
-        run.append(m)
-    if run:
-        out += _batch(run)
-    return bytes(out)
-
-
-def _batch(run: list[StoredMessage]) -> bytes:
-    base, base_ts = run[0].queue_offset, timestamp_of(run[0])
-    return build_batch(
-        [to_record(m, base, base_ts) for m in run], base_offset=base, base_timestamp=base_ts
-    )

@@ -2,19 +2,21 @@
 
 A produced record becomes an ordinary message, readable by every OrbitMQ consumer:
 
-- value -> body (a null value, a Kafka tombstone, -> empty body and ``KAFKA_NULL_VALUE=1``);
+- value -> body (OrbitMQ stores no empty body: a null value, a Kafka tombstone, is one zero
+  byte and ``KAFKA_NULL_VALUE=1``, an empty value one zero byte and ``KAFKA_EMPTY_VALUE=1``);
 - key -> ``KEYS`` when it is text without spaces or separators (so query-by-key works),
   otherwise base64 in ``KAFKA_KEY_B64``;
 - timestamp -> ``KAFKA_TS`` (CreateTime, ms; the message's store time is the log append time);
 - headers -> user properties when key and value are plain text and the key is not a property
-  OrbitMQ reserves; every other header (binary or null values, reserved names) goes, in order,
-  into ``KAFKA_HEADERS`` as JSON ``[[key, base64 or null], ...]``. A header ``rocketmq.tag``
-  sets the message's tag.
+  OrbitMQ reserves. When any header cannot be one (binary or null values, reserved names, a
+  repeated key) or ``rocketmq.tag`` is not the first, the whole list goes, in order, into
+  ``KAFKA_HEADERS`` as JSON ``[[key, base64 or null], ...]`` with ``KAFKA_HEADERS_ALL=1``, and
+  Fetch serves that list as it was produced. A header ``rocketmq.tag`` sets the message's tag.
 
 Read back (Fetch), a message written by any protocol becomes a record: the Kafka properties
 above are undone, a RocketMQ message's first key is the record key and its tag the header
-``rocketmq.tag``; its other user properties are headers. Header order is kept only for the
-headers in ``KAFKA_HEADERS`` (plain ones come back in property order).
+``rocketmq.tag``; its other user properties are headers. Headers keep their produced order and
+repeats: plain ones are properties in that order, and any other case stores the whole list.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from __future__ import annotations
 import base64
 import json
 
+from orbitmq.common.ids import default_generator
 from orbitmq.common.message import (
     DELIVERY_PROPERTIES,
     NAME_VALUE_SEPARATOR,
@@ -30,14 +33,19 @@ from orbitmq.common.message import (
     PROPERTY_TAGS,
     PROPERTY_UNIQ_KEY,
     Message,
+    encode_properties,
 )
 from orbitmq.common.record import StoredMessage
 from orbitmq.protocol.kafka.records import Record
+from orbitmq.protocol.messages import encode_send_body
 
 PROP_TS = "KAFKA_TS"
 PROP_NULL_VALUE = "KAFKA_NULL_VALUE"
+PROP_EMPTY_VALUE = "KAFKA_EMPTY_VALUE"
+EMPTY_BODY = b"\x00"
 PROP_KEY_B64 = "KAFKA_KEY_B64"
 PROP_HEADERS = "KAFKA_HEADERS"
+PROP_HEADERS_ALL = "KAFKA_HEADERS_ALL"
 TAG_HEADER = "rocketmq.tag"
 
 _SYSTEM = frozenset({
@@ -69,22 +77,68 @@ def to_message(topic: str, rec: Record, timestamp_ms: int) -> Message:
             props[PROP_KEY_B64] = base64.b64encode(rec.key).decode()
     if rec.value is None:
         props[PROP_NULL_VALUE] = "1"
-    odd: list[list[str | None]] = []
-    for hkey, hval in rec.headers:
+    elif not rec.value:
+        props[PROP_EMPTY_VALUE] = "1"
+    every: list[list[str | None]] = []
+    odd = False
+    for i, (hkey, hval) in enumerate(rec.headers):
+        every.append([hkey, None if hval is None else base64.b64encode(hval).decode()])
         if hkey == TAG_HEADER and hval is not None and tags is None:
             text = _utf8(hval)
             if text is not None and _plain(text):
                 tags = text
+                odd = odd or i > 0  # read back first: the order needs the full list
                 continue
         text = None if hval is None else _utf8(hval)
         if text is not None and _plain(text) and _plain(hkey) and not _is_reserved(hkey) \
                 and hkey not in props:  # fmt: skip
             props[hkey] = text
         else:
-            odd.append([hkey, None if hval is None else base64.b64encode(hval).decode()])
-    if odd:
-        props[PROP_HEADERS] = json.dumps(odd, separators=(",", ":"))
-    return Message(topic, rec.value or b"", tags=tags, keys=keys, properties=props)
+            odd = True
+    if odd:  # the whole list, in order, duplicates kept; the plain ones stay properties too
+        props[PROP_HEADERS] = json.dumps(every, separators=(",", ":"))
+        props[PROP_HEADERS_ALL] = "1"
+    # OrbitMQ stores no empty body: a null or empty value is one placeholder byte, marked
+    return Message(topic, rec.value or EMPTY_BODY, tags=tags, keys=keys, properties=props)
+
+
+_UNIQ = PROPERTY_UNIQ_KEY.encode() + NAME_VALUE_SEPARATOR.encode()
+_FAST = b"KAFKA_TS\x01%d\x02KEYS\x01%b\x02" + _UNIQ + b"%b\x02"
+
+
+def to_send_body(
+    topic: str, records: list[Record], base_timestamp: int, first: dict[str, str] | None = None
+) -> bytes:
+    """A batch's records as one OrbitMQ send body (``encode_send_body``), the properties of
+    each message what :func:`to_message` gives plus its unique id, and ``first`` added to the
+    first message's. The usual record (a text key, a value, no headers) is encoded with one
+    bytes format and no Message object; the others go through :func:`to_message`."""
+    ids = default_generator.next_ids(len(records))
+    bodies: list[bytes] = []
+    props: list[bytes] = []
+    for rec, msg_id in zip(records, ids, strict=True):
+        key, value = rec.key, rec.value
+        if (
+            value
+            and not rec.headers
+            and key
+            and b" " not in key
+            and b"\x01" not in key
+            and b"\x02" not in key
+            and key.isascii()
+            and (first is None or bodies)
+        ):
+            bodies.append(value)
+            props.append(_FAST % (base_timestamp + rec.timestamp_delta, key, msg_id.encode()))
+            continue
+        msg = to_message(topic, rec, base_timestamp + rec.timestamp_delta)
+        system = msg.system_properties()
+        system[PROPERTY_UNIQ_KEY] = msg_id
+        if first is not None and not bodies:
+            system.update(first)
+        bodies.append(msg.body)
+        props.append(encode_properties(system))
+    return encode_send_body(bodies, props)
 
 
 def to_record(msg: StoredMessage, base_offset: int, base_ts: int) -> Record:
@@ -94,8 +148,20 @@ def to_record(msg: StoredMessage, base_offset: int, base_ts: int) -> Record:
         key = base64.b64decode(props[PROP_KEY_B64])
     elif msg.keys:
         key = msg.keys[0].encode()
-    value = None if props.get(PROP_NULL_VALUE) == "1" else msg.body
+    value: bytes | None = msg.body
+    if props.get(PROP_NULL_VALUE) == "1":
+        value = None
+    elif props.get(PROP_EMPTY_VALUE) == "1":
+        value = b""
     headers: list[tuple[str, bytes | None]] = []
+    if props.get(PROP_HEADERS_ALL) == "1":
+        try:
+            headers = [(str(k), None if v is None else base64.b64decode(v))
+                       for k, v in json.loads(props[PROP_HEADERS])]  # fmt: skip
+            return Record(msg.queue_offset - base_offset, timestamp_of(msg) - base_ts, key,
+                          value, headers)  # fmt: skip
+        except (KeyError, ValueError, TypeError):
+            headers = []  # written by someone else: read as below
     tag = msg.tags
     if tag:
         headers.append((TAG_HEADER, tag.encode()))

@@ -88,9 +88,17 @@ def server() -> Iterator[int]:
     finally:
 
         async def stop() -> None:
+            # Connection handlers are cancelled and awaited, so each closes its transport
+            # before the loop stops (else an unclosed-transport ResourceWarning surfaces later,
+            # in whichever test is running, as an error under filterwarnings=error).
             srv.close()
-            for task in asyncio.all_tasks() - {asyncio.current_task()}:
+            tasks = asyncio.all_tasks() - {asyncio.current_task()}
+            for task in tasks:
                 task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            await srv.wait_closed()
+            for _ in range(3):  # transports finish closing on the following iterations
+                await asyncio.sleep(0)
             loop.stop()
 
         loop.call_soon_threadsafe(lambda: loop.create_task(stop()))

@@ -18,7 +18,7 @@ from orbitmq.client.admin.base import (
     _records,
 )
 from orbitmq.client.admin.types import PULL_STATUS as _PULL_STATUS
-from orbitmq.client.admin.types import PullResult, PullStatus, TopicDescription
+from orbitmq.client.admin.types import PullResult, PullStatus, RawPull, TopicDescription
 from orbitmq.client.route import (
     MessageQueue,
     TopicRouteNotFoundError,
@@ -255,6 +255,31 @@ class TopicAdmin(AdminBase):
         collision never leaks a message). ``suspend_timeout_ms`` > 0 long-polls when there is
         nothing new yet. Continue from ``next_begin_offset``.
         """
+        raw = await self.pull_raw(mq, offset, max_nums=max_nums, max_bytes=max_bytes,
+                                  tags=tags, suspend_timeout_ms=suspend_timeout_ms)  # fmt: skip
+        messages: list[StoredMessage] = []
+        if raw.status is PullStatus.FOUND:
+            messages = [_codec.plain(m) for m in decode_records(memoryview(raw.body))]
+            if tags:
+                wanted = set(tags)
+                messages = [m for m in messages if m.tags in wanted]
+        return PullResult(
+            raw.status, messages, raw.next_begin_offset, raw.min_offset, raw.max_offset
+        )
+
+    async def pull_raw(
+        self,
+        mq: MessageQueue,
+        offset: int,
+        *,
+        max_nums: int = 32,
+        max_bytes: int = 4 * 1024 * 1024,
+        tags: Sequence[str] | None = None,
+        suspend_timeout_ms: int = 0,
+    ) -> RawPull:
+        """:meth:`pull` without decoding: the records as the broker sent them (stored
+        records back to back, not CRC-checked yet, bodies maybe compressed), for callers that
+        re-encode them without a message object each (the Kafka gateway's Fetch)."""
         addr = await self._addr_of(mq)
         header = PullMessageRequest(
             topic=mq.topic,
@@ -272,17 +297,11 @@ class TopicAdmin(AdminBase):
             timeout_s=self.timeout_s + max(0, suspend_timeout_ms) / 1000.0,
         )
         status = _PULL_STATUS[ResponseCode(resp.code)]
-        messages: list[StoredMessage] = []
-        if status is PullStatus.FOUND:
-            messages = [_codec.plain(m) for m in decode_records(memoryview(resp.body))]
-            if tags:
-                wanted = set(tags)
-                messages = [m for m in messages if m.tags in wanted]
-        next_begin = _int_field(resp, "next_begin_offset", offset)
-        return PullResult(
+        body = resp.body if status is PullStatus.FOUND else b""
+        return RawPull(
             status,
-            messages,
-            next_begin,
+            body if isinstance(body, bytes) else bytes(body),
+            _int_field(resp, "next_begin_offset", offset),
             _int_field(resp, "min_offset", -1),
             _int_field(resp, "max_offset", -1),
         )

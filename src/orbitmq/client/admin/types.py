@@ -61,6 +61,17 @@ class PullResult:
 
 
 @dataclass(frozen=True, slots=True)
+class RawPull:
+    """A pull's answer undecoded: ``body`` holds the stored records back to back."""
+
+    status: PullStatus
+    body: bytes
+    next_begin_offset: int
+    min_offset: int
+    max_offset: int
+
+
+@dataclass(frozen=True, slots=True)
 class TopicDescription:
     topic: str
     route: TopicRouteData

@@ -33,6 +33,11 @@ class ProducerConfig:
     retry_times_when_send_failed: int = setting(
         2, "Tries after the first for a retriable failure, on another broker if any.", at_least(0)
     )
+    idempotent: bool = setting(
+        False,
+        "Number every send per queue under a random producer id so the broker stores a retried "
+        "send once and answers replays with the original offset (docs/client.md).",
+    )
     compress_over_bytes: int = setting(
         4096, "Bodies larger than this are zstd-compressed (negative: never)."
     )

@@ -213,6 +213,26 @@ class AsyncProducer:
             first.status, ",".join(ids), first.message_queue, first.queue_offset, first.offset, ids
         )
 
+    async def send_packed(
+        self, topic: str, body: bytes, count: int, *, queue: MessageQueue
+    ) -> SendResult:
+        """Send a body already in the send-body layout (``encode_send_body``: ``count``
+        messages whose properties carry their unique ids) as one frame to ``queue``, retried as
+        ``send_batch`` is. For gateways that build the body from another protocol's batch
+        without a Message per record; nothing is validated or compressed here (the broker
+        checks what it stores). The result names the first message's offsets, no ids."""
+        loop = self.check_running()
+        if count < 1:
+            raise EmptyBodyError("batch holds no message")
+        if len(body) > MAX_BATCH_BYTES:
+            raise MessageTooLargeError(f"batch is {len(body)} bytes, too large for one frame")
+        check_queue(queue, topic)
+        deadline = loop.time() + self.config.send_timeout_s
+        results = await self.sender.send(
+            topic, (), 0, 0, queue=queue, deadline=deadline, packed=(body, count)
+        )
+        return results[0]
+
     async def send_oneway(
         self,
         msg: Message,

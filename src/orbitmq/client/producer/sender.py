@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+import secrets
 from collections.abc import Sequence
 from itertools import accumulate
 
@@ -51,6 +52,11 @@ from orbitmq.common.errors import (
     SystemBusyError,
     TopicNotExistError,
     error_for,
+)
+from orbitmq.common.message import (
+    PROPERTY_PRODUCER_COUNT,
+    PROPERTY_PRODUCER_ID,
+    PROPERTY_PRODUCER_SEQ,
 )
 from orbitmq.common.record import record_overhead
 from orbitmq.net.client import RemotingClient
@@ -80,6 +86,23 @@ class Sender:
         self.fault = fault
         self.frames_sent = 0
         """Send frames written (tries included); for tests and metrics."""
+        self.producer_id = secrets.randbits(63) if config.idempotent else -1
+        """Idempotent producers: a random id, unique with overwhelming probability."""
+        self._sequences: dict[MessageQueue, int] = {}
+
+    def _stamp(self, mq: MessageQueue, items: Sequence[PreparedMessage]) -> bytes:
+        """The send body with the producer id and the next sequences of ``mq`` on the first
+        message; the sequences are used up even if the send fails (the broker allows gaps)."""
+        seq = self._sequences.get(mq, 0)
+        self._sequences[mq] = seq + len(items)
+        first = items[0].props
+        if first and not first.endswith(b"\x02"):
+            first += b"\x02"
+        first += (
+            f"{PROPERTY_PRODUCER_ID}\x01{self.producer_id}\x02{PROPERTY_PRODUCER_SEQ}\x01{seq}"
+            f"\x02{PROPERTY_PRODUCER_COUNT}\x01{len(items)}\x02"
+        ).encode()
+        return encode_send_body([i.body for i in items], [first, *(i.props for i in items[1:])])
 
     def _busy_pause(self, busy: int) -> float:
         """Seconds to wait after the ``busy``-th SYSTEM_BUSY answer in a row: doubling from
@@ -126,19 +149,27 @@ class Sender:
         deadline: float,
         oneway: bool = False,
         busy_waits: bool = False,
+        packed: tuple[bytes, int] | None = None,
     ) -> list[SendResult]:
         """One send frame, tried up to 1 + retry_times_when_send_failed times before
         ``deadline`` (loop time); one SendResult per item ([] when ``oneway``).
-        ``busy_waits``: SYSTEM_BUSY answers pause and resend without using up a try."""
+        ``busy_waits``: SYSTEM_BUSY answers pause and resend without using up a try.
+        ``packed``: (a send body already encoded, its message count) instead of ``items``;
+        one SendResult for the whole send then (its first offsets, no message ids)."""
         loop = asyncio.get_running_loop()
-        kind = SendBatchMessageRequest if len(items) > 1 else SendMessageRequest
-        body = encode_send_body([i.body for i in items], [i.props for i in items])
+        if packed is not None:
+            body, count = packed
+        else:
+            body = encode_send_body([i.body for i in items], [i.props for i in items])
+            count = len(items)
+        kind = SendBatchMessageRequest if count > 1 else SendMessageRequest
         attempts = 1 + self.config.retry_times_when_send_failed
         last_broker: str | None = None
         last_exc: MQError | None = None
         tries: list[str] = []
         busy = 0
         follows = 0
+        stamped = not self.config.idempotent or oneway or packed is not None
         while attempts > 0 and follows < _MAX_FOLLOWS:
             remaining = deadline - loop.time()
             if remaining <= 0:
@@ -160,6 +191,10 @@ class Sender:
                     self.routes.refresh_soon(topic)
                 attempts -= 1
                 continue
+            if not stamped:
+                # Idempotent: numbered once for this queue, and every retry goes there too
+                # (the broker recognises a replay per queue).
+                body, queue, stamped = self._stamp(mq, items), mq, True
             frame = self._frame(kind, mq, sys_flag, flag, body)
             started = loop.time()
             wait = min(remaining, self.config.try_timeout_s or remaining)
@@ -189,6 +224,8 @@ class Sender:
             status = STATUS_BY_CODE.get(resp.code)
             if status is not None and "queue_offset" in resp.fields:
                 self.fault.update(mq.broker_name, latency_ms)
+                if packed is not None:
+                    return [_packed_result(resp, mq, status)]
                 return _results(resp, mq, items, status)
             # What to do is the answer's class policy (orbitmq.common.errors): retried when
             # retriable, the route refreshed when refresh_route. A stored answer (message
@@ -282,6 +319,18 @@ def _results(
             items, range(queue_offset, queue_offset + len(items)), offsets, strict=True
         )
     ]
+
+
+def _packed_result(resp: Frame, mq: MessageQueue, status: SendStatus) -> SendResult:
+    fields = resp.fields
+    try:
+        queue_id = int(fields.get("queue_id", mq.queue_id))
+        queue_offset = int(fields["queue_offset"])
+        offset = int(fields.get("offset", -1))
+    except (TypeError, ValueError) as exc:
+        raise ProtocolError(f"malformed send response fields {fields!r}") from exc
+    real_mq = mq if queue_id == mq.queue_id else MessageQueue(mq.topic, mq.broker_name, queue_id)
+    return SendResult(status, "", real_mq, queue_offset, offset, ())
 
 
 def _as_mq_error(exc: BaseException, mq: MessageQueue) -> MQError:

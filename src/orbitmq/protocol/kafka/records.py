@@ -162,19 +162,40 @@ def build_batch(
         raise KafkaCodecError("a batch holds at least one record")
     w = Writer()
     for rec in records:
-        _write_record(w, rec)
-    payload = compress(codec, bytes(w.buf))
-    attrs = (attributes & ~ATTR_CODEC) | codec
-    last_delta = max(rec.offset_delta for rec in records)
-    max_ts = base_timestamp + max(rec.timestamp_delta for rec in records)
+        write_record(w, rec)
+    return batch_of(
+        compress(codec, bytes(w.buf)),
+        len(records),
+        last_offset_delta=max(rec.offset_delta for rec in records),
+        base_offset=base_offset,
+        base_timestamp=base_timestamp,
+        max_timestamp=base_timestamp + max(rec.timestamp_delta for rec in records),
+        attributes=(attributes & ~ATTR_CODEC) | codec,
+        leader_epoch=leader_epoch,
+        producer=(producer_id, producer_epoch, base_sequence),
+    )
+
+
+def batch_of(
+    payload: bytes | bytearray,
+    count: int,
+    *,
+    last_offset_delta: int,
+    base_offset: int,
+    base_timestamp: int,
+    max_timestamp: int,
+    attributes: int = 0,
+    leader_epoch: int = -1,
+    producer: tuple[int, int, int] = (NO_PRODUCER_ID, -1, NO_SEQUENCE),
+) -> bytes:
+    """A v2 batch around records already encoded (and compressed as ``attributes`` say)."""
     body = bytearray(HEADER_SIZE + len(payload))
     HEADER.pack_into(
         body, 0, base_offset, HEADER_SIZE - LOG_OVERHEAD + len(payload), leader_epoch, 2, 0,
-        attrs, last_delta, base_timestamp, max_ts, producer_id, producer_epoch, base_sequence,
-        len(records),
+        attributes, last_offset_delta, base_timestamp, max_timestamp, *producer, count,
     )  # fmt: skip
     body[HEADER_SIZE:] = payload
-    struct.pack_into(">I", body, 17, crc32c.crc32c(body[CRC_START:]))
+    struct.pack_into(">I", body, 17, crc32c.crc32c(memoryview(body)[CRC_START:]))
     return bytes(body)
 
 
@@ -225,9 +246,21 @@ def _parse_records(buf: bytes, count: int) -> list[Record]:
         rec_end = pos + length
         if length < 0 or rec_end > end:
             raise ValueError(f"record length {length}")
-        pos += 1  # record attributes: unused in v2
-        ts_delta = varint()
-        off_delta = varint()
+        # attributes (unused in v2), then the two deltas: one byte each in the usual record,
+        # decoded here without a call
+        b = buf[pos + 1]
+        if b < 0x80:
+            ts_delta = (b >> 1) ^ -(b & 1)
+            pos += 2
+        else:
+            pos += 1
+            ts_delta = varint()
+        b = buf[pos]
+        if b < 0x80:
+            off_delta = (b >> 1) ^ -(b & 1)
+            pos += 1
+        else:
+            off_delta = varint()
         key = blob()
         value = blob()
         n_headers = varint()
@@ -287,7 +320,7 @@ def _write_nullable(w: Writer, b: bytes | None) -> None:
         w.raw(b)
 
 
-def _write_record(out: Writer, rec: Record) -> None:
+def write_record(out: Writer, rec: Record) -> None:
     w = Writer()
     w.int8(0)
     w.varint(rec.timestamp_delta)
