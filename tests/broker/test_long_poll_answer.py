@@ -11,6 +11,7 @@ from orbitmq.broker.controller import BrokerController
 from orbitmq.broker.long_polling import LongPolling
 from orbitmq.common.codes import ResponseCode
 from orbitmq.net.client import RemotingClient
+from orbitmq.protocol.codes import RequestCode
 from orbitmq.protocol.frame import Frame
 from orbitmq.protocol.group_config import SubscriptionGroupConfig
 from orbitmq.protocol.messages import decode_records
@@ -52,6 +53,8 @@ async def test_a_held_pull_is_answered_on_arrival_once(
     assert [m.body for m in decode_records(resp.body)] == [b"second", b"third"]
     assert resp.fields["next_begin_offset"] == 3 and resp.fields["max_offset"] == 3
     assert broker.long_polling.answered == 1
+    info = await client.invoke(broker.address, Frame(RequestCode.GET_BROKER_RUNTIME_INFO))
+    assert info.code == ResponseCode.SUCCESS and info.fields["pulls_answered_on_arrival"] == 1
     assert _out(broker) - out_before == 2  # counted once: the task did not answer again
     # the connection goes on answering in order
     resp = await client.invoke(broker.address, pull_frame("T", 0, 0))

@@ -573,6 +573,7 @@ class BrokerProcessor:
             pending_sends=self.bridge.pending,
             busy_rejections=self.bridge.busy_rejections,
             held_pulls=self.long_polling.held,
+            pulls_answered_on_arrival=self.long_polling.answered,
             disk_used_percent=round(self.store.retention.disk_ratio, 2),
             flush_disk_type=self.store.config.flush_disk_type.value,
             health=self.bridge.health_text(),

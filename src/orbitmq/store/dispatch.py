@@ -468,7 +468,10 @@ class Dispatcher:
             self._wake.wait(0.05)
             self._wake.clear()
             try:
-                self.dispatch_until(self.commit_log.confirm_offset)
+                # Idle turns leave the lock alone: an appender's inline round that found it
+                # taken would fall back to this thread (two hand-offs for its messages).
+                if self.reput_offset < self.commit_log.confirm_offset:
+                    self.dispatch_until(self.commit_log.confirm_offset)
             except Exception as exc:  # noqa: BLE001 - supervised: reported, retried; sends refused
                 pause = self.health.failed(exc)
                 self.failure = exc
