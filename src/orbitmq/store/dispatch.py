@@ -411,7 +411,10 @@ class Dispatcher:
 
     def _write_index(self, index_items: IndexBatch) -> None:
         if index_items and self.index is not None:
-            rows = np.concatenate(index_items) if len(index_items) > 1 else index_items[0]
+            if len(index_items) == 1:  # one run, one needle (or record by record): in order
+                self._index(index_items[0])
+                return
+            rows = np.concatenate(index_items)
             # Entries must go in log order: several needles were found separately.
             self._index(rows[np.argsort(rows[:, 1], kind="stable")])
 
