@@ -102,8 +102,8 @@ def _ensure_ids(send: SendBody) -> list[str] | None:
     block = send.properties_block
     starts = send.properties_starts
     n = len(send.properties)
-    if n <= 4 and all(property_value(p, _UNIQ) for p in send.properties):
-        return None  # one or a few messages, each with its id: no arrays needed
+    if n <= 16 and all(property_value(p, _UNIQ) for p in send.properties):
+        return None  # up to 16 messages, each with its id: no arrays needed
     pos = find_all(block, _UNIQ)
     has = np.zeros(n, dtype=bool)
     if len(pos):
