@@ -25,7 +25,7 @@ log = logging.getLogger(__name__)
 Answer = Callable[[], bool]
 """Called on the loop when a message past the waiter's offset arrived; True if it answered
 the pull itself."""
-_Waiter = tuple[int, "asyncio.Future[None]", Answer | None]
+_Waiter = tuple[int, "asyncio.Future[bool]", Answer | None]
 
 
 class LongPolling:
@@ -64,7 +64,7 @@ class LongPolling:
                 if not fut.done():
                     if answer is not None and self._answer(answer):
                         self.answered += 1
-                    fut.set_result(None)
+                    fut.set_result(True)
             else:
                 still.append(entry)
         if still:
@@ -96,19 +96,22 @@ class LongPolling:
         pull would sleep until the next message or its whole suspend time. ``answer``: see the
         module docstring (the caller learns from its own callback whether it answered).
         """
-        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[bool] = loop.create_future()
         entry: _Waiter = (offset, fut, answer)
         self.waiters.setdefault((topic, queue_id), []).append(entry)
         self.held += 1
+        # One timer handle that settles the future (False), not asyncio.timeout(), which makes
+        # a context, reschedules its own handle and cancels the task: once per held pull.
+        timer: asyncio.TimerHandle | None = None
         try:
             if ready is not None and ready():
                 return True
-            async with asyncio.timeout(timeout_s):
-                await fut
-            return True
-        except TimeoutError:
-            return False
+            timer = loop.call_later(timeout_s, _expire, fut)
+            return await fut
         finally:
+            if timer is not None:
+                timer.cancel()
             self.held -= 1
             waiting = self.waiters.get((topic, queue_id))
             if waiting is not None and entry in waiting:
@@ -120,5 +123,10 @@ class LongPolling:
         for waiting in self.waiters.values():
             for _, fut, _answer in waiting:
                 if not fut.done():
-                    fut.set_result(None)
+                    fut.set_result(True)
         self.waiters.clear()
+
+
+def _expire(fut: asyncio.Future[bool]) -> None:
+    if not fut.done():
+        fut.set_result(False)
