@@ -431,7 +431,9 @@ class BrokerProcessor:
                 """On arrival, in the dispatch round (long_polling.py): a tail read without
                 SQL answered right there; anything else is left to this task."""
                 nonlocal answered
-                if sql is not None or conn.quotas is not None or not conn.is_open:
+                if sql is not None or conn.quotas is not None or frame.is_oneway:
+                    return False
+                if not conn.is_open:
                     return False
                 if self.store.max_offset(topic, queue_id) - offset > TAIL_READ:
                     return False
