@@ -36,6 +36,7 @@ from orbitmq.common.errors import (
     FlushSlaveTimeoutError,
     FlushTimeoutError,
     MessageIllegalError,
+    MQError,
     NoPermissionError,
     TopicNotExistError,
 )
@@ -109,8 +110,8 @@ def _ensure_ids(send: SendBody) -> list[str] | None:
     block = send.properties_block
     starts = send.properties_starts
     n = len(send.properties)
-    if n <= 4 and all(property_value(p, _UNIQ) for p in send.properties):
-        return None  # one or a few messages, each with its id: no arrays needed
+    if n <= 16 and all(property_value(p, _UNIQ) for p in send.properties):
+        return None  # up to 16 messages, each with its id: no arrays needed
     pos = find_all(block, _UNIQ)
     has = np.zeros(n, dtype=bool)
     if len(pos):
@@ -368,7 +369,25 @@ class BrokerProcessor:
         if group:
             rmq.on_pull(group, topic, queue_id, next_begin)
 
+    def _found(
+        self, frame: Frame, group: str, topic: str, queue_id: int, res: GetResult
+    ) -> tuple[Frame, list[memoryview]]:
+        """The SUCCESS response of a pull that found messages, counted and traced."""
+        next_begin = res.next_begin_offset
+        self.metrics.messages_out.inc(res.count)
+        self.metrics.bytes_out.inc(res.total_bytes)
+        self._count_out(group, topic, queue_id, next_begin, res.count, res.total_bytes)
+        if self.trace is not None and group and self.trace.wants(topic):
+            self.trace.on_deliver(group, topic, queue_id, res.body_parts, pop=False)
+        fields = {
+            "next_begin_offset": next_begin,
+            "min_offset": res.min_offset,
+            "max_offset": res.max_offset,
+        }
+        return frame.reply(ResponseCode.SUCCESS, fields=fields), res.body_parts
+
     async def pull(self, frame: Frame, conn: Connection) -> Reply:
+        began = time.perf_counter()
         req = PullMessageRequest.decode(frame)
         topic = req.topic
         self._topic(topic, for_write=False)
@@ -428,12 +447,7 @@ class BrokerProcessor:
                 "max_offset": res.max_offset,
             }
             if res.status is GetStatus.FOUND and parts is None:
-                self.metrics.messages_out.inc(res.count)
-                self.metrics.bytes_out.inc(res.total_bytes)
-                self._count_out(group, topic, queue_id, next_begin, res.count, res.total_bytes)
-                if self.trace is not None and group and self.trace.wants(topic):
-                    self.trace.on_deliver(group, topic, queue_id, res.body_parts, pop=False)
-                return frame.reply(ResponseCode.SUCCESS, fields=fields), res.body_parts
+                return self._found(frame, group, topic, queue_id, res)
             if res.status is GetStatus.FOUND and parts:
                 nbytes = sum(len(p) for p in parts)
                 self.metrics.messages_out.inc(len(parts))
@@ -453,13 +467,45 @@ class BrokerProcessor:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 return frame.reply(ResponseCode.PULL_NOT_FOUND, "no new message", fields)
+            answered = False
+
+            def answer() -> bool:
+                """On arrival, in the dispatch round (long_polling.py): a tail read without
+                SQL answered right there; anything else is left to this task."""
+                nonlocal answered
+                if sql is not None or conn.quotas is not None or frame.is_oneway:
+                    return False
+                if not conn.is_open:
+                    return False
+                if self.store.max_offset(topic, queue_id) - offset > TAIL_READ:
+                    return False
+                now_tier = self.store.tier
+                if now_tier is not None and now_tier.wants(topic, queue_id, offset):
+                    return False
+                if group:
+                    try:
+                        self._check_consume_enable(group)
+                    except MQError:
+                        return False  # the task answers the error
+                res = self.store.get_messages(topic, queue_id, offset, max_nums, max_bytes, tags)
+                if res.status is not GetStatus.FOUND:
+                    return False
+                head, parts = self._found(frame, group, topic, queue_id, res)
+                conn.send_response(head, parts)
+                self.metrics.rmq.on_rpc(frame.code, head.code, (time.perf_counter() - began) * 1e3)
+                answered = True
+                return True
+
             arrived = await self.long_polling.wait(
                 topic,
                 queue_id,
                 offset,
                 remaining,
                 lambda: self.store.max_offset(topic, queue_id) > offset,
+                answer,
             )
+            if answered:
+                return None  # the response went out on arrival
             if not arrived and self.store.max_offset(topic, queue_id) <= offset:
                 return frame.reply(ResponseCode.PULL_NOT_FOUND, "no new message", fields)
             if group:
@@ -571,6 +617,7 @@ class BrokerProcessor:
             pending_sends=self.bridge.pending,
             busy_rejections=self.bridge.busy_rejections,
             held_pulls=self.long_polling.held,
+            pulls_answered_on_arrival=self.long_polling.answered,
             disk_used_percent=round(self.store.retention.disk_ratio, 2),
             flush_disk_type=self.store.config.flush_disk_type.value,
             health=self.bridge.health_text(),

@@ -289,6 +289,11 @@ class Connection(asyncio.Protocol):
         self.last_activity = time.monotonic()
         self.transport.writelines(encode(frame, body_parts))
 
+    def send_response(self, frame: Frame, body_parts: Sequence[Buffer] | None = None) -> None:
+        """Answer a request now, outside its handler (a held pull answered on arrival); the
+        handler then returns None so that nothing is sent twice."""
+        self._send(frame, body_parts)
+
     async def request(self, frame: Frame, timeout: float) -> Frame:
         """Send a request and wait for its response (RequestTimeoutError after ``timeout``)."""
         if self.transport is None or self.transport.is_closing():

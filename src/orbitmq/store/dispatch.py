@@ -161,9 +161,13 @@ class Dispatcher:
                 else:  # sealed records: properties come one by one from their ciphertext
                     self._decode_small(view, seg_start, starts, groups, index_items)
             pos = seg_start + (seg_size if filler else at)
-        self._write(groups, index_items)
-        self.reput_offset = pos
+        self._write_queues(groups)
+        # Readable from here: listeners first (a held pull is answered in this round, on the
+        # loop), then the IndexFile; reput_offset moves last, as the checkpoint vouches for
+        # everything below it, index entries included.
         self._notify(groups)
+        self._write_index(index_items)
+        self.reput_offset = pos
         return count
 
     def _decode_block(
@@ -392,11 +396,7 @@ class Dispatcher:
             pre = self._prefixes[topic] = crc32c.crc32c(f"{topic}#".encode())
         return int(pre)
 
-    def _write(
-        self,
-        groups: dict[tuple[str, int], list[tuple[int, np.ndarray]]],
-        index_items: IndexBatch,
-    ) -> None:
+    def _write_queues(self, groups: dict[tuple[str, int], list[tuple[int, np.ndarray]]]) -> None:
         for (topic, qid), runs in groups.items():
             cq = self.queues.get_or_create(topic, qid)
             first, chunks = runs[0][0], [runs[0][1].tobytes()]
@@ -408,8 +408,13 @@ class Dispatcher:
                 chunks.append(nxt.tobytes())
                 expect = nxt_first + len(nxt)
             cq.put(first, b"".join(chunks))
+
+    def _write_index(self, index_items: IndexBatch) -> None:
         if index_items and self.index is not None:
-            rows = np.concatenate(index_items) if len(index_items) > 1 else index_items[0]
+            if len(index_items) == 1:  # one run, one needle (or record by record): in order
+                self._index(index_items[0])
+                return
+            rows = np.concatenate(index_items)
             # Entries must go in log order: several needles were found separately.
             self._index(rows[np.argsort(rows[:, 1], kind="stable")])
 
@@ -466,7 +471,10 @@ class Dispatcher:
             self._wake.wait(0.05)
             self._wake.clear()
             try:
-                self.dispatch_until(self.commit_log.confirm_offset)
+                # Idle turns leave the lock alone: an appender's inline round that found it
+                # taken would fall back to this thread (two hand-offs for its messages).
+                if self.reput_offset < self.commit_log.confirm_offset:
+                    self.dispatch_until(self.commit_log.confirm_offset)
             except Exception as exc:  # noqa: BLE001 - supervised: reported, retried; sends refused
                 pause = self.health.failed(exc)
                 self.failure = exc

@@ -224,11 +224,17 @@ class IndexService:
             n = len(items)
             if n == 0:
                 return
-            if n < _SMALL_BATCH and not isinstance(items, np.ndarray):
-                # numpy's fixed cost outweighs a few entries
-                if any(not 0 <= row[0] <= HASH_MASK for row in items):
+            if n < _SMALL_BATCH:
+                # numpy's fixed cost (some 25 array operations) outweighs a few entries: the
+                # dispatcher's rounds at a few thousand msgs/s index a handful of keys each
+                if isinstance(items, np.ndarray) and (items.ndim != 2 or items.shape[1] != 3):
+                    raise ValueError(f"put_hashes: an array must be (n, 3), not {items.shape}")
+                rows: Sequence[Sequence[int]] = (
+                    items.tolist() if isinstance(items, np.ndarray) else items
+                )
+                if any(not 0 <= row[0] <= HASH_MASK for row in rows):
                     raise ValueError("put_hashes: key hashes must be in 0..2**31-1")
-                self._put_rows(items)
+                self._put_rows(rows)
                 return
             if isinstance(items, np.ndarray):
                 if items.ndim != 2 or items.shape[1] != 3:

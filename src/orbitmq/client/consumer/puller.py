@@ -5,8 +5,9 @@ subscription's filter fields. A pull body is decoded once, tag-filtered here by 
 broker only filters by tag hash), and cached in the queue's :class:`ProcessQueue` in one go; the
 owner's ``on_pulled`` then hands it on. While a queue caches more than
 ``max_cached_messages_per_queue`` messages or ``max_cached_bytes_per_queue`` bytes, its pulls
-pause (flow control). PULL_OFFSET_MOVED jumps to the offset the broker names (and commits it);
-errors back off 1 to 3 s.
+pause (flow control). A pull that reached the queue's end yields one loop turn before the next
+one, so that the listener runs before that pull is written. PULL_OFFSET_MOVED jumps to the
+offset the broker names (and commits it); errors back off 1 to 3 s.
 """
 
 from __future__ import annotations
@@ -148,6 +149,12 @@ class PullMessageService:
             added = pq.put(sub.accept(msgs), next_begin)
             if added:
                 self._on_pulled(pq, added)
+                if resp.fields.get("max_offset") == next_begin:
+                    # Caught up: the broker would hold the next pull anyway, so the listener
+                    # goes first (its worker was just scheduled) and the pull's write (which
+                    # wakes the broker, maybe on this core) after it. Behind, the next pull
+                    # goes out at once and overlaps the listener.
+                    await asyncio.sleep(0)
             return 0.0
         if code in (ResponseCode.PULL_NOT_FOUND, ResponseCode.PULL_RETRY_IMMEDIATELY):
             pq.put((), next_begin)
