@@ -14,8 +14,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-import numpy as np
-
 from orbitmq.broker.context import BrokerContext
 from orbitmq.broker.heap import PAUSES
 from orbitmq.broker.idempotence import (
@@ -28,6 +26,7 @@ from orbitmq.broker.idempotence import (
 )
 from orbitmq.broker.long_polling import LongPolling
 from orbitmq.broker.metadata.records import METADATA_TOPIC
+from orbitmq.broker.send_ids import ensure_ids, peer_host
 from orbitmq.broker.timer_delivery import DelayedDelivery
 from orbitmq.broker.trace import TraceService
 from orbitmq.broker.transaction.half import HalfMessages
@@ -41,8 +40,7 @@ from orbitmq.common.errors import (
     TopicNotExistError,
 )
 from orbitmq.common.filter import MessageFilter, compile_filter
-from orbitmq.common.ids import default_generator
-from orbitmq.common.message import MessageBatch, decode_properties, find_all, property_value
+from orbitmq.common.message import MessageBatch, decode_properties
 from orbitmq.common.record import decode, properties_slice
 from orbitmq.common.validation import validate_group
 from orbitmq.protocol.bodies import (
@@ -59,7 +57,7 @@ from orbitmq.protocol.codes import RequestCode
 from orbitmq.protocol.fields import FieldError
 from orbitmq.protocol.frame import Frame
 from orbitmq.protocol.limits import MAX_PULL_MESSAGES
-from orbitmq.protocol.messages import SendBody, decode_send_body
+from orbitmq.protocol.messages import decode_send_body
 from orbitmq.protocol.requests import (
     DeleteTopicInBrokerRequest,
     GetMaxOffsetRequest,
@@ -79,7 +77,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-_UNIQ = b"UNIQ_CLIENT_MESSAGE_ID_KEYIDX\x01"
 TAIL_READ = 64
 """A pull this close to the queue's end reads on the event loop instead of the read pool."""
 SQL_SCAN_LIMIT = 1024
@@ -101,49 +98,6 @@ class _SqlRead:
     next_begin: int
     parts: list[memoryview] = field(default_factory=list)
     dropped: int = 0
-
-
-def _ensure_ids(send: SendBody) -> list[str] | None:
-    """Give every message without a unique id (UNIQ_KEY) one. Returns every message's id when
-    any was assigned here, None when all arrived with their own (the usual case: producers set
-    them), which is found with one substring search over all the properties at once."""
-    block = send.properties_block
-    starts = send.properties_starts
-    n = len(send.properties)
-    if n <= 16 and all(property_value(p, _UNIQ) for p in send.properties):
-        return None  # up to 16 messages, each with its id: no arrays needed
-    pos = find_all(block, _UNIQ)
-    has = np.zeros(n, dtype=bool)
-    if len(pos):
-        rec = np.searchsorted(starts, pos, side="right") - 1
-        ends = starts + send.properties_lengths
-        safe = np.maximum(rec, 0)
-        raw = np.frombuffer(block, dtype=np.uint8)
-        named = (pos == starts[safe]) | (raw[np.maximum(pos - 1, 0)] == 2)
-        ok = (rec >= 0) & (pos < ends[safe]) & named
-        has[rec[ok]] = True
-    if has.all():
-        return None
-    props = send.properties
-    ids: list[str] = []
-    fresh = iter(default_generator.next_ids(int((~has).sum())))
-    for i, present in enumerate(has.tolist()):
-        if present:
-            value = property_value(props[i], _UNIQ)
-            ids.append(value.decode("utf-8", "replace") if value is not None else "")
-        else:
-            new_id = next(fresh)
-            props[i] = props[i] + _UNIQ + new_id.encode() + b"\x02"
-            ids.append(new_id)
-    return ids
-
-
-def _peer_host(conn: Connection | None) -> tuple[str, int]:
-    """The sender's address, recorded as BORN_HOST (RocketMQ records the producer's socket)."""
-    if conn is None:
-        return ("0.0.0.0", 0)
-    host, _, port = conn.peer.rpartition(":")
-    return (host, int(port)) if port.isdigit() else ("0.0.0.0", 0)
 
 
 class BrokerProcessor:
@@ -216,8 +170,8 @@ class BrokerProcessor:
             raise MessageIllegalError("send carries no message")
         if frame.code == RequestCode.SEND_MESSAGE and len(send.bodies) != 1:
             raise MessageIllegalError("SEND_MESSAGE carries exactly one message")
-        ids = _ensure_ids(send)
-        peer = _peer_host(conn)
+        ids = ensure_ids(send)
+        peer = peer_host(conn)
         batch = MessageBatch(
             topic,
             queue_id,
