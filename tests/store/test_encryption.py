@@ -15,6 +15,7 @@ import pytest
 from orbitmq.common.errors import ConfigError, StoreError
 from orbitmq.common.message import Message, MessageBatch
 from orbitmq.common.record import decode
+from orbitmq.store.commit_log import SEAL_OVERHEAD
 from orbitmq.store.message_store import MessageStore
 from orbitmq.store.sealing import SYSFLAG_SEALED
 from tests.store.conftest import small_config
@@ -99,9 +100,10 @@ def test_a_flipped_byte_is_an_integrity_error_never_served(tmp_path: Path) -> No
     kf = key_file(tmp_path)
     store = open_store(root, encrypt_at_rest=True, encryption_key_file=kf, check_crc_on_read=False)
     try:
-        result = store.put(batch("T", 0, ["a", "b", "c"]))
+        # Three appends: three sealed groups (one damaged byte fails its whole group).
+        results = [store.put(batch("T", 0, [m])) for m in ("a", "b", "c")]
         assert store.wait_for_dispatch()
-        victim = result.physical_offsets[1]
+        victim = results[1].physical_offsets[0]
         seg = store.commit_log.segments.find(victim)
         assert seg is not None
         path = seg.path
@@ -119,6 +121,43 @@ def test_a_flipped_byte_is_an_integrity_error_never_served(tmp_path: Path) -> No
         assert res.skipped == [1]
         assert store.get_message(victim) is None
         assert store.sealer is not None and store.sealer.integrity_errors >= 1
+    finally:
+        store.close()
+
+
+@pytest.mark.parametrize("where", ["prefix", "ciphertext", "topic", "properties length"])
+def test_a_flipped_byte_fails_its_whole_group_only(tmp_path: Path, where: str) -> None:
+    root = tmp_path / "store"
+    kf = key_file(tmp_path)
+    store = open_store(root, encrypt_at_rest=True, encryption_key_file=kf, check_crc_on_read=False)
+    try:
+        store.put(batch("T", 0, ["a"]))
+        group = store.put(batch("T", 0, ["b1", "b2", "b3"]))
+        store.put(batch("T", 0, ["c"]))
+        assert store.wait_for_dispatch()
+        loc = store.commit_log.view_at(group.physical_offsets[1])
+        assert loc is not None
+        view, at, _ = loc
+        body_len = int.from_bytes(view[at + 84 : at + 88], "big")
+        victim = at + {
+            "prefix": 88 + 10, "ciphertext": 88 + 40, "topic": 88 + body_len + 2,
+            "properties length": 88 + body_len + 4,
+        }[where]  # fmt: skip
+        seg = store.commit_log.segments.find(group.physical_offsets[1])
+        assert seg is not None
+    finally:
+        store.close()
+    with open(seg.path, "r+b") as f:
+        f.seek(victim)
+        b = f.read(1)
+        f.seek(victim)
+        f.write(bytes([b[0] ^ 0x01]))
+    store = open_store(root, encrypt_at_rest=True, encryption_key_file=kf, check_crc_on_read=False)
+    try:
+        res = store.get_messages("T", 0, 0)
+        assert [decode(v).body for v in res.messages] == [b"body-a", b"body-c"]
+        assert sorted(res.skipped) == [1, 2, 3]
+        assert all(store.get_message(p) is None for p in group.physical_offsets)
     finally:
         store.close()
 
@@ -198,5 +237,55 @@ def test_a_truncated_tail_rewritten_gets_a_new_nonce(tmp_path: Path) -> None:
         assert epoch > first_epoch  # nonce = epoch || offset: never reused
         assert sealed[4:] != first_sealed[4:]
         assert store.sealer is not None and epoch == store.sealer.epoch.value
+    finally:
+        store.close()
+
+
+def test_format_1_records_stay_readable_beside_format_2(tmp_path: Path) -> None:
+    """Stores written before sealed groups (one AEAD per record) read as before, in the same
+    reads and dispatch rounds as the groups written after them."""
+    root = tmp_path / "store"
+    kf = key_file(tmp_path)
+    store = open_store(root, encrypt_at_rest=True, encryption_key_file=kf)
+    sealer = store.sealer
+    assert sealer is not None
+    sealer.seal = sealer.seal_v1  # type: ignore[method-assign]  # write as the old format
+    sealer.overhead = lambda topic_len: SEAL_OVERHEAD  # type: ignore[method-assign]
+    store.put(batch("T", 0, ["old1", "old2"]))
+    store.close()
+    store = open_store(root, encrypt_at_rest=True, encryption_key_file=kf)
+    try:
+        store.put(batch("T", 0, ["new1", "new2"]))
+        assert store.wait_for_dispatch()
+        res = store.get_messages("T", 0, 0)
+        assert [decode(v).body for v in res.messages] == [
+            b"body-old1", b"body-old2", b"body-new1", b"body-new2",
+        ]  # fmt: skip
+        assert [decode(v).tags for v in store.get_messages("T", 0, 0, tags=["tag1"]).messages] == [
+            "tag1", "tag1",
+        ]  # fmt: skip
+        assert [m.body for m in store.query_by_key("T", "key-old2")] == [b"body-old2"]
+    finally:
+        store.close()
+
+
+def test_a_torn_group_is_cut_at_its_first_record(tmp_path: Path) -> None:
+    root = tmp_path / "store"
+    kf = key_file(tmp_path)
+    store = open_store(root, encrypt_at_rest=True, encryption_key_file=kf)
+    store.put(batch("T", 0, ["kept"]))
+    torn = store.put(batch("T", 0, ["t1", "t2", "t3"]))
+    seg = store.commit_log.segments.find(torn.physical_offsets[0])
+    assert seg is not None
+    store.crash_for_test()
+    with open(seg.path, "r+b") as f:  # the group's last record never reached the disk
+        f.seek(torn.physical_offsets[2] - seg.start)
+        f.write(bytes(torn.sizes[2]))
+    store = open_store(root, encrypt_at_rest=True, encryption_key_file=kf)
+    try:
+        assert store.commit_log.max_offset == torn.physical_offsets[0]
+        assert store.max_offset("T", 0) == 1
+        assert store.wait_for_dispatch()
+        assert [decode(v).body for v in store.get_messages("T", 0, 0).messages] == [b"body-kept"]
     finally:
         store.close()
