@@ -199,6 +199,7 @@ class BrokerController:
             audit_file=config.audit_file or config.store.store_path / "audit.jsonl",
             cluster=config.cluster,
             node=f"broker {config.broker_name}/{config.broker_id}",
+            admin_transport=config.admin_transport_needed(),
         )
         """Authentication, authorization and the user/ACL admin codes (docs/security.md)."""
         self.pop_processor = PopProcessor(ctx, self.pop, trace)

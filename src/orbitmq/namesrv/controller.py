@@ -86,6 +86,7 @@ class NamesrvController:
             audit_file=config.audit_file,
             cluster=config.cluster,
             node="namesrv",
+            admin_transport=config.admin_transport_needed(),
         )
         """Authentication, authorization and the user/ACL admin codes (docs/security.md)."""
         self.processor = NamesrvProcessor(self.routes, self.auth)
