@@ -289,3 +289,28 @@ def test_a_torn_group_is_cut_at_its_first_record(tmp_path: Path) -> None:
         assert [decode(v).body for v in store.get_messages("T", 0, 0).messages] == [b"body-kept"]
     finally:
         store.close()
+
+
+def test_a_group_is_served_as_slices_of_its_plaintext(tmp_path: Path) -> None:
+    root = tmp_path / "store"
+    store = open_store(root, encrypt_at_rest=True, encryption_key_file=key_file(tmp_path))
+    try:
+        markers = [f"m{i}" for i in range(9)]
+        store.put(batch("T", 0, markers))
+        assert store.wait_for_dispatch()
+        res = store.get_messages("T", 0, 2, max_count=5)  # the middle of a group
+        assert len(res.body_parts) == 1  # back to back in the plaintext: one part
+        assert [decode(v).body for v in res.messages] == [
+            f"body-m{i}".encode() for i in range(2, 7)
+        ]
+        assert res.queue_offsets == [2, 3, 4, 5, 6]
+        res = store.get_messages("T", 0, 0, tags=["tag1"])  # every third: not back to back
+        assert res.queue_offsets == [1, 4, 7] and len(res.body_parts) == 3
+        assert [decode(v).properties["marker"] for v in res.messages] == [
+            "prop-m1",
+            "prop-m4",
+            "prop-m7",
+        ]
+        assert store.sealer is not None and store.sealer.cache.misses == 0  # sealed, then served
+    finally:
+        store.close()

@@ -41,6 +41,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import crc32c
+import numpy as np
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
@@ -68,6 +69,9 @@ _NONCE = struct.Struct(">IQ")
 _MAX_CIPHERS = 256
 _GROUP = seal_group.SEAL_BITS
 _TAG_AT = HEADER_SIZE + 16
+_BACK_AT = HEADER_SIZE + 4
+_COLS4 = np.arange(4)
+_COLS8 = np.arange(8)
 ViewAt = Callable[[int], "tuple[memoryview, int, int] | None"]
 
 
@@ -315,43 +319,112 @@ class RecordSealer:
 
     def open_result(self, res: GetResult) -> GetResult:
         """``res`` with every sealed record replaced by its plaintext; records that do not
-        authenticate move to ``skipped``. Records of one group share one opened plaintext."""
+        authenticate move to ``skipped``. Records of one group that follow each other are
+        served as one slice of its opened plaintext (one body part, as a plaintext store's
+        back-to-back records are)."""
         if not res.sizes:
             return res
-        views: list[memoryview] = []
-        sizes: list[int] = []
-        offsets: list[int] = []
-        last_g = -1
-        plain_mv = memoryview(b"")
-        where: dict[int, tuple[int, int]] = {}
-        for view, offset in zip(res.messages, res.queue_offsets, strict=True):
-            flags = U32.unpack_from(view, 36)[0]
-            opened: memoryview | None
-            if flags & _GROUP == _GROUP:
-                phy = _U64.unpack_from(view, 28)[0]
-                g_phy = phy - U32.unpack_from(view, HEADER_SIZE + 4)[0]
-                if g_phy != last_g:  # a new group: from the cache or opened once
-                    try:
-                        _phy, (plain, where) = self._entry_of(view)
-                        plain_mv, last_g = memoryview(plain), g_phy
-                    except IntegrityError as exc:
-                        log.warning("%s: not served", exc)
-                        last_g, where = -1, {}
-                place = where.get(phy)
-                opened = None if place is None else plain_mv[place[0] : place[0] + place[1]]
+        views: list[memoryview] = []  # each record, a slice of its part
+        phys: list[int] = []
+        g_phys: list[int] = []  # its group's first offset; -1: not format 2
+        k = 0
+        sizes_in = res.sizes
+        for part in res.body_parts:
+            starts: list[int] = []
+            at = 0
+            while at < len(part):
+                starts.append(at)
+                at += sizes_in[k]
+                views.append(part[at - sizes_in[k] : at])
+                k += 1
+            _header_fields(part, starts, phys, g_phys)
+        out = _Served()
+        offsets = res.queue_offsets
+        i, n = 0, len(views)
+        while i < n:
+            g = g_phys[i]
+            j = i + 1
+            while j < n and g >= 0 and g_phys[j] == g:
+                j += 1
+            if g < 0:  # format 1 or a plaintext record
+                out.add_one(self.plain(views[i]), offsets[i], res.skipped)
             else:
-                opened = self.plain(view)
-            if opened is None:
-                res.skipped.append(offset)
-                continue
-            views.append(opened)
-            sizes.append(len(opened))
-            offsets.append(offset)
-        res.body_parts, res.sizes, res.queue_offsets = views, sizes, offsets
-        res._messages = list(views)
-        if not sizes and res.status == GetStatus.FOUND:
+                try:
+                    _phy, (plain, where) = self._entry_of(views[i])
+                except IntegrityError as exc:
+                    log.warning("%s: not served", exc)
+                    res.skipped.extend(offsets[i:j])
+                else:
+                    places = [where.get(x) for x in phys[i:j]]
+                    out.add_run(memoryview(plain), places, offsets[i:j], res.skipped)
+            i = j
+        res.body_parts, res.sizes, res.queue_offsets = out.parts, out.sizes, out.offsets
+        res._messages = None
+        if not out.sizes and res.status == GetStatus.FOUND:
             res.status = GetStatus.NO_MATCHED_MESSAGE
         return res
+
+
+def _header_fields(part: memoryview, starts: list[int], phys: list[int], g_phys: list[int]) -> None:
+    """Append the physical offset and the group start (-1: not in a format-2 group) of the
+    records at ``starts`` of ``part``: numpy for many, struct for a few."""
+    if len(starts) < 8:
+        for start in starts:
+            phy = _U64.unpack_from(part, start + 28)[0]
+            phys.append(phy)
+            grouped = U32.unpack_from(part, start + 36)[0] & _GROUP == _GROUP
+            g_phys.append(phy - U32.unpack_from(part, start + _BACK_AT)[0] if grouped else -1)
+        return
+    raw = np.frombuffer(part, dtype=np.uint8)
+    at = np.array(starts, dtype=np.int64)[:, None]
+    flags = raw[at + _COLS4 + 36].copy().view(">u4").reshape(-1)
+    p = raw[at + _COLS8 + 28].copy().view(">u8").reshape(-1).astype(np.int64)
+    back = raw[at + _COLS4 + _BACK_AT].copy().view(">u4").reshape(-1).astype(np.int64)
+    phys.extend(p.tolist())
+    g_phys.extend(np.where((flags & _GROUP) == _GROUP, p - back, -1).tolist())
+
+
+class _Served:
+    """What ``open_result`` serves: body parts, and each record's size and queue offset."""
+
+    __slots__ = ("offsets", "parts", "sizes")
+
+    def __init__(self) -> None:
+        self.parts: list[memoryview] = []
+        self.sizes: list[int] = []
+        self.offsets: list[int] = []
+
+    def add_one(self, view: memoryview | None, offset: int, skipped: list[int]) -> None:
+        if view is None:
+            skipped.append(offset)
+            return
+        self.parts.append(view)
+        self.sizes.append(len(view))
+        self.offsets.append(offset)
+
+    def add_run(
+        self,
+        plain: memoryview,
+        places: list[tuple[int, int] | None],
+        offsets: list[int],
+        skipped: list[int],
+    ) -> None:
+        """Records of one opened group: one slice for each stretch that lies back to back."""
+        lo = hi = -1
+        for place, offset in zip(places, offsets, strict=True):
+            if place is None:  # its header names no record of the group: never served
+                skipped.append(offset)
+                continue
+            p, size = place
+            if p != hi:
+                if hi > lo:
+                    self.parts.append(plain[lo:hi])
+                lo = p
+            hi = p + size
+            self.sizes.append(size)
+            self.offsets.append(offset)
+        if hi > lo:
+            self.parts.append(plain[lo:hi])
 
 
 def make_sealer(
