@@ -314,3 +314,21 @@ def test_a_group_is_served_as_slices_of_its_plaintext(tmp_path: Path) -> None:
         assert store.sealer is not None and store.sealer.cache.misses == 0  # sealed, then served
     finally:
         store.close()
+
+
+def test_recovery_group_check_refuses_impossible_spans() -> None:
+    """A damaged prefix (span 0, or a span ending on a filler) is a cut, never a loop."""
+    from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+
+    from orbitmq.common.record import BatchHeader, RecordError, encode_batch, encode_blank
+    from orbitmq.store.seal_group import check_group, seal_group
+
+    head = BatchHeader(b"T", 0, 0, 0, 0, 0, 1, bytes(8), 2, bytes(8), 0, 0)
+    bodies, _key, _opened = seal_group(AESGCM(bytes(32)), 1, head, 0, [b"a", b"b"], [b"", b""])
+    good = encode_batch(head, bodies, [b"", b""])
+    check_group(memoryview(good), 0, len(good))  # complete: passes
+    for span in (0, len(good) + 16):
+        bad = bytearray(good) + encode_blank(16)
+        bad[96:100] = span.to_bytes(4, "big")
+        with pytest.raises(RecordError):
+            check_group(memoryview(bad), 0, len(bad))

@@ -217,9 +217,14 @@ def check_group(view: memoryview, at: int, limit: int) -> None:
     end = at + span
     if end > limit:
         raise RecordError("sealed group cut short")
+    if end <= at:
+        raise RecordError("sealed group of no bytes")
     r = at
     while r < end:
-        r += check_record(view, r, end)
+        n = check_record(view, r, end)
+        if n <= 0:  # an end-of-segment filler inside a group: not a group
+            raise RecordError("sealed group holds a filler")
+        r += n
     if r != end:
         raise RecordError("sealed group does not add up")
 
