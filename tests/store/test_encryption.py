@@ -332,3 +332,21 @@ def test_recovery_group_check_refuses_impossible_spans() -> None:
         bad[96:100] = span.to_bytes(4, "big")
         with pytest.raises(RecordError):
             check_group(memoryview(bad), 0, len(bad))
+
+
+def test_open_group_refuses_a_prefix_that_miscounts() -> None:
+    from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+
+    from orbitmq.common.record import BatchHeader, encode_batch
+    from orbitmq.store.seal_group import GroupError, open_group, seal_group
+
+    aead = AESGCM(bytes(32))
+    head = BatchHeader(b"T", 0, 0, 0, 0, 0, 1, bytes(8), 2, bytes(8), 0, 0)
+    bodies, _key, (plain, where) = seal_group(aead, 1, head, 0, [b"a", b"bb"], [b"p", b""])
+    good = encode_batch(head, bodies, [b"", b""])
+    assert open_group(aead, memoryview(good), 0, 0) == (plain, where)
+    for count in (1, 3, 1 << 31):
+        bad = bytearray(good)
+        bad[100:104] = count.to_bytes(4, "big")
+        with pytest.raises(GroupError):
+            open_group(aead, memoryview(bad), 0, 0)

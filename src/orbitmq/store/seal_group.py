@@ -65,6 +65,7 @@ _BODY_LEN_AT = 84
 _SAME = np.r_[CRC_START:_SYSFLAG_AT, _SYSFLAG_AT + 4 : _BODY_LEN_AT]
 """Header bytes a sealed record's clear header shares with its plaintext copy."""
 _PREFIX_COLS = np.arange(PREFIX_SIZE)
+_COLS4 = np.arange(4)
 _SHARED = np.r_[0:4, 8:PREFIX_SIZE]
 """Prefix bytes every record of a group shares (all but its distance from the start)."""
 SEAL_BITS = SYSFLAG_SEALED | SYSFLAG_SEALED_GROUP
@@ -160,6 +161,8 @@ def open_group(aead: AESGCM, view: memoryview, g_at: int, seg_start: int) -> Ope
     # that was changed shows as a tag failure, a group without the asked record, or a clear
     # header unlike its authenticated copy (checked below).
     for _ in range(count):
+        if r + HEADER_SIZE > end:
+            raise GroupError("fewer records than the group counts")
         total = U32.unpack_from(view, r)[0]
         if total <= extra or r + total > end:
             raise GroupError("records overrun the group")
@@ -189,7 +192,10 @@ def open_group(aead: AESGCM, view: memoryview, g_at: int, seg_start: int) -> Ope
         raise GroupError("plaintext does not match the group")
     clear = np.frombuffer(view, dtype=np.uint8)
     inner = np.frombuffer(plain, dtype=np.uint8)
-    if (clear[rs[:, None] + _SAME] != inner[ps[:, None] + _SAME]).any():
+    inner_sizes = inner[ps[:, None] + _COLS4].copy().view(">u4").reshape(-1)
+    if (inner_sizes != sizes).any() or (
+        clear[rs[:, None] + _SAME] != inner[ps[:, None] + _SAME]
+    ).any():
         raise GroupError("a clear header differs from its authenticated copy")
     # Every record's prefix: the group's epoch, span, count and tag, and its own distance.
     pre = clear[(rs + HEADER_SIZE)[:, None] + _PREFIX_COLS]
