@@ -68,6 +68,8 @@ def run_target(
     stats = {k: int(v) for k, v in _STAT.findall(text)}
     if rc == 0:
         result = "0 crashes"
+    elif "libFuzzer: run interrupted" in text:  # stopped by a signal: no verdict
+        result = "interrupted (0 crashes so far)"
     else:
         artifacts = re.findall(r"Test unit written to (\S+)", text)
         result = f"CRASH (exit {rc}; {', '.join(artifacts) or 'see ' + str(log_path)})"
@@ -97,7 +99,7 @@ def main(argv: list[str] | None = None) -> int:
     crashed = False
     for target in ns.targets or list(TARGETS):
         outcome = run_target(target, ns.runs, ns.timeout, ns.rss_mb, ns.logs)
-        crashed = crashed or not outcome.result.startswith("0 crashes")
+        crashed = crashed or outcome.result.startswith("CRASH")
         rows.append(outcome.row())
         print(outcome.row(), flush=True)
         if ns.report is not None:

@@ -36,3 +36,15 @@ def test_a_crash_is_reported_and_fails_the_campaign(
     outcome = campaign.run_target("sql92", 300, 5, 512, tmp_path)
     assert outcome.runs == 17 and outcome.result.startswith("CRASH (exit 77; logs/crash-0a1b")
     assert campaign.main(["sql92", "--runs", "5", "--logs", str(tmp_path)]) == 1
+
+
+def test_an_interrupted_target_is_not_a_crash(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def stopped_child(cmd: list[str], stdout: IO[bytes], stderr: int) -> int:
+        stdout.write(b"==9== libFuzzer: run interrupted; exiting\n")
+        stdout.write(b"stat::number_of_executed_units: 5\n")
+        return 72
+
+    monkeypatch.setattr(campaign.subprocess, "call", stopped_child)
+    assert campaign.run_target("ha", 300, 5, 512, tmp_path).result.startswith("interrupted")
