@@ -92,12 +92,13 @@ bench-store: $(STAMP) ## storage benchmark
 	$(PY) -m orbitmq.bench store
 
 FUZZ_TARGETS := frame header record send_body sql92 grpc_message toml_config mqtt ha
-fuzz: $(STAMP) ## atheris on every decoder, ORBITMQ_FUZZ_RUNS inputs each (default 1,000,000)
-	@for t in $(FUZZ_TARGETS); do \
-		echo "== fuzz $$t"; \
-		$(PY) -m tests.fuzz.run $$t -runs=$${ORBITMQ_FUZZ_RUNS:-1000000} -max_len=65536 \
-			-timeout=5 -rss_limit_mb=2048 -print_final_stats=1 || exit 1; \
-	done
+FUZZ_TIMEOUT ?= 5
+FUZZ_RSS_MB ?= 2048
+FUZZ_NICE ?=
+fuzz: $(STAMP) ## atheris on every decoder, ORBITMQ_FUZZ_RUNS inputs each (default 1,000,000), timed table
+	$(FUZZ_NICE) $(PY) -m tests.fuzz.campaign --runs $${ORBITMQ_FUZZ_RUNS:-1000000} \
+		--timeout $(FUZZ_TIMEOUT) --rss-mb $(FUZZ_RSS_MB) --logs fuzz-logs \
+		--report fuzz-logs/summary.md $(FUZZ_TARGETS)
 
 proto: $(STAMP) ## regenerate the gRPC proxy's protobuf modules (orbitmq/proxy/grpc_v2)
 	$(PY) -m orbitmq.proxy.grpc_v2.generate

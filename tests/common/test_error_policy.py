@@ -14,6 +14,7 @@ import pytest
 from orbitmq.common import errors
 from orbitmq.common.codes import ResponseCode
 from orbitmq.common.errors import (
+    AdminRequiresTlsError,
     ConsumerNotOnlineError,
     ConsumeTimeoutError,
     ControllerBrokerIdInvalidError,
@@ -122,6 +123,7 @@ POLICY: dict[ResponseCode, tuple[type[MQError], bool, bool, bool]] = {
     RC.TRANSACTION_NOT_FOUND: (TransactionNotFoundError, F, F, F),
     RC.TRANSACTION_STATE_CONFLICT: (TransactionStateConflictError, F, F, F),
     RC.TRANSACTION_TYPE_MISMATCH: (TransactionTypeMismatchError, F, F, F),
+    RC.ADMIN_REQUIRES_TLS: (AdminRequiresTlsError, F, F, F),
     # Controller (docs/ha.md): a fenced epoch means "re-read the replica info", never a blind
     # retry; NOT_LEADER names the leader to ask; the others wait for a broker or a lease.
     RC.CONTROLLER_FENCED_MASTER_EPOCH: (ControllerFencedMasterEpochError, F, F, F),

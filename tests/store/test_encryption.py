@@ -15,6 +15,7 @@ import pytest
 from orbitmq.common.errors import ConfigError, StoreError
 from orbitmq.common.message import Message, MessageBatch
 from orbitmq.common.record import decode
+from orbitmq.store.commit_log import SEAL_OVERHEAD
 from orbitmq.store.message_store import MessageStore
 from orbitmq.store.sealing import SYSFLAG_SEALED
 from tests.store.conftest import small_config
@@ -99,9 +100,10 @@ def test_a_flipped_byte_is_an_integrity_error_never_served(tmp_path: Path) -> No
     kf = key_file(tmp_path)
     store = open_store(root, encrypt_at_rest=True, encryption_key_file=kf, check_crc_on_read=False)
     try:
-        result = store.put(batch("T", 0, ["a", "b", "c"]))
+        # Three appends: three sealed groups (one damaged byte fails its whole group).
+        results = [store.put(batch("T", 0, [m])) for m in ("a", "b", "c")]
         assert store.wait_for_dispatch()
-        victim = result.physical_offsets[1]
+        victim = results[1].physical_offsets[0]
         seg = store.commit_log.segments.find(victim)
         assert seg is not None
         path = seg.path
@@ -119,6 +121,43 @@ def test_a_flipped_byte_is_an_integrity_error_never_served(tmp_path: Path) -> No
         assert res.skipped == [1]
         assert store.get_message(victim) is None
         assert store.sealer is not None and store.sealer.integrity_errors >= 1
+    finally:
+        store.close()
+
+
+@pytest.mark.parametrize("where", ["prefix", "ciphertext", "topic", "properties length"])
+def test_a_flipped_byte_fails_its_whole_group_only(tmp_path: Path, where: str) -> None:
+    root = tmp_path / "store"
+    kf = key_file(tmp_path)
+    store = open_store(root, encrypt_at_rest=True, encryption_key_file=kf, check_crc_on_read=False)
+    try:
+        store.put(batch("T", 0, ["a"]))
+        group = store.put(batch("T", 0, ["b1", "b2", "b3"]))
+        store.put(batch("T", 0, ["c"]))
+        assert store.wait_for_dispatch()
+        loc = store.commit_log.view_at(group.physical_offsets[1])
+        assert loc is not None
+        view, at, _ = loc
+        body_len = int.from_bytes(view[at + 84 : at + 88], "big")
+        victim = at + {
+            "prefix": 88 + 10, "ciphertext": 88 + 40, "topic": 88 + body_len + 2,
+            "properties length": 88 + body_len + 4,
+        }[where]  # fmt: skip
+        seg = store.commit_log.segments.find(group.physical_offsets[1])
+        assert seg is not None
+    finally:
+        store.close()
+    with open(seg.path, "r+b") as f:
+        f.seek(victim)
+        b = f.read(1)
+        f.seek(victim)
+        f.write(bytes([b[0] ^ 0x01]))
+    store = open_store(root, encrypt_at_rest=True, encryption_key_file=kf, check_crc_on_read=False)
+    try:
+        res = store.get_messages("T", 0, 0)
+        assert [decode(v).body for v in res.messages] == [b"body-a", b"body-c"]
+        assert sorted(res.skipped) == [1, 2, 3]
+        assert all(store.get_message(p) is None for p in group.physical_offsets)
     finally:
         store.close()
 
@@ -200,3 +239,114 @@ def test_a_truncated_tail_rewritten_gets_a_new_nonce(tmp_path: Path) -> None:
         assert store.sealer is not None and epoch == store.sealer.epoch.value
     finally:
         store.close()
+
+
+def test_format_1_records_stay_readable_beside_format_2(tmp_path: Path) -> None:
+    """Stores written before sealed groups (one AEAD per record) read as before, in the same
+    reads and dispatch rounds as the groups written after them."""
+    root = tmp_path / "store"
+    kf = key_file(tmp_path)
+    store = open_store(root, encrypt_at_rest=True, encryption_key_file=kf)
+    sealer = store.sealer
+    assert sealer is not None
+    sealer.seal = sealer.seal_v1  # type: ignore[method-assign]  # write as the old format
+    sealer.overhead = lambda topic_len: SEAL_OVERHEAD  # type: ignore[method-assign]
+    store.put(batch("T", 0, ["old1", "old2"]))
+    store.close()
+    store = open_store(root, encrypt_at_rest=True, encryption_key_file=kf)
+    try:
+        store.put(batch("T", 0, ["new1", "new2"]))
+        assert store.wait_for_dispatch()
+        res = store.get_messages("T", 0, 0)
+        assert [decode(v).body for v in res.messages] == [
+            b"body-old1", b"body-old2", b"body-new1", b"body-new2",
+        ]  # fmt: skip
+        assert [decode(v).tags for v in store.get_messages("T", 0, 0, tags=["tag1"]).messages] == [
+            "tag1", "tag1",
+        ]  # fmt: skip
+        assert [m.body for m in store.query_by_key("T", "key-old2")] == [b"body-old2"]
+    finally:
+        store.close()
+
+
+def test_a_torn_group_is_cut_at_its_first_record(tmp_path: Path) -> None:
+    root = tmp_path / "store"
+    kf = key_file(tmp_path)
+    store = open_store(root, encrypt_at_rest=True, encryption_key_file=kf)
+    store.put(batch("T", 0, ["kept"]))
+    torn = store.put(batch("T", 0, ["t1", "t2", "t3"]))
+    seg = store.commit_log.segments.find(torn.physical_offsets[0])
+    assert seg is not None
+    store.crash_for_test()
+    with open(seg.path, "r+b") as f:  # the group's last record never reached the disk
+        f.seek(torn.physical_offsets[2] - seg.start)
+        f.write(bytes(torn.sizes[2]))
+    store = open_store(root, encrypt_at_rest=True, encryption_key_file=kf)
+    try:
+        assert store.commit_log.max_offset == torn.physical_offsets[0]
+        assert store.max_offset("T", 0) == 1
+        assert store.wait_for_dispatch()
+        assert [decode(v).body for v in store.get_messages("T", 0, 0).messages] == [b"body-kept"]
+    finally:
+        store.close()
+
+
+def test_a_group_is_served_as_slices_of_its_plaintext(tmp_path: Path) -> None:
+    root = tmp_path / "store"
+    store = open_store(root, encrypt_at_rest=True, encryption_key_file=key_file(tmp_path))
+    try:
+        markers = [f"m{i}" for i in range(9)]
+        store.put(batch("T", 0, markers))
+        assert store.wait_for_dispatch()
+        res = store.get_messages("T", 0, 2, max_count=5)  # the middle of a group
+        assert len(res.body_parts) == 1  # back to back in the plaintext: one part
+        assert [decode(v).body for v in res.messages] == [
+            f"body-m{i}".encode() for i in range(2, 7)
+        ]
+        assert res.queue_offsets == [2, 3, 4, 5, 6]
+        res = store.get_messages("T", 0, 0, tags=["tag1"])  # every third: not back to back
+        assert res.queue_offsets == [1, 4, 7] and len(res.body_parts) == 3
+        assert [decode(v).properties["marker"] for v in res.messages] == [
+            "prop-m1",
+            "prop-m4",
+            "prop-m7",
+        ]
+        assert store.sealer is not None and store.sealer.cache.misses == 0  # sealed, then served
+    finally:
+        store.close()
+
+
+def test_recovery_group_check_refuses_impossible_spans() -> None:
+    """A damaged prefix (span 0, or a span ending on a filler) is a cut, never a loop."""
+    from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+
+    from orbitmq.common.record import BatchHeader, RecordError, encode_batch, encode_blank
+    from orbitmq.store.seal_group import check_group, seal_group
+
+    head = BatchHeader(b"T", 0, 0, 0, 0, 0, 1, bytes(8), 2, bytes(8), 0, 0)
+    bodies, _key, _opened = seal_group(AESGCM(bytes(32)), 1, head, 0, [b"a", b"b"], [b"", b""])
+    good = encode_batch(head, bodies, [b"", b""])
+    check_group(memoryview(good), 0, len(good))  # complete: passes
+    for span in (0, len(good) + 16):
+        bad = bytearray(good) + encode_blank(16)
+        bad[96:100] = span.to_bytes(4, "big")
+        with pytest.raises(RecordError):
+            check_group(memoryview(bad), 0, len(bad))
+
+
+def test_open_group_refuses_a_prefix_that_miscounts() -> None:
+    from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+
+    from orbitmq.common.record import BatchHeader, encode_batch
+    from orbitmq.store.seal_group import GroupError, open_group, seal_group
+
+    aead = AESGCM(bytes(32))
+    head = BatchHeader(b"T", 0, 0, 0, 0, 0, 1, bytes(8), 2, bytes(8), 0, 0)
+    bodies, _key, (plain, where) = seal_group(aead, 1, head, 0, [b"a", b"bb"], [b"p", b""])
+    good = encode_batch(head, bodies, [b"", b""])
+    assert open_group(aead, memoryview(good), 0, 0) == (plain, where)
+    for count in (1, 3, 1 << 31):
+        bad = bytearray(good)
+        bad[100:104] = count.to_bytes(4, "big")
+        with pytest.raises(GroupError):
+            open_group(aead, memoryview(bad), 0, 0)

@@ -261,6 +261,15 @@ ADMIN_CODES = frozenset(
 )
 """Changes the audit log records when they are allowed too (not only when refused)."""
 
+TRANSPORT_ADMIN_CODES = ADMIN_CODES | {
+    R.UPDATE_BROKER_CONFIG,
+    R.GET_BROKER_CONFIG,
+    R.UPDATE_NAMESRV_CONFIG,
+    R.GET_NAMESRV_CONFIG,
+}
+"""Admin requests a listener's ``admin_transport`` restricts to TLS or mutual TLS: the
+changes above, and reading or changing a server's configuration."""
+
 
 def checks_for(frame: Frame, cluster: str) -> list[Check]:
     """What ``frame`` needs; Unmapped for a code nobody mapped, FieldError for a bad name."""

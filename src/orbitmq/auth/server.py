@@ -2,7 +2,10 @@
 user/ACL admin codes, behind one call made before any handler.
 
 ``ServerAuth.before(frame, conn)`` returns None when the request goes on to its handler, or
-the answer: a refusal, or the answer to an admin code (3001-3010), which it handles itself. With
+the answer: a refusal, or the answer to an admin code (3001-3010), which it handles itself.
+First of all, an admin request over a connection the listener's ``admin_transport`` does not
+accept (plaintext, or TLS without a client certificate for ``mtls``) gets ADMIN_REQUIRES_TLS,
+whether authentication is on or not. With
 authentication off there is no Guard; the admin codes still work on the store when one is
 configured (to prepare users before turning authentication on), answered to anyone who can
 reach the port, as every other request then is: `make up`'s development mode, on loopback.
@@ -18,6 +21,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from orbitmq.auth.actions import TRANSPORT_ADMIN_CODES
 from orbitmq.auth.admin import AuthAdmin
 from orbitmq.auth.audit import AuditLog
 from orbitmq.auth.document import FollowerAuthStore, Invoker
@@ -47,12 +51,34 @@ def bootstrap_admin(store: AuthStore, admin_user: str = "admin") -> None:
         )
 
 
+def transport_refusal(frame: Frame, conn: Any, needed: str) -> str | None:
+    """Why ``frame`` may not come over ``conn`` (None: it may). ``needed``: ``any``, ``tls`` or
+    ``mtls`` (``ListenerSettings.admin_transport_needed``); only admin codes are restricted."""
+    if needed == "any" or frame.code not in TRANSPORT_ADMIN_CODES:
+        return None
+    if not getattr(conn, "tls", False):
+        return f"request code {frame.code} is an admin request: it needs a TLS connection"
+    if needed == "mtls" and not getattr(conn, "peer_cert", None):
+        return (
+            f"request code {frame.code} is an admin request: it needs TLS with a client certificate"
+        )
+    return None
+
+
 class ServerAuth:
-    def __init__(self, store: AuthStore | None, audit: AuditLog, guard: Guard | None) -> None:
+    def __init__(
+        self,
+        store: AuthStore | None,
+        audit: AuditLog,
+        guard: Guard | None,
+        admin_transport: str = "any",
+    ) -> None:
         """``store``: a file AuthStore, or a DocumentAuthStore (controller quorum)."""
         self.store = store
         self.audit = audit
         self.guard = guard
+        self.admin_transport = admin_transport
+        """``any``, ``tls`` or ``mtls``: what admin requests need (checked before anything)."""
         self.admin = None if store is None else AuthAdmin(store, audit)
         self.codes = frozenset() if self.admin is None else self.admin.codes
         """Request codes answered here (the admin codes)."""
@@ -68,6 +94,7 @@ class ServerAuth:
         node: str,
         admin_user: str = "admin",
         controllers: Sequence[str] = (),
+        admin_transport: str = "any",
     ) -> ServerAuth:
         """Build from a server's settings; with ``enabled``, make sure an admin exists (a
         generated secret is printed once, to stderr, and never stored in clear).
@@ -80,16 +107,16 @@ class ServerAuth:
             cache = Path(auth_file)
             follower = FollowerAuthStore(cache, load_key(cache, create=False), controllers)
             guard = Guard(follower, audit, cluster=cluster) if enabled else None
-            return cls(follower, audit, guard)
+            return cls(follower, audit, guard, admin_transport)
         if auth_file is None:
             if enabled:
                 raise ValueError("authentication needs an auth_file")
-            return cls(None, audit, None)
+            return cls(None, audit, None, admin_transport)
         store = AuthStore(auth_file)
         if not enabled:
-            return cls(store, audit, None)
+            return cls(store, audit, None, admin_transport)
         bootstrap_admin(store, admin_user)
-        return cls(store, audit, Guard(store, audit, cluster=cluster))
+        return cls(store, audit, Guard(store, audit, cluster=cluster), admin_transport)
 
     async def start(self, invoker: Invoker) -> None:
         """Start following the controllers (a FollowerAuthStore only): ``invoker`` is a
@@ -120,6 +147,13 @@ class ServerAuth:
             asyncio.get_running_loop().call_soon(conn.close, f"{failures} authentication failures")
 
     def before(self, frame: Frame, conn: Any) -> Frame | None:
+        refusal = transport_refusal(frame, conn, self.admin_transport)
+        if refusal is not None:  # before any credential is looked at
+            self.audit.deny(
+                principal="-", source=peer_ip(conn)[1], code=frame.code, resource="-",
+                action="-", reason=refusal,
+            )  # fmt: skip
+            return frame.reply(ResponseCode.ADMIN_REQUIRES_TLS, refusal)
         principal: str | None = None
         if self.guard is not None:
             admitted = self.guard.admit(frame, conn)

@@ -1,15 +1,19 @@
 """`python -m orbitmq.bench security`: what TLS and encryption at rest cost, side by side.
 
-Two pairs of runs on this machine, each the same work with the feature off and on:
+Pairs of runs on this machine, each the same work with the feature off and on:
 
-- **store**: append ``--count`` 1 KiB messages in batches of 32 (ASYNC_FLUSH) and read them all
-  back, into a plaintext store and into an encrypted one (AES-256-GCM, ``encrypt_at_rest``);
+- **store**: append ``--count`` 1 KiB messages in batches of 32 (ASYNC_FLUSH) until dispatched,
+  then read them all back, into a plaintext store and into an encrypted one (AES-256-GCM,
+  ``encrypt_at_rest``): append, read and both together;
 - **remoting**: ``--count`` 1 KiB request/response round trips, 64 in flight, between a client
-  and a server on loopback, plaintext and TLS 1.3.
+  and a server on loopback, plaintext and TLS 1.3;
+- **clients** (:mod:`orbitmq.bench.tls_clients`): produce ``--count`` 1 KiB messages through a
+  NameServer and a broker, then consume them, plaintext and TLS on every client connection.
 
-It prints messages per second for each and the ratio (the issue's targets: encrypted store >=
-80 % of plaintext, TLS >= 70 %). Figures belong in docs/benchmarks.md, measured on an idle
-machine; a small ``--count`` only checks that it runs.
+The ACL check's cost per request is ``python -m orbitmq.bench auth``. It prints messages per
+second for each and the ratios (the issue's targets: encrypted store >= 80 % of plaintext, TLS
+>= 70 %). Figures belong in docs/benchmarks.md, measured on an idle machine; a small
+``--count`` only checks that it runs.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from orbitmq.bench.tls_clients import produce_consume
 from orbitmq.common.codes import ResponseCode
 from orbitmq.common.message import Message, MessageBatch
 from orbitmq.net.client import RemotingClient
@@ -37,7 +42,8 @@ BODY = 1024
 BATCH = 32
 
 
-def _store_rate(root: Path, count: int, **crypto: object) -> float:
+def _store_rate(root: Path, count: int, **crypto: object) -> tuple[float, float]:
+    """(append msg/s until dispatched, read msg/s)."""
     config = StoreConfig(
         store_path=root,
         flush_disk_type=FlushDiskType.ASYNC_FLUSH,
@@ -53,13 +59,15 @@ def _store_rate(root: Path, count: int, **crypto: object) -> float:
         for _ in range(max(1, count // BATCH)):
             store.put(batch)
         store.wait_for_dispatch()
+        appended = time.perf_counter()
         offset = 0
         while True:
             res = store.get_messages("Bench", 0, offset, max_count=256, max_bytes=1 << 22)
             if not res.count:
                 break
             offset = res.next_begin_offset
-        return offset / (time.perf_counter() - start)
+        read = time.perf_counter()
+        return offset / (appended - start), offset / (read - appended)
     finally:
         store.close()
 
@@ -100,30 +108,55 @@ async def _remoting_rate(count: int, tls: bool, folder: Path) -> float:
         await server.stop()
 
 
+def _rate_pair(first: float, second: float) -> float:
+    """Messages per second of the two phases together, from their rates."""
+    return 1.0 / (1.0 / first + 1.0 / second)
+
+
 def run(count: int, out: Callable[[str], None] = print) -> dict[str, float]:
     with tempfile.TemporaryDirectory(prefix="orbitmq-bench-security-") as tmp:
         folder = Path(tmp)
         key = folder / "master.key"
         key.write_bytes(os.urandom(32))
         key.chmod(0o600)
-        plain = _store_rate(folder / "plain", count)
-        sealed = _store_rate(
+        plain_append, plain_read = _store_rate(folder / "plain", count)
+        sealed_append, sealed_read = _store_rate(
             folder / "sealed", count, encrypt_at_rest=True, encryption_key_file=str(key)
         )
         tcp = asyncio.run(_remoting_rate(count, False, folder))
         tls = asyncio.run(_remoting_rate(count, True, folder))
+        produce, consume = asyncio.run(produce_consume(folder / "clients-plain", count, False))
+        tls_produce, tls_consume = asyncio.run(produce_consume(folder / "clients-tls", count, True))
+    plain = _rate_pair(plain_append, plain_read)
+    sealed = _rate_pair(sealed_append, sealed_read)
     results = {
         "store_plain_msg_s": plain,
         "store_encrypted_msg_s": sealed,
         "store_ratio": sealed / plain,
+        "store_append_ratio": sealed_append / plain_append,
+        "store_read_ratio": sealed_read / plain_read,
         "remoting_plain_msg_s": tcp,
         "remoting_tls_msg_s": tls,
         "remoting_ratio": tls / tcp,
+        "produce_plain_msg_s": produce,
+        "produce_tls_msg_s": tls_produce,
+        "produce_ratio": tls_produce / produce,
+        "consume_plain_msg_s": consume,
+        "consume_tls_msg_s": tls_consume,
+        "consume_ratio": tls_consume / consume,
     }
-    out(f"store, 1 KiB append+read:  plaintext {plain:,.0f} msg/s, encrypted {sealed:,.0f} "
-        f"msg/s ({sealed / plain:.0%})")  # fmt: skip
-    out(f"remoting, 1 KiB round trips: plaintext {tcp:,.0f} msg/s, TLS {tls:,.0f} msg/s "
-        f"({tls / tcp:.0%})")  # fmt: skip
+    for name, a, b in (
+        ("store, 1 KiB append (until dispatched)", plain_append, sealed_append),
+        ("store, 1 KiB read back", plain_read, sealed_read),
+        ("store, append + read", plain, sealed),
+    ):
+        out(f"{name}: plaintext {a:,.0f} msg/s, encrypted {b:,.0f} msg/s ({b / a:.0%})")
+    for name, a, b in (
+        ("remoting, 1 KiB round trips", tcp, tls),
+        ("produce, 1 KiB, batches of 32", produce, tls_produce),
+        ("consume, 1 KiB, lite pull", consume, tls_consume),
+    ):
+        out(f"{name}: plaintext {a:,.0f} msg/s, TLS {b:,.0f} msg/s ({b / a:.0%})")
     return results
 
 

@@ -205,6 +205,7 @@ class BrokerController:
             cluster=config.cluster,
             node=f"broker {config.broker_name}/{config.broker_id}",
             controllers=config.auth_controller_addrs,
+            admin_transport=config.admin_transport_needed(),
         )
         """Authentication, authorization and the user/ACL admin codes (docs/security.md)."""
         self.pop_processor = PopProcessor(ctx, self.pop, trace)

@@ -62,6 +62,11 @@ class ResponseCode(enum.IntEnum):
     TRANSACTION_TYPE_MISMATCH = 1032
     """A transactional send to a topic whose message_type is not TRANSACTION, with
     enforce_topic_message_type on."""
+    # Security (1040-1049; docs/security.md).
+    ADMIN_REQUIRES_TLS = 1040
+    """An admin request (topic, group, offset, permission, config, user or ACL change, or a
+    config read) came over plaintext, or over TLS without a client certificate where the
+    listener's ``admin_transport`` asks for mutual TLS. Nothing was done."""
     # Controller (RocketMQ's numbers, 2000-2014; docs/ha.md).
     CONTROLLER_FENCED_MASTER_EPOCH = 2000
     """A controller request carried a master epoch that is no longer the group's."""

@@ -47,6 +47,7 @@ from typing import Any, ClassVar, cast
 from orbitmq.common.codes import ResponseCode
 
 __all__ = [
+    "AdminRequiresTlsError",
     "ClientError",
     "ConfigError",
     "ConsumeTimeoutError",
@@ -288,6 +289,13 @@ class NoPermissionError(MQError):
 
     code = ResponseCode.NO_PERMISSION
     refresh_route = True
+
+
+class AdminRequiresTlsError(MQError):
+    """An admin request over a connection that the listener's ``admin_transport`` does not
+    accept (plaintext, or TLS without a client certificate): not retried, reconnect with TLS."""
+
+    code = ResponseCode.ADMIN_REQUIRES_TLS
 
 
 class DeadLetterNotWritableError(NoPermissionError):

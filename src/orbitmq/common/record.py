@@ -470,10 +470,13 @@ def encode_batch_py(
     properties: list[bytes],
     body_lens: np.ndarray | None = None,
     prop_lens: np.ndarray | None = None,
+    phy_stride: int = 0,
 ) -> bytearray:
-    """:func:`encode_batch` in Python (numpy for large batches)."""
+    """:func:`encode_batch` in Python (numpy for large batches). ``phy_stride``: record i's
+    physical offset is ``i * phy_stride`` bytes further than where it sits in the buffer
+    (encryption at rest encodes plaintext records that are stored larger, sealed)."""
     if len(bodies) < VECTOR_MIN_BATCH:
-        return _encode_small(head, bodies, properties)
+        return _encode_small(head, bodies, properties, phy_stride)
     n = len(bodies)
     topic_part = U16.pack(len(head.topic)) + head.topic
     if body_lens is None:
@@ -490,6 +493,8 @@ def encode_batch_py(
     h["flag"] = head.flag
     h["queue_offset"] = np.arange(head.first_queue_offset, head.first_queue_offset + n)
     h["physical_offset"] = starts + head.first_physical_offset
+    if phy_stride:
+        h["physical_offset"] += np.arange(n, dtype=np.int64) * phy_stride
     h["sys_flag"] = head.sys_flag
     h["born_timestamp"] = head.born_timestamp_ms
     h["born_host"] = head.born_host
@@ -520,7 +525,7 @@ def encode_batch_py(
 
 
 def _encode_small(
-    head: BatchHeader, bodies: Sequence[Buffer], properties: Sequence[bytes]
+    head: BatchHeader, bodies: Sequence[Buffer], properties: Sequence[bytes], phy_stride: int = 0
 ) -> bytearray:
     """A few records: pack each header, join everything once, then fill in the CRCs."""
     topic_part = _U16_BYTES[len(head.topic)] + head.topic
@@ -544,7 +549,7 @@ def _encode_small(
         )  # fmt: skip
         spans.append((at, total))
         at += total
-        phy += total
+        phy += total + phy_stride
         qoff += 1
     buf = bytearray().join(parts)
     crc = crc32c.crc32c

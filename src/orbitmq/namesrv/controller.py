@@ -89,6 +89,7 @@ class NamesrvController:
             cluster=config.cluster,
             node="namesrv",
             controllers=config.auth_controller_addrs,
+            admin_transport=config.admin_transport_needed(),
         )
         """Authentication, authorization and the user/ACL admin codes (docs/security.md)."""
         self.processor = NamesrvProcessor(self.routes, self.auth)

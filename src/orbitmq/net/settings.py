@@ -22,6 +22,7 @@ from orbitmq.net.limits import Limits
 from orbitmq.net.tls import CLIENT_AUTH, TLS_MODES, ContextSource, client_context, server_context
 
 _D = Limits()
+ADMIN_TRANSPORTS = ("auto", "any", "tls", "mtls")
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,6 +66,14 @@ class ListenerSettings:
         False,
         "Serve the Prometheus endpoint (metrics_port) over HTTPS with tls_cert_file, TLS 1.2+, "
         "asking for client certificates of tls_ca_file when tls_client_auth is required.",
+    )
+    admin_transport: str = setting(
+        "auto",
+        "Which connections may send admin requests (topic, group, offset, permission, config, "
+        "user and ACL changes; config reads): ``any``; ``tls``; ``mtls`` (TLS with a verified "
+        "client certificate); ``auto`` = ``tls`` whenever tls_mode is not off. Others get "
+        "ADMIN_REQUIRES_TLS (1040).",
+        one_of(*ADMIN_TRANSPORTS),
     )
     max_connections: int = setting(_D.max_connections, "Open connections at most.", at_least(1))
     max_connections_per_ip: int = setting(
@@ -113,11 +122,26 @@ class ListenerSettings:
             raise ConfigError(f"{table}.tls_client_auth needs {table}.tls_ca_file")
         if self.metrics_tls and not self.tls_cert_file:
             raise ConfigError(f"{table}.metrics_tls needs {table}.tls_cert_file")
+        if self.admin_transport in ("tls", "mtls") and self.tls_mode == "off":
+            raise ConfigError(
+                f"{table}.admin_transport={self.admin_transport} needs TLS: set "
+                f"{table}.tls_mode (or admin_transport=any)"
+            )
+        if self.admin_transport == "mtls" and self.tls_client_auth == "none":
+            raise ConfigError(
+                f"{table}.admin_transport=mtls needs {table}.tls_client_auth optional or required"
+            )
         if self.tls_client_auth != "none" and self.tls_mode == "permissive":
             raise ConfigError(
                 f"{table}.tls_client_auth needs tls_mode=required: a plaintext client would "
                 "bypass it"
             )
+
+    def admin_transport_needed(self) -> str:
+        """``any``, ``tls`` or ``mtls``: ``admin_transport`` with ``auto`` resolved."""
+        if self.admin_transport == "auto":
+            return "any" if self.tls_mode == "off" else "tls"
+        return self.admin_transport
 
     def metrics_tls_options(self) -> dict[str, Any]:
         """Keyword arguments for prometheus_client's ``start_http_server`` (empty: plain)."""

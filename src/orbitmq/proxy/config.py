@@ -23,6 +23,9 @@ from orbitmq.common.config import (
 )
 from orbitmq.common.errors import ConfigError
 from orbitmq.common.validation import DEFAULT_MAX_MESSAGE_SIZE
+from orbitmq.net.limits import Limits
+
+_L = Limits()
 
 GRPC_OVERHEAD = 256 * 1024
 """Room above the largest body for the rest of a SendMessageRequest (properties, ids, framing):
@@ -213,6 +216,42 @@ class ProxyConfig:
     cluster: str = setting(
         "DefaultCluster", "The ``cluster`` label of the proxy's metrics.", non_empty()
     )
+    produce_quota_bytes_per_s: float | None = setting(
+        None,
+        "Byte-rate quota per client (its access key with ACL on, else its IP address) for the "
+        "bodies SendMessage carries; over it, the response is delayed (Kafka's model). None: "
+        "no quota.",
+        optional(above(0)),
+    )
+    fetch_quota_bytes_per_s: float | None = setting(
+        None,
+        "The same for the message bodies ReceiveMessage and PullMessage return. None: no quota.",
+        optional(above(0)),
+    )
+    max_connections: int = setting(
+        _L.max_connections,
+        "Open client connections at most (the front port: always with TLS; with tls_mode off "
+        "only when limit_connections is on).",
+        at_least(1),
+    )
+    max_connections_per_ip: int = setting(
+        _L.max_connections_per_ip, "Open connections from one address at most.", at_least(1)
+    )
+    new_connections_per_ip_per_s: float = setting(
+        _L.new_connections_per_ip_per_s,
+        "New connections per second from one address (token bucket).",
+        above(0),
+    )
+    limits_exempt_loopback: bool = setting(
+        _L.exempt_loopback,
+        "Connections from loopback skip the per-address caps (max_connections still applies).",
+    )
+    limit_connections: bool = setting(
+        False,
+        "With tls_mode off, put the front port (which counts and caps connections) before "
+        "gRPC too; it relays every byte in Python, so it is off by default. TLS modes always "
+        "have it.",
+    )
     telemetry_idle_s: float = setting(
         0.0,
         "Reserved: 0 keeps Telemetry streams open as long as the client wants (they live a year).",
@@ -237,6 +276,15 @@ class ProxyConfig:
             )
         if self.acl_enabled and not self.access_keys and not self.auth_file:
             raise ConfigError("acl_enabled needs an auth_file or at least one access key")
+
+    def limits(self) -> Limits:
+        """The connection caps of the front port (orbitmq.net.limits)."""
+        return Limits(
+            max_connections=self.max_connections,
+            max_connections_per_ip=self.max_connections_per_ip,
+            new_connections_per_ip_per_s=self.new_connections_per_ip_per_s,
+            exempt_loopback=self.limits_exempt_loopback,
+        )
 
     @property
     def grpc_max_receive_bytes(self) -> int:

@@ -3,9 +3,11 @@
 One ``grpc.aio`` server on the caller's event loop: each client keeps a Telemetry stream open
 per endpoint plus long-polling receives, which a thread-per-call server would pay a thread for.
 The receive limit is raised to the largest body plus overhead (gRPC's 4 MiB default would refuse
-a 4 MiB body). Server keepalive pings keep idle Telemetry streams alive through NAT. With
-``metrics_port`` set, the RocketMQ proxy metrics (:mod:`orbitmq.proxy.metrics`) are served over
-HTTP on ``host`` by prometheus_client's server thread.
+a 4 MiB body). Server keepalive pings keep idle Telemetry streams alive through NAT. With TLS
+(or ``limit_connections``) clients reach gRPC through the front port (``tls.PortMux``), which
+also applies the connection caps (``ProxyConfig.limits()``; quotas.py). With ``metrics_port``
+set, the RocketMQ proxy metrics (:mod:`orbitmq.proxy.metrics`) are served over HTTP on ``host``
+by prometheus_client's server thread.
 """
 
 from __future__ import annotations
@@ -98,9 +100,13 @@ class ProxyServer:
                 ]
             )
             host = "127.0.0.1" if cfg.host in ("0.0.0.0", "::", "") else cfg.host
-            if cfg.tls_mode == "off":
+            if cfg.tls_mode == "off" and not cfg.limit_connections:
                 bind = f"[{cfg.host}]:{cfg.port}" if ":" in cfg.host else f"{cfg.host}:{cfg.port}"
                 port = _bind(server, bind, None)
+            elif cfg.tls_mode == "off":  # the front port only for its connection caps
+                mux = PortMux("off", None, _bind(server, "127.0.0.1:0", None), cfg.limits())
+                port = await mux.start(cfg.host, cfg.port)
+                self._mux = mux
             else:
                 if cfg.tls_cert_file and cfg.tls_key_file:  # the operator's: reloaded on change
                     creds, self.tls_cert_pem = reloading_credentials(
@@ -119,7 +125,7 @@ class ProxyServer:
                 plain_port = (
                     _bind(server, "127.0.0.1:0", None) if cfg.tls_mode == "permissive" else None
                 )
-                mux = PortMux(cfg.tls_mode, tls_port, plain_port)
+                mux = PortMux(cfg.tls_mode, tls_port, plain_port, cfg.limits())
                 port = await mux.start(cfg.host, cfg.port, reuse_port=cfg.reuse_port)
                 self._mux = mux
             self.port = port

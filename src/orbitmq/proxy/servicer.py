@@ -31,6 +31,7 @@ from orbitmq.proxy.grpc_v2 import service_pb2 as svc
 from orbitmq.proxy.membership import ConsumerMembership
 from orbitmq.proxy.metrics import ProxyMetrics
 from orbitmq.proxy.producer_service import ProducerRpcs
+from orbitmq.proxy.quotas import ProxyQuotas, message_bytes, peer_address
 from orbitmq.proxy.route_service import RouteRpcs
 from orbitmq.proxy.status import ProxyError
 from orbitmq.proxy.transactions import TransactionRelay
@@ -118,6 +119,9 @@ class MessagingServicer:
             None if store is None else Authorizer(store, AuditLog(ctx.config.audit_file, "proxy"))
         )
         """Per-RPC ACL checks when the users come from the shared auth store (authz.py)."""
+        cfg = ctx.config
+        self.quotas = ProxyQuotas(cfg.produce_quota_bytes_per_s, cfg.fetch_quota_bytes_per_s)
+        """Byte-rate quotas per client (quotas.py)."""
 
     async def start(self) -> None:
         self.relay.start()
@@ -236,10 +240,38 @@ class MessagingServicer:
     ) -> svc.HeartbeatResponse:
         return await self.clients.heartbeat(request, self.ctx.client_id(context))
 
+    def _client_key(self, context: Ctx) -> str:
+        """Whom a quota counts against: the access key with ACL on, else the IP address."""
+        if self.ctx.auth.enabled:
+            try:
+                return self.ctx.auth.check(context.invocation_metadata())
+            except ProxyError:
+                pass
+        return peer_address(context.peer())
+
     async def _send_message(
         self, request: svc.SendMessageRequest, context: Ctx
     ) -> svc.SendMessageResponse:
-        return await self.producer.send_message(request, lambda: self.ctx.client_id(context))
+        response = await self.producer.send_message(request, lambda: self.ctx.client_id(context))
+        if self.quotas.active:  # Kafka's model: the answer waits while the client is over
+            nbytes = sum(len(m.body) for m in request.messages)
+            await self.quotas.produce(nbytes, self._client_key(context))
+        return response
+
+    def fetch_limited(
+        self, handler: Callable[[Any, Ctx], AsyncIterator[_Resp]]
+    ) -> Callable[[Any, Ctx], AsyncIterator[_Resp]]:
+        """``handler`` (a receive stream) with each message held while over the fetch quota."""
+        if not self.quotas.active:
+            return handler
+
+        async def call(request: Any, context: Ctx) -> AsyncIterator[_Resp]:
+            key = self._client_key(context)
+            async for item in handler(request, context):
+                await self.quotas.fetch(message_bytes(item), key)
+                yield item
+
+        return call
 
     async def _end_transaction(
         self, request: svc.EndTransactionRequest, context: Ctx
@@ -329,7 +361,7 @@ class MessagingServicer:
                 response_serializer=resp.SerializeToString,
             )
         for name, (req, resp, fn) in streaming.items():
-            stream = self.streaming(resp, fn)
+            stream = self.streaming(resp, self.fetch_limited(fn))
             handlers[name] = grpc.unary_stream_rpc_method_handler(
                 metrics.streaming(name, stream) if metrics is not None else stream,
                 request_deserializer=_deserializer(req),

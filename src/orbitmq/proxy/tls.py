@@ -27,6 +27,7 @@ from typing import Any, cast
 
 from orbitmq.common.errors import ConfigError
 from orbitmq.common.tasks import TaskSet
+from orbitmq.net.limits import Admission, Limits, Refusals
 
 log = logging.getLogger(__name__)
 
@@ -218,10 +219,20 @@ class _Front(_Side):
         super().__init__()
         self.mux = mux
         self.chosen = False
+        self.admitted: str | None = None
+        """The address counted by the mux's admission (released when the connection goes)."""
         self._timer: asyncio.TimerHandle | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         super().connection_made(transport)
+        admission = self.mux.admission
+        if admission is not None:  # the caps, before a byte is read
+            peer = transport.get_extra_info("peername")
+            ip = str(peer[0]) if isinstance(peer, tuple) and peer else "?"
+            if not admission.admit(ip):
+                transport.close()
+                return
+            self.admitted = ip
         self.mux.fronts.add(self)
         loop = asyncio.get_running_loop()
         self._timer = loop.call_later(FIRST_BYTE_TIMEOUT_S, self._silent)
@@ -289,6 +300,9 @@ class _Front(_Side):
         if self._timer is not None:
             self._timer.cancel()
         self.mux.fronts.discard(self)
+        if self.admitted is not None and self.mux.admission is not None:
+            self.mux.admission.release(self.admitted)
+            self.admitted = None
         super().connection_lost(exc)
 
 
@@ -296,10 +310,20 @@ class PortMux:
     """The public port: TLS connections to ``tls_port``, the others to ``plain_port`` (either
     None: such connections are closed)."""
 
-    def __init__(self, mode: str, tls_port: int | None, plain_port: int | None) -> None:
+    def __init__(
+        self,
+        mode: str,
+        tls_port: int | None,
+        plain_port: int | None,
+        limits: Limits | None = None,
+    ) -> None:
         self.mode = mode
         self.tls_port = tls_port
         self.plain_port = plain_port
+        self.refusals = Refusals()
+        """Connections refused at accept, by reason (orbitmq.net.limits)."""
+        self.admission = None if limits is None else Admission(limits, self.refusals)
+        """Connection caps (None: every connection is accepted)."""
         self.fronts: set[_Front] = set()
         self.tasks = TaskSet("TLS splice", logger=log)
         self._server: asyncio.AbstractServer | None = None

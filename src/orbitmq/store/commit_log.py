@@ -31,9 +31,11 @@ from orbitmq.common.record import (
 from orbitmq.store.segment import FileOps, Segment, SegmentQueue, io_error
 
 SEAL_OVERHEAD = 24
-"""Bytes a sealed record has more than its plaintext (orbitmq.store.sealing)."""
+"""Bytes a format-1 sealed record has more than its plaintext (orbitmq.store.sealing)."""
 SYSFLAG_SEALED = 0x10000
 """SYS_FLAG bit of a sealed (encrypted) record (orbitmq.store.sealing)."""
+SYSFLAG_SEALED_GROUP = 0x20000
+"""With SEALED: the record belongs to a sealed group (format 2, orbitmq.store.seal_group)."""
 
 
 class Sealer(Protocol):
@@ -42,6 +44,10 @@ class Sealer(Protocol):
     def seal(
         self, head: BatchHeader, seg_start: int, bodies: Sequence[bytes], props: Sequence[bytes]
     ) -> tuple[list[bytes], list[bytes]]: ...
+
+    def overhead(self, topic_len: int) -> int:
+        """Bytes a sealed record has more than its plaintext."""
+        ...
 
 
 @dataclass(slots=True)
@@ -78,8 +84,8 @@ class _Prepared:
         self.born_host = pack_host(batch.born_host)
         n = len(bodies)
         overhead = record_overhead(len(self.topic_bytes))
-        if sealer is not None:  # encryption at rest: each record grows by its nonce and tag
-            overhead += SEAL_OVERHEAD
+        if sealer is not None:  # encryption at rest: each record grows (see the sealer)
+            overhead += sealer.overhead(len(self.topic_bytes))
         self.body_lens: np.ndarray | None = None
         self.prop_lens: np.ndarray | None = None
         if n >= VECTOR_MIN_BATCH:

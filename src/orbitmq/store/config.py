@@ -164,6 +164,12 @@ class StoreConfig:
         (),
         "Earlier master keys, to read segments whose keys they wrapped (master key rotation).",
     )
+    encryption_cache_bytes: int = setting(
+        32 * MiB,
+        "Encryption at rest: opened (decrypted) append groups kept for hot reads and the "
+        "dispatcher. 0: every read decrypts.",
+        at_least(0),
+    )
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "store_path", Path(self.store_path))

@@ -27,12 +27,21 @@ from orbitmq.common.message import find_all, property_value
 from orbitmq.common.record import BLANK, BLANK_MAGIC, HEADER, HEADER_SIZE, U16
 from orbitmq.store.commit_log import SYSFLAG_SEALED, CommitLog
 from orbitmq.store.consume_queue import ENTRY_DTYPE, ConsumeQueueTable
+from orbitmq.store.seal_group import extra_bytes
 from orbitmq.store.supervise import ServiceHealth
 from orbitmq.store.timer_index import TIMER_TOPIC, timer_tag
 
 
 class PropertiesOpener(Protocol):
     def props_of(self, view: memoryview, at: int) -> bytes | memoryview: ...
+
+    def group_of(
+        self, view: memoryview, at: int
+    ) -> tuple[memoryview, dict[int, tuple[int, int]], int] | None:
+        """For a record of a sealed group (format 2): the group's plaintext records, where
+        each is in it by physical offset, and how many bytes larger each sealed record is;
+        None for any other record or a group that does not authenticate."""
+        ...
 
 
 log = logging.getLogger(__name__)
@@ -158,8 +167,8 @@ class Dispatcher:
                 count += len(starts)
                 if self.opener is None:
                     self._decode_block(view, seg_start, starts, groups, index_items)
-                else:  # sealed records: properties come one by one from their ciphertext
-                    self._decode_small(view, seg_start, starts, groups, index_items)
+                else:  # encryption at rest: decode the opened plaintext of each group
+                    self._decode_sealed(view, seg_start, starts, groups, index_items)
             pos = seg_start + (seg_size if filler else at)
         self._write_queues(groups)
         # Readable from here: listeners first (a held pull is answered in this round, on the
@@ -170,7 +179,7 @@ class Dispatcher:
         self.reput_offset = pos
         return count
 
-    def _decode_block(
+    def _decode_sealed(
         self,
         view: memoryview,
         seg_start: int,
@@ -178,10 +187,58 @@ class Dispatcher:
         groups: dict[tuple[str, int], list[tuple[int, np.ndarray]]],
         index_items: IndexBatch,
     ) -> None:
+        """Records of an encrypted store, in order: each sealed group's records are decoded
+        from its plaintext (one decrypt, cached for reads), anything else one by one."""
+        opener = self.opener
+        assert opener is not None
+        other: list[int] = []
+        plains: list[memoryview] = []  # the wanted records of each group, back to back
+        inner: list[int] = []
+        base = 0
+        i, n = 0, len(starts)
+        while i < n:
+            got = opener.group_of(view, starts[i])
+            if got is None:
+                if plains:
+                    self._decode_block(
+                        memoryview(b"".join(plains)), 0, inner, groups, index_items, True
+                    )
+                    plains, inner, base = [], [], 0
+                other.append(starts[i])
+                i += 1
+                continue
+            if other:
+                self._decode_small(view, seg_start, other, groups, index_items)
+                other = []
+            plain, where, _extra = got
+            first = where[seg_start + starts[i]][0]
+            last = first
+            while i < n and (place := where.get(seg_start + starts[i])) is not None:
+                inner.append(base + place[0] - first)
+                last = place[0] + place[1]
+                i += 1
+            plains.append(plain[first:last])
+            base += last - first
+        if plains:  # one numpy decode for every group of the round
+            self._decode_block(memoryview(b"".join(plains)), 0, inner, groups, index_items, True)
+        if other:
+            self._decode_small(view, seg_start, other, groups, index_items)
+
+    def _decode_block(
+        self,
+        view: memoryview,
+        seg_start: int,
+        starts: list[int],
+        groups: dict[tuple[str, int], list[tuple[int, np.ndarray]]],
+        index_items: IndexBatch,
+        sealed: bool = False,
+    ) -> None:
         """Decode a run of records of one segment at once (numpy gathers of header fields);
-        Python work is per run of same-queue records and per record with properties only."""
+        Python work is per run of same-queue records and per record with properties only.
+        ``sealed``: ``view`` holds plaintext records of sealed groups, which carry their
+        physical offset and are stored larger (``seal_group.extra_bytes``)."""
         if len(starts) < SMALL_BLOCK:
-            self._decode_small(view, seg_start, starts, groups, index_items)
+            self._decode_small(view, seg_start, starts, groups, index_items, sealed)
             return
         raw = np.frombuffer(view, dtype=np.uint8)
         last = len(raw) - 1
@@ -201,6 +258,9 @@ class Dispatcher:
         props_at = topic_at + 2 + topic_len
         props_len = field(props_at, 2, ">u2").astype(np.int64)
         phys = s + seg_start
+        if sealed:
+            phys = field(s + 28, 8, ">i8").astype(np.int64)
+            sizes += extra_bytes(0) + topic_len
         # Runs of records sharing topic and queue: compare each topic with the one before.
         width = int(topic_len.max())
         tops = raw[np.minimum((topic_at + 2)[:, None] + np.arange(width), last)]
@@ -252,6 +312,7 @@ class Dispatcher:
         starts: list[int],
         groups: dict[tuple[str, int], list[tuple[int, np.ndarray]]],
         index_items: IndexBatch,
+        sealed: bool = False,
     ) -> None:
         """The same decoding, record by record: cheaper than numpy for a handful of records
         (SYNC_FLUSH senders each append a few messages and wake the dispatcher each time)."""
@@ -273,6 +334,8 @@ class Dispatcher:
             p_at = t_at + 2 + tlen
             plen = U16.unpack_from(view, p_at)[0]
             phy = seg_start + at
+            if sealed:  # a sealed group's plaintext record
+                phy, total = _p, total + extra_bytes(tlen)
             tag = 0
             props = b""
             if opener is not None and sys_flag & SYSFLAG_SEALED:

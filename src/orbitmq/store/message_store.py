@@ -128,9 +128,11 @@ class MessageStore:
         self.sealer = make_sealer(
             root, config.mapped_file_size_commit_log, config.encryption_key_file,
             config.encryption_retired_key_files, config.encrypt_at_rest,
+            config.encryption_cache_bytes,
         )  # fmt: skip
         if self.sealer is not None:  # encryption at rest: seal on append, open on read
             self.commit_log.sealer = self.dispatcher.opener = self.sealer
+            self.sealer.view_at = self.commit_log.view_at
             self._view.props_of = self.sealer.props_of
         self.tier = attach_tier(self)  # docs/tiered-storage.md; after the parts it reads
         self.epochs = EpochFile(root / EPOCH_FILE, self.fs)

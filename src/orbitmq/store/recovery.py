@@ -7,7 +7,8 @@
    A clean start reads no data beyond that one record.
 3. Unclean: scan forward from the checkpoint's safe point (everything before it, CommitLog and
    derived files alike, was fsynced), verifying each record's framing and CRC. The scan stops
-   at the first record that fails.
+   at the first record that fails (for encryption at rest, at the first record of a sealed
+   group that is not complete: ``seal_group.check_group``).
 4. Cut: zero the CommitLog from there, remove later segments, cut ConsumeQueue and IndexFile
    entries at or past the safe point. The IndexFiles are cut by the routine
    ``MessageStore.truncate_to`` uses (``IndexService.truncate_from``, ``index_cut.py``): it
@@ -38,6 +39,7 @@ from orbitmq.store.commit_log import CommitLog
 from orbitmq.store.consume_queue import ConsumeQueueTable
 from orbitmq.store.dispatch import Dispatcher
 from orbitmq.store.index_service import IndexService
+from orbitmq.store.seal_group import check_group
 
 log = logging.getLogger(__name__)
 _ZERO_PAGE = bytes(4096)
@@ -144,6 +146,8 @@ def _scan(cl: CommitLog, start: int, report: RecoveryReport) -> int:
         while at < size:
             try:
                 n = check_record(view, at, size)
+                if n > 0:  # encryption at rest: a torn group is cut at its first record
+                    check_group(view, at, size)
             except RecordError as exc:
                 extent = _dirty_extent(view, at)
                 if extent or cl.segments.last() is not seg:

@@ -1,8 +1,12 @@
 """Encryption at rest of CommitLog records (opt-in): seal on append, open on every read.
 
-A sealed record keeps the record layout of docs/storage-format.md, so recovery, retention and
-the ConsumeQueue need no key: the 88-byte header, the topic and the CRC stay where they are.
-What changes::
+Two formats, both keeping the record layout of docs/storage-format.md, so recovery, retention
+and the ConsumeQueue need no key (the 88-byte header, the topic and the CRC stay in clear):
+
+- **Format 2** (written now, :mod:`orbitmq.store.seal_group`): the records one append writes
+  into one segment are sealed together with one AES-256-GCM call, and opened together; each
+  record is then a zero-copy slice of the plaintext, and opened groups are cached.
+- **Format 1** (written before; still read): each record sealed on its own::
 
     SYS_FLAG        |= 0x10000 (SEALED)
     BODY_LENGTH     = 24 + body + properties
@@ -14,28 +18,30 @@ What changes::
     PROPERTIES_LENGTH = 0 (the properties are inside the ciphertext)
     CRC             = CRC32C over the stored (encrypted) bytes, as for any record
 
-Why this way: the header stays readable for recovery and dispatch framing; binding the header
-(queue, offsets, timestamps, flags) and the topic as associated data means none of them can be
-changed or the record moved without failing the tag; the CRC over ciphertext needs no key and
-reveals nothing of the body. Nonces never repeat under one DEK: within one run of the store an
-offset is written once, and every run writes with a new epoch (bumped and fsynced at open),
-so a tail that a crash truncated and the next run rewrites gets fresh nonces.
+Why this way: the header stays readable for recovery and dispatch framing; the header and the
+topic are bound to the ciphertext (associated data in format 1, compared with the
+authenticated copy in format 2), so none of them can be changed or the record moved without
+failing; the CRC over ciphertext needs no key and reveals nothing of the body. Nonces never
+repeat under one DEK: within one run of the store an offset is written once, and every run
+writes with a new epoch (bumped and fsynced at open), so a tail that a crash truncated and the
+next run rewrites gets fresh nonces.
 
-Reads give back the **plaintext record** (the header with SEALED cleared, the plaintext
-lengths and a fresh CRC), so everything above the store (pull, pop, filters, clients) sees the
-format it always saw. A record whose tag does not verify is an integrity error: it is skipped
-and reported like a record failing its CRC, never served. Records without the SEALED bit (a
-store that ran without encryption before) are served as they are.
+Reads give back the **plaintext record** (the header with the seal bits cleared, the plaintext
+lengths and CRC), so everything above the store (pull, pop, filters, clients) sees the format
+it always saw. A record that does not authenticate is an integrity error: it is skipped and
+reported like a record failing its CRC, never served. Records without the SEALED bit (a store
+that ran without encryption before) are served as they are.
 """
 
 from __future__ import annotations
 
 import logging
 import struct
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import crc32c
+import numpy as np
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
@@ -50,6 +56,7 @@ from orbitmq.common.record import (
     RecordError,
     properties_slice,
 )
+from orbitmq.store import seal_group
 from orbitmq.store.commit_log import SEAL_OVERHEAD, SYSFLAG_SEALED
 from orbitmq.store.keys import DekStore, Keyring, WriterEpoch, load_master_key
 from orbitmq.store.reader import GetResult, GetStatus
@@ -60,6 +67,12 @@ assert SEAL_OVERHEAD == 4 + 4 + 16  # epoch, body length, tag
 _U64 = struct.Struct(">Q")
 _NONCE = struct.Struct(">IQ")
 _MAX_CIPHERS = 256
+_GROUP = seal_group.SEAL_BITS
+_TAG_AT = HEADER_SIZE + 16
+_BACK_AT = HEADER_SIZE + 4
+_COLS4 = np.arange(4)
+_COLS8 = np.arange(8)
+ViewAt = Callable[[int], "tuple[memoryview, int, int] | None"]
 
 
 class IntegrityError(RecordError):
@@ -69,12 +82,20 @@ class IntegrityError(RecordError):
 class RecordSealer:
     """Seals and opens records with per-segment DEKs; see the module docstring."""
 
-    def __init__(self, root: Path, keyring: Keyring, segment_size: int) -> None:
+    def __init__(
+        self, root: Path, keyring: Keyring, segment_size: int, cache_bytes: int = 32 << 20
+    ) -> None:
         self.deks = DekStore(root, keyring)
         self.epoch = WriterEpoch(root)
         self.segment_size = segment_size
         self.integrity_errors = 0
         self._ciphers: dict[int, AESGCM] = {}
+        self.cache = seal_group.GroupCache(cache_bytes)
+        """Opened format-2 groups (hot reads and the dispatcher open each group once)."""
+        self._last: tuple[tuple[int, bytes], seal_group.Opened] | None = None
+        self.view_at: ViewAt | None = None
+        """The CommitLog's ``view_at`` (set by the store): a group read from a single record
+        needs the segment around it."""
 
     def start(self, commit_log_dir: Path) -> None:
         """At open, before recovery and any append: DEKs of vanished segments go, every other
@@ -110,11 +131,28 @@ class RecordSealer:
 
     # ------------------------------------------------------------------ seal
 
+    def overhead(self, topic_len: int) -> int:
+        return seal_group.extra_bytes(topic_len)
+
     def seal(
         self, head: BatchHeader, seg_start: int, bodies: Sequence[bytes], props: Sequence[bytes]
     ) -> tuple[list[bytes], list[bytes]]:
         """The sealed bodies (and empty properties) of records laid out from ``head``'s first
-        offsets; sets SEALED in ``head.sys_flag``. Called under the CommitLog's append lock."""
+        offsets, as one format-2 group; sets the seal bits in ``head.sys_flag``. Called under
+        the CommitLog's append lock."""
+        aead = self._cipher(seg_start, create=True)
+        assert aead is not None
+        out, key, opened = seal_group.seal_group(
+            aead, self.epoch.value, head, seg_start, bodies, props
+        )
+        self.cache.put(key, opened)  # the dispatcher reads it next
+        return out, [b""] * len(out)
+
+    def seal_v1(
+        self, head: BatchHeader, seg_start: int, bodies: Sequence[bytes], props: Sequence[bytes]
+    ) -> tuple[list[bytes], list[bytes]]:
+        """Format 1 (one AEAD per record), no longer written by the store; kept so tests can
+        make the segments older stores wrote and check they still read."""
         aead = self._cipher(seg_start, create=True)
         assert aead is not None
         epoch = self.epoch.value
@@ -143,9 +181,84 @@ class RecordSealer:
 
     # ------------------------------------------------------------------ open
 
+    def _group(self, view: memoryview, at: int, seg_start: int) -> seal_group.Opened:
+        """The opened group of the format-2 record at ``at`` of a segment's ``view``."""
+        g_at = seal_group.group_start(view, at)
+        tag = bytes(view[at + _TAG_AT : at + _TAG_AT + 16])
+        key = (seg_start + g_at, tag)
+        last = self._last  # the dispatcher asks for each record of a group in turn
+        if last is not None and last[0] == key:
+            return last[1]
+        entry = self.cache.get(key)
+        if entry is not None:
+            self._last = (key, entry)
+            return entry
+        try:
+            aead = self._cipher(seg_start, create=False)
+            if aead is None or g_at < 0:
+                raise seal_group.GroupError("no key or no group")
+            entry = seal_group.open_group(aead, view, g_at, seg_start)
+        except (seal_group.GroupError, StoreError, struct.error) as exc:
+            self.integrity_errors += 1
+            raise IntegrityError(
+                f"sealed group at {seg_start + g_at} does not authenticate ({exc})"
+            ) from exc
+        self.cache.put(key, entry)
+        self._last = (key, entry)
+        return entry
+
+    def _open_grouped(self, view: memoryview, at: int) -> memoryview:
+        """The plaintext of the format-2 record at ``at`` of a segment's ``view``."""
+        seg_start = _U64.unpack_from(view, at + 28)[0] - at
+        plain, where = self._group(view, at, seg_start)
+        place = where.get(seg_start + at)
+        if place is None:
+            raise IntegrityError(f"no record at {seg_start + at} in its sealed group")
+        return memoryview(plain)[place[0] : place[0] + place[1]]
+
+    def _entry_of(self, rec: memoryview) -> tuple[int, seal_group.Opened]:
+        """The physical offset of a format-2 record (a slice holding just it) and its opened
+        group: from the cache, else opened around it through ``view_at``."""
+        phy = _U64.unpack_from(rec, 28)[0]
+        g_phy = phy - U32.unpack_from(rec, HEADER_SIZE + 4)[0]
+        entry = self.cache.get((g_phy, bytes(rec[_TAG_AT : _TAG_AT + 16])))
+        if entry is None:
+            loc = self.view_at(phy) if self.view_at is not None else None
+            if loc is None:
+                self.integrity_errors += 1
+                raise IntegrityError(f"sealed record at {phy}: its segment is not readable")
+            view, at, _size = loc
+            entry = self._group(view, at, phy - at)
+        return phy, entry
+
+    def group_of(
+        self, view: memoryview, at: int
+    ) -> tuple[memoryview, dict[int, tuple[int, int]], int] | None:
+        """The dispatcher's view of a format-2 record's group: its plaintext, where each
+        record is in it, and how much larger sealed records are (None: not format 2, or it
+        does not authenticate)."""
+        if U32.unpack_from(view, at + 36)[0] & _GROUP != _GROUP:
+            return None
+        phy = _U64.unpack_from(view, at + 28)[0]
+        try:
+            plain, where = self._group(view, at, phy - at)
+        except IntegrityError as exc:
+            log.warning("%s: not dispatched from its plaintext", exc)
+            return None
+        place = where.get(phy)
+        if place is None:
+            return None
+        return memoryview(plain), where, U32.unpack_from(view, at)[0] - place[1]
+
     def open_record(self, view: memoryview | bytes, at: int = 0) -> bytes:
-        """The plaintext record of the sealed record at ``at`` (IntegrityError if it does not
-        authenticate)."""
+        """The plaintext record of the sealed record at ``at`` of a segment's ``view``
+        (IntegrityError if it does not authenticate)."""
+        mv = view if isinstance(view, memoryview) else memoryview(view)
+        if U32.unpack_from(mv, at + 36)[0] & _GROUP == _GROUP:
+            return bytes(self._open_grouped(mv, at))
+        return self._open_v1(mv, at)
+
+    def _open_v1(self, view: memoryview, at: int) -> bytes:
         fields = HEADER.unpack_from(view, at)
         total, magic, _crc, qid, flag, qoff, phy, sys_flag = fields[:8]
         body_len = fields[14]
@@ -181,46 +294,145 @@ class RecordSealer:
         return bytes(record)
 
     def plain(self, record: memoryview) -> memoryview | None:
-        """A record as served: opened if sealed (None if it does not authenticate)."""
-        if not U32.unpack_from(record, 36)[0] & SYSFLAG_SEALED:
+        """A record (a slice holding just it) as served: opened if sealed (None if it does
+        not authenticate)."""
+        flags = U32.unpack_from(record, 36)[0]
+        if not flags & SYSFLAG_SEALED:
             return record
         try:
-            return memoryview(self.open_record(record))
+            if flags & _GROUP == _GROUP:
+                phy, (plain, where) = self._entry_of(record)
+                place = where.get(phy)
+                if place is None:
+                    self.integrity_errors += 1
+                    raise IntegrityError(f"no record at {phy} in its sealed group")
+                return memoryview(plain)[place[0] : place[0] + place[1]]
+            return memoryview(self._open_v1(record, 0))
         except IntegrityError as exc:
             log.warning("%s: not served", exc)
             return None
 
     def props_of(self, view: memoryview, at: int) -> bytes | memoryview:
-        """The plaintext properties of the record at ``at`` (b"" if it does not
-        authenticate: a filter then matches nothing, and the read skips the record)."""
-        if not U32.unpack_from(view, at + 36)[0] & SYSFLAG_SEALED:
+        """The plaintext properties of the record at ``at`` of a segment's ``view`` (b"" if
+        it does not authenticate: a filter then matches nothing, and the read skips it)."""
+        flags = U32.unpack_from(view, at + 36)[0]
+        if not flags & SYSFLAG_SEALED:
             return properties_slice(view, at)[1]
         try:
-            return properties_slice(memoryview(self.open_record(view, at)), 0)[1]
+            if flags & _GROUP == _GROUP:
+                return properties_slice(self._open_grouped(view, at), 0)[1]
+            return properties_slice(memoryview(self._open_v1(view, at)), 0)[1]
         except IntegrityError:
             return b""
 
     def open_result(self, res: GetResult) -> GetResult:
         """``res`` with every sealed record replaced by its plaintext; records that do not
-        authenticate move to ``skipped``."""
+        authenticate move to ``skipped``. Records of one group that follow each other are
+        served as one slice of its opened plaintext (one body part, as a plaintext store's
+        back-to-back records are)."""
         if not res.sizes:
             return res
-        views: list[memoryview] = []
-        sizes: list[int] = []
-        offsets: list[int] = []
-        for view, offset in zip(res.messages, res.queue_offsets, strict=True):
-            opened = self.plain(view)
-            if opened is None:
-                res.skipped.append(offset)
-                continue
-            views.append(opened)
-            sizes.append(len(opened))
-            offsets.append(offset)
-        res.body_parts, res.sizes, res.queue_offsets = views, sizes, offsets
-        res._messages = list(views)
-        if not sizes and res.status == GetStatus.FOUND:
+        views: list[memoryview] = []  # each record, a slice of its part
+        phys: list[int] = []
+        g_phys: list[int] = []  # its group's first offset; -1: not format 2
+        k = 0
+        sizes_in = res.sizes
+        for part in res.body_parts:
+            starts: list[int] = []
+            at = 0
+            while at < len(part):
+                starts.append(at)
+                at += sizes_in[k]
+                views.append(part[at - sizes_in[k] : at])
+                k += 1
+            _header_fields(part, starts, phys, g_phys)
+        out = _Served()
+        offsets = res.queue_offsets
+        i, n = 0, len(views)
+        while i < n:
+            g = g_phys[i]
+            j = i + 1
+            while j < n and g >= 0 and g_phys[j] == g:
+                j += 1
+            if g < 0:  # format 1 or a plaintext record
+                out.add_one(self.plain(views[i]), offsets[i], res.skipped)
+            else:
+                try:
+                    _phy, (plain, where) = self._entry_of(views[i])
+                except IntegrityError as exc:
+                    log.warning("%s: not served", exc)
+                    res.skipped.extend(offsets[i:j])
+                else:
+                    places = [where.get(x) for x in phys[i:j]]
+                    out.add_run(memoryview(plain), places, offsets[i:j], res.skipped)
+            i = j
+        res.body_parts, res.sizes, res.queue_offsets = out.parts, out.sizes, out.offsets
+        res._messages = None
+        if not out.sizes and res.status == GetStatus.FOUND:
             res.status = GetStatus.NO_MATCHED_MESSAGE
         return res
+
+
+def _header_fields(part: memoryview, starts: list[int], phys: list[int], g_phys: list[int]) -> None:
+    """Append the physical offset and the group start (-1: not in a format-2 group) of the
+    records at ``starts`` of ``part``: numpy for many, struct for a few."""
+    if len(starts) < 8:
+        for start in starts:
+            phy = _U64.unpack_from(part, start + 28)[0]
+            phys.append(phy)
+            grouped = U32.unpack_from(part, start + 36)[0] & _GROUP == _GROUP
+            g_phys.append(phy - U32.unpack_from(part, start + _BACK_AT)[0] if grouped else -1)
+        return
+    raw = np.frombuffer(part, dtype=np.uint8)
+    at = np.array(starts, dtype=np.int64)[:, None]
+    flags = raw[at + _COLS4 + 36].copy().view(">u4").reshape(-1)
+    p = raw[at + _COLS8 + 28].copy().view(">u8").reshape(-1).astype(np.int64)
+    back = raw[at + _COLS4 + _BACK_AT].copy().view(">u4").reshape(-1).astype(np.int64)
+    phys.extend(p.tolist())
+    g_phys.extend(np.where((flags & _GROUP) == _GROUP, p - back, -1).tolist())
+
+
+class _Served:
+    """What ``open_result`` serves: body parts, and each record's size and queue offset."""
+
+    __slots__ = ("offsets", "parts", "sizes")
+
+    def __init__(self) -> None:
+        self.parts: list[memoryview] = []
+        self.sizes: list[int] = []
+        self.offsets: list[int] = []
+
+    def add_one(self, view: memoryview | None, offset: int, skipped: list[int]) -> None:
+        if view is None:
+            skipped.append(offset)
+            return
+        self.parts.append(view)
+        self.sizes.append(len(view))
+        self.offsets.append(offset)
+
+    def add_run(
+        self,
+        plain: memoryview,
+        places: list[tuple[int, int] | None],
+        offsets: list[int],
+        skipped: list[int],
+    ) -> None:
+        """Records of one opened group: one slice for each stretch that lies back to back."""
+        lo = hi = -1
+        for place, offset in zip(places, offsets, strict=True):
+            if place is None:  # its header names no record of the group: never served
+                skipped.append(offset)
+                continue
+            p, size = place
+            if p != hi:
+                if hi > lo:
+                    self.parts.append(plain[lo:hi])
+                lo = p
+            hi = p + size
+            self.sizes.append(size)
+            self.offsets.append(offset)
+        if hi > lo:
+            self.parts.append(plain[lo:hi])
 
 
 def make_sealer(
@@ -229,6 +441,7 @@ def make_sealer(
     key_file: str | None,
     retired_key_files: Sequence[str],
     enabled: bool,
+    cache_bytes: int = 32 << 20,
 ) -> RecordSealer | None:
     """The store's sealer (None when encryption is off). A store holding DEKs refuses to open
     without its master key rather than serve ciphertext."""
@@ -239,4 +452,4 @@ def make_sealer(
             )
         return None
     keyring = Keyring(load_master_key(key_file), [load_master_key(f) for f in retired_key_files])
-    return RecordSealer(root, keyring, segment_size)
+    return RecordSealer(root, keyring, segment_size, cache_bytes)

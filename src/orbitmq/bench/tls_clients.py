@@ -1,0 +1,146 @@
+"""TLS against plaintext for real clients: produce and consume through a NameServer and a broker.
+
+Part of ``python -m orbitmq.bench security``. One in-process NameServer and broker (ASYNC_FLUSH,
+a temporary store), both listening in permissive TLS mode with a self-signed certificate for
+the TLS run and plaintext for the other; the broker registers in plaintext either way (not
+measured). With TLS, every client connection (admin, producer, consumer) is TLS 1.3, and the
+admin requests (creating the topic) need it (``admin_transport`` auto).
+
+- **produce**: ``count`` 1 KiB messages in ``send_batch`` calls of 32, 8 calls in flight, over
+  4 queues;
+- **consume**: a new lite-pull consumer group reads them all back from the first offset.
+
+Each figure is messages per second of that phase alone. The issue's target: TLS >= 70 % of
+plaintext. Figures for docs/benchmarks.md are measured on an idle machine; a small count only
+checks that it runs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from pathlib import Path
+
+from orbitmq.broker.config import BrokerConfig
+from orbitmq.broker.controller import BrokerController
+from orbitmq.client import AsyncAdminClient
+from orbitmq.client.consumer.config import LitePullConfig
+from orbitmq.client.consumer.lite_pull import AsyncLitePullConsumer
+from orbitmq.client.consumer_types import ConsumeFromWhere
+from orbitmq.client.producer.config import ProducerConfig
+from orbitmq.client.producer.producer import AsyncProducer
+from orbitmq.common.message import Message
+from orbitmq.namesrv.config import NamesrvConfig
+from orbitmq.namesrv.controller import NamesrvController
+from orbitmq.net.tls import client_context
+from orbitmq.proxy.tls import self_signed
+from orbitmq.store.config import FlushDiskType, StoreConfig
+
+BODY = 1024
+BATCH = 32
+IN_FLIGHT = 8
+QUEUES = 4
+TOPIC = "BenchTls"
+DEADLINE_S = 300.0
+
+
+async def _wait_route(admin: AsyncAdminClient) -> None:
+    deadline = time.monotonic() + 30
+    while len(await admin.queues(TOPIC)) < QUEUES:
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{TOPIC} has no route")
+        await asyncio.sleep(0.05)
+
+
+async def _produce(namesrv: str, count: int, ctx: object) -> float:
+    body = os.urandom(BODY)
+    batch = [Message(TOPIC, body) for _ in range(BATCH)]
+    config = ProducerConfig(compress_over_bytes=-1)
+    async with AsyncProducer(namesrv, config, ssl_context=ctx) as producer:  # type: ignore[arg-type]
+        await producer.send_batch(batch)  # routes and connections made before the clock
+        slots = asyncio.Semaphore(IN_FLIGHT)
+        sent = 0
+
+        async def one() -> None:
+            nonlocal sent
+            try:
+                await producer.send_batch(batch)
+                sent += BATCH
+            finally:
+                slots.release()
+
+        start = time.perf_counter()
+        tasks = []
+        for _ in range(max(1, count // BATCH)):
+            await slots.acquire()
+            tasks.append(asyncio.ensure_future(one()))
+        await asyncio.gather(*tasks)
+        return sent / (time.perf_counter() - start)
+
+
+async def _consume(namesrv: str, want: int, ctx: object) -> float:
+    consumer = AsyncLitePullConsumer(
+        namesrv,
+        f"bench-tls-{os.getpid()}-{time.monotonic_ns()}",
+        LitePullConfig(
+            consume_from_where=ConsumeFromWhere.FIRST_OFFSET, pull_batch_size=64, poll_max=256
+        ),
+        ssl_context=ctx,  # type: ignore[arg-type]
+    )
+    consumer.subscribe(TOPIC, "*")
+    got = 0
+    start: float | None = None
+    deadline = time.monotonic() + DEADLINE_S
+    async with consumer:
+        while got < want and time.monotonic() < deadline:
+            msgs = await consumer.poll(timeout_s=0.5)
+            if msgs and start is None:
+                start = time.perf_counter() - 1e-9
+            got += len(msgs)
+    if got < want or start is None:
+        raise TimeoutError(f"consumed {got} of {want} messages")
+    return got / (time.perf_counter() - start)
+
+
+async def produce_consume(folder: Path, count: int, tls: bool) -> tuple[float, float]:
+    """(produce msg/s, consume msg/s) with TLS on every client connection, or none."""
+    folder.mkdir(parents=True, exist_ok=True)
+    listener: dict[str, str] = {}
+    ctx = None
+    if tls:
+        ident = self_signed(["localhost", "127.0.0.1"])
+        cert = folder / "server.pem"
+        cert.write_bytes(ident.cert_pem + ident.key_pem)
+        listener = {"tls_mode": "permissive", "tls_cert_file": str(cert)}
+        ctx = client_context(ca_file=str(cert))
+    namesrv = NamesrvController(NamesrvConfig(port=0, **listener))  # type: ignore[arg-type]
+    await namesrv.start()
+    broker: BrokerController | None = None
+    try:
+        store = StoreConfig(
+            store_path=folder / "store",
+            flush_disk_type=FlushDiskType.ASYNC_FLUSH,
+            mapped_file_size_commit_log=64 * 1024 * 1024,
+        )
+        broker = BrokerController(
+            BrokerConfig(
+                port=0,
+                namesrv_addrs=(namesrv.address,),
+                register_interval_s=0.5,
+                store=store,
+                **listener,  # type: ignore[arg-type]
+            )
+        )
+        await broker.start()
+        async with AsyncAdminClient([namesrv.address], ssl_context=ctx) as admin:
+            await admin.create_topic(TOPIC, read_queue_nums=QUEUES, write_queue_nums=QUEUES)
+            await _wait_route(admin)
+        produced = await _produce(namesrv.address, count, ctx)
+        total = max(1, count // BATCH) * BATCH + BATCH  # the warm-up batch too
+        consumed = await _consume(namesrv.address, total, ctx)
+        return produced, consumed
+    finally:
+        if broker is not None:
+            await broker.stop()
+        await namesrv.stop()

@@ -1,0 +1,276 @@
+"""Sealed groups (format 2 of encryption at rest): one AES-256-GCM seal per appended batch part.
+
+Format 1 (:mod:`orbitmq.store.sealing`) sealed every record on its own, so every read paid one
+AEAD call and a Python rebuild of the plaintext record (10-15 us a record). Format 2 seals the
+records one append writes into one segment (a *group*) with one AEAD call, and what it encrypts
+is the exact plaintext records a plaintext store would have written there (headers with the
+real physical offsets, plaintext CRCs). Opening a group is therefore one decrypt, after which
+each record is served as a zero-copy slice of the plaintext, and opened groups are cached for
+hot reads. Layout of each record of a group (clear header and topic as in storage-format.md)::
+
+    SYS_FLAG          |= 0x10000 (SEALED) | 0x20000 (GROUP)
+    BODY_LENGTH       = 32 + size of the plaintext record
+    BODY              = u32 writer epoch || u32 back (bytes from the group's first record to
+                        this one) || u32 span (bytes of the whole group) || u32 count (records
+                        in the group) || 16-byte GCM tag of the group || this record's slice of
+                        the group ciphertext
+    PROPERTIES_LENGTH = 0
+    CRC               = CRC32C over the stored (encrypted) bytes, as for any record
+
+The group ciphertext is AES-256-GCM(segment DEK, nonce = u32 epoch || u64 physical offset of
+the group's first record, plaintext = the plaintext records back to back, associated data =
+"ORS2" || u64 segment start || u64 group offset || u32 span || u32 count || u16 topic length ||
+topic). Nonces stay unique as in format 1: a group's first offset is written once per run and
+every run has a new epoch. The clear headers are not associated data one by one: at open, each
+clear header (queue, flags, offsets, timestamps, hosts, topic) must equal the authenticated
+plaintext header inside the group, which binds them as strongly and costs one comparison.
+
+Trade-off: one tag per group means one damaged byte makes the whole group an integrity error
+(format 1 lost one record). A group is written by one ``pwrite``; recovery (which needs no key)
+cuts a group that is not complete, so a torn append never leaves an unopenable group behind.
+"""
+
+from __future__ import annotations
+
+import struct
+import threading
+from collections import OrderedDict
+from collections.abc import Sequence
+
+import numpy as np
+from cryptography.exceptions import InvalidTag
+from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+
+from orbitmq.common.record import (
+    CRC_START,
+    HEADER_SIZE,
+    U16,
+    U32,
+    BatchHeader,
+    RecordError,
+    check_record,
+    encode_batch_py,
+    record_overhead,
+)
+from orbitmq.store.commit_log import SYSFLAG_SEALED, SYSFLAG_SEALED_GROUP
+
+PREFIX_SIZE = 32
+_PREFIX_TAIL = struct.Struct(">II16s")  # span, count, tag
+_U64 = struct.Struct(">Q")
+_NONCE = struct.Struct(">IQ")
+_AAD = struct.Struct(">4sQQIIH")
+_PHY_AT = 28
+_SYSFLAG_AT = 36
+_BODY_LEN_AT = 84
+_SAME = np.r_[CRC_START:_SYSFLAG_AT, _SYSFLAG_AT + 4 : _BODY_LEN_AT]
+"""Header bytes a sealed record's clear header shares with its plaintext copy."""
+_PREFIX_COLS = np.arange(PREFIX_SIZE)
+_COLS4 = np.arange(4)
+_SHARED = np.r_[0:4, 8:PREFIX_SIZE]
+"""Prefix bytes every record of a group shares (all but its distance from the start)."""
+SEAL_BITS = SYSFLAG_SEALED | SYSFLAG_SEALED_GROUP
+
+
+Opened = tuple[bytes, dict[int, tuple[int, int]]]
+"""An opened group: its plaintext records, and (start, size) in it by physical offset."""
+
+
+class GroupError(ValueError):
+    """A group that does not authenticate or whose framing is wrong (never served)."""
+
+
+def extra_bytes(topic_len: int) -> int:
+    """What a sealed record has more than its plaintext: a second header and topic (the
+    plaintext copy inside the ciphertext), the prefix and nothing else (the tag is in it)."""
+    return record_overhead(topic_len) + PREFIX_SIZE
+
+
+def _aad(seg_start: int, group_phy: int, span: int, count: int, topic: bytes) -> bytes:
+    return _AAD.pack(b"ORS2", seg_start, group_phy, span, count, len(topic)) + topic
+
+
+def seal_group(
+    aead: AESGCM,
+    epoch: int,
+    head: BatchHeader,
+    seg_start: int,
+    bodies: Sequence[bytes],
+    props: Sequence[bytes],
+) -> tuple[list[bytes], tuple[int, bytes], Opened]:
+    """The sealed bodies of records laid out from ``head``'s first offsets (properties are
+    empty), and the group already opened (with its cache key: the dispatcher and hot reads
+    then need no decrypt); sets SEALED|GROUP in ``head.sys_flag``."""
+    plain_head = BatchHeader(
+        head.topic, head.queue_id, head.first_queue_offset, head.first_physical_offset,
+        head.flag, head.sys_flag & ~SEAL_BITS, head.born_timestamp_ms, head.born_host,
+        head.store_timestamp_ms, head.store_host, head.reconsume_times,
+        head.prepared_transaction_offset,
+    )  # fmt: skip
+    extra = extra_bytes(len(head.topic))
+    # Each plaintext record carries the physical offset its sealed record has in the log.
+    plain = encode_batch_py(plain_head, list(bodies), list(props), phy_stride=extra)
+    n = len(bodies)
+    fixed = record_overhead(len(head.topic))
+    sizes = [fixed + len(b) + len(q) for b, q in zip(bodies, props, strict=True)]
+    span = len(plain) + n * extra
+    group_phy = head.first_physical_offset
+    sealed = aead.encrypt(
+        _NONCE.pack(epoch, group_phy), plain, _aad(seg_start, group_phy, span, n, head.topic)
+    )
+    tail = _PREFIX_TAIL.pack(span, n, sealed[-16:])
+    epoch_bytes = U32.pack(epoch)
+    out: list[bytes] = []
+    where: dict[int, tuple[int, int]] = {}
+    cv = memoryview(sealed)
+    p = back = 0
+    for size in sizes:
+        out.append(b"".join((epoch_bytes, U32.pack(back), tail, cv[p : p + size])))
+        where[group_phy + back] = (p, size)
+        p += size
+        back += extra + size
+    head.sys_flag |= SEAL_BITS
+    return out, (group_phy, sealed[-16:]), (bytes(plain), where)
+
+
+def group_start(view: memoryview | bytes, at: int) -> int:
+    """Where the group of the sealed record at ``at`` begins (in the same view)."""
+    return at - int(U32.unpack_from(view, at + HEADER_SIZE + 4)[0])
+
+
+def open_group(aead: AESGCM, view: memoryview, g_at: int, seg_start: int) -> Opened:
+    """The plaintext of the group starting at ``g_at`` of a segment's ``view`` and where each
+    record (by physical offset) is in it; GroupError if it does not authenticate."""
+    try:
+        epoch, back = struct.unpack_from(">II", view, g_at + HEADER_SIZE)
+        span, count, tag = _PREFIX_TAIL.unpack_from(view, g_at + HEADER_SIZE + 8)
+        body_len = U32.unpack_from(view, g_at + _BODY_LEN_AT)[0]
+        tlen = U16.unpack_from(view, g_at + HEADER_SIZE + body_len)[0]
+        t_at = g_at + HEADER_SIZE + body_len
+        topic_part = bytes(view[t_at : t_at + 2 + tlen])
+        topic = topic_part[2:]
+    except struct.error:
+        raise GroupError("bad framing") from None
+    if back or g_at + span > len(view) or not count:
+        raise GroupError("not the start of a complete group")
+    extra = extra_bytes(tlen)
+    pieces: list[memoryview] = []
+    starts: list[int] = []
+    r = g_at
+    end = g_at + span
+    # Only the clear lengths are read to gather the ciphertext; a prefix, length or position
+    # that was changed shows as a tag failure, a group without the asked record, or a clear
+    # header unlike its authenticated copy (checked below).
+    for _ in range(count):
+        if r + HEADER_SIZE > end:
+            raise GroupError("fewer records than the group counts")
+        total = U32.unpack_from(view, r)[0]
+        if total <= extra or r + total > end:
+            raise GroupError("records overrun the group")
+        pre = r + HEADER_SIZE + PREFIX_SIZE
+        pieces.append(view[pre : pre + total - extra])
+        starts.append(r)
+        r += total
+    if r != end:
+        raise GroupError("records do not fill the group")
+    phy0 = seg_start + g_at
+    try:
+        plain = aead.decrypt(
+            _NONCE.pack(epoch, phy0),
+            b"".join((*pieces, tag)),
+            _aad(seg_start, phy0, span, count, topic),
+        )
+    except InvalidTag:
+        raise GroupError("does not authenticate") from None
+    # Sealed records are their plaintext plus ``extra``: positions follow from the clear walk.
+    # Each clear header must equal its authenticated copy (queue, flags, offsets, timestamps,
+    # hosts) and carry the group's topic: compared for all records at once.
+    rs = np.array(starts, dtype=np.int64)
+    sizes = np.diff(np.append(rs, end)) - extra
+    ps = np.zeros(count, dtype=np.int64)
+    np.cumsum(sizes[:-1], out=ps[1:])
+    if int(ps[-1] + sizes[-1]) != len(plain):
+        raise GroupError("plaintext does not match the group")
+    clear = np.frombuffer(view, dtype=np.uint8)
+    inner = np.frombuffer(plain, dtype=np.uint8)
+    inner_sizes = inner[ps[:, None] + _COLS4].copy().view(">u4").reshape(-1)
+    if (inner_sizes != sizes).any() or (
+        clear[rs[:, None] + _SAME] != inner[ps[:, None] + _SAME]
+    ).any():
+        raise GroupError("a clear header differs from its authenticated copy")
+    # Every record's prefix: the group's epoch, span, count and tag, and its own distance.
+    pre = clear[(rs + HEADER_SIZE)[:, None] + _PREFIX_COLS]
+    if (pre[:, _SHARED] != pre[0, _SHARED]).any() or (
+        pre[:, 4:8].copy().view(">u4").reshape(-1) != rs - g_at
+    ).any():
+        raise GroupError("a record's prefix does not belong to its group")
+    t_at = rs + sizes + (HEADER_SIZE + PREFIX_SIZE)
+    tail = np.frombuffer(topic_part + b"\0\0", np.uint8)  # topic, and no properties
+    if (clear[t_at[:, None] + np.arange(len(tail))] != tail).any():
+        raise GroupError("a record's topic differs from its group's")
+    phys = (rs + seg_start).tolist()
+    return plain, dict(zip(phys, zip(ps.tolist(), sizes.tolist(), strict=True), strict=True))
+
+
+def check_group(view: memoryview, at: int, limit: int) -> None:
+    """Recovery's check (no key): the sealed record at ``at`` starts a group whose records
+    are all there and verify; RecordError otherwise, so the scan cuts at the group's start."""
+    sys_flag = U32.unpack_from(view, at + _SYSFLAG_AT)[0]
+    if sys_flag & SEAL_BITS != SEAL_BITS:
+        return
+    back, span = struct.unpack_from(">II", view, at + HEADER_SIZE + 4)
+    if back:
+        return  # checked with its group's first record
+    end = at + span
+    if end > limit:
+        raise RecordError("sealed group cut short")
+    if end <= at:
+        raise RecordError("sealed group of no bytes")
+    r = at
+    while r < end:
+        n = check_record(view, r, end)
+        if n <= 0:  # an end-of-segment filler inside a group: not a group
+            raise RecordError("sealed group holds a filler")
+        r += n
+    if r != end:
+        raise RecordError("sealed group does not add up")
+
+
+class GroupCache:
+    """Opened groups, newest last, bounded in bytes (shared by readers and the dispatcher)."""
+
+    def __init__(self, max_bytes: int) -> None:
+        self.max_bytes = max_bytes
+        self.bytes = 0
+        self.hits = 0
+        self.misses = 0
+        self._groups: OrderedDict[tuple[int, bytes], Opened]
+        self._groups = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, key: tuple[int, bytes]) -> Opened | None:
+        with self._lock:
+            entry = self._groups.get(key)
+            if entry is None:
+                self.misses += 1
+                return None
+            self.hits += 1
+            self._groups.move_to_end(key)
+            return entry
+
+    def put(self, key: tuple[int, bytes], entry: Opened) -> None:
+        size = len(entry[0])
+        if size > self.max_bytes:
+            return
+        with self._lock:
+            if key in self._groups:
+                return
+            self._groups[key] = entry
+            self.bytes += size
+            while self.bytes > self.max_bytes:
+                _key, (old, _where) = self._groups.popitem(last=False)
+                self.bytes -= len(old)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._groups.clear()
+            self.bytes = 0
