@@ -197,7 +197,7 @@ class BrokerController:
         self.processor = BrokerProcessor(
             ctx, self.delayed, self.halves, self.long_polling, self.timer.stats, trace
         )
-        self.auth = ServerAuth.open(
+        self.auth = ServerAuth.open(  # authn, authz, user/ACL admin codes (docs/security.md)
             enabled=config.auth_enabled,
             auth_file=config.auth_file
             or (config.store.store_path / "config" / "auth.json" if config.auth_enabled else None),
@@ -207,7 +207,6 @@ class BrokerController:
             controllers=config.auth_controller_addrs,
             admin_transport=config.admin_transport_needed(),
         )
-        """Authentication, authorization and the user/ACL admin codes (docs/security.md)."""
         self.pop_processor = PopProcessor(ctx, self.pop, trace)
         routes = build_routes(
             messages=self.processor,
