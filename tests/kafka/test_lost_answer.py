@@ -11,9 +11,10 @@ from typing import Any
 from orbitmq.client.route import MessageQueue
 from orbitmq.common.errors import RequestTimeoutError
 from orbitmq.kafka.producer_state import SEQ_SPAN, ProducerStates, broker_producer_id
+from orbitmq.protocol.kafka.records import Record, build_batch, read_batches
 from tests.kafka.conftest import Stack
 from tests.kafka.raw import RawClient
-from tests.kafka.test_gateway import INIT_PID, METADATA, _batch, _fetch_values, _produce
+from tests.kafka.test_gateway import FETCH, INIT_PID, METADATA, _batch, _fetch_values, _produce
 
 
 async def test_lost_answer_retry_is_deduplicated_by_the_broker(stack: Stack) -> None:
@@ -59,6 +60,13 @@ async def test_lost_answer_retry_is_deduplicated_by_the_broker(stack: Stack) -> 
             assert (nxt["error_code"], nxt["base_offset"]) == (0, 5)
             values = _fetch_values(c, "lost", 6)
             assert values == [b"plain-0", b"plain-1", b"a-0", b"a-1", b"a-2", b"b-0"]
+            # the producer numbers stay OrbitMQ's: no record reads them back as headers
+            assert _fetch_headers(c, "lost") == [[]] * 6
+            forged = _produce(c, "lost", build_batch(
+                [Record(0, 0, None, b"f", [("PRODUCER_ID", b"1"), ("PRODUCER_SEQ", b"0")])],
+                base_timestamp=1_700_000_000_000))  # fmt: skip
+            assert (forged["error_code"], forged["base_offset"]) == (0, 6)
+            assert _fetch_headers(c, "lost")[6] == [("PRODUCER_ID", b"1"), ("PRODUCER_SEQ", b"0")]
         finally:
             c.close()
 
@@ -67,10 +75,21 @@ async def test_lost_answer_retry_is_deduplicated_by_the_broker(stack: Stack) -> 
     finally:
         data.producer = real
     # the broker answered both forwarded copies of the batch with the first one's offset
-    assert stored == [0, 2, 2, 5]  # the plain batch, the lost answer, its retry, the next
+    assert stored == [0, 2, 2, 5, 6]  # plain, the lost answer, its retry, the next, forged
     mq = await stack.gateway.partitions.queue("lost", 0)
     assert mq is not None
-    assert await real_max_offset(stack, mq) == 6
+    assert await real_max_offset(stack, mq) == 7
+
+
+def _fetch_headers(c: RawClient, topic: str) -> list[list[tuple[str, bytes | None]]]:
+    body = {"replica_id": -1, "max_wait_ms": 0, "min_bytes": 1, "max_bytes": 1 << 20,
+            "isolation_level": 0, "session_id": 0, "session_epoch": -1, "topics": [
+                {"topic": topic, "partitions": [{"partition": 0, "current_leader_epoch": -1,
+                 "fetch_offset": 0, "log_start_offset": -1, "partition_max_bytes": 1 << 20}]}],
+            "forgotten_topics_data": [], "rack_id": ""}  # fmt: skip
+    part = c.call(FETCH, 11, body)["responses"][0]["partitions"][0]
+    assert part["error_code"] == 0
+    return [list(r.headers) for b in read_batches(part["records"] or b"") for r in b.records()]
 
 
 async def real_max_offset(stack: Stack, mq: MessageQueue) -> int:
