@@ -24,6 +24,11 @@ from orbitmq.client.admin.types import PullStatus
 from orbitmq.client.producer.producer import AsyncProducer
 from orbitmq.client.route import MessageQueue
 from orbitmq.common.errors import MessageTooLargeError
+from orbitmq.common.message import (
+    PROPERTY_PRODUCER_COUNT,
+    PROPERTY_PRODUCER_ID,
+    PROPERTY_PRODUCER_SEQ,
+)
 from orbitmq.common.record import StoredMessage
 from orbitmq.kafka import errors as E
 from orbitmq.kafka.config import KafkaConfig
@@ -38,7 +43,9 @@ from orbitmq.kafka.producer_state import (
     PROP_EPOCH,
     PROP_PID,
     PROP_SEQ,
+    SEQ_SPAN,
     ProducerStates,
+    broker_producer_id,
 )
 from orbitmq.protocol.kafka.primitives import KafkaCodecError
 from orbitmq.protocol.kafka.records import Batch, read_batches
@@ -131,13 +138,22 @@ class DataPlane:
                 return E.INVALID_PRODUCER_EPOCH, -1
         records = batch.records()
         first = None
-        if idempotent:  # the producer's numbers on the first message, for `rebuild`
+        broker_seq = 0
+        if idempotent:
+            # the producer's numbers on the first message, for `rebuild`, and the broker's
+            # (orbitmq.broker.idempotence): a copy of this batch forwarded again after a lost
+            # answer is answered by the broker with this one's offset, not stored twice
+            broker_seq = self.states.broker_sequence(pid, epoch, topic, index, seq)
             first = {PROP_PID: str(pid), PROP_EPOCH: str(epoch), PROP_SEQ: str(seq),
-                     PROP_COUNT: str(batch.record_count)}  # fmt: skip
+                     PROP_COUNT: str(batch.record_count),
+                     PROPERTY_PRODUCER_ID: str(broker_producer_id(pid, epoch)),
+                     PROPERTY_PRODUCER_SEQ: str(broker_seq),
+                     PROPERTY_PRODUCER_COUNT: str(batch.record_count)}  # fmt: skip
         body = to_send_body(topic, records, batch.base_timestamp, first)
         result = await self.producer.send_packed(topic, body, len(records), queue=mq)
         if idempotent:
-            self.states.record(pid, topic, index, epoch, seq, last_seq, result.queue_offset)
+            self.states.record(pid, topic, index, epoch, seq, last_seq, result.queue_offset,
+                               broker_seq // SEQ_SPAN)  # fmt: skip
         return E.NONE, result.queue_offset
 
     async def _tail(self, mq: MessageQueue) -> list[StoredMessage]:

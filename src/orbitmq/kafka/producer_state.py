@@ -9,16 +9,30 @@ The first message of every stored batch carries ``KAFKA_PID``/``KAFKA_EPOCH``/``
 before the first batch of that producer is judged: a retry across a gateway restart is still
 answered, not stored twice. Ids come from the wall clock (ms << 20 | a counter), unique across
 restarts of a gateway while the clock does not go back.
+
+The broker deduplicates too (orbitmq.broker.idempotence), which closes what this table cannot
+see: a batch the broker stored whose answer the gateway lost (connection dropped, timeout,
+broker killed after the append) is not in this table, so the client's retry passes the checks
+here and is forwarded again. Every forwarded batch therefore also carries the broker's
+``PRODUCER_ID``/``PRODUCER_SEQ``/``PRODUCER_COUNT``: a broker producer id hashed from the
+Kafka (producer id, epoch) (`broker_producer_id`; the partition is the queue, already part of
+the broker's key) and a broker sequence ``lap << 31 | base sequence`` (`broker_sequence`),
+where ``lap`` counts how often the Kafka sequence wrapped at 2**31, so the broker sequence
+keeps growing (the broker refuses a sequence below its window). The same batch forwarded
+twice carries the same numbers and the broker answers the second copy with the first one's
+offset, storing nothing. The lap is rebuilt from ``PRODUCER_SEQ`` with the rest.
 """
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import time
 from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+from orbitmq.common.message import PROPERTY_PRODUCER_SEQ
 from orbitmq.common.record import StoredMessage
 
 PROP_PID = "KAFKA_PID"
@@ -26,6 +40,8 @@ PROP_EPOCH = "KAFKA_EPOCH"
 PROP_SEQ = "KAFKA_SEQ"
 PROP_COUNT = "KAFKA_COUNT"
 RETAINED = 5
+SEQ_SPAN = 1 << 31
+"""Kafka sequences are int32 and wrap to 0 after 2**31 - 1."""
 
 OK, DUPLICATE, OUT_OF_ORDER, FENCED = "ok", "duplicate", "out_of_order", "fenced"
 
@@ -35,6 +51,16 @@ class _Entry:
     epoch: int
     batches: deque[tuple[int, int, int]] = field(default_factory=lambda: deque(maxlen=RETAINED))
     """(first sequence, last sequence, base offset) of the last batches, oldest first."""
+    lap: int = 0
+    """How often the sequence had wrapped at the last batch's first sequence."""
+
+
+def broker_producer_id(pid: int, epoch: int) -> int:
+    """The broker-side producer id of a Kafka (producer id, epoch): stable across gateways and
+    restarts, 63 bits like the SDK's random ids (a clash with one is as unlikely as two
+    random ids clashing); a new epoch gets a fresh broker window, as its sequences restart."""
+    digest = hashlib.blake2b(f"kafka:{pid}:{epoch}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big") & ((1 << 63) - 1)
 
 
 class ProducerStates:
@@ -59,9 +85,11 @@ class ProducerStates:
                 continue
             try:
                 epoch, seq, count = int(p[PROP_EPOCH]), int(p[PROP_SEQ]), int(p[PROP_COUNT])
+                lap = int(p.get(PROPERTY_PRODUCER_SEQ, "0")) // SEQ_SPAN
             except (KeyError, ValueError):
                 continue
-            self.record(pid, topic, partition, epoch, seq, seq + count - 1, msg.queue_offset)
+            last = (seq + count - 1) % SEQ_SPAN
+            self.record(pid, topic, partition, epoch, seq, last, msg.queue_offset, lap)
 
     def check(
         self, pid: int, epoch: int, topic: str, partition: int, first_seq: int, last_seq: int
@@ -83,11 +111,29 @@ class ProducerStates:
                 return OUT_OF_ORDER, -1
         return OK, -1
 
+    def broker_sequence(self, pid: int, epoch: int, topic: str, partition: int, first: int) -> int:
+        """The broker sequence of a batch `check` passed (the next one, or the first of an
+        epoch or of a producer this table does not know): ``lap << 31 | first``."""
+        entry = self._entries.get((pid, topic, partition))
+        if entry is None or entry.epoch != epoch or not entry.batches:
+            return first
+        lap = entry.lap + (1 if first < entry.batches[-1][0] else 0)  # wrapped since
+        return lap * SEQ_SPAN + first
+
     def record(
-        self, pid: int, topic: str, partition: int, epoch: int, first: int, last: int, base: int
+        self,
+        pid: int,
+        topic: str,
+        partition: int,
+        epoch: int,
+        first: int,
+        last: int,
+        base: int,
+        lap: int = 0,
     ) -> None:
         key = (pid, topic, partition)
         entry = self._entries.get(key)
         if entry is None or epoch > entry.epoch:
             entry = self._entries[key] = _Entry(epoch)
         entry.batches.append((first, last, base))
+        entry.lap = lap
