@@ -1,7 +1,7 @@
 """The optional C codec (orbitmq._native) writes exactly what the Python codec writes, and
 OrbitMQ works without it (issue #15). The differential tests run wherever the extension was
 built (any machine with a C compiler at install), with the codec switched on for this module
-whatever ORBITMQ_NATIVE says (it is off by default, docs/native.md): the codec
+whatever ORBITMQ_NATIVE says (it is on by default when built, docs/native.md): the codec
 functions on random input, and a store written, read, sealed and replicated with either codec;
 the fallback tests run everywhere."""
 
@@ -158,11 +158,23 @@ def test_pull_body_decode_matches_and_rejects_alike(
             assert decode_batch(body, verify_crc=verify) == expected
 
 
-def test_the_python_codec_is_the_default() -> None:
-    """Without ORBITMQ_NATIVE=1 the Python codec serves, extension built or not."""
-    code = "from orbitmq.common.native import NATIVE\nassert NATIVE is None, NATIVE\n"
+def test_the_extension_is_the_default_when_built() -> None:
+    """Without ORBITMQ_NATIVE the extension serves when it was built (the Python codec when
+    not); any value but 0 keeps it on."""
+    code = (
+        "import importlib.util\n"
+        "from orbitmq.common.native import NATIVE\n"
+        "built = importlib.util.find_spec('orbitmq._native') is not None\n"
+        "assert (NATIVE is not None) == built, (NATIVE, built)\n"
+        "if built:\n"
+        "    from orbitmq.common import record\n"
+        "    assert record.NATIVE is NATIVE\n"
+    )
     env = {k: v for k, v in os.environ.items() if k != "ORBITMQ_NATIVE"}
     subprocess.run([sys.executable, "-c", code], env=env, check=True, timeout=60)
+    subprocess.run(
+        [sys.executable, "-c", code], env={**env, "ORBITMQ_NATIVE": "1"}, check=True, timeout=60
+    )
 
 
 def test_without_the_extension_the_python_codec_serves() -> None:
