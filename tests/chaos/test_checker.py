@@ -15,6 +15,7 @@ import pytest
 from orbitmq.client.producer.types import SendResult, SendStatus
 from orbitmq.client.route import MessageQueue
 from orbitmq.common.message import Message
+from orbitmq.protocol.bodies import PERM_READ_WRITE, BrokerData, QueueData, TopicRouteData
 from orbitmq.testing.checker import (
     Delivered,
     History,
@@ -203,9 +204,14 @@ def test_identity_from_properties_or_body_prefix() -> None:
 
 
 class FakeAdmin:
-    """Two queues; queue 1 answers nothing at one offset below its max (a gap)."""
+    """Two queues; queue 1 answers nothing at one offset below its max (a gap). The route names
+    no master for the first ``masterless_reads`` reads (a NameServer that has not heard from a
+    new master yet)."""
 
-    def __init__(self) -> None:
+    def __init__(self, masterless_reads: int = 0) -> None:
+        self.masterless_reads = masterless_reads
+        self.route_reads = 0
+
         def msg(client: str, seq: int, qid: int, off: int) -> Any:
             return SimpleNamespace(
                 body=f"{client}:{seq}:".encode(), properties={}, topic=T, queue_id=qid,
@@ -219,8 +225,15 @@ class FakeAdmin:
         }  # fmt: skip
         self.max = {0: 6, 1: 3}
 
-    async def queues(self, topic: str, *, writable: bool = False) -> list[MessageQueue]:
-        return [MessageQueue(topic, B, 0), MessageQueue(topic, B, 1)]
+    async def topic_route(self, topic: str) -> TopicRouteData:
+        self.route_reads += 1
+        slaves = {1: "10.0.0.2:10911", 2: "10.0.0.3:10911"}
+        addrs = slaves if self.route_reads <= self.masterless_reads else {0: "10.0.0.1:10911"}
+        return TopicRouteData(
+            queue_datas=[QueueData(broker_name=B, read_queue_nums=2, write_queue_nums=2,
+                                   perm=PERM_READ_WRITE)],
+            broker_datas=[BrokerData(cluster="C", broker_name=B, broker_addrs=addrs)],
+        )  # fmt: skip
 
     async def min_offset(self, mq: MessageQueue) -> int:
         return 0
@@ -241,6 +254,24 @@ async def test_read_back_drains_every_queue_and_reports_gaps() -> None:
     ]  # fmt: skip
     assert found.foreign == 1
     assert found.gaps == [f"{T}@{B}/1: nothing readable at 1 below max 3"]
+
+
+async def test_read_back_waits_for_a_route_naming_a_master() -> None:
+    # Right after a failover a NameServer may route the group with no master: reading then
+    # would find no queue at all, which must never pass for "nothing was stored".
+    admin = FakeAdmin(masterless_reads=3)
+    found = await read_back(admin, [T], batch=2, route_wait_s=10)
+    assert admin.route_reads == 4 and len(found.delivered) == 6
+    assert found.gaps == [f"{T}@{B}/1: nothing readable at 1 below max 3"]
+
+
+async def test_read_back_reports_a_group_that_never_gets_a_master() -> None:
+    admin = FakeAdmin(masterless_reads=1000)
+    found = await read_back(admin, [T], route_wait_s=0.3)
+    assert found.delivered == [] and 2 <= admin.route_reads <= 4
+    assert found.gaps == [f"{T}@{B}: no master in the route after 0.3 s, not read"]
+    report = check(history_of(3), found)
+    assert any("no master in the route" in p for p in report.problems())
 
 
 def test_percentile_nearest_rank() -> None:

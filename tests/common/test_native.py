@@ -1,14 +1,18 @@
 """The optional C codec (orbitmq._native) writes exactly what the Python codec writes, and
 OrbitMQ works without it (issue #15). The differential tests run wherever the extension was
 built (any machine with a C compiler at install), with the codec switched on for this module
-whatever ORBITMQ_NATIVE says (it is off by default, docs/native.md); the fallback test runs
-everywhere."""
+whatever ORBITMQ_NATIVE says (it is on by default when built, docs/native.md): the codec
+functions on random input, and a store written, read, sealed and replicated with either codec;
+the fallback tests run everywhere."""
 
 from __future__ import annotations
 
 import os
+import random
 import subprocess
 import sys
+from pathlib import Path
+from typing import Any
 
 import crc32c
 import pytest
@@ -16,7 +20,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import orbitmq.common.record as record_module
+from orbitmq.common.message import MessageBatch, encode_properties
 from orbitmq.common.record import (
+    VECTOR_MIN_BATCH,
     BatchHeader,
     RecordError,
     decode_batch,
@@ -24,6 +30,8 @@ from orbitmq.common.record import (
     encode_batch,
     encode_batch_py,
 )
+from orbitmq.store.message_store import MessageStore
+from tests.store.conftest import small_config
 
 try:
     from orbitmq import _native as NATIVE
@@ -150,11 +158,23 @@ def test_pull_body_decode_matches_and_rejects_alike(
             assert decode_batch(body, verify_crc=verify) == expected
 
 
-def test_the_python_codec_is_the_default() -> None:
-    """Without ORBITMQ_NATIVE=1 the Python codec serves, extension built or not."""
-    code = "from orbitmq.common.native import NATIVE\nassert NATIVE is None, NATIVE\n"
+def test_the_extension_is_the_default_when_built() -> None:
+    """Without ORBITMQ_NATIVE the extension serves when it was built (the Python codec when
+    not); any value but 0 keeps it on."""
+    code = (
+        "import importlib.util\n"
+        "from orbitmq.common.native import NATIVE\n"
+        "built = importlib.util.find_spec('orbitmq._native') is not None\n"
+        "assert (NATIVE is not None) == built, (NATIVE, built)\n"
+        "if built:\n"
+        "    from orbitmq.common import record\n"
+        "    assert record.NATIVE is NATIVE\n"
+    )
     env = {k: v for k, v in os.environ.items() if k != "ORBITMQ_NATIVE"}
     subprocess.run([sys.executable, "-c", code], env=env, check=True, timeout=60)
+    subprocess.run(
+        [sys.executable, "-c", code], env={**env, "ORBITMQ_NATIVE": "1"}, check=True, timeout=60
+    )
 
 
 def test_without_the_extension_the_python_codec_serves() -> None:
@@ -171,3 +191,152 @@ def test_without_the_extension_the_python_codec_serves() -> None:
     )
     env = {**os.environ, "ORBITMQ_NATIVE": "0"}
     subprocess.run([sys.executable, "-c", code], env=env, check=True, timeout=60)
+
+
+# ------------------------------------------------------------------ the store, either codec
+
+STORE_TOPICS = ("Alpha", "Beta")
+CLOCK_MS = 1_700_000_000_000
+SEGMENT = 256 * 1024  # a large batch spans segments
+
+
+def _store_batches(rng: random.Random) -> list[MessageBatch]:
+    """What the broker appends: bodies that are views of a request frame (one byte to 2 KiB;
+    the store refuses empty ones, the codec tests above cover them), properties (tags, keys,
+    user properties, none), batches on both sides of the vectorised encode's threshold and
+    large ones; together they roll the CommitLog's segments."""
+    out: list[MessageBatch] = []
+    for n in [1, 1, 2, VECTOR_MIN_BATCH - 1, VECTOR_MIN_BATCH, VECTOR_MIN_BATCH + 1, 64, 256,
+              1000, 3, 1000, 1, 500]:  # fmt: skip
+        bodies_raw = [rng.randbytes(rng.choice([1, 1, 40, 300, 2000])) for _ in range(n)]
+        frame = b"HEAD" + b"".join(bodies_raw)
+        views: list[bytes] = []
+        at = 4
+        for raw in bodies_raw:  # slices of one frame, as decode_send_body gives them
+            views.append(memoryview(frame)[at : at + len(raw)])  # type: ignore[arg-type]
+            at += len(raw)
+        props = [
+            rng.choice([
+                b"",
+                encode_properties({"TAGS": f"t{i % 3}", "KEYS": f"k{i} kk{i}"}),
+                encode_properties({"UNIQ_KEY": rng.randbytes(8).hex(), "user": "é" * (i % 5)}),
+            ])
+            for i in range(n)
+        ]  # fmt: skip
+        out.append(
+            MessageBatch(
+                rng.choice(STORE_TOPICS), rng.randrange(3), views, props, flag=rng.randrange(4),
+                sys_flag=rng.choice([0, 1 << 2]), born_timestamp_ms=rng.randrange(1 << 41),
+                born_host=("10.1.2.3", rng.randrange(1 << 16)), reconsume_times=rng.randrange(3),
+            )
+        )  # fmt: skip
+    return out
+
+
+def _open_store(path: Path, **overrides: object) -> MessageStore:
+    sizes = {"mapped_file_size_commit_log": SEGMENT, "max_message_size": 64 * 1024}
+    config = small_config(path, **{**sizes, **overrides})
+    store = MessageStore(config, clock=lambda: CLOCK_MS)
+    store.open()
+    return store
+
+
+def _log(store: MessageStore) -> bytes:
+    cl = store.commit_log
+    return b"".join(
+        bytes(seg.view[: max(0, min(seg.size, cl.max_offset - seg.start))])
+        for seg in cl.segments.segments
+    )
+
+
+def _pulls(store: MessageStore) -> list[bytes]:
+    """Every queue read back as pull bodies (the records a consumer gets, in order)."""
+    out = []
+    for topic in STORE_TOPICS:
+        for qid in range(3):
+            offset = 0
+            while True:
+                res = store.get_messages(topic, qid, offset, max_count=300, max_bytes=1 << 22)
+                if not res.count:
+                    break
+                out.append(b"".join(bytes(v) for v in res.messages))
+                offset = res.next_begin_offset
+    return out
+
+
+def _write(path: Path, codec: object, batches: list[MessageBatch], **overrides: object) -> Any:
+    """Append the batches (half one by one, half grouped) with ``codec`` as the record codec;
+    the results, the log, and what each queue reads back."""
+    record_module.NATIVE = codec  # type: ignore[assignment]
+    store = _open_store(path, **overrides)
+    try:
+        half = len(batches) // 2
+        results = [store.append(b) for b in batches[:half]]
+        for b in batches[half:]:  # append_many refuses a group straddling a segment: pairs
+            results += store.append_many([b]) or [store.append(b)]
+        assert store.wait_for_dispatch()
+        return results, _log(store), _pulls(store)
+    finally:
+        store.close()
+        record_module.NATIVE = NATIVE
+
+
+def _decoded(pulls: list[bytes], codec: object) -> list[Any]:
+    record_module.NATIVE = codec  # type: ignore[assignment]
+    try:
+        return [(m, m.properties) for body in pulls for m in decode_batch(body, verify_crc=True)]
+    finally:
+        record_module.NATIVE = NATIVE
+
+
+@native
+def test_the_store_writes_and_reads_alike_with_either_codec(tmp_path: Path) -> None:
+    seed = int(os.environ.get("ORBITMQ_SEED") or random.randrange(1 << 30))
+    print(f"seed {seed} (ORBITMQ_SEED replays it)")
+    batches = _store_batches(random.Random(seed))
+    py = _write(tmp_path / "py", None, batches)
+    c = _write(tmp_path / "c", NATIVE, batches)
+    assert c[0] == py[0]  # offsets and positions
+    assert len(py[1]) > 3 * SEGMENT  # several segments
+    assert c[1] == py[1]  # the CommitLog, byte for byte
+    assert c[2] == py[2]
+    want = _decoded(py[2], None)
+    assert len(want) == sum(len(b) for b in batches)
+    assert _decoded(c[2], NATIVE) == want
+
+
+@native
+def test_sealed_records_and_a_replica_read_alike_with_either_codec(tmp_path: Path) -> None:
+    """Encryption at rest (random nonces: the logs differ, what is read must not), and a
+    native master's log replayed into a slave running the Python codec."""
+    seed = int(os.environ.get("ORBITMQ_SEED") or random.randrange(1 << 30))
+    print(f"seed {seed} (ORBITMQ_SEED replays it)")
+    batches = _store_batches(random.Random(seed))[:9]
+    key = tmp_path / "master.key"
+    key.write_bytes(os.urandom(32).hex().encode())
+    key.chmod(0o600)
+    sealed = {"encrypt_at_rest": True, "encryption_key_file": str(key)}
+    py = _write(tmp_path / "py", None, batches, **sealed)
+    c = _write(tmp_path / "c", NATIVE, batches, **sealed)
+    assert c[0] == py[0]
+    assert _decoded(c[2], NATIVE) == _decoded(py[2], None)
+
+    record_module.NATIVE = NATIVE
+    master = _open_store(tmp_path / "master")
+    try:
+        for b in batches:
+            master.append(b)
+        record_module.NATIVE = None
+        slave = _open_store(tmp_path / "slave")
+        try:
+            while slave.commit_log.max_offset < master.commit_log.max_offset:
+                at = slave.commit_log.max_offset
+                slave.append_replicated(at, bytes(master.read_replication(at, 64 * 1024)))
+            assert master.wait_for_dispatch() and slave.wait_for_dispatch()
+            assert _log(slave) == _log(master)
+            assert _decoded(_pulls(slave), None) == _decoded(_pulls(master), NATIVE)
+        finally:
+            slave.close()
+    finally:
+        master.close()
+        record_module.NATIVE = NATIVE

@@ -1,4 +1,5 @@
-"""The stored record codec: round trips, framing checks, and what bad bytes do."""
+"""The stored record codec: round trips, framing checks, and what bad bytes do; every test with
+the Python codec and again with the C extension (when built: it is the default then)."""
 
 from __future__ import annotations
 
@@ -7,11 +8,14 @@ import dataclasses
 import ipaddress
 import os
 import pickle
+from collections.abc import Iterator
+from types import ModuleType
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+import orbitmq.common.record as record_module
 from orbitmq.common.message import decode_properties, encode_properties
 from orbitmq.common.record import (
     BLANK_MAGIC,
@@ -28,6 +32,24 @@ from orbitmq.common.record import (
     record_sizes,
     unpack_host,
 )
+
+_native: ModuleType | None
+try:
+    from orbitmq import _native
+except ImportError:  # not built here (no compiler at install)
+    _native = None
+
+
+@pytest.fixture(autouse=True, scope="module", params=["python", "native"])
+def codec(request: pytest.FixtureRequest) -> Iterator[str]:
+    """The record codec's dispatch, for the whole module (hypothesis tests may not take
+    function-scoped fixtures)."""
+    if request.param == "native" and _native is None:
+        pytest.skip("orbitmq._native not built here")
+    saved = record_module.NATIVE
+    record_module.NATIVE = _native if request.param == "native" else None
+    yield request.param
+    record_module.NATIVE = saved
 
 
 def _head(n_first: int = 0, phy: int = 1000, topic: bytes = b"T") -> BatchHeader:

@@ -141,6 +141,57 @@ async def test_connect_refused_is_a_clear_error() -> None:
         await client.close()
 
 
+async def test_a_timeout_on_a_silent_connection_drops_it_and_the_next_request_reconnects() -> None:
+    # A peer that takes bytes and never answers: what a partition looks like to TCP (no FIN,
+    # no RST). The timed-out request's connection must not carry the next requests.
+    accepted: list[asyncio.StreamWriter] = []
+
+    async def black_hole(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        accepted.append(writer)
+        while await reader.read(65536):
+            pass
+
+    hole = await asyncio.start_server(black_hole, "127.0.0.1", 0)
+    addr = f"127.0.0.1:{hole.sockets[0].getsockname()[1]}"
+    client = RemotingClient()
+    try:
+        other = asyncio.ensure_future(client.invoke(addr, Frame(ECHO), timeout=30))
+        with pytest.raises(RequestTimeoutError):
+            await client.invoke(addr, Frame(ECHO), timeout=0.2)
+        # The other request on that connection fails at once rather than in 30 s.
+        with pytest.raises(ConnectionClosedError):
+            await asyncio.wait_for(other, 5)
+        with pytest.raises(RequestTimeoutError):
+            await client.invoke(addr, Frame(ECHO), timeout=0.2)
+        assert len(accepted) == 2  # a new connection for the request after the timeout
+    finally:
+        await client.close()
+        for w in accepted:
+            w.close()
+        hole.close()
+        await hole.wait_closed()
+
+
+async def test_a_timeout_on_a_connection_that_answers_others_keeps_it() -> None:
+    server = RemotingServer(handler)
+    await server.start()
+    client = RemotingClient()
+    try:
+        silent = asyncio.ensure_future(client.invoke(server.address, Frame(SILENT), timeout=0.5))
+        for i in range(5):  # answered while the silent one waits: the peer is alive, just slow
+            await client.invoke(server.address, Frame(ECHO, fields={"i": i}))
+            await asyncio.sleep(0.05)
+        conn = await client.connection(server.address)
+        with pytest.raises(RequestTimeoutError):
+            await silent
+        assert conn.is_open and await client.connection(server.address) is conn
+        reply = await client.invoke(server.address, Frame(ECHO, fields={"i": 9}))
+        assert reply.fields["i"] == 9 and len(server.connections) == 1
+    finally:
+        await client.close()
+        await server.stop()
+
+
 def _self_signed(tmp: Path) -> tuple[Path, Path]:
     key = ec.generate_private_key(ec.SECP256R1())
     name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "localhost")])

@@ -2,11 +2,11 @@
 
 The extension is built by setuptools at install when a C compiler is there (setup.py) and is
 an accelerator only: every function in it has a Python reference in ``orbitmq.common.record``
-that produces the same bytes (tests/common/test_native.py). It is OFF unless
-``ORBITMQ_NATIVE=1`` is set in the environment before the process imports OrbitMQ: with it on,
-the replicated-group partition test (tests/chaos/test_ha_partition.py) read back none of its
-messages, which the Python codec reads back in full; until that is understood the Python codec
-is the default (docs/native.md).
+that produces the same bytes (tests/common/test_native.py). It is used whenever it was built,
+unless ``ORBITMQ_NATIVE=0`` is set in the environment before the process imports OrbitMQ (then,
+or without the extension, the Python codec serves). It was off by default for a while: a
+replicated partition test read back nothing with it on; the cause was a NameServer routing the
+group with no master after the partition healed, the same with either codec (docs/native.md).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from types import ModuleType
 
 
 def _load() -> ModuleType | None:
-    if os.environ.get("ORBITMQ_NATIVE", "0") != "1":
+    if os.environ.get("ORBITMQ_NATIVE", "1") == "0":
         return None
     try:
         from orbitmq import _native

@@ -101,6 +101,9 @@ class Connection(asyncio.Protocol):
         self._in_flight = 0
         self._in_flight_bytes = 0
         self.last_activity = time.monotonic()
+        self.reads = 0
+        """How many times bytes came in: a client tells a dead connection (a partition, a hung
+        peer) from a slow answer by whether anything arrived while it waited."""
         self.frame_started = 0.0
         """monotonic time the first bytes of a still incomplete frame came (0: none)."""
         self.tls = False
@@ -135,6 +138,7 @@ class Connection(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         now = self.last_activity = time.monotonic()
+        self.reads += 1
         try:
             frames = self.decoder.feed(data)
         except ProtocolError as exc:
@@ -355,9 +359,9 @@ class Connection(asyncio.Protocol):
     def is_open(self) -> bool:
         return self.transport is not None and not self.transport.is_closing()
 
-    def abort(self, reason: str) -> None:
+    def abort(self, reason: str, *, level: int = logging.WARNING) -> None:
         """Close at once (after a protocol error); the reason is logged."""
-        log.warning("%s: closing connection to %s: %s", self.name, self.peer, reason)
+        log.log(level, "%s: closing connection to %s: %s", self.name, self.peer, reason)
         self.close_reason = reason
         if self.transport is not None:
             self.transport.abort()

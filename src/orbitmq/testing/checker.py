@@ -8,7 +8,11 @@ FIFO sends, whose order is promised), the outcome and, for an acknowledged send,
 put it (broker name, queue id, queue offset, message id) and when. :meth:`History.fault` marks
 the moment each fault was injected. Afterwards :func:`read_back` drains every queue of the
 topics from its first offset through the NameServers' routes (the real admin client, so the
-route the test reads is the one clients would use), and :func:`check` compares the two:
+route the test reads is the one clients would use), and :func:`check` compares the two.
+A NameServer learns a new master only at that master's next registration, so right after a
+failover one may still route a group with no master: the read-back re-reads the route (for a
+bounded time) until every group holding the topic has one, and a group that never gets one is a
+*gap* in the report, never an empty read that looks like "nothing was stored".
 
 - **lost**: acknowledged ``SEND_OK`` and not found anywhere (must be 0 in ``sync`` mode);
 - **misplaced**: found, but not at the queue and offset its acknowledgement named (an offset
@@ -34,6 +38,7 @@ fields) so a producer in another process, or another network namespace, can keep
 
 from __future__ import annotations
 
+import asyncio
 import enum
 import json
 import math
@@ -45,9 +50,10 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from orbitmq.client.producer.types import SendResult, SendStatus
-from orbitmq.client.route import MessageQueue
+from orbitmq.client.route import MessageQueue, TopicPublishInfo
 from orbitmq.common.message import Message
 from orbitmq.common.record import StoredMessage
+from orbitmq.protocol.bodies import PERM_READ, TopicRouteData
 
 __all__ = [
     "CLIENT_PROPERTY",
@@ -62,6 +68,7 @@ __all__ = [
     "identify",
     "percentile",
     "read_back",
+    "readable_queues",
     "stamp",
 ]
 
@@ -292,7 +299,7 @@ class History:
 class Puller(Protocol):
     """What :func:`read_back` needs of :class:`orbitmq.client.AsyncAdminClient`."""
 
-    async def queues(self, topic: str, *, writable: bool = False) -> list[MessageQueue]: ...
+    async def topic_route(self, topic: str) -> TopicRouteData: ...
     async def min_offset(self, mq: MessageQueue) -> int: ...
     async def max_offset(self, mq: MessageQueue) -> int: ...
     async def pull(self, mq: MessageQueue, offset: int, *, max_nums: int = ...,
@@ -306,7 +313,27 @@ class ReadBack:
     delivered: list[Delivered] = field(default_factory=list)
     foreign: int = 0
     gaps: list[str] = field(default_factory=list)
-    """Queues whose offsets between min and max were not all readable."""
+    """Queues whose offsets between min and max were not all readable, and groups whose queues
+    could not be read at all (no master in the route)."""
+
+
+async def readable_queues(
+    admin: Puller, topic: str, wait_s: float
+) -> tuple[list[MessageQueue], list[str]]:
+    """The topic's readable queues (the rule clients use: groups with a master) and the groups
+    holding readable queues that the route names no master for. Re-reads the route every 0.2 s,
+    at most ``wait_s``, until there is none of the latter."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        route = await admin.topic_route(topic)
+        info = TopicPublishInfo.from_route(topic, route, time.monotonic())
+        held = {
+            q.broker_name for q in route.queue_datas if q.perm & PERM_READ and q.read_queue_nums
+        }
+        masterless = sorted(held - set(info.broker_addrs))
+        if not masterless or time.monotonic() >= deadline:
+            return list(info.read_queues), masterless
+        await asyncio.sleep(0.2)
 
 
 async def read_back(
@@ -315,12 +342,19 @@ async def read_back(
     *,
     who: Callable[[StoredMessage], tuple[str, int] | None] = identify,
     batch: int = 512,
+    route_wait_s: float = 30.0,
 ) -> ReadBack:
     """Drain every readable queue of ``topics`` from its min to its max offset through the
-    NameServers' routes (each queue's current master)."""
+    NameServers' routes (each queue's current master). A group the route names no master for is
+    waited for (:func:`readable_queues`, ``route_wait_s``), then reported in ``gaps``."""
     out = ReadBack()
     for topic in topics:
-        for mq in await admin.queues(topic):
+        queues, masterless = await readable_queues(admin, topic, route_wait_s)
+        out.gaps += (
+            f"{topic}@{name}: no master in the route after {route_wait_s:g} s, not read"
+            for name in masterless
+        )
+        for mq in queues:
             lo, hi = await admin.min_offset(mq), await admin.max_offset(mq)
             offset = lo
             while offset < hi:
