@@ -196,7 +196,7 @@ def probe() -> bytes:
 # ---------------------------------------------------------------------- strategies
 
 NAME_CHARS = string.ascii_letters + string.digits + "._%|:@+-"
-TOPIC_CHARS = string.ascii_letters + string.digits + "%|_-"
+TOPIC_CHARS = string.ascii_letters + string.digits + "%|_+-"  # '+': Pop retry topics (%RETRY%g+t)
 HOST_CHARS = string.ascii_letters + string.digits + "._:[]-"
 _encode = msgspec.msgpack.Encoder().encode
 
