@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from orbitmq.broker.controller import BrokerController
-from orbitmq.broker.timer_service import parse_delay_levels
+from orbitmq.broker.timer_service import TimerService, parse_delay_levels
 from orbitmq.common.codes import ResponseCode
 from orbitmq.common.message import MessageBatch, encode_properties
 from orbitmq.common.record import StoredMessage, decode
@@ -302,6 +302,43 @@ async def test_restart_keeps_pending_timers(tmp_path: Path, client: RemotingClie
         await asyncio.sleep(0.3)
         assert b.store.max_offset(TOPIC, 0) == 2  # nothing delivered twice, recalled stays out
         assert len(b.timer.index) == 1
+    finally:
+        await b.stop()
+
+
+async def test_arrival_while_starting_fires_nothing_twice(
+    tmp_path: Path, client: RemotingClient, monkeypatch: Any
+) -> None:
+    """A timer-topic arrival while the service starts (Pop's reviver stores retry copies
+    through the timer right after a restart) must not load the queue before the checkpoint
+    is read: that loaded every timer ever stored as pending, so delivered ones fired again
+    (found by tests/crash/test_pop_broker_sigkill.py as redeliveries after a successful ack)."""
+    b = await _restart(tmp_path / "s")
+    try:
+        make_topic(b)
+        now = now_ms()
+        props = [
+            {"TIMER_DELIVER_MS": str(now + 100), "n": "fired"},
+            {"TIMER_DELIVER_MS": str(now + 60_000), "n": "far"},
+        ]
+        assert (await send(client, b, props)).code == ResponseCode.SUCCESS
+        got = await receive(client, b, 1, 3.0)
+        assert [m.properties["n"] for _, m in got] == ["fired"]
+    finally:
+        await b.stop()
+    read_checkpoint = TimerService._read_checkpoint
+
+    def arrival_first(self: TimerService) -> Any:
+        self._on_arrival(TIMER_TOPIC, 0, 2)  # as the dispatcher thread calls it
+        time.sleep(0.2)  # the loop runs what it scheduled meanwhile
+        return read_checkpoint(self)
+
+    monkeypatch.setattr(TimerService, "_read_checkpoint", arrival_first)
+    b = await _restart(tmp_path / "s")
+    try:
+        assert len(b.timer.index) == 1  # "far" once; "fired" is done
+        await asyncio.sleep(0.5)
+        assert b.store.max_offset(TOPIC, 0) == 1, "a delivered timer fired again"
     finally:
         await b.stop()
 

@@ -132,15 +132,10 @@ class TimerCheckpoint:
     """Every timer below ``scan_offset`` at or before (fired_due, fired_qoff) was delivered."""
 
     def encode(self) -> bytes:
-        return json.dumps(
-            {
-                "low_offset": self.low_offset,
-                "scan_offset": self.scan_offset,
-                "fired_due": self.fired_due,
-                "fired_qoff": self.fired_qoff,
-                "written_at_ms": SYSTEM_CLOCK.now_ms(),
-            }
-        ).encode()
+        data = {"low_offset": self.low_offset, "scan_offset": self.scan_offset,
+                "fired_due": self.fired_due, "fired_qoff": self.fired_qoff,
+                "written_at_ms": SYSTEM_CLOCK.now_ms()}  # fmt: skip
+        return json.dumps(data).encode()
 
     @classmethod
     def decode(cls, raw: bytes) -> TimerCheckpoint:
@@ -208,6 +203,9 @@ class TimerService:
         self._stale_below = 0
         """At start: timer-topic entries below this offset were stored more than a roll window
         ago (broker down, or the window shrank); they are rolled at once."""
+        self._loading = False
+        """Arrivals load entries only once start() has the checkpoint (before, the whole queue
+        would load as pending: delivered timers fired again)."""
         self._inflight: list[int] = []
         self._recalling: set[int] = set()
         self._fired_end = 0
@@ -230,6 +228,7 @@ class TimerService:
     async def start(self) -> None:
         """After the store is open: rebuild the pending timers, then fire."""
         self._loop = asyncio.get_running_loop()
+        self._loading = False
         if self.topics.get(TIMER_TOPIC) is None:
             # Registered with no permission: clients can neither send to it nor pull from it
             # (delayed messages stay invisible until due); only the broker appends.
@@ -252,6 +251,7 @@ class TimerService:
             self.store.offset_for_timestamp, TIMER_TOPIC, TIMER_QUEUE_ID,
             self.clock.now_ms() - self.roll_window_ms,
         )  # fmt: skip
+        self._loading = True  # arrivals scheduled meanwhile find their entries loaded here
         self._load_new()
         self._stale_below = 0
         log.info(
@@ -300,7 +300,7 @@ class TimerService:
     def _load_new(self) -> None:
         """Load the timer queue's entries from ``loaded`` to its end into the index."""
         cq = self.store.queues.get(TIMER_TOPIC, TIMER_QUEUE_ID)
-        if cq is None or cq.max_offset <= self.loaded:
+        if cq is None or cq.max_offset <= self.loaded or not self._loading:
             return
         got = read_entries(cq, self.loaded, cq.max_offset)
         self.loaded = max(self.loaded, got.end)
