@@ -181,9 +181,11 @@ class KafkaGateway:
             pass
         finally:
             slots.put_nowait(None)  # the writer ends after the answers before this point
-            await asyncio.wait([out])
-            self._conns.discard(writer)
-            writer.close()
+            try:
+                await asyncio.wait([out])
+            finally:
+                self._conns.discard(writer)
+                writer.close()
 
     async def _write_in_order(
         self,
