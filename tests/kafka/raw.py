@@ -16,12 +16,21 @@ class RawClient:
         self.correlation = 0
 
     def call(self, api_key: int, version: int, body: dict[str, Any]) -> dict[str, Any]:
+        cid = self.send(api_key, version, body)
+        got, answer = self.receive(api_key, version)
+        assert got == cid
+        return answer
+
+    def send(self, api_key: int, version: int, body: dict[str, Any]) -> int:
+        """Write one request without reading (pipelining); its correlation id."""
         self.correlation += 1
         self.sock.sendall(encode_request(api_key, version, self.correlation, "raw", body))
+        return self.correlation
+
+    def receive(self, api_key: int, version: int) -> tuple[int, dict[str, Any]]:
+        """The next response on the connection, decoded as (api_key, version): (cid, body)."""
         (size,) = struct.unpack(">i", self._read(4))
-        cid, answer = decode_response(api_key, version, self._read(size))
-        assert cid == self.correlation
-        return answer
+        return decode_response(api_key, version, self._read(size))
 
     def _read(self, n: int) -> bytes:
         buf = b""

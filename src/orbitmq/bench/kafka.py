@@ -37,6 +37,9 @@ class KafkaBenchOptions:
     partitions: int = 8
     namesrv: str | None = None
     bootstrap: str | None = None
+    max_inflight_produce: int | None = None
+    """The gateway's ``[kafka] max_inflight_produce`` for the ``orbitmq up`` started here
+    (None: its default); 1 against the default is the A/B of pipelined Produce."""
 
 
 @contextlib.contextmanager
@@ -45,9 +48,15 @@ def _cluster(opts: KafkaBenchOptions, say: Say) -> Iterator[tuple[str, str]]:
         yield opts.namesrv, opts.bootstrap
         return
     folder = Path(tempfile.mkdtemp(prefix="orbitmq-bench-kafka-"))
+    extra: list[str] = []
+    if opts.max_inflight_produce is not None:
+        (folder / "kafka.toml").write_text(
+            f"[kafka]\nmax_inflight_produce = {opts.max_inflight_produce}\n"
+        )
+        extra = ["--config", str(folder / "kafka.toml")]
     child = ServerChild(
         ["orbitmq", "up", "--namesrv-port", "0", "--broker-port", "0", "--kafka-port", "0",
-         "--proxy-port", "-1", "--data-dir", str(folder), "--log-level", "WARNING"],
+         "--proxy-port", "-1", "--data-dir", str(folder), "--log-level", "WARNING", *extra],
         folder / "up.log",
         "orbitmq up ready ",
     )  # fmt: skip
@@ -146,6 +155,7 @@ def run_kafka_bench(opts: KafkaBenchOptions, say: Say) -> dict[str, Any]:
         k_prod, k_cons = _confluent(bootstrap, f"bench-kafka-{suffix}", opts)
     return {
         "count": opts.count, "size": opts.size, "partitions": opts.partitions,
+        "max_inflight_produce": opts.max_inflight_produce,
         "native_produce": n_prod, "native_consume": n_cons,
         "kafka_produce": k_prod, "kafka_consume": k_cons,
     }  # fmt: skip
@@ -153,7 +163,12 @@ def run_kafka_bench(opts: KafkaBenchOptions, say: Say) -> dict[str, Any]:
 
 def format_report(r: dict[str, Any]) -> str:
     rows = [
-        f"{r['count']:,} messages of {r['size']} B, {r['partitions']} partitions/queues",
+        f"{r['count']:,} messages of {r['size']} B, {r['partitions']} partitions/queues"
+        + (
+            ""
+            if r.get("max_inflight_produce") is None
+            else f", gateway max_inflight_produce={r['max_inflight_produce']}"
+        ),
         "                    produce msg/s   consume msg/s",
         f"native SDK          {r['native_produce']:>13,.0f}   {r['native_consume']:>13,.0f}",
         f"confluent-kafka     {r['kafka_produce']:>13,.0f}   {r['kafka_consume']:>13,.0f}",

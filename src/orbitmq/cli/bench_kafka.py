@@ -23,10 +23,17 @@ def bench_kafka(
         str | None, typer.Option(help="Its Kafka listener host:port (with --namesrv).")
     ] = None,
     json_path: Annotated[Path | None, typer.Option("--json", help="Also write JSON here.")] = None,
+    inflight: Annotated[
+        int | None,
+        typer.Option(
+            help="The gateway's max_inflight_produce for the `orbitmq up` started here "
+            "(default: its setting, 5); 1 serves one Produce per connection at a time."
+        ),
+    ] = None,
 ) -> None:
     """Produce and consume with confluent-kafka through the Kafka gateway and with the native
     SDK, in one run (default: an `orbitmq up` started here on free ports)."""
-    opts = KafkaBenchOptions(count, size, partitions, namesrv, bootstrap)
+    opts = KafkaBenchOptions(count, size, partitions, namesrv, bootstrap, inflight)
     result = run_kafka_bench(opts, lambda s: typer.echo(s, err=True))
     typer.echo(format_report(result))
     if json_path is not None:

@@ -52,6 +52,13 @@ class KafkaConfig:
         "How long the first rebalance of an empty group waits for more members (Kafka: 3000).",
         at_least(0),
     )
+    max_inflight_produce: int = setting(
+        5,
+        "Produce requests of one connection worked on at once (librdkafka sends up to "
+        "max.in.flight=5); answers still go out in request order and each partition's batches "
+        "are appended in request order. 1: one at a time, as before.",
+        at_least(1),
+    )
     idempotence_scan: int = setting(
         64,
         "Messages read back from a queue's end to rebuild an idempotent producer's last batches "

@@ -34,6 +34,7 @@ from orbitmq.kafka import errors as E
 from orbitmq.kafka.config import KafkaConfig
 from orbitmq.kafka.fetch_encode import encode_pull
 from orbitmq.kafka.mapping import timestamp_of, to_send_body
+from orbitmq.kafka.ordering import PartitionOrder, Ticket
 from orbitmq.kafka.partitions import Partitions
 from orbitmq.kafka.producer_state import (
     DUPLICATE,
@@ -48,7 +49,7 @@ from orbitmq.kafka.producer_state import (
     broker_producer_id,
 )
 from orbitmq.protocol.kafka.primitives import KafkaCodecError
-from orbitmq.protocol.kafka.records import Batch, read_batches
+from orbitmq.protocol.kafka.records import Batch, Record, read_batches
 
 Body = dict[str, Any]
 MAX_PULL = 512
@@ -71,12 +72,17 @@ class DataPlane:
 
     # -- Produce -----------------------------------------------------------------------------
 
-    async def produce(self, body: Body) -> Body:
+    async def produce(self, body: Body, order: PartitionOrder | None = None) -> Body:
+        """Answer one Produce request. `order` is the connection's (several requests of it may
+        be in progress); its tickets are taken here, before anything is awaited, so a task
+        started per request in arrival order takes them in that order."""
+        order = order or PartitionOrder()
         jobs: list[tuple[str, int, Awaitable[tuple[int, int]]]] = [
-            (t["name"], p["index"], self._produce_partition(t["name"], p["index"], p["records"]))
+            (t["name"], p["index"], self._produce_partition(
+                t["name"], p["index"], p["records"], order.take(t["name"], p["index"])))
             for t in body["topic_data"]
             for p in t["partition_data"]
-        ]
+        ]  # fmt: skip
         results = await asyncio.gather(*(j[2] for j in jobs))
         topics: dict[str, list[Body]] = {}
         for (topic, index, _), (code, base) in zip(jobs, results, strict=True):
@@ -89,25 +95,37 @@ class DataPlane:
                 "throttle_time_ms": 0}  # fmt: skip
 
     async def _produce_partition(
-        self, topic: str, index: int, records: bytes | None
+        self, topic: str, index: int, records: bytes | None, ticket: Ticket
     ) -> tuple[int, int]:
+        try:
+            return await self._produce_ordered(topic, index, records, ticket)
+        finally:
+            ticket.release()
+
+    async def _produce_ordered(
+        self, topic: str, index: int, records: bytes | None, ticket: Ticket
+    ) -> tuple[int, int]:
+        # what does not depend on the earlier batches runs before waiting for them
         if not records:
             return E.CORRUPT_MESSAGE, -1
         try:
-            batches = list(read_batches(records))
+            batches = [(b, b.records()) for b in read_batches(records)]
         except KafkaCodecError as e:
             return (
                 E.UNSUPPORTED_FOR_MESSAGE_FORMAT if "magic" in str(e) else E.CORRUPT_MESSAGE
             ), -1
+        except Exception as e:  # noqa: BLE001  # a bad compressed payload: a Kafka code
+            return E.code_for(e), -1
+        if any(b.transactional or b.control for b, _ in batches):
+            return E.TRANSACTIONAL_ID_AUTHORIZATION_FAILED, -1
         mq = await self.partitions.queue(topic, index)
         if mq is None:
             return E.UNKNOWN_TOPIC_OR_PARTITION, -1
+        await ticket.wait()
         first_base = -1
-        for batch in batches:
-            if batch.transactional or batch.control:
-                return E.TRANSACTIONAL_ID_AUTHORIZATION_FAILED, -1
+        for batch, recs in batches:
             try:
-                code, base = await self._store_batch(topic, index, mq, batch)
+                code, base = await self._store_batch(topic, index, mq, batch, recs)
             except MessageTooLargeError:
                 return E.MESSAGE_TOO_LARGE, -1
             except KafkaCodecError:
@@ -121,7 +139,7 @@ class DataPlane:
         return E.NONE, first_base
 
     async def _store_batch(
-        self, topic: str, index: int, mq: MessageQueue, batch: Batch
+        self, topic: str, index: int, mq: MessageQueue, batch: Batch, records: list[Record]
     ) -> tuple[int, int]:
         pid, epoch, seq = batch.producer_id, batch.producer_epoch, batch.base_sequence
         idempotent = pid >= 0
@@ -136,7 +154,6 @@ class DataPlane:
                 return E.OUT_OF_ORDER_SEQUENCE_NUMBER, -1
             if verdict == FENCED:
                 return E.INVALID_PRODUCER_EPOCH, -1
-        records = batch.records()
         first = None
         broker_seq = 0
         if idempotent:

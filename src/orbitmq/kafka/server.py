@@ -1,8 +1,14 @@
 """KafkaGateway: the Kafka listener, one asyncio server on the gateway's event loop.
 
-Each connection is a `ServerConnection` (sans-IO) fed from the socket; requests are answered
-one at a time in arrival order, as Kafka does (it mutes a connection until its response is
-sent), so answers never need reordering. A request for an API or version this gateway does not
+Each connection is a `ServerConnection` (sans-IO) fed from the socket. Produce requests are
+pipelined: up to ``max_inflight_produce`` of one connection are worked on at once (librdkafka
+keeps five in flight), each partition's batches still appended in request order
+(`orbitmq.kafka.ordering`), and a writer sends the answers in request order, which Kafka
+guarantees per connection and clients rely on. Every other request waits for the Produces
+before it and is answered before anything after it is read, as Kafka serves every request (it
+mutes a connection until its response is sent): a long-polled Fetch holds its connection, which
+no Kafka client relies on being otherwise (producers and consumers use their own connections,
+and a consumer's group requests go to a separate coordinator connection). A request for an API or version this gateway does not
 serve closes the connection, except ApiVersions, which gets the supported ranges (what every
 client asks first). A malformed frame closes that connection only. Handlers that park (Fetch
 long polls, JoinGroup and SyncGroup during a rebalance) await futures; the loop keeps serving
@@ -24,6 +30,7 @@ from orbitmq.kafka.config import KafkaConfig
 from orbitmq.kafka.control import ControlPlane
 from orbitmq.kafka.data import DataPlane
 from orbitmq.kafka.groups import Coordinator
+from orbitmq.kafka.ordering import PartitionOrder
 from orbitmq.kafka.partitions import Partitions
 from orbitmq.kafka.producer_state import ProducerStates
 from orbitmq.protocol.kafka.connection import Rejected, Request, ServerConnection, encode_response
@@ -49,6 +56,19 @@ SUPPORTED: dict[int, tuple[int, int]] = {
 }  # fmt: skip
 
 Body = dict[str, Any]
+
+
+class _Close:
+    """A slot's answer meaning: close the connection after the answers before it."""
+
+
+CLOSE = _Close()
+
+
+def _ready(value: bytes | _Close | None) -> asyncio.Future[bytes | _Close | None]:
+    fut: asyncio.Future[bytes | _Close | None] = asyncio.get_running_loop().create_future()
+    fut.set_result(value)
+    return fut
 
 
 class KafkaGateway:
@@ -117,30 +137,91 @@ class KafkaGateway:
         peer = writer.get_extra_info("peername")
         host = f"/{peer[0]}" if peer else "/unknown"
         conn = ServerConnection(SUPPORTED, max_frame=self.config.max_request_bytes)
+        order = PartitionOrder()
+        slots: asyncio.Queue[asyncio.Future[bytes | _Close | None] | None] = asyncio.Queue()
+        out = self.tasks.spawn(self._write_in_order(slots, writer), name="kafka-conn-writer")
+        produces: list[asyncio.Future[bytes | _Close | None]] = []
+        limit = self.config.max_inflight_produce
         try:
-            while data := await reader.read(256 * 1024):
+            while not out.done() and (data := await reader.read(256 * 1024)):
                 for ev in conn.receive(data):
+                    if out.done():
+                        return  # the writer closed the connection (a failed request)
                     if isinstance(ev, Rejected):
                         log.info("kafka %s: %s", host, ev.reason)
+                        slots.put_nowait(_ready(CLOSE if ev.reply is None else ev.reply))
                         if ev.reply is None:
                             return
-                        writer.write(ev.reply)
                         continue
-                    reply = await self._answer(ev, host)
-                    if reply is not None:
-                        writer.write(reply)
-                await writer.drain()
+                    if ev.api_key == PRODUCE:
+                        # pipelined: started now (tickets in arrival order), answered in order
+                        produces = [f for f in produces if not f.done()]
+                        if len(produces) >= limit:
+                            await asyncio.wait(produces, return_when=asyncio.FIRST_COMPLETED)
+                            produces = [f for f in produces if not f.done()]
+                        task = self.tasks.spawn(self._guarded(ev, host, order))
+                        produces.append(task)
+                        slots.put_nowait(task)
+                        continue
+                    # any other request waits for the Produces before it and holds the
+                    # connection until answered, as Kafka serves every request (it mutes the
+                    # connection per request; no client relies on more)
+                    if produces:
+                        await asyncio.wait(produces)
+                        produces = []
+                    fut = _ready(await self._guarded(ev, host, order))
+                    slots.put_nowait(fut)
+                    if isinstance(fut.result(), _Close):
+                        return
+                await writer.drain()  # a client that does not read its answers is not read
         except KafkaCodecError as e:
             log.info("kafka %s: malformed request, closing: %s", host, e)
+            slots.put_nowait(_ready(CLOSE))
         except (ConnectionError, asyncio.IncompleteReadError):
             pass
         finally:
-            self._conns.discard(writer)
+            slots.put_nowait(None)  # the writer ends after the answers before this point
+            try:
+                await asyncio.wait([out])
+            finally:
+                self._conns.discard(writer)
+                writer.close()
+
+    async def _write_in_order(
+        self,
+        slots: asyncio.Queue[asyncio.Future[bytes | _Close | None] | None],
+        writer: asyncio.StreamWriter,
+    ) -> None:
+        """Responses in request order (Kafka clients match them by position too)."""
+        try:
+            while (slot := await slots.get()) is not None:
+                if not slot.done():
+                    await writer.drain()  # flush what is ready while the next one works
+                    await asyncio.wait([slot])
+                reply = slot.result()
+                if isinstance(reply, _Close):
+                    break
+                if reply is not None:
+                    writer.write(reply)
+                if slots.empty():
+                    await writer.drain()
+        except (ConnectionError, asyncio.IncompleteReadError):
+            pass
+        finally:
             writer.close()
 
-    async def _answer(self, req: Request, host: str) -> bytes | None:
+    async def _guarded(
+        self, req: Request, host: str, order: PartitionOrder
+    ) -> bytes | _Close | None:
         try:
-            body = await self._handle(req, host)
+            return await self._answer(req, host, order)
+        except KafkaCodecError as e:
+            log.info("kafka %s: closing: %s", host, e)
+            return CLOSE
+
+    async def _answer(self, req: Request, host: str, order: PartitionOrder) -> bytes | None:
+        try:
+            body = await self._handle(req, host, order)
         except KafkaCodecError:
             raise
         except Exception:
@@ -150,7 +231,7 @@ class KafkaGateway:
             return None
         return encode_response(req.api_key, req.api_version, req.correlation_id, body)
 
-    async def _handle(self, req: Request, host: str) -> Body | None:
+    async def _handle(self, req: Request, host: str, order: PartitionOrder) -> Body | None:
         key, v, body = req.api_key, req.api_version, req.body
         c = self.control
         if key == API_VERSIONS:
@@ -158,7 +239,7 @@ class KafkaGateway:
                 {"api_key": k, "min_version": lo, "max_version": hi} for k, (lo, hi) in sorted(SUPPORTED.items())
             ]}  # fmt: skip
         if key == PRODUCE:
-            result = await self.data.produce(body)
+            result = await self.data.produce(body, order)
             return None if body["acks"] == 0 else result
         if key == FETCH:
             return await self.data.fetch(body)
