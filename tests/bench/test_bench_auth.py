@@ -15,5 +15,6 @@ def test_bench_auth_small_count() -> None:
     assert [r.mode for r in results] == ["off", "v1", "v2"]
     assert all(math.isfinite(r.check_us) and r.check_us > 0 for r in results)
     assert results[0].sign_us == 0 and results[2].sign_us > 0
+    assert results[0].body_hmac_us == 0 and all(r.body_hmac_us > 0 for r in results[1:])
     result = CliRunner().invoke(app, ["bench", "auth", "--count", "20"], catch_exceptions=False)
-    assert result.exit_code == 0 and "v2" in result.output
+    assert result.exit_code == 0 and "v2" in result.output and "body HMAC" in result.output

@@ -31,7 +31,7 @@ from orbitmq.auth.store import AuthStore
 from orbitmq.common.codes import ResponseCode
 from orbitmq.protocol.fields import FieldError
 from orbitmq.protocol.frame import Frame
-from orbitmq.protocol.signature import NonceCache, SignatureError, claim_of, verify
+from orbitmq.protocol.signature import NonceCache, SignatureError, SigningKey, claim_of, verify
 
 log = logging.getLogger(__name__)
 
@@ -87,6 +87,9 @@ class Guard:
         self.cluster = cluster
         self.refresh_interval_s = refresh_interval_s
         self.nonces = NonceCache()
+        self._keys: dict[str, SigningKey] = {}
+        """Per user, its secret keyed once (checked against the store's current secret on every
+        request, so a changed secret is used at once)."""
         self._clock_ms = clock_ms or (lambda: int(time.time() * 1000))
         self._next_refresh = 0.0
         self.refused = 0
@@ -113,12 +116,24 @@ class Guard:
             return None
         if claim is None:
             return cert_principal(conn)
-        secret = self.store.secret(claim.access_key)
-        if secret is None or not verify(secret, frame, claim):
+        key = self._key(claim.access_key)
+        if key is None or not verify(key, frame, claim):
             return None
         if claim.version == 2 and self.nonces.admit(claim, self._clock_ms()) is not None:
             return None
         return claim.access_key
+
+    def _key(self, name: str) -> SigningKey | None:
+        secret = self.store.secret(name)
+        if secret is None:
+            self._keys.pop(name, None)
+            return None
+        key = self._keys.get(name)
+        if key is None or key.secret != secret:
+            if len(self._keys) >= 10_000:  # bounded: users come and go
+                self._keys.clear()
+            key = self._keys[name] = SigningKey(secret)
+        return key
 
     def admit(self, frame: Frame, conn: Any) -> str | Frame:
         """The principal when ``frame`` may go to its handler, else the refusal to answer."""

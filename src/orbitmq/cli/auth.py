@@ -279,7 +279,13 @@ def bench_auth(
     (off, v1, v2), and of the client's signing (orbitmq.bench.auth)."""
     from orbitmq.bench.auth import run_auth_bench
 
-    table = Table("mode", "requests", "check us/request", "sign us/request")
+    table = Table("mode", "requests", "check us/request", "sign us/request", "body HMAC us")
     for r in run_auth_bench(count, batch, size):
-        table.add_row(r.mode, f"{r.requests:,}", f"{r.check_us:.1f}", f"{r.sign_us:.1f}")
+        table.add_row(
+            r.mode,
+            f"{r.requests:,}",
+            f"{r.check_us:.1f}",
+            f"{r.sign_us:.1f}",
+            f"{r.body_hmac_us:.1f}",
+        )
     out().print(table)

@@ -22,12 +22,13 @@ A server compares signatures with ``hmac.compare_digest``. Nothing here logs or 
 from __future__ import annotations
 
 import base64
+import functools
 import hashlib
+import heapq
 import hmac
 import secrets
 import struct
 import time
-from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
 
@@ -81,29 +82,73 @@ def v1_content(
     return [text.encode("utf-8"), body]
 
 
-def v1_signature(secret: str, fields: dict[str, Any], body: bytes | bytearray | memoryview) -> str:
-    mac = hmac.new(secret.encode("utf-8"), digestmod=hashlib.sha1)
+class SigningKey:
+    """A secret made ready to sign: one HMAC object per scheme, keyed once and copied per
+    request (``hmac.new`` re-derives the inner and outer pads from the key on every call; a copy
+    of a keyed object does not). A server keeps one per user (``Guard``), a Signer one for its
+    secret. The secret is kept out of ``repr``."""
+
+    __slots__ = ("secret", "v1", "v2")
+
+    def __init__(self, secret: str) -> None:
+        key = secret.encode("utf-8")
+        self.secret = secret
+        self.v1 = hmac.new(key, digestmod=hashlib.sha1)
+        self.v2 = hmac.new(key, digestmod=hashlib.sha256)
+
+    def __repr__(self) -> str:
+        return "SigningKey(...)"
+
+
+def _key(secret: str | SigningKey) -> SigningKey:
+    return secret if isinstance(secret, SigningKey) else SigningKey(secret)
+
+
+@functools.lru_cache(maxsize=64)
+def _signing_key(secret: str) -> SigningKey:
+    """A client's keys, made once per secret (a process signs with a handful of secrets; the
+    Signer, frozen and picklable, does not hold one itself)."""
+    return SigningKey(secret)
+
+
+def v1_signature(
+    secret: str | SigningKey, fields: dict[str, Any], body: bytes | bytearray | memoryview
+) -> str:
+    mac = _key(secret).v1.copy()
     for part in v1_content(fields, body):
         mac.update(part)
     return base64.b64encode(mac.digest()).decode("ascii")
 
 
-def _lp(data: bytes) -> bytes:
-    return struct.pack(">I", len(data)) + data
+_U32 = struct.Struct(">I").pack
 
 
-def v2_signature(
-    secret: str, code: int, fields: dict[str, Any], body: bytes | bytearray | memoryview
-) -> str:
-    mac = hmac.new(secret.encode("utf-8"), digestmod=hashlib.sha256)
-    mac.update(b"ORBITMQ-HMAC-SHA256\x00" + struct.pack(">I", code))
+def v2_canonical(code: int, fields: dict[str, Any], body_len: int) -> bytes:
+    """What v2 signs before the body, in one buffer (one HMAC update): the scheme tag and the
+    code, every field as length-prefixed key and value (sorted by key, ``Signature`` left out),
+    then the body's length."""
+    parts = [b"ORBITMQ-HMAC-SHA256\x00", _U32(code)]
     for key in sorted(fields):
         if key == SIGNATURE:
             continue
         text = _text(fields[key])
         if text is not None:
-            mac.update(_lp(key.encode("utf-8")) + _lp(text.encode("utf-8")))
-    mac.update(struct.pack(">I", len(body) if not isinstance(body, memoryview) else body.nbytes))
+            k, v = key.encode("utf-8"), text.encode("utf-8")
+            parts += (_U32(len(k)), k, _U32(len(v)), v)
+    parts.append(_U32(body_len))
+    return b"".join(parts)
+
+
+def v2_signature(
+    secret: str | SigningKey,
+    code: int,
+    fields: dict[str, Any],
+    body: bytes | bytearray | memoryview,
+) -> str:
+    mac = _key(secret).v2.copy()
+    mac.update(
+        v2_canonical(code, fields, len(body) if not isinstance(body, memoryview) else body.nbytes)
+    )
     mac.update(body)
     return base64.b64encode(mac.digest()).decode("ascii")
 
@@ -131,12 +176,13 @@ class Signer:
         if self.security_token is not None:
             fields[SECURITY_TOKEN] = self.security_token
         if self.version == 1:
-            fields[SIGNATURE] = v1_signature(self.secret_key, fields, _body(frame))
+            fields[SIGNATURE] = v1_signature(_signing_key(self.secret_key), fields, _body(frame))
             return
         fields[SIGNATURE_VERSION] = "2"
         fields[TIMESTAMP] = str(int(time.time() * 1000) if now_ms is None else now_ms)
         fields[NONCE] = secrets.token_hex(12)
-        fields[SIGNATURE] = v2_signature(self.secret_key, frame.code, fields, _body(frame))
+        signing = _signing_key(self.secret_key)
+        fields[SIGNATURE] = v2_signature(signing, frame.code, fields, _body(frame))
 
 
 @dataclass(frozen=True, slots=True)
@@ -178,8 +224,9 @@ def claim_of(frame: Frame) -> Claim | None:
     return Claim(ak, sig, 2, int(ts), nonce)
 
 
-def verify(secret: str, frame: Frame, claim: Claim) -> bool:
-    """True when ``claim.signature`` is the frame's signature under ``secret`` (constant time)."""
+def verify(secret: str | SigningKey, frame: Frame, claim: Claim) -> bool:
+    """True when ``claim.signature`` is the frame's signature under ``secret`` (constant time).
+    A server passes the user's SigningKey (kept per user), so no key is derived per request."""
     if claim.version == 1:
         expected = v1_signature(secret, frame.fields, _body(frame))
     else:
@@ -188,26 +235,45 @@ def verify(secret: str, frame: Frame, claim: Claim) -> bool:
 
 
 class NonceCache:
-    """v2 replay protection: nonces seen within the window, bounded (oldest forgotten first;
-    a forgotten nonce is still refused once its timestamp leaves the window)."""
+    """v2 replay protection: the nonces of every request whose timestamp is still inside the
+    window, so that each is admitted once.
+
+    An entry is forgotten when its *request timestamp* leaves the window (a replay of it is then
+    refused by the window itself); entries are kept by the request's timestamp, not by when they
+    came, because a client whose clock runs ahead signs timestamps up to a window into the
+    future. Bounded: when ``capacity`` entries are all still inside the window, the oldest is
+    forgotten and every request not newer than it is refused from then on (``floor_ms``): under
+    that flood the cache fails closed, never open."""
 
     def __init__(self, window_ms: int = REPLAY_WINDOW_MS, capacity: int = 200_000) -> None:
         self.window_ms = window_ms
         self.capacity = capacity
-        self._seen: OrderedDict[tuple[str, str], int] = OrderedDict()
+        self._seen: dict[tuple[str, str], int] = {}
+        self._expiry: list[tuple[int, tuple[str, str]]] = []
+        """(request timestamp, key), a min-heap: what leaves the window first."""
+        self.floor_ms = -1
+        """Requests with a timestamp at or below this are refused (set by overflow only)."""
 
     def admit(self, claim: Claim, now_ms: int) -> str | None:
         """None when the request is fresh (and remember it), else why it is refused."""
         assert claim.timestamp_ms is not None and claim.nonce is not None
-        if abs(now_ms - claim.timestamp_ms) > self.window_ms:
+        ts = claim.timestamp_ms
+        if abs(now_ms - ts) > self.window_ms:
             return "Timestamp is outside the replay window"
+        expiry, seen = self._expiry, self._seen
+        while expiry and now_ms - expiry[0][0] > self.window_ms:
+            seen.pop(heapq.heappop(expiry)[1], None)
         key = (claim.access_key, claim.nonce)
-        if key in self._seen:
+        if key in seen:
             return "Nonce was already used"
-        while self._seen:
-            oldest_key, oldest_ts = next(iter(self._seen.items()))
-            if len(self._seen) < self.capacity and now_ms - oldest_ts <= self.window_ms:
-                break
-            del self._seen[oldest_key]
-        self._seen[key] = now_ms
+        if ts <= self.floor_ms:
+            return "Timestamp is older than the replay cache holds (too many requests)"
+        while len(seen) >= self.capacity:
+            oldest_ts, oldest = heapq.heappop(expiry)
+            seen.pop(oldest, None)
+            self.floor_ms = max(self.floor_ms, oldest_ts)
+        if ts <= self.floor_ms:
+            return "Timestamp is older than the replay cache holds (too many requests)"
+        seen[key] = ts
+        heapq.heappush(expiry, (ts, key))
         return None

@@ -1,0 +1,107 @@
+"""Keys derived once per secret sign exactly as before, and the v2 replay cache never fails open
+(a client clock ahead of the server's, a cache at capacity)."""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import struct
+from base64 import b64encode
+from pathlib import Path
+
+from orbitmq.auth.audit import AuditLog
+from orbitmq.auth.guard import Guard
+from orbitmq.auth.model import PolicyEntry
+from orbitmq.auth.store import AuthStore
+from orbitmq.protocol.codes import RequestCode
+from orbitmq.protocol.frame import Frame
+from orbitmq.protocol.signature import (
+    Claim,
+    NonceCache,
+    Signer,
+    SigningKey,
+    claim_of,
+    v1_signature,
+    v2_signature,
+    verify,
+)
+
+
+def _lp(data: bytes) -> bytes:
+    return struct.pack(">I", len(data)) + data
+
+
+def test_v2_wire_form_is_unchanged() -> None:
+    """The canonical form, spelled out: old clients and servers keep interoperating."""
+    fields = {"topic": "T", "queue_id": 3, "Signature": "ignored", "none": None}
+    content = b"ORBITMQ-HMAC-SHA256\x00" + struct.pack(">I", 10)
+    content += _lp(b"queue_id") + _lp(b"3") + _lp(b"topic") + _lp(b"T")
+    content += struct.pack(">I", 4) + b"BODY"
+    expected = b64encode(hmac.new(b"secret-key-1", content, hashlib.sha256).digest()).decode()
+    assert v2_signature("secret-key-1", 10, fields, b"BODY") == expected
+    key = SigningKey("secret-key-1")
+    for _ in range(3):  # the keyed object is copied, never consumed
+        assert v2_signature(key, 10, fields, b"BODY") == expected
+        assert v2_signature(key, 10, fields, memoryview(b"BODY")) == expected
+        assert v1_signature(key, fields, b"B") == v1_signature("secret-key-1", fields, b"B")
+    assert "secret" not in repr(key)
+
+
+def test_verify_with_a_key_and_a_string_agree() -> None:
+    frame = Frame(10, fields={"topic": "T"}, body=b"payload" * 100)
+    Signer("ak", "secret-key-1")(frame)
+    claim = claim_of(frame)
+    assert claim is not None
+    assert verify(SigningKey("secret-key-1"), frame, claim)
+    assert not verify(SigningKey("secret-key-2"), frame, claim)
+
+
+def _claim(nonce: str, ts: int) -> Claim:
+    return Claim("ak", "sig", 2, ts, nonce)
+
+
+def test_a_future_timestamp_is_remembered_until_it_leaves_the_window() -> None:
+    """A client clock 900 ms ahead: the nonce must still be refused 1.5 s later (when the
+    entry's arrival, not its timestamp, is older than the window)."""
+    cache = NonceCache(window_ms=1000)
+    assert cache.admit(_claim("n-future", 10_900), 10_000) is None
+    assert cache.admit(_claim("n-future", 10_900), 11_500) == "Nonce was already used"
+    assert cache.admit(_claim("n-future", 10_900), 12_000) is not None  # the window refuses it
+    assert cache.admit(_claim("other-nonce", 12_000), 12_000) is None
+    assert len(cache._seen) == 1  # the expired entry was forgotten
+
+
+def test_a_full_cache_fails_closed() -> None:
+    cache = NonceCache(window_ms=60_000, capacity=100)
+    for i in range(100):
+        assert cache.admit(_claim(f"nonce-{i:04d}", 1_000 + i), 5_000) is None
+    assert cache.admit(_claim("nonce-new", 2_000), 5_000) is None  # evicts the oldest (ts 1000)
+    assert cache.floor_ms == 1_000
+    # the forgotten nonce cannot be replayed: its timestamp is at the floor
+    assert cache.admit(_claim("nonce-0000", 1_000), 5_000) is not None
+    for i in range(1, 100):  # and the remembered ones are still refused
+        assert cache.admit(_claim(f"nonce-{i:04d}", 1_000 + i), 5_000) is not None
+    assert len(cache._seen) <= 100
+
+
+def test_guard_uses_a_changed_secret_at_once(tmp_path: Path) -> None:
+    store = AuthStore(tmp_path / "auth.json")
+    store.create_user("bench", "first-secret-1")
+    store.put_entries("bench", [PolicyEntry.make("Topic:T", ["Pub"], "Allow")], create=True)
+    guard = Guard(store, AuditLog(None, "n"), cluster="C", refresh_interval_s=0.0)
+
+    class Peer:
+        peer = "127.0.0.1:1"
+        transport = None
+        attributes: dict[str, object] = {}
+
+    def send(secret: str) -> object:
+        frame = Frame(RequestCode.SEND_MESSAGE, fields={"topic": "T", "queue_id": 0}, body=b"x")
+        Signer("bench", secret)(frame)
+        return guard.admit(frame, Peer())
+
+    assert send("first-secret-1") == "bench"
+    store.update_user("bench", secret="second-secret-2")
+    guard.refresh()
+    assert isinstance(send("first-secret-1"), Frame)  # the old key is not used any more
+    assert send("second-secret-2") == "bench"
