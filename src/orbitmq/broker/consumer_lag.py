@@ -1,5 +1,6 @@
 """The RocketMQ 5 gauges computed at scrape time: consumer lag per (topic, consumer_group) in
-messages and in time, and the broker's topic and group counts and storage size.
+messages and in time, consumer and producer connections, and the broker's topic and group
+counts and storage size.
 
 Lag definitions (RocketMQ 5's ``ConsumerLagCalculator``), summed over a topic's queues:
 
@@ -159,6 +160,7 @@ class ConsumerLagCollector(Collector):
             fams["queueing_latency"].add_metric(labels, g.queueing_latency_ms)
         yield from fams.values()
         yield self._connections(base, names)
+        yield self._producers(base, names)
         for name, doc, value in (
             ("rocketmq_topic_number", "Topics on this broker", len(self.topics.topics)),
             ("rocketmq_consumer_group_number", "Consumer groups known", self.group_count()),
@@ -189,4 +191,22 @@ class ConsumerLagCollector(Collector):
                     counts[key] = counts.get(key, 0) + 1
         for key, n in sorted(counts.items()):
             fam.add_metric([*base, *key], n)
+        return fam
+
+    def _producers(self, base: list[str], names: list[str]) -> GaugeMetricFamily:
+        """``rocketmq_producer_connections``: producers heartbeating to this broker, one per
+        (producer group, client) as RocketMQ's ProducerManager counts them, by language and
+        version (lower case, as RocketMQ writes them) and ``protocol_type="remoting"``."""
+        fam = GaugeMetricFamily(
+            "rocketmq_producer_connections", "Producers heartbeating to this broker",
+            labels=[*names, "language", "version", "protocol_type"],
+        )  # fmt: skip
+        counts: dict[tuple[str, str], int] = {}
+        if self.consumers is not None:
+            for members in list(self.consumers.producers.values()):
+                for p in list(members.values()):
+                    key = (p.language.lower(), p.version.lower())
+                    counts[key] = counts.get(key, 0) + 1
+        for key, n in sorted(counts.items()):
+            fam.add_metric([*base, *key, "remoting"], n)
         return fam

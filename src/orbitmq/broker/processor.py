@@ -125,6 +125,7 @@ class BrokerProcessor:
         self.delayed = delayed
         self.halves = halves
         self.long_polling = long_polling
+        self.metrics.watermark.held.append(("pull", lambda: long_polling.held))
         self.timer_stats = timer_stats
         self._round_robin = 0
         self.idempotence = IdempotenceTable()
