@@ -237,3 +237,13 @@ def test_promtool_unit_tests_of_the_alerts() -> None:
     )  # fmt: skip
     assert out.returncode == 0, out.stdout + out.stderr
     assert "SUCCESS" in out.stdout, out.stdout
+
+
+def test_console_doc_lists_every_exported_family(labelled: dict[str, set[str]]) -> None:
+    """docs/console.md#metrics names every rocketmq_* family a broker or a proxy exports."""
+    doc = (DEPLOY.parent / "docs" / "console.md").read_text()
+    listed = set(re.findall(r"`(rocketmq_[a-z_]+)`", doc))
+    families = {n for n in labelled if n.startswith("rocketmq_")}
+    for name in sorted(families):
+        base = re.sub(r"_(bucket|sum|count)$", "", name)
+        assert name in listed or base in listed, name
