@@ -1,6 +1,6 @@
 """The RocketMQ 5 families added after the first set: processor watermark, storage reserve
 time, Pop revive retries and buffer scan time, the ``is_system`` / ``is_retry`` labels of the
-in/out counters, and the broker's producer connections, each read from a real broker's state
+in/out counters and the lag gauges, and the broker's producer connections, each read from a real broker's state
 (broker/watermark.py, service_metrics.py, rocketmq_metrics.py, consumer_lag.py)."""
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from orbitmq.broker.consumer_lag import _labelled
 from orbitmq.broker.controller import BrokerController
 from orbitmq.broker.metrics import BrokerMetrics
 from orbitmq.broker.rocketmq_metrics import is_system
@@ -214,7 +215,14 @@ async def test_pop_revive_retries_scan_time_and_is_retry(
         resp, again, handles2 = await pop(client, b, "R", poll_time_ms=3000)
         assert resp.code == ResponseCode.SUCCESS, resp.remark
         assert [m.body for m in again] == [b"yy"]
+        # The lag gauges: the redelivered message is in flight on the retry series of "R".
+        lag = {"topic": "R", "consumer_group": GROUP, "is_system": "false"}
+        inflight = "rocketmq_consumer_inflight_messages"
+        assert value(b, inflight, **lag, is_retry="true") == 1
+        assert value(b, inflight, **lag, is_retry="false") == 0
         assert (await ack(client, b, "R", handles2[0])).code == ResponseCode.SUCCESS
+        assert value(b, inflight, **lag, is_retry="true") == 0
+        assert value(b, "rocketmq_consumer_lag_messages", **lag, is_retry="true") == 0
 
         retry = {"consumer_group": GROUP, "topic": "R", "put_status": "PUT_OK"}
         assert value(b, "rocketmq_pop_revive_retry_messages_total", **retry) == 1
@@ -257,3 +265,10 @@ async def test_producer_connections_by_language_and_version(tmp_path: Path) -> N
     finally:
         await remoting.close()
         await b.stop()
+
+
+def test_lag_rows_of_retry_topics_are_labelled_as_retries() -> None:
+    assert _labelled("T", "G") == ("T", False)
+    assert _labelled("%RETRY%G+T", "G") == ("T", True)  # Pop: under the topic it retries
+    assert _labelled("%RETRY%G", "G") == ("%RETRY%G", True)  # push: its own name
+    assert _labelled("%RETRY%H+T", "G") == ("%RETRY%H+T", False)  # another group's
