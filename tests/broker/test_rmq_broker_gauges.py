@@ -272,3 +272,24 @@ def test_lag_rows_of_retry_topics_are_labelled_as_retries() -> None:
     assert _labelled("%RETRY%G+T", "G") == ("T", True)  # Pop: under the topic it retries
     assert _labelled("%RETRY%G", "G") == ("%RETRY%G", True)  # push: its own name
     assert _labelled("%RETRY%H+T", "G") == ("%RETRY%H+T", False)  # another group's
+
+
+async def test_runtime_info_carries_reserve_time_and_queues(
+    tmp_path: Path, client: RemotingClient
+) -> None:
+    """What the console shows: GET_BROKER_RUNTIME_INFO's message_reserve_time_ms (absent on
+    an empty store) and processor_queued (the asking request itself not counted)."""
+    b = broker(tmp_path)
+    await b.start()
+    try:
+        info = (await client.invoke(b.address, Frame(RequestCode.GET_BROKER_RUNTIME_INFO))).fields
+        assert "message_reserve_time_ms" not in info
+        assert info["processor_queued"] == dict.fromkeys(PROCESSORS, 0)
+        sent_at = int(time.time() * 1000)
+        resp = await client.invoke(b.address, send_frame("K", [b"x"]))
+        assert resp.code == ResponseCode.SUCCESS
+        await asyncio.sleep(0.1)
+        info = (await client.invoke(b.address, Frame(RequestCode.GET_BROKER_RUNTIME_INFO))).fields
+        assert 100 <= info["message_reserve_time_ms"] <= int(time.time() * 1000) - sent_at + 5
+    finally:
+        await b.stop()
