@@ -30,8 +30,8 @@ from orbitmq.broker.send_ids import ensure_ids, peer_host
 from orbitmq.broker.service_metrics import earliest_message_ms
 from orbitmq.broker.timer_delivery import DelayedDelivery
 from orbitmq.broker.trace import TraceService
-from orbitmq.broker.watermark import processor_of
 from orbitmq.broker.transaction.half import HalfMessages
+from orbitmq.broker.watermark import processor_of
 from orbitmq.common.codes import ResponseCode
 from orbitmq.common.errors import (
     FlushSlaveTimeoutError,

@@ -18,7 +18,9 @@ RocketMQ's Prometheus exporter appends, as the consumer-latency gauges here do:
 - ``rocketmq_storage_message_reserve_time_milliseconds{storage_type="local",
   storage_medium="disk"}``: age of the oldest message the local store still keeps (the store
   time of the first record at the CommitLog's min offset: RocketMQ's ``getEarliestMessageTime``),
-  absent while the store holds no message, as in RocketMQ.
+  absent while the store holds no message, as in RocketMQ; with tiered storage also one series
+  per tiered queue, ``{storage_type="tiered", storage_medium="blob", topic, queue_id}``, the age
+  of the oldest record the tier holds of it (RocketMQ's tiered store exports the same).
 
 The collector takes plain callables (each service's own ``*_gauges()``), so it imports no
 service and sits with the other scrape-time collectors in the broker's layers. Callables run on
@@ -32,6 +34,7 @@ from typing import Any
 
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
+from prometheus_client.samples import Sample
 
 from orbitmq.common.record import MAGIC, PREFIX, STORE_TIMESTAMP, STORE_TIMESTAMP_OFFSET
 
@@ -58,11 +61,11 @@ class ServiceGaugeCollector(Collector):
         half_messages: Callable[[], Mapping[str, int]],
         timer: Gauges,
         pop: Gauges,
-        store: Gauges,
+        store: Callable[[], Mapping[str, Any]],
     ) -> None:
         """``base``: (cluster, node_type, node_id). ``half_messages``: topic -> pending
         halves; ``timer``/``pop``: the keys of ``_SIMPLE``; ``pop`` also ``revive_lag`` and
-        ``revive_latency_ms``; ``store``: ``flush_behind``, ``dispatch_behind`` (bytes)."""
+        ``revive_latency_ms``; ``store``: :func:`store_backlogs`."""
         self.base = base
         self.sources = {"timer": timer, "pop": pop, "store": store}
         self.half_messages = half_messages
@@ -106,20 +109,29 @@ class ServiceGaugeCollector(Collector):
         )
         if "reserve_time_ms" in store:
             reserve.add_metric([*base, "local", "disk"], store["reserve_time_ms"])
+        node = dict(zip(names, base, strict=True))
+        for (topic, queue_id), age in sorted(store.get("tier_reserve_ms", {}).items()):
+            labels = {**node, "storage_type": "tiered", "storage_medium": "blob", "topic": topic,
+                      "queue_id": str(queue_id)}  # fmt: skip
+            reserve.samples.append(Sample(reserve.name, labels, age))
         yield reserve
 
 
-def store_backlogs(store: Any, now_ms: int | None = None) -> dict[str, int]:
+def store_backlogs(store: Any, now_ms: int | None = None) -> dict[str, Any]:
     """``flush_behind`` and ``dispatch_behind`` bytes of a MessageStore, and with ``now_ms``
-    its ``reserve_time_ms`` when it holds a message."""
+    its ``reserve_time_ms`` when it holds a message and, with a tier, ``tier_reserve_ms``
+    ((topic, queue) -> age of the oldest record the tier holds)."""
     log = store.commit_log
-    out = {
+    out: dict[str, Any] = {
         "flush_behind": max(0, log.max_offset - log.flushed_offset),
         "dispatch_behind": max(0, log.max_offset - store.dispatcher.reput_offset),
     }
     earliest = earliest_message_ms(store) if now_ms is not None else None
     if earliest is not None and now_ms is not None:
         out["reserve_time_ms"] = max(0, now_ms - earliest)
+    tier = getattr(store, "tier", None)
+    if tier is not None and now_ms is not None:
+        out["tier_reserve_ms"] = {k: max(0, now_ms - t) for k, t in tier.oldest_kept().items()}
     return out
 
 
