@@ -23,7 +23,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from orbitmq.client import AdminClient, Message, Producer
+from orbitmq.client import BlockingAdminClient, Message, Producer
 from orbitmq.client.consumer.config import SimpleConfig
 from orbitmq.client.consumer.simple import SimpleConsumer
 from orbitmq.client.consumer_types import ConsumeFromWhere
@@ -63,7 +63,7 @@ def receive(consumer: SimpleConsumer, want: int, invisible_s: float = 15.0) -> l
 
 def populate(namesrv: str) -> str:
     """Some data for every page; the id of a traced, consumed message."""
-    with AdminClient([namesrv]) as admin:
+    with BlockingAdminClient([namesrv]) as admin:
         admin.create_topic("orders", read_queue_nums=4, write_queue_nums=4)
         admin.create_topic("payments", read_queue_nums=2, write_queue_nums=2)
         admin.update_group_config(SubscriptionGroupConfig(group_name="shipping", retry_max_times=0))

@@ -39,7 +39,7 @@ async def test_counters_lag_and_labels_after_send_pull_commit_and_dlq(
         resp = await client.invoke(b.address, send_frame("T", bodies))
         assert resp.code == ResponseCode.SUCCESS, resp.remark
         await asyncio.to_thread(b.store.wait_for_dispatch)
-        normal = {"topic": "T", "message_type": "normal"}
+        normal = {"topic": "T", "message_type": "normal", "is_system": "false"}
         assert value(b, "rocketmq_messages_in_total", **normal) == 3
         assert value(b, "rocketmq_throughput_in_total", **normal) == 7010
         assert value(b, "rocketmq_message_size_bucket", **normal, le="1024.0") == 1
@@ -53,14 +53,15 @@ async def test_counters_lag_and_labels_after_send_pull_commit_and_dlq(
         assert resp.code == ResponseCode.SUCCESS and resp.fields["next_begin_offset"] == 2
         b.offsets.set("G", "T", 0, 1)
         tg = {"topic": "T", "consumer_group": "G"}
-        assert value(b, "rocketmq_messages_out_total", **tg) == 2
-        assert (value(b, "rocketmq_throughput_out_total", **tg) or 0) > 2010
-        assert value(b, "rocketmq_consumer_inflight_messages", **tg) == 1
-        assert value(b, "rocketmq_consumer_ready_messages", **tg) == 1
-        assert value(b, "rocketmq_consumer_lag_messages", **tg) == 2
+        out = lag = {**tg, "is_system": "false", "is_retry": "false"}
+        assert value(b, "rocketmq_messages_out_total", **out) == 2
+        assert (value(b, "rocketmq_throughput_out_total", **out) or 0) > 2010
+        assert value(b, "rocketmq_consumer_inflight_messages", **lag) == 1
+        assert value(b, "rocketmq_consumer_ready_messages", **lag) == 1
+        assert value(b, "rocketmq_consumer_lag_messages", **lag) == 2
         await asyncio.sleep(0.06)
-        assert (value(b, "rocketmq_consumer_lag_latency_milliseconds", **tg) or 0) >= 50
-        assert (value(b, "rocketmq_consumer_queueing_latency_milliseconds", **tg) or 0) >= 50
+        assert (value(b, "rocketmq_consumer_lag_latency_milliseconds", **lag) or 0) >= 50
+        assert (value(b, "rocketmq_consumer_queueing_latency_milliseconds", **lag) or 0) >= 50
 
         # All consumed and committed: every lag gauge is 0.
         resp = await client.invoke(b.address, pull_frame("T", 0, 2, group="G"))
@@ -68,7 +69,7 @@ async def test_counters_lag_and_labels_after_send_pull_commit_and_dlq(
         b.offsets.set("G", "T", 0, 3)
         for name in ("lag_messages", "inflight_messages", "ready_messages",
                      "lag_latency_milliseconds", "queueing_latency_milliseconds"):  # fmt: skip
-            assert value(b, f"rocketmq_consumer_{name}", **tg) == 0, name
+            assert value(b, f"rocketmq_consumer_{name}", **lag) == 0, name
 
         # A dead-letter move is counted under the message's topic and the group.
         send_back = Frame(
@@ -80,7 +81,7 @@ async def test_counters_lag_and_labels_after_send_pull_commit_and_dlq(
         await asyncio.to_thread(b.store.wait_for_dispatch)
         resp = await client.invoke(b.address, send_back)
         assert resp.code == ResponseCode.SUCCESS and resp.fields["dlq"] is True
-        assert value(b, "rocketmq_send_to_dlq_messages_total", **tg) == 1
+        assert value(b, "rocketmq_send_to_dlq_messages_total", **tg, is_system="false") == 1
 
         rpc = {"protocol_type": "remoting", "request_code": str(int(RequestCode.PULL_MESSAGE))}
         assert (value(b, "rocketmq_rpc_latency_count", **rpc, response_code="0") or 0) >= 2
@@ -127,14 +128,15 @@ async def test_pop_counts_out_and_in_flight(tmp_path: Path, client: RemotingClie
         _, msgs, handles = await pop(client, b, "P")
         assert len(msgs) == 3
         tg = {"topic": "P", "consumer_group": GROUP}
-        assert value(b, "rocketmq_messages_out_total", **tg) == 3
+        out = lag = {**tg, "is_system": "false", "is_retry": "false"}
+        assert value(b, "rocketmq_messages_out_total", **out) == 3
         # Pop moved the group's offset to 3; the three are in flight until acked.
-        assert value(b, "rocketmq_consumer_inflight_messages", **tg) == 3
-        assert value(b, "rocketmq_consumer_ready_messages", **tg) == 0
-        assert value(b, "rocketmq_consumer_lag_messages", **tg) == 3
+        assert value(b, "rocketmq_consumer_inflight_messages", **lag) == 3
+        assert value(b, "rocketmq_consumer_ready_messages", **lag) == 0
+        assert value(b, "rocketmq_consumer_lag_messages", **lag) == 3
         for h in handles:
             assert (await ack(client, b, "P", h)).code == ResponseCode.SUCCESS
-        assert value(b, "rocketmq_consumer_lag_messages", **tg) == 0
+        assert value(b, "rocketmq_consumer_lag_messages", **lag) == 0
         pop_code = {"request_code": str(int(RequestCode.POP_MESSAGE)), "response_code": "0"}
         assert value(b, "rocketmq_rpc_latency_count", protocol_type="remoting", **pop_code) == 1
     finally:

@@ -48,17 +48,33 @@ def metric_names(expr: str) -> set[str]:
 
 
 @pytest.fixture(scope="module")
-def exported(tmp_path_factory: pytest.TempPathFactory) -> set[str]:
+def labelled(tmp_path_factory: pytest.TempPathFactory) -> dict[str, set[str]]:
     """Every sample name the broker's and the proxy's registries can expose (families without
-    samples yet included), plus ``up``, which Prometheus adds per target."""
+    samples yet included) with the label names it carries (the union over both registries),
+    plus ``up``, which Prometheus adds per target with ``job`` and ``instance``."""
     b = BrokerController(small_broker_config(tmp_path_factory.mktemp("deploy") / "s"))
-    names = {"up"}
+    out: dict[str, set[str]] = {"up": {"job", "instance"}}
     for registry in (b.metrics.registry, ProxyMetrics("C", "127.0.0.1:8081").registry):
         for fam in registry.collect():
+            labels = set(getattr(fam, "_labelnames", ()))  # the labels a family was built with
             for suffix in SUFFIXES.get(fam.type, ("",)):
-                names.add(fam.name + suffix)
-            names.update(s.name for s in fam.samples)
-    return names
+                extra = {"le"} if suffix == "_bucket" else set()
+                out.setdefault(fam.name + suffix, set()).update(labels | extra)
+            for sample in fam.samples:
+                out.setdefault(sample.name, set()).update(sample.labels)
+    return out
+
+
+@pytest.fixture(scope="module")
+def exported(labelled: dict[str, set[str]]) -> set[str]:
+    return set(labelled)
+
+
+@pytest.fixture(scope="module")
+def broker_exported(tmp_path_factory: pytest.TempPathFactory) -> set[str]:
+    """The family names of the broker's registry alone."""
+    b = BrokerController(small_broker_config(tmp_path_factory.mktemp("deploy-b") / "s"))
+    return {fam.name for fam in b.metrics.registry.collect()}
 
 
 # The RocketMQ 5 families of transactions, timers, Pop revive and the proxy: each exported
@@ -72,7 +88,22 @@ SERVICE_FAMILIES = (
     "rocketmq_pop_revive_lag", "rocketmq_pop_revive_latency_milliseconds",
     "rocketmq_pop_offset_buffer_size", "rocketmq_pop_checkpoint_buffer_size",
     "rocketmq_proxy_up", "rocketmq_producer_connections",
+    "rocketmq_processor_watermark", "rocketmq_storage_message_reserve_time_milliseconds",
+    "rocketmq_pop_revive_retry_messages_total",
+    "rocketmq_pop_buffer_scan_time_consume_milliseconds_bucket",
 )  # fmt: skip
+
+BROKER_FAMILIES = (
+    "rocketmq_processor_watermark", "rocketmq_storage_message_reserve_time_milliseconds",
+    "rocketmq_pop_revive_retry_messages", "rocketmq_pop_buffer_scan_time_consume_milliseconds",
+    "rocketmq_producer_connections", "rocketmq_consumer_connections",
+)  # fmt: skip
+"""Exported by the broker itself (the proxy has its own producer and consumer connections)."""
+
+
+def test_broker_exports_its_families(broker_exported: set[str]) -> None:
+    for name in BROKER_FAMILIES:
+        assert name in broker_exported, name
 
 
 def test_service_and_proxy_families_are_exported_and_used(exported: set[str]) -> None:
@@ -127,6 +158,51 @@ def test_dashboard_is_grafana_json_on_exported_metrics(exported: set[str]) -> No
         assert names and names <= exported, (expr, names - exported)
 
 
+def all_exprs() -> list[str]:
+    doc = json.loads(DASHBOARD.read_text())
+    exprs = [r["expr"] for r in rules()] + dashboard_exprs(doc)
+    return [e.replace("$__rate_interval", "1m") for e in exprs]
+
+
+def label_uses(expr: str) -> tuple[dict[str, set[str]], set[str]]:
+    """(metric name -> label names its matchers test, label names of by/on/... clauses)."""
+    s = re.sub(r'"(?:[^"\\]|\\.)*"', '""', expr)
+    matched: dict[str, set[str]] = {}
+    for m in re.finditer(r"([A-Za-z_:][A-Za-z0-9_:]*)\s*\{([^}]*)\}", s):
+        names = set(re.findall(r"([A-Za-z_][A-Za-z0-9_]*)\s*(?:=~|!~|!=|=)", m.group(2)))
+        matched.setdefault(m.group(1), set()).update(names)
+    grouped: set[str] = set()
+    for m in re.finditer(r"\b(?:by|without|on|ignoring)\s*\(([^)]*)\)", s):
+        grouped.update(x.strip() for x in m.group(1).split(",") if x.strip())
+    return matched, grouped
+
+
+TARGET_LABELS = {"job", "instance"}
+"""Added by Prometheus to every series it scrapes."""
+
+
+def test_alert_and_panel_labels_exist(labelled: dict[str, set[str]]) -> None:
+    """Every label a rule or a panel matches on or groups by is one its metrics carry (the
+    is_system / is_retry / processor / put_status labels included): a renamed label fails."""
+    for expr in all_exprs():
+        matched, grouped = label_uses(expr)
+        carried = set(TARGET_LABELS)
+        for name in metric_names(expr):
+            carried |= labelled.get(name, set())
+        for name, labels in matched.items():
+            has = labelled[name] | TARGET_LABELS
+            assert labels <= has, (expr, name, labels - has)
+        assert grouped <= carried, (expr, grouped - carried)
+
+
+def test_label_use_extraction() -> None:
+    matched, grouped = label_uses(
+        'sum by (topic, is_retry) (rate(a_total{is_system="false", x=~"y"}[1m])) > on (cluster) b'
+    )
+    assert matched == {"a_total": {"is_system", "x"}}
+    assert grouped == {"topic", "is_retry", "cluster"}
+
+
 def test_metric_name_extraction() -> None:
     expr = (
         'histogram_quantile(0.99, sum by (le, code) (rate(a_bucket{x=~"b|c"}[5m]))) > 1e9 '
@@ -145,3 +221,29 @@ def test_promtool_checks_the_rules() -> None:
     )
     assert out.returncode == 0, out.stdout + out.stderr
     assert f"SUCCESS: {len(rules())} rules found" in out.stdout, out.stdout
+
+
+@pytest.mark.skipif(
+    shutil.which("promtool") is None,
+    reason="promtool (Prometheus) not installed: `make promtool` installs Debian's prometheus",
+)
+def test_promtool_unit_tests_of_the_alerts() -> None:
+    """tests/deploy/rocketmq-alerts.test.yaml: the watermark, producers-gone, near-retention
+    and Pop retry-put alerts fire on the series they are written for, and only then."""
+    here = Path(__file__).parent
+    out = subprocess.run(
+        ["promtool", "test", "rules", "rocketmq-alerts.test.yaml"],
+        capture_output=True, text=True, timeout=60, cwd=here,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "SUCCESS" in out.stdout, out.stdout
+
+
+def test_console_doc_lists_every_exported_family(labelled: dict[str, set[str]]) -> None:
+    """docs/console.md#metrics names every rocketmq_* family a broker or a proxy exports."""
+    doc = (DEPLOY.parent / "docs" / "console.md").read_text()
+    listed = set(re.findall(r"`(rocketmq_[a-z_]+)`", doc))
+    families = {n for n in labelled if n.startswith("rocketmq_")}
+    for name in sorted(families):
+        base = re.sub(r"_(bucket|sum|count)$", "", name)
+        assert name in listed or base in listed, name

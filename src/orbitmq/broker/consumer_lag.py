@@ -1,5 +1,6 @@
 """The RocketMQ 5 gauges computed at scrape time: consumer lag per (topic, consumer_group) in
-messages and in time, and the broker's topic and group counts and storage size.
+messages and in time, consumer and producer connections, and the broker's topic and group
+counts and storage size.
 
 Lag definitions (RocketMQ 5's ``ConsumerLagCalculator``), summed over a topic's queues:
 
@@ -14,6 +15,12 @@ Lag definitions (RocketMQ 5's ``ConsumerLagCalculator``), summed over a topic's 
 For a Pop group the "committed" offset of the offset table is where the next Pop starts, so
 its in-flight count comes from the Pop state alone. The work is one ConsumeQueue entry and one
 record header read per queue with a backlog, on the scrape thread (never the event loop).
+
+Labels as RocketMQ's ``buildLagAttributes``: ``is_retry`` is "true" for the group's retry
+topics. A Pop group's retry topic (``%RETRY%<group>+<topic>``) is reported under the topic it
+retries, beside that topic's own series (RocketMQ's ``isRetry`` result); a push group's
+``%RETRY%<group>`` keeps its name (RocketMQ skips it; here its backlog stays visible).
+``is_system`` is :func:`~orbitmq.broker.rocketmq_metrics.is_system` of topic and group.
 """
 
 from __future__ import annotations
@@ -26,9 +33,10 @@ from prometheus_client.registry import Collector
 
 from orbitmq.broker.consumer_manager import ConsumerManager
 from orbitmq.broker.offset_manager import ConsumerOffsetManager
-from orbitmq.broker.rocketmq_metrics import RocketMQMetrics
+from orbitmq.broker.rocketmq_metrics import RocketMQMetrics, is_system
 from orbitmq.broker.topic_manager import TopicConfigManager
 from orbitmq.common.clock import Clock
+from orbitmq.protocol.consumer import POP_RETRY_SEPARATOR, retry_topic
 from orbitmq.store.message_store import MessageStore
 from orbitmq.store.reader import store_time
 
@@ -42,6 +50,7 @@ class GroupLag:
 
     topic: str
     group: str
+    retry: bool = False
     ready: int = 0
     inflight: int = 0
     lag_latency_ms: int = 0
@@ -50,6 +59,14 @@ class GroupLag:
     @property
     def lag(self) -> int:
         return self.ready + self.inflight
+
+
+def _labelled(topic: str, group: str) -> tuple[str, bool]:
+    """(topic label, is_retry) of one of ``group``'s offset-table topics."""
+    own_retry = retry_topic(group)
+    if topic.startswith(own_retry + POP_RETRY_SEPARATOR):
+        return topic[len(own_retry) + len(POP_RETRY_SEPARATOR) :], True
+    return topic, topic == own_retry
 
 
 class ConsumerLagCollector(Collector):
@@ -90,7 +107,8 @@ class ConsumerLagCollector(Collector):
             for topic, queues in sorted(self.offsets.offsets(group).items()):
                 if self.topics.get(topic) is None:
                     continue
-                g = GroupLag(topic, group)
+                label, retry = _labelled(topic, group)
+                g = GroupLag(label, group, retry)
                 for queue_id, committed in sorted(queues.items()):
                     high = self.store.max_offset(topic, queue_id)
                     low = self.store.min_offset(topic, queue_id)
@@ -124,7 +142,7 @@ class ConsumerLagCollector(Collector):
     def collect(self) -> Iterator[Metric]:
         base = list(self.rmq.base)
         names = ["cluster", "node_type", "node_id"]
-        lag_labels = [*names, "topic", "consumer_group"]
+        lag_labels = [*names, "topic", "consumer_group", "is_retry", "is_system"]
         fams = {
             "lag": GaugeMetricFamily(
                 "rocketmq_consumer_lag_messages", "Messages not yet consumed", labels=lag_labels
@@ -151,7 +169,8 @@ class ConsumerLagCollector(Collector):
             ),
         }
         for g in self._lags_retried():
-            labels = [*base, g.topic, g.group]
+            flags = ["true" if g.retry else "false", is_system(g.topic, g.group)]
+            labels = [*base, g.topic, g.group, *flags]
             fams["lag"].add_metric(labels, g.lag)
             fams["inflight"].add_metric(labels, g.inflight)
             fams["ready"].add_metric(labels, g.ready)
@@ -159,6 +178,7 @@ class ConsumerLagCollector(Collector):
             fams["queueing_latency"].add_metric(labels, g.queueing_latency_ms)
         yield from fams.values()
         yield self._connections(base, names)
+        yield self._producers(base, names)
         for name, doc, value in (
             ("rocketmq_topic_number", "Topics on this broker", len(self.topics.topics)),
             ("rocketmq_consumer_group_number", "Consumer groups known", self.group_count()),
@@ -189,4 +209,22 @@ class ConsumerLagCollector(Collector):
                     counts[key] = counts.get(key, 0) + 1
         for key, n in sorted(counts.items()):
             fam.add_metric([*base, *key], n)
+        return fam
+
+    def _producers(self, base: list[str], names: list[str]) -> GaugeMetricFamily:
+        """``rocketmq_producer_connections``: producers heartbeating to this broker, one per
+        (producer group, client) as RocketMQ's ProducerManager counts them, by language and
+        version (lower case, as RocketMQ writes them) and ``protocol_type="remoting"``."""
+        fam = GaugeMetricFamily(
+            "rocketmq_producer_connections", "Producers heartbeating to this broker",
+            labels=[*names, "language", "version", "protocol_type"],
+        )  # fmt: skip
+        counts: dict[tuple[str, str], int] = {}
+        if self.consumers is not None:
+            for members in list(self.consumers.producers.values()):
+                for p in list(members.values()):
+                    key = (p.language.lower(), p.version.lower())
+                    counts[key] = counts.get(key, 0) + 1
+        for key, n in sorted(counts.items()):
+            fam.add_metric([*base, *key, "remoting"], n)
         return fam

@@ -184,6 +184,8 @@ def compile_consumer(data: ConsumerData) -> _Compiled:
 class _Producer:
     conn: Connection
     last_heartbeat: float
+    language: str = "PYTHON"
+    version: str = ""
 
 
 class ConsumerManager:
@@ -233,7 +235,9 @@ class ConsumerManager:
         now = self.clock()
         wall_ms = now_ms()
         for pgroup in heartbeat.producer_groups:
-            self.producers.setdefault(pgroup, {})[heartbeat.client_id] = _Producer(conn, now)
+            self.producers.setdefault(pgroup, {})[heartbeat.client_id] = _Producer(
+                conn, now, heartbeat.language, heartbeat.version
+            )
         changed = [
             c.data.group for c in compiled if self._register_one(conn, heartbeat, c, now, wall_ms)
         ]

@@ -188,7 +188,7 @@ class BrokerController:
         self.metrics.registry.register(ServiceGaugeCollector(
             self.metrics.rmq.base, half_messages=self.transactions.state.pending_by_topic,
             timer=self.timer.gauges, pop=lambda: self.pop.state.revive_gauges(clock.now_ms()),
-            store=lambda: store_backlogs(self.store)))  # fmt: skip
+            store=lambda: store_backlogs(self.store, clock.now_ms())))  # fmt: skip
         # Processors: one per area, each answering the codes routes.py gives it.
         self.trace = TraceService(ctx, lambda: self.address)
         """Message trace records (RMQ_SYS_TRACE_TOPIC), when ``trace_enable``."""

@@ -10,6 +10,7 @@ from prometheus_client.registry import Collector
 
 from orbitmq.broker.heap import GcCollector
 from orbitmq.broker.rocketmq_metrics import RocketMQMetrics
+from orbitmq.broker.watermark import ProcessorWatermark
 
 LATENCY_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5, 1.0)
 
@@ -21,6 +22,9 @@ class BrokerMetrics:
         self.rmq = RocketMQMetrics(cluster, node_id)
         """The RocketMQ 5 family (``rocketmq_*``, broker/rocketmq_metrics.py), fed per batch."""
         r.register(self.rmq)
+        self.watermark = ProcessorWatermark(self.rmq.base)
+        """Requests in progress per RocketMQ processor (the Dispatcher counts them)."""
+        r.register(self.watermark)
         self.requests = Counter("orbitmq_broker_requests", "Requests by code", ["code"], registry=r)
         self.errors = Counter(
             "orbitmq_broker_errors", "Error responses by response code", ["code"], registry=r

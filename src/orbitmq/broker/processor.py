@@ -27,9 +27,11 @@ from orbitmq.broker.idempotence import (
 from orbitmq.broker.long_polling import LongPolling
 from orbitmq.broker.metadata.records import METADATA_TOPIC
 from orbitmq.broker.send_ids import ensure_ids, peer_host
+from orbitmq.broker.service_metrics import earliest_message_ms
 from orbitmq.broker.timer_delivery import DelayedDelivery
 from orbitmq.broker.trace import TraceService
 from orbitmq.broker.transaction.half import HalfMessages
+from orbitmq.broker.watermark import processor_of
 from orbitmq.common.codes import ResponseCode
 from orbitmq.common.errors import (
     FlushSlaveTimeoutError,
@@ -125,6 +127,7 @@ class BrokerProcessor:
         self.delayed = delayed
         self.halves = halves
         self.long_polling = long_polling
+        self.metrics.watermark.held.append(("pull", lambda: long_polling.held))
         self.timer_stats = timer_stats
         self._round_robin = 0
         self.idempotence = IdempotenceTable()
@@ -563,6 +566,8 @@ class BrokerProcessor:
         return frame.reply(ResponseCode.SUCCESS, body=encode_body(stats))
 
     async def runtime_info(self, frame: Frame, conn: Connection) -> Reply:
+        queued = self.metrics.watermark.queued()  # rocketmq_processor_watermark, without this one
+        queued[processor_of(frame.code)] = max(0, queued[processor_of(frame.code)] - 1)
         info: dict[str, object] = dict(self.store.stats())
         info.update(
             broker_name=self.config.broker_name,
@@ -575,7 +580,11 @@ class BrokerProcessor:
             disk_used_percent=round(self.store.retention.disk_ratio, 2),
             flush_disk_type=self.store.config.flush_disk_type.value,
             health=self.bridge.health_text(),
+            processor_queued=queued,
         )
+        earliest = earliest_message_ms(self.store)
+        if earliest is not None:  # rocketmq_storage_message_reserve_time
+            info["message_reserve_time_ms"] = max(0, self.ctx.clock.now_ms() - earliest)
         info.update(self.timer_stats())
         info.update(PAUSES.info())
         return frame.reply(ResponseCode.SUCCESS, fields=info)

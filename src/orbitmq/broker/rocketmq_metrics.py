@@ -31,8 +31,27 @@ RPC_LATENCY_BUCKETS = (1, 3, 5, 10, 25, 50, 100, 500, 1000, 3000)
 
 FINISH_LATENCY_BUCKETS = (10, 100, 1000, 5000, 10000, 60000, 300000, 3600000)
 """Milliseconds from a half message's store to its commit or rollback."""
+POP_SCAN_BUCKETS = (1, 10, 100, 1000, 2000, 3000)
+"""Milliseconds, RocketMQ's ``rocketmq_pop_buffer_scan_time_consume`` buckets."""
+
+SYSTEM_TOPIC_PREFIXES = ("rmq_sys_", "RMQ_SYS_", "SCHEDULE_TOPIC", "TBW102", "OFFSET_MOVED_EVENT",
+                         "TRANS_CHECK_MAX_TIME_TOPIC", "BenchmarkTest", "SELF_TEST_TOPIC")  # fmt: skip
+"""RocketMQ's ``TopicValidator.isSystemTopic`` (its system topic set and ``rmq_sys_``), plus
+OrbitMQ's own system topics (revive log, timer, half and op topics, trace), all of them
+``RMQ_SYS_*`` or ``rmq_sys_*``."""
+SYSTEM_GROUP_PREFIX = "cid_rmq_sys_"
+"""RocketMQ's ``isSystemGroup``: a group named ``CID_RMQ_SYS_*`` (case-insensitive)."""
 
 MESSAGE_TYPES = ("normal", "fifo", "transaction", "delay")
+
+
+def is_system(topic: str, group: str = "") -> str:
+    """The ``is_system`` label: "true" for a system topic or a system group (RocketMQ's
+    ``BrokerMetricsManager.isSystem``), else "false" (OTel writes booleans so)."""
+    system = topic.startswith(SYSTEM_TOPIC_PREFIXES) or group.lower().startswith(
+        SYSTEM_GROUP_PREFIX
+    )
+    return "true" if system else "false"
 
 
 class _Histogram:
@@ -63,8 +82,9 @@ class RocketMQMetrics(Collector):
         self.messages_in: dict[tuple[str, str], int] = {}
         self.bytes_in: dict[tuple[str, str], int] = {}
         self.sizes: dict[tuple[str, str], _Histogram] = {}
-        self.messages_out: dict[tuple[str, str], int] = {}
-        self.bytes_out: dict[tuple[str, str], int] = {}
+        self.messages_out: dict[tuple[str, str, bool], int] = {}
+        """(topic, group, is_retry) -> messages delivered."""
+        self.bytes_out: dict[tuple[str, str, bool], int] = {}
         self.dlq: dict[tuple[str, str], int] = {}
         self.rpc: dict[tuple[int, int], _Histogram] = {}
         self._size_edges = np.asarray(MESSAGE_SIZE_BUCKETS, dtype=np.int64)
@@ -73,6 +93,9 @@ class RocketMQMetrics(Collector):
         self.tx_finish: dict[str, _Histogram] = {}
         self.revive_in: dict[str, int] = {}
         self.revive_out: dict[str, int] = {}
+        self.revive_retry: dict[tuple[str, str, str], int] = {}
+        """(group, topic, put status) -> revived messages written to a pop retry topic."""
+        self.pop_scan = _Histogram(len(POP_SCAN_BUCKETS))
         self.pulled: dict[tuple[str, str, int], int] = {}
         """(group, topic, queue) -> next offset a pull handed out (for the in-flight gauge)."""
 
@@ -100,9 +123,12 @@ class RocketMQMetrics(Collector):
                 h.counts[i] += c
         h.total += total
 
-    def on_out(self, topic: str, group: str, count: int, nbytes: int) -> None:
-        """Messages handed to a consumer group (a pull or a Pop answer)."""
-        key = (topic, group)
+    def on_out(self, topic: str, group: str, count: int, nbytes: int, retry: bool = False) -> None:
+        """Messages handed to a consumer group (a pull or a Pop answer); ``retry``: they come
+        from a retry topic (``is_retry``; for a Pop, ``topic`` is the popped topic)."""
+        if not count:
+            return
+        key = (topic, group, retry)
         self.messages_out[key] = self.messages_out.get(key, 0) + count
         self.bytes_out[key] = self.bytes_out.get(key, 0) + nbytes
 
@@ -143,6 +169,19 @@ class RocketMQMetrics(Collector):
         """Pop checkpoints taken out by revive (``kind``: CK)."""
         self.revive_out[kind] = self.revive_out.get(kind, 0) + count
 
+    def on_revive_retry(self, group: str, topic: str, status: str, count: int) -> None:
+        """Revived Pop messages written to ``group``'s pop retry topic (``topic``: the popped
+        queue's topic, as RocketMQ's checkpoint names it; ``status``: a PutMessageStatus name)."""
+        key = (group, topic, status)
+        self.revive_retry[key] = self.revive_retry.get(key, 0) + count
+
+    def on_pop_scan(self, millis: float) -> None:
+        """One pass of the reviver over the open Pop checkpoints (revive what is due, compact
+        what is stale): RocketMQ's PopBufferMergeService scan."""
+        h = self.pop_scan
+        h.counts[bisect.bisect_left(POP_SCAN_BUCKETS, millis)] += 1
+        h.total += millis
+
     def forget_group(self, group: str) -> None:
         """A deleted group: drop its pull positions (its counters stay, as counters do)."""
         for key in [k for k in list(self.pulled) if k[0] == group]:
@@ -153,17 +192,35 @@ class RocketMQMetrics(Collector):
     def collect(self) -> Iterator[Metric]:
         base = list(self.base)
         names = ["cluster", "node_type", "node_id"]
-        for name, doc, table, extra in (
-            ("rocketmq_messages_in", "Messages stored", self.messages_in, "message_type"),
-            ("rocketmq_throughput_in", "Body bytes stored", self.bytes_in, "message_type"),
-            ("rocketmq_messages_out", "Messages delivered", self.messages_out, "consumer_group"),
-            ("rocketmq_throughput_out", "Bytes delivered", self.bytes_out, "consumer_group"),
-            ("rocketmq_send_to_dlq_messages", "Messages dead-lettered", self.dlq, "consumer_group"),
+        sys_label = ["is_system"]
+        for name, doc, table in (
+            ("rocketmq_messages_in", "Messages stored", self.messages_in),
+            ("rocketmq_throughput_in", "Body bytes stored", self.bytes_in),
         ):
-            fam = CounterMetricFamily(name, doc, labels=[*names, "topic", extra])
-            for (topic, other), value in sorted(table.copy().items()):
-                fam.add_metric([*base, topic, other], value)
+            fam = CounterMetricFamily(
+                name, doc, labels=[*names, "topic", "message_type", *sys_label]
+            )
+            for (topic, mtype), value in sorted(table.copy().items()):
+                fam.add_metric([*base, topic, mtype, is_system(topic)], value)
             yield fam
+        for name, doc, out in (
+            ("rocketmq_messages_out", "Messages delivered", self.messages_out),
+            ("rocketmq_throughput_out", "Bytes delivered", self.bytes_out),
+        ):
+            fam = CounterMetricFamily(
+                name, doc, labels=[*names, "topic", "consumer_group", *sys_label, "is_retry"]
+            )
+            for (topic, group, retry), value in sorted(out.copy().items()):
+                labels = [topic, group, is_system(topic, group), "true" if retry else "false"]
+                fam.add_metric([*base, *labels], value)
+            yield fam
+        fam = CounterMetricFamily(
+            "rocketmq_send_to_dlq_messages", "Messages dead-lettered",
+            labels=[*names, "topic", "consumer_group", *sys_label],
+        )  # fmt: skip
+        for (topic, group), value in sorted(self.dlq.copy().items()):
+            fam.add_metric([*base, topic, group, is_system(topic, group)], value)
+        yield fam
         for name, doc, one in (
             ("rocketmq_commit_messages", "Half messages committed", self.tx_commit),
             ("rocketmq_rollback_messages", "Half messages rolled back", self.tx_rollback),
@@ -180,6 +237,22 @@ class RocketMQMetrics(Collector):
             for kind, value in sorted(kinds.copy().items()):
                 fam.add_metric([*base, kind], value)
             yield fam
+        revived = CounterMetricFamily(
+            "rocketmq_pop_revive_retry_messages", "Revived messages put to a pop retry topic",
+            labels=[*names, "consumer_group", "topic", "put_status"],
+        )  # fmt: skip
+        for key, value in sorted(self.revive_retry.copy().items()):
+            revived.add_metric([*base, *key], value)
+        yield revived
+        scan = HistogramMetricFamily(
+            "rocketmq_pop_buffer_scan_time_consume_milliseconds",
+            "Time of one reviver pass over the open Pop checkpoints, milliseconds",
+            labels=names,
+        )
+        pop_scan = self.pop_scan
+        if sum(pop_scan.counts):
+            scan.add_metric(base, _buckets(POP_SCAN_BUCKETS, pop_scan), sum_value=pop_scan.total)
+        yield scan
         finish = HistogramMetricFamily(
             "rocketmq_finish_message_latency",
             "Half message store to commit or rollback, milliseconds",
@@ -193,11 +266,13 @@ class RocketMQMetrics(Collector):
         sizes = HistogramMetricFamily(
             "rocketmq_message_size",
             "Body size of stored messages, bytes",
-            labels=[*names, "topic", "message_type"],
+            labels=[*names, "topic", "message_type", "is_system"],
         )
         for (topic, mtype), h in sorted(self.sizes.copy().items()):
             sizes.add_metric(
-                [*base, topic, mtype], _buckets(MESSAGE_SIZE_BUCKETS, h), sum_value=h.total
+                [*base, topic, mtype, is_system(topic)],
+                _buckets(MESSAGE_SIZE_BUCKETS, h),
+                sum_value=h.total,
             )
         yield sizes
         rpc = HistogramMetricFamily(

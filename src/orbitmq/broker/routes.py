@@ -117,6 +117,7 @@ class Dispatcher:
         self.metrics = metrics
         self.auth = auth
         self.rmq = metrics.rmq
+        self.watermark = metrics.watermark
         self._counted: dict[int, Counter] = {}
         """Request code -> its child of ``metrics.requests`` (``labels()`` costs more than the
         increment, on every request)."""
@@ -127,6 +128,7 @@ class Dispatcher:
             counter = self._counted[frame.code] = self.metrics.requests.labels(str(frame.code))
         counter.inc()
         started = time.perf_counter()
+        slot = self.watermark.enter(frame.code)
         try:
             if self.auth is not None:
                 answer = self.auth.before(frame, conn)
@@ -148,6 +150,8 @@ class Dispatcher:
                 code = ResponseCode.MESSAGE_ILLEGAL
             self.metrics.errors.labels(str(int(code))).inc()
             reply = frame.reply(code, str(exc) or type(exc).__name__)
+        finally:
+            self.watermark.leave(slot)
         if reply is not None:  # a oneway request has no response code
             answer = reply[0] if isinstance(reply, tuple) else reply
             self.rmq.on_rpc(frame.code, answer.code, (time.perf_counter() - started) * 1000)

@@ -44,6 +44,30 @@ def fmt_ms(ms: int) -> str:
     return f"{ms / 60_000:.1f} min"
 
 
+def fmt_age(ms: int) -> str:
+    """An age that may run to days (how long a broker keeps messages)."""
+    if ms < 7_200_000:
+        return fmt_ms(ms)
+    if ms < 172_800_000:
+        return f"{ms / 3_600_000:.1f} h"
+    return f"{ms / 86_400_000:.1f} d"
+
+
+def broker_figures(rt: dict[str, Any]) -> dict[str, Any]:
+    """What a broker's runtime info says about its store and its request queues, for a page:
+    the age of the oldest message it keeps (rocketmq_storage_message_reserve_time) and the
+    requests read and not yet answered, long polls left out (rocketmq_processor_watermark)."""
+    reserve = rt.get("message_reserve_time_ms")
+    queued: dict[str, int] = rt.get("processor_queued") or {}
+    busy = sorted(((n, p) for p, n in queued.items() if n), reverse=True)
+    return {
+        "reserve_ms": reserve,
+        "reserve": fmt_age(int(reserve)) if reserve is not None else "-",
+        "queued": sum(queued.values()) if queued else None,
+        "queued_detail": ", ".join(f"{p} {n}" for n, p in busy) or "none",
+    }
+
+
 async def overview(c: Console, request: Request, s: Session) -> Response:
     info = await c.admin.cluster_info()
     brokers = []
@@ -60,6 +84,7 @@ async def overview(c: Console, request: Request, s: Session) -> Response:
                     "addr": addr,
                     "role": "master" if broker_id == 0 else "slave",
                     "rt": rt,
+                    "fig": broker_figures(rt),
                 }
             )
     snap = c.poller.latest
@@ -89,9 +114,16 @@ async def topic(c: Console, request: Request, s: Session) -> Response:
         for st in desc.stats
         for q in st.queues
     ]
-    return c.render(
-        request, "topic.html", s, topic=name, queues=queues, route=desc.route, errors=desc.errors
-    )
+    brokers = []
+    for data in sorted(desc.route.broker_datas, key=lambda d: d.broker_name):
+        addr = data.master_addr()
+        rt: dict[str, Any] = {}
+        if addr is not None:
+            with contextlib.suppress(Exception):
+                rt = await c.admin.broker_runtime_info(addr)
+        brokers.append({"name": data.broker_name, "addr": addr, "fig": broker_figures(rt)})
+    return c.render(request, "topic.html", s, topic=name, queues=queues, route=desc.route,
+                    errors=desc.errors, brokers=brokers)  # fmt: skip
 
 
 async def groups(c: Console, request: Request, s: Session) -> Response:

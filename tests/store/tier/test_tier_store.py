@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from orbitmq.broker.service_metrics import ServiceGaugeCollector, store_backlogs
 from orbitmq.common.errors import TierUnavailableError
 from orbitmq.common.message import Message, MessageBatch
 from orbitmq.common.record import decode
@@ -490,5 +491,45 @@ def test_killed_mid_upload_leaves_no_overlapping_chunks(tmp_path: Path) -> None:
             assert m.watermark == store.max_offset("T", q)
         store.retention.run()
         assert read_all(store) == sent
+    finally:
+        store.close()
+
+
+def test_reserve_time_series_of_the_tier(tmp_path: Path) -> None:
+    """rocketmq_storage_message_reserve_time_milliseconds: once the local copies are gone the
+    local series follows the store's oldest record, and each tiered queue has its own series
+    with the age of the oldest record the tier holds (older than the local one)."""
+    store, _ = open_store(tmp_path)
+    try:
+        produce(store, 60)
+        assert store.tier is not None
+        store.tier.run_once()
+        store.retention.run()  # uploaded: the old local segments go
+        oldest = store.tier.oldest_kept()
+        assert set(oldest) == {("T", q) for q in range(QUEUES)}
+        now = int(time.time() * 1000) + 1000
+        values = store_backlogs(store, now)
+        local = values["reserve_time_ms"]
+        for (topic, q), ts in oldest.items():
+            assert values["tier_reserve_ms"][(topic, q)] == now - ts >= local
+        first = store.get_messages("T", 0, store.min_offset("T", 0), max_count=1)
+        assert first.status is GetStatus.FOUND
+        assert (
+            now - decode(first.messages[0]).store_timestamp_ms
+            == values["tier_reserve_ms"][("T", 0)]
+        )  # the tier's oldest record of queue 0 is where queue 0 now starts
+        collector = ServiceGaugeCollector(
+            ("C", "broker", "b"), half_messages=dict, timer=dict, pop=dict,
+            store=lambda: store_backlogs(store, now),
+        )  # fmt: skip
+        fam = next(
+            f for f in collector.collect()
+            if f.name == "rocketmq_storage_message_reserve_time_milliseconds"
+        )  # fmt: skip
+        by_type = {(s.labels["storage_type"], s.labels.get("queue_id")): s.value
+                   for s in fam.samples}  # fmt: skip
+        assert by_type[("local", None)] == local
+        assert by_type[("tiered", "0")] == values["tier_reserve_ms"][("T", 0)]
+        assert len(by_type) == 1 + QUEUES
     finally:
         store.close()

@@ -102,6 +102,8 @@ class _Served:
     handles: list[str] = field(default_factory=list)
     nbytes: int = 0
     pop_time_ms: int = 0
+    retry_count: int = 0  # of these, from the pop retry topic: is_retry of the out counters
+    retry_bytes: int = 0
 
 
 @dataclass(slots=True)
@@ -163,11 +165,14 @@ class PopProcessor:
                 remaining = deadline - loop.time()
                 if waiter is None or remaining <= 0:
                     return frame.reply(ResponseCode.PULL_NOT_FOUND, "no new message")
+                self.service.held += 1  # parked, out of rocketmq_processor_watermark's count
                 try:
                     async with asyncio.timeout(remaining):
                         await waiter
                 except TimeoutError:
                     pass
+                finally:
+                    self.service.held -= 1
             finally:
                 if waiter is not None:
                     self.service.unlisten(req.topics, waiter)
@@ -228,7 +233,9 @@ class PopProcessor:
         metrics = self.metrics
         metrics.messages_out.inc(len(served.handles))
         metrics.bytes_out.inc(served.nbytes)
-        metrics.rmq.on_out(req.topic, req.group, len(served.handles), served.nbytes)
+        n, retried = len(served.handles), served.retry_count
+        metrics.rmq.on_out(req.topic, req.group, n - retried, served.nbytes - served.retry_bytes)
+        metrics.rmq.on_out(req.topic, req.group, retried, served.retry_bytes, True)
         if self.trace is not None and self.trace.wants(req.topic):
             self.trace.on_deliver(req.group, req.topic, -1, served.parts, pop=True)
         fields = {
@@ -350,7 +357,11 @@ class PopProcessor:
             served.parts += res.body_parts
         else:
             served.parts += [views[i] for i in keep]
-        served.nbytes += sum(res.sizes[i] for i in keep)
+        nbytes = sum(res.sizes[i] for i in keep)
+        served.nbytes += nbytes
+        if retry:
+            served.retry_count += len(keep)
+            served.retry_bytes += nbytes
         served.pop_time_ms = served.pop_time_ms or pop_time
 
     async def _pop_fifo_queue(

@@ -37,7 +37,7 @@ from orbitmq.broker.pop.records import (
     decode_entry,
 )
 from orbitmq.broker.pop.state import PopCheckpoint, PopState
-from orbitmq.common.errors import MQError
+from orbitmq.common.errors import DiskFullError, FlushTimeoutError, MQError
 from orbitmq.common.files import write_atomically
 from orbitmq.common.message import MessageBatch, encode_properties
 from orbitmq.common.record import StoredMessage, decode
@@ -85,6 +85,8 @@ class _Copies:
         """(origin topic, group) -> DLQ copies (rocketmq_send_to_dlq_messages_total)."""
         self.dlq_msgs: dict[tuple[str, str], list[StoredMessage]] = {}
         """(origin topic, group) -> the messages dead-lettered (trace records)."""
+        self.retry_counts: dict[tuple[str, str], int] = {}
+        """(group, CK topic) -> retry copies (rocketmq_pop_revive_retry_messages_total)."""
 
     def add(self, key: _BatchKey, msg: StoredMessage, properties: bytes) -> None:
         group = self.batches.setdefault(key, [])
@@ -248,10 +250,12 @@ class Reviver:
         while not self._stopping.is_set():
             pause = interval
             try:
+                began = time.perf_counter()
                 if await self.revive_due() >= REVIVE_PASS_CKS:
                     pause = 0  # more are due: go on at once
                 if await self.compact() >= COMPACT_PASS_CKS:
                     pause = 0
+                self.ctx.metrics.rmq.on_pop_scan((time.perf_counter() - began) * 1000)
                 await self.write_checkpoint()
             except Exception as exc:  # noqa: BLE001 - supervised; the CKs stay open
                 pause = self.health.failed(exc)  # logged once per outage, counted
@@ -353,9 +357,12 @@ class Reviver:
                 for due, b in copies.all()
             ]
             results = await asyncio.gather(*puts, return_exceptions=True)
-            for result in results:
-                if isinstance(result, BaseException):
-                    raise result
+            failed = next((r for r in results if isinstance(r, BaseException)), None)
+            status = "PUT_OK" if failed is None else _put_status(failed)
+            for (group, topic), n in copies.retry_counts.items():
+                self.ctx.metrics.rmq.on_revive_retry(group, topic, status, n)
+            if failed is not None:
+                raise failed
             for (origin, group), n in copies.dlq_counts.items():
                 self.ctx.metrics.rmq.on_dlq(origin, group, n)
             trace = self.pop.trace
@@ -384,6 +391,8 @@ class Reviver:
             copies.dlq_msgs.setdefault(key_dlq, []).append(msg)
         else:
             target = pop_retry_topic(rec.group, rec.origin_topic)
+            key_retry = (rec.group, rec.topic)
+            copies.retry_counts[key_retry] = copies.retry_counts.get(key_retry, 0) + 1
             props = copy_properties(msg, origin)
             reconsume = msg.reconsume_times + 1
             due = rec.deadline_ms + policy.pop_retry_delay_ms(msg.reconsume_times)
@@ -403,6 +412,15 @@ class Reviver:
         await asyncio.to_thread(topics.upsert, config)
         self.ctx.topic_created(config)
         log.info("created pop retry topic %s", topic)
+
+
+def _put_status(exc: BaseException) -> str:
+    """RocketMQ's PutMessageStatus name for a failed retry put (the metric's put_status)."""
+    if isinstance(exc, FlushTimeoutError):
+        return "FLUSH_DISK_TIMEOUT"
+    if isinstance(exc, DiskFullError):
+        return "SERVICE_NOT_AVAILABLE"
+    return "UNKNOWN_ERROR"
 
 
 def _load(store: MessageStore, phys: list[int]) -> list[StoredMessage | None]:

@@ -78,6 +78,9 @@ class PopService:
         self.secret = b""
         self._codec: HandleCodec | None = None
         self._waiters: dict[str, set[asyncio.Future[None]]] = {}
+        self.held = 0
+        """Pops long-polling now (set by the processor; rocketmq_processor_watermark)."""
+        ctx.metrics.watermark.held.append(("pull", lambda: self.held))
         self._loop: asyncio.AbstractEventLoop | None = None
         self._append_floors: list[int] = []
         """Revive-log max offset when each append in flight started (its entry lands at or

@@ -403,6 +403,16 @@ class TierService:
             "tier_last_upload_ms": m.last_upload_ms if m is not None else 0,
         }
 
+    def oldest_kept(self) -> dict[tuple[str, int], int]:
+        """(topic, queue) -> store time of the oldest record the tier holds of that queue (the
+        tiered ``rocketmq_storage_message_reserve_time``; its chunks' ``min_ts``)."""
+        out: dict[tuple[str, int], int] = {}
+        for key, m in list(self.manifests.items()):
+            times = [c.min_ts for c in list(m.chunks) if c.min_ts > 0]
+            if times:
+                out[key] = min(times)
+        return out
+
     def status(self) -> dict[str, object]:
         """What ``orbitmq tier status`` shows: the tier and each queue's upload progress."""
         queues = []
