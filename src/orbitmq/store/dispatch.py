@@ -25,6 +25,7 @@ import numpy as np
 from orbitmq.common.errors import StoreClosedError, StoreError
 from orbitmq.common.message import find_all, property_value
 from orbitmq.common.record import BLANK, BLANK_MAGIC, HEADER, HEADER_SIZE, U16
+from orbitmq.store.appended import AppendedLog, add_appended, matches
 from orbitmq.store.commit_log import SYSFLAG_SEALED, CommitLog
 from orbitmq.store.consume_queue import ENTRY_DTYPE, ConsumeQueueTable
 from orbitmq.store.seal_group import extra_bytes
@@ -107,6 +108,11 @@ class Dispatcher:
         self.health = ServiceHealth("dispatcher")
         self.opener: PropertiesOpener | None = None
         """Encryption at rest: opens sealed records' properties (set by the store)."""
+        self.appended = AppendedLog()
+        if commit_log is not None:  # (a test drives the decoders alone)
+            commit_log.on_append = self.appended.push
+        self.fast = True
+        """Build entries from what appends told (store/appended.py); False: decode it all."""
         self.index_skipped = 0  # index entries dropped because the IndexFile failed
         self.index_failure: str | None = None  # the cause while the index is failing
         self._index_retry_at = 0.0
@@ -155,13 +161,27 @@ class Dispatcher:
                       pos, floor)  # fmt: skip
             pos = self.reput_offset = floor
         count = 0
+        told = self.appended if self.fast and self.opener is None else None
         while pos < end:
+            item = told.take(pos, end) if told is not None else None
             loc = self.commit_log.view_at(pos)
             if loc is None:
                 raise RuntimeError(f"dispatch: no segment holds offset {pos}")
             view, at, seg_size = loc
+            if item is not None and told is not None:
+                if matches(item, self.commit_log.view_at):
+                    got = add_appended(item, groups, index_items, self._prefix,
+                                       self.index is not None, self._scan_properties,
+                                       SMALL_BLOCK)  # fmt: skip
+                    told.used += got
+                    count += got
+                    pos = item.end
+                    continue
+                told.clear()  # the log no longer holds what was told (cut): decode
             seg_start = pos - at
             limit = min(seg_size, end - seg_start)
+            if told is not None and (nxt := told.next_start()) is not None and nxt > pos:
+                limit = min(limit, nxt - seg_start)  # from there, what an append told
             starts, at, filler = _walk(view, at, limit)
             if starts:
                 count += len(starts)
@@ -518,6 +538,8 @@ class Dispatcher:
     # ------------------------------------------------------------ the service
 
     def start(self) -> None:
+        with self._lock:  # appends told before a truncation point at records no longer there
+            self.appended.clear()
         self._stop = False
         self._thread = threading.Thread(target=self._run, name="orbitmq-dispatch", daemon=True)
         self._thread.start()
