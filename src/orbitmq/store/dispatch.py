@@ -25,9 +25,10 @@ import numpy as np
 from orbitmq.common.errors import StoreClosedError, StoreError
 from orbitmq.common.message import find_all, property_value
 from orbitmq.common.record import BLANK, BLANK_MAGIC, HEADER, HEADER_SIZE, U16
-from orbitmq.store.appended import AppendedLog, add_appended, matches
+from orbitmq.store.appended import Appended, AppendedLog, add_appended, matches
 from orbitmq.store.commit_log import SYSFLAG_SEALED, CommitLog
 from orbitmq.store.consume_queue import ENTRY_DTYPE, ConsumeQueueTable
+from orbitmq.store.recent import RecentRound
 from orbitmq.store.seal_group import extra_bytes
 from orbitmq.store.supervise import ServiceHealth
 from orbitmq.store.timer_index import TIMER_TOPIC, timer_tag
@@ -111,8 +112,8 @@ class Dispatcher:
         self.appended = AppendedLog()
         if commit_log is not None:  # (a test drives the decoders alone)
             commit_log.on_append = self.appended.push
-        self.fast = True
-        """Build entries from what appends told (store/appended.py); False: decode it all."""
+        self.fast = True  # entries from what appends told (store/appended.py); False: decode
+        self.recent = RecentRound()  # what the running round was told, for reads at the tail
         self.index_skipped = 0  # index entries dropped because the IndexFile failed
         self.index_failure: str | None = None  # the cause while the index is failing
         self._index_retry_at = 0.0
@@ -162,6 +163,7 @@ class Dispatcher:
             pos = self.reput_offset = floor
         count = 0
         told = self.appended if self.fast and self.opener is None else None
+        items: list[Appended] = []
         while pos < end:
             item = told.take(pos, end) if told is not None else None
             loc = self.commit_log.view_at(pos)
@@ -170,11 +172,11 @@ class Dispatcher:
             view, at, seg_size = loc
             if item is not None and told is not None:
                 if matches(item, self.commit_log.view_at):
-                    got = add_appended(item, groups, index_items, self._prefix,
-                                       self.index is not None, self._scan_properties,
-                                       SMALL_BLOCK)  # fmt: skip
+                    count += (got := add_appended(item, groups, index_items, self._prefix,
+                                                  self.index is not None, self._scan_properties,
+                                                  SMALL_BLOCK))  # fmt: skip
                     told.used += got
-                    count += got
+                    items.append(item)
                     pos = item.end
                     continue
                 told.clear()  # the log no longer holds what was told (cut): decode
@@ -194,7 +196,9 @@ class Dispatcher:
         # Readable from here: listeners first (a held pull is answered in this round, on the
         # loop), then the IndexFile; reput_offset moves last, as the checkpoint vouches for
         # everything below it, index entries included.
+        self.recent.begin(items)  # _notify catches what its listeners raise
         self._notify(groups)
+        self.recent.end()
         self._write_index(index_items)
         self.reput_offset = pos
         return count
