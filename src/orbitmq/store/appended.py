@@ -41,7 +41,7 @@ offset) the list is dropped and those records are decoded."""
 Groups = dict[tuple[str, int], list[tuple[int, np.ndarray]]]
 Scan = Callable[
     [memoryview, np.ndarray, np.ndarray, list[int], list[str], np.ndarray, np.ndarray,
-     np.ndarray, list[np.ndarray]],
+     np.ndarray, list[np.ndarray | list[tuple[int, int, int]]]],
     None,
 ]  # fmt: skip
 """The dispatcher's vectorized property search (``Dispatcher._scan_properties``)."""
@@ -125,7 +125,7 @@ def matches(item: Appended, view_at: Callable[[int], tuple[memoryview, int, int]
 def add_appended(
     item: Appended,
     groups: Groups,
-    index_items: list[np.ndarray],
+    index_items: list[np.ndarray | list[tuple[int, int, int]]],
     prefix: Callable[[str], int],
     indexing: bool,
     scan: Scan,
@@ -146,7 +146,7 @@ def add_appended(
         tags: np.ndarray | list[int]
         if n >= small:
             if rows:  # keep the index rows in log order
-                index_items.append(np.array(rows, dtype=np.int64))
+                index_items.append(rows)
                 rows = []
             tags = _scan_batch(b, item.store_timestamp_ms, index_items, scan)
         else:
@@ -161,13 +161,16 @@ def add_appended(
                 list(zip(b.physical_offsets, b.sizes, tags, strict=True)), dtype=ENTRY_DTYPE
             )
         groups.setdefault((b.topic, b.queue_id), []).append((b.first_queue_offset, entries))
-    if rows:
-        index_items.append(np.array(rows, dtype=np.int64))
+    if rows:  # as a list: the IndexFile takes a few rows one by one anyway
+        index_items.append(rows)
     return count
 
 
 def _scan_batch(
-    b: AppendedBatch, store_ts: int, index_items: list[np.ndarray], scan: Scan
+    b: AppendedBatch,
+    store_ts: int,
+    index_items: list[np.ndarray | list[tuple[int, int, int]]],
+    scan: Scan,
 ) -> np.ndarray:
     """A big batch: its properties joined into one buffer and searched as the decoder's
     vectorized path searches a block."""

@@ -62,12 +62,12 @@ SMALL_BLOCK = 16  # below this many records, decode one by one
 INDEX_RETRY_S = 5.0
 
 
-IndexBatch = list[np.ndarray]
-"""Arrays of (key hash, physical offset, store timestamp ms) rows, in log order."""
+IndexBatch = list[np.ndarray | list[tuple[int, int, int]]]
+"""Arrays (or lists) of (key hash, physical offset, store timestamp ms) rows, in log order."""
 
 
 class Indexer(Protocol):
-    def put_hashes(self, items: np.ndarray) -> None: ...
+    def put_hashes(self, items: np.ndarray | list[tuple[int, int, int]]) -> None: ...
 
 
 def _walk(view: memoryview, at: int, limit: int) -> tuple[list[int], int, bool]:
@@ -501,11 +501,11 @@ class Dispatcher:
             if len(index_items) == 1:  # one run, one needle (or record by record): in order
                 self._index(index_items[0])
                 return
-            rows = np.concatenate(index_items)
+            rows = np.concatenate([np.asarray(x, dtype=np.int64) for x in index_items])
             # Entries must go in log order: several needles were found separately.
             self._index(rows[np.argsort(rows[:, 1], kind="stable")])
 
-    def _index(self, rows: np.ndarray) -> None:
+    def _index(self, rows: np.ndarray | list[tuple[int, int, int]]) -> None:
         assert self.index is not None
         if self.index_failure is not None and time.monotonic() < self._index_retry_at:
             self.index_skipped += len(rows)
