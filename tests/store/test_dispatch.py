@@ -9,7 +9,9 @@ from pathlib import Path
 import pytest
 
 from orbitmq.common.message import Message, MessageBatch, encode_properties
+from orbitmq.store import appended as appended_mod
 from orbitmq.store import dispatch as dispatch_mod
+from orbitmq.store.appended import Appended, AppendedLog
 from orbitmq.store.commit_log import CommitLog
 from orbitmq.store.consume_queue import ConsumeQueueTable
 from orbitmq.store.dispatch import Dispatcher
@@ -171,3 +173,24 @@ def test_told_dispatch_writes_the_decoded_bytes(
     print("seed", seed)
     for small in (0, 16, 10**9):
         _told_and_decoded(tmp_path / f"s{small}", seed, small, monkeypatch, timer=seed % 2 == 0)
+
+
+def test_told_list_takes_only_what_starts_at_the_round() -> None:
+    """Appends passed by a decoding round are dropped; one not starting exactly there, or
+    ending past the round, is not taken; the list is bounded."""
+    log = AppendedLog()
+
+    def item(start: int, end: int) -> Appended:
+        return Appended(start, end, 0, [])
+
+    for a, b in ((0, 10), (10, 20), (20, 30)):
+        log.push(item(a, b))
+    assert log.take(5, 100) is None  # 0..10 passed, 10 does not start at 5
+    assert log.next_start() == 10
+    assert log.take(10, 15) is None  # ends past the round
+    got = log.take(10, 100)
+    assert got is not None and (got.start, got.end) == (10, 20)
+    assert log.take(25, 100) is None and log.next_start() is None
+    for k in range(appended_mod.MAX_PENDING + 1):
+        log.push(item(k, k + 1))
+    assert log.next_start() == appended_mod.MAX_PENDING  # dropped at the bound, then pushed

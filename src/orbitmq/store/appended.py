@@ -91,16 +91,26 @@ class AppendedLog:
         """The append starting exactly at ``pos`` and ending by ``end``, if remembered (older
         ones, passed by a decoding round, are dropped)."""
         items = self._items
-        while items and items[0].start < pos:
-            items.popleft()
-        if items and items[0].start == pos and items[0].end <= end:
-            return items.popleft()
-        return None
+        # An appender may clear the list meanwhile (a push past MAX_PENDING): what is popped
+        # is checked to be what was looked at; anything lost is decoded.
+        try:
+            head = items[0]
+            while head.start < pos:
+                items.popleft()
+                head = items[0]
+            if head.start != pos or head.end > end:
+                return None
+            got = items.popleft()
+        except IndexError:
+            return None
+        return got if got is head else None
 
     def next_start(self) -> int | None:
         """Where the oldest remembered append starts (a decoding round stops there)."""
-        items = self._items
-        return items[0].start if items else None
+        try:
+            return self._items[0].start
+        except IndexError:
+            return None
 
 
 def matches(item: Appended, view_at: Callable[[int], tuple[memoryview, int, int] | None]) -> bool:
