@@ -53,6 +53,7 @@ async def test_a_held_pull_is_answered_on_arrival_once(
     assert [m.body for m in decode_records(resp.body)] == [b"second", b"third"]
     assert resp.fields["next_begin_offset"] == 3 and resp.fields["max_offset"] == 3
     assert broker.long_polling.answered == 1
+    assert broker.store.dispatcher.recent.served == 1  # from the round's records (recent.py)
     info = await client.invoke(broker.address, Frame(RequestCode.GET_BROKER_RUNTIME_INFO))
     assert info.code == ResponseCode.SUCCESS and info.fields["pulls_answered_on_arrival"] == 1
     assert _out(broker) - out_before == 2  # counted once: the task did not answer again

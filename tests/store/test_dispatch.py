@@ -9,12 +9,15 @@ from pathlib import Path
 import pytest
 
 from orbitmq.common.message import Message, MessageBatch, encode_properties
+from orbitmq.store import appended as appended_mod
 from orbitmq.store import dispatch as dispatch_mod
+from orbitmq.store.appended import Appended, AppendedLog
 from orbitmq.store.commit_log import CommitLog
 from orbitmq.store.consume_queue import ConsumeQueueTable
 from orbitmq.store.dispatch import Dispatcher
 from orbitmq.store.index_service import IndexService
 from orbitmq.store.segment import FileOps
+from orbitmq.store.timer_index import TIMER_TOPIC
 
 
 def _fill(log: CommitLog, rng: random.Random) -> None:
@@ -73,3 +76,121 @@ def test_small_and_vector_decoders_agree(
     assert vec[1] == small[1]
     assert vec[0] and vec[1]
     log.close()
+
+
+def _told_and_decoded(
+    tmp: Path, seed: int, small: int, monkeypatch: pytest.MonkeyPatch, timer: bool = False
+) -> None:
+    """Fill a log whose dispatcher is told every append, dispatch it from what it was told,
+    then decode the same log with a second dispatcher: the files must be the same bytes."""
+    monkeypatch.setattr(dispatch_mod, "SMALL_BLOCK", small)
+    log = CommitLog(tmp / "log", 128 * 1024, FileOps(), clock=lambda: 1_700_000_000_000)
+    log.segments.load()
+    built: list[tuple[dict[str, bytes], dict[str, bytes]]] = []
+    for name, told in (("told", True), ("decoded", False)):
+        queues = ConsumeQueueTable(tmp / name / "cq", 64, FileOps())
+        queues.load()
+        index = IndexService(tmp / name / "ix", 97, 5000, clock=lambda: 1_700_000_000_000)
+        index.load()
+        d = Dispatcher(log, queues, index)
+        d.fast = told
+        if told:
+            rng = random.Random(seed)
+            for _ in range(rng.randint(1, 4)):  # rounds of appends, some through append_many
+                _fill_told(log, rng, timer)
+                d.dispatch_until(log.max_offset)
+            assert d.appended.used == _count(log)
+        else:
+            d.dispatch_until(log.max_offset)
+            assert d.appended.used == 0
+        queues.flush()
+        index.flush()
+        root = tmp / name
+        built.append(
+            (
+                {str(p.relative_to(root)): p.read_bytes() for p in (root / "cq").rglob("*")
+                 if p.is_file()},
+                {p.name: p.read_bytes() for p in (root / "ix").iterdir()},
+            )
+        )  # fmt: skip
+        queues.close()
+        index.close()
+    assert built[0][0] == built[1][0]
+    assert built[0][1] == built[1][1]
+    assert built[0][0] and built[0][1]
+    log.close()
+
+
+def _batch(rng: random.Random, topic: str, n: int) -> MessageBatch:
+    bodies, props = [], []
+    for _ in range(n):
+        extra = rng.choice(
+            [{}, {"UNIQ_CLIENT_MESSAGE_ID_KEYIDX": f"id{rng.random()}"}, {"XTAGS": "no"}]
+        )
+        if topic == TIMER_TOPIC:  # the timer topic's tag is the due time, or a cancel
+            extra = rng.choice(
+                [{}, {"TIMER_OUT_MS": str(rng.randint(0, 10**13))},
+                 {"TIMER_OUT_MS": "9", "TIMER_ROLL_MS": "5"}, {"TIMER_CANCEL_QOFF": "12"},
+                 {"TIMER_OUT_MS": "bad"}]
+            )  # fmt: skip
+        msg = Message(
+            topic,
+            rng.randbytes(rng.randint(1, 300)) + b"KEYS\x01decoy\x02",
+            tags=rng.choice([None, "", "x", "y y"]),
+            keys=rng.choice([(), ("k1",), ("k1", "k2", "k1"), ("",), (" a  b ",)]),
+            properties=extra,
+        )
+        bodies.append(msg.body)
+        props.append(encode_properties(msg.system_properties()) if rng.random() < 0.9 else b"")
+    return MessageBatch(topic, rng.randint(0, 2), bodies, props)
+
+
+def _fill_told(log: CommitLog, rng: random.Random, timer: bool) -> None:
+    topics = ["A", "B", "Tópico", *([TIMER_TOPIC] if timer else [])]
+    for _ in range(rng.randint(5, 30)):
+        batches = [
+            _batch(rng, rng.choice(topics), rng.choice([1, 3, 15, 16, 40]))
+            for _ in range(rng.choice([1, 1, 2, 5]))
+        ]
+        if len(batches) == 1:
+            log.append(batches[0])
+        elif log.append_many(batches) is None:  # across a segment end: one by one
+            for b in batches:
+                log.append(b)
+
+
+def _count(log: CommitLog) -> int:
+    return sum(n for n in log.queue_offsets.values())
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3, 4, 5, 6])
+def test_told_dispatch_writes_the_decoded_bytes(
+    tmp_path: Path, seed: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Entries built from what the appends told are the decoder's, byte for byte, whichever
+    decoder path (numpy block / record by record) and whichever told path (batch scan /
+    record by record) is taken, timer topic included."""
+    print("seed", seed)
+    for small in (0, 16, 10**9):
+        _told_and_decoded(tmp_path / f"s{small}", seed, small, monkeypatch, timer=seed % 2 == 0)
+
+
+def test_told_list_takes_only_what_starts_at_the_round() -> None:
+    """Appends passed by a decoding round are dropped; one not starting exactly there, or
+    ending past the round, is not taken; the list is bounded."""
+    log = AppendedLog()
+
+    def item(start: int, end: int) -> Appended:
+        return Appended(start, end, 0, [])
+
+    for a, b in ((0, 10), (10, 20), (20, 30)):
+        log.push(item(a, b))
+    assert log.take(5, 100) is None  # 0..10 passed, 10 does not start at 5
+    assert log.next_start() == 10
+    assert log.take(10, 15) is None  # ends past the round
+    got = log.take(10, 100)
+    assert got is not None and (got.start, got.end) == (10, 20)
+    assert log.take(25, 100) is None and log.next_start() is None
+    for k in range(appended_mod.MAX_PENDING + 1):
+        log.push(item(k, k + 1))
+    assert log.next_start() == appended_mod.MAX_PENDING  # dropped at the bound, then pushed

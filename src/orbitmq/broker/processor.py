@@ -444,7 +444,15 @@ class BrokerProcessor:
                         self._check_consume_enable(group)
                     except MQError:
                         return False  # the task answers the error
-                res = self.store.get_messages(topic, queue_id, offset, max_nums, max_bytes, tags)
+                res = (
+                    None
+                    if tags is not None
+                    else self.store.read_told(topic, queue_id, offset, max_nums, max_bytes)
+                )  # the records of this dispatch round, without reading them back
+                if res is None:
+                    res = self.store.get_messages(
+                        topic, queue_id, offset, max_nums, max_bytes, tags
+                    )
                 if res.status is not GetStatus.FOUND:
                     return False
                 head, parts = self._found(frame, group, topic, queue_id, res)

@@ -28,6 +28,7 @@ from orbitmq.common.record import (
     pack_host,
     record_overhead,
 )
+from orbitmq.store.appended import Appended, AppendedBatch
 from orbitmq.store.segment import FileOps, Segment, SegmentQueue, io_error
 
 SEAL_OVERHEAD = 24
@@ -157,6 +158,9 @@ class CommitLog:
         self._flush_lock = threading.Lock()
         self.sealer: Sealer | None = None
         """Encryption at rest (:mod:`orbitmq.store.sealing`); set by the store, None: off."""
+        self.on_append: Callable[[Appended], None] | None = None
+        """Told each append's records, under the lock, in log order (the dispatcher builds
+        their entries from it, :mod:`orbitmq.store.appended`); not called when sealing."""
 
     @property
     def confirm_offset(self) -> int:
@@ -201,13 +205,18 @@ class CommitLog:
             self._write_locked(writes)
             self.queue_offsets[key] = qoff
             self.max_offset = end
-        phys: list[int] = []
-        ends = prep.ends
-        for _seg_start, lo, hi, pos, _filler in plan:
-            if hi > lo:
-                shift = pos - (ends[lo - 1] if lo else 0)
-                phys += [shift + e - z for e, z in zip(ends[lo:hi], sizes[lo:hi], strict=True)]
-        return AppendResult(batch.topic, batch.queue_id, first_qoff, phys, sizes, end, store_ts)
+            phys: list[int] = []
+            ends = prep.ends
+            for _seg_start, lo, hi, pos, _filler in plan:
+                if hi > lo:
+                    shift = pos - (ends[lo - 1] if lo else 0)
+                    phys += [shift + e - z for e, z in zip(ends[lo:hi], sizes[lo:hi], strict=True)]
+            result = AppendResult(
+                batch.topic, batch.queue_id, first_qoff, phys, sizes, end, store_ts
+            )
+            if self.on_append is not None and self.sealer is None:
+                self.on_append(Appended(start, end, store_ts, [_told(result, batch)]))
+        return result
 
     def append_many(
         self, batches: list[MessageBatch], store_host: bytes = b"\0" * 8
@@ -251,6 +260,9 @@ class CommitLog:
         self._write_locked([(seg, start - seg.start, buf)])
         self.queue_offsets.update(next_qoff)
         self.max_offset = pos
+        if self.on_append is not None and self.sealer is None:
+            told = [_told(r, p.batch) for r, p in zip(results, preps, strict=True)]
+            self.on_append(Appended(start, pos, store_ts, told))
         return results
 
     def _write_locked(self, writes: list[tuple[Segment, int, bytearray]]) -> None:
@@ -342,3 +354,10 @@ class CommitLog:
 
     def close(self) -> None:
         self.segments.close()
+
+
+def _told(result: AppendResult, batch: MessageBatch) -> AppendedBatch:
+    return AppendedBatch(
+        result.topic, result.queue_id, result.first_queue_offset, result.physical_offsets,
+        result.sizes, batch.properties,
+    )  # fmt: skip

@@ -25,8 +25,10 @@ import numpy as np
 from orbitmq.common.errors import StoreClosedError, StoreError
 from orbitmq.common.message import find_all, property_value
 from orbitmq.common.record import BLANK, BLANK_MAGIC, HEADER, HEADER_SIZE, U16
+from orbitmq.store.appended import Appended, AppendedLog, add_appended, matches
 from orbitmq.store.commit_log import SYSFLAG_SEALED, CommitLog
 from orbitmq.store.consume_queue import ENTRY_DTYPE, ConsumeQueueTable
+from orbitmq.store.recent import RecentRound
 from orbitmq.store.seal_group import extra_bytes
 from orbitmq.store.supervise import ServiceHealth
 from orbitmq.store.timer_index import TIMER_TOPIC, timer_tag
@@ -60,12 +62,12 @@ SMALL_BLOCK = 16  # below this many records, decode one by one
 INDEX_RETRY_S = 5.0
 
 
-IndexBatch = list[np.ndarray]
-"""Arrays of (key hash, physical offset, store timestamp ms) rows, in log order."""
+IndexBatch = list[np.ndarray | list[tuple[int, int, int]]]
+"""Arrays (or lists) of (key hash, physical offset, store timestamp ms) rows, in log order."""
 
 
 class Indexer(Protocol):
-    def put_hashes(self, items: np.ndarray) -> None: ...
+    def put_hashes(self, items: np.ndarray | list[tuple[int, int, int]]) -> None: ...
 
 
 def _walk(view: memoryview, at: int, limit: int) -> tuple[list[int], int, bool]:
@@ -107,6 +109,11 @@ class Dispatcher:
         self.health = ServiceHealth("dispatcher")
         self.opener: PropertiesOpener | None = None
         """Encryption at rest: opens sealed records' properties (set by the store)."""
+        self.appended = AppendedLog()
+        if commit_log is not None:  # (a test drives the decoders alone)
+            commit_log.on_append = self.appended.push
+        self.fast = True  # entries from what appends told (store/appended.py); False: decode
+        self.recent = RecentRound()  # what the running round was told, for reads at the tail
         self.index_skipped = 0  # index entries dropped because the IndexFile failed
         self.index_failure: str | None = None  # the cause while the index is failing
         self._index_retry_at = 0.0
@@ -155,13 +162,28 @@ class Dispatcher:
                       pos, floor)  # fmt: skip
             pos = self.reput_offset = floor
         count = 0
+        told = self.appended if self.fast and self.opener is None else None
+        items: list[Appended] = []
         while pos < end:
+            item = told.take(pos, end) if told is not None else None
             loc = self.commit_log.view_at(pos)
             if loc is None:
                 raise RuntimeError(f"dispatch: no segment holds offset {pos}")
             view, at, seg_size = loc
+            if item is not None and told is not None:
+                if matches(item, self.commit_log.view_at):
+                    count += (got := add_appended(item, groups, index_items, self._prefix,
+                                                  self.index is not None, self._scan_properties,
+                                                  SMALL_BLOCK))  # fmt: skip
+                    told.used += got
+                    items.append(item)
+                    pos = item.end
+                    continue
+                told.clear()  # the log no longer holds what was told (cut): decode
             seg_start = pos - at
             limit = min(seg_size, end - seg_start)
+            if told is not None and (nxt := told.next_start()) is not None and nxt > pos:
+                limit = min(limit, nxt - seg_start)  # from there, what an append told
             starts, at, filler = _walk(view, at, limit)
             if starts:
                 count += len(starts)
@@ -174,7 +196,9 @@ class Dispatcher:
         # Readable from here: listeners first (a held pull is answered in this round, on the
         # loop), then the IndexFile; reput_offset moves last, as the checkpoint vouches for
         # everything below it, index entries included.
+        self.recent.begin(items)  # _notify catches what its listeners raise
         self._notify(groups)
+        self.recent.end()
         self._write_index(index_items)
         self.reput_offset = pos
         return count
@@ -477,11 +501,11 @@ class Dispatcher:
             if len(index_items) == 1:  # one run, one needle (or record by record): in order
                 self._index(index_items[0])
                 return
-            rows = np.concatenate(index_items)
+            rows = np.concatenate([np.asarray(x, dtype=np.int64) for x in index_items])
             # Entries must go in log order: several needles were found separately.
             self._index(rows[np.argsort(rows[:, 1], kind="stable")])
 
-    def _index(self, rows: np.ndarray) -> None:
+    def _index(self, rows: np.ndarray | list[tuple[int, int, int]]) -> None:
         assert self.index is not None
         if self.index_failure is not None and time.monotonic() < self._index_retry_at:
             self.index_skipped += len(rows)
@@ -518,6 +542,8 @@ class Dispatcher:
     # ------------------------------------------------------------ the service
 
     def start(self) -> None:
+        with self._lock:  # appends told before a truncation point at records no longer there
+            self.appended.clear()
         self._stop = False
         self._thread = threading.Thread(target=self._run, name="orbitmq-dispatch", daemon=True)
         self._thread.start()

@@ -135,6 +135,10 @@ class MessageStore:
             self.sealer.view_at = self.commit_log.view_at
             self._view.props_of = self.sealer.props_of
         self.tier = attach_tier(self)  # docs/tiered-storage.md; after the parts it reads
+        if self.sealer is None and self.tier is None and self.fs.read_check is None:
+            self.dispatcher.recent.view = self._view  # reads answered from a round: recent.py
+        self.read_told = self.dispatcher.recent.read
+        """``get_messages`` without tags, from the round running on this thread, or None."""
         self.epochs = EpochFile(root / EPOCH_FILE, self.fs)
         self._checkpointer = PeriodicService(
             "orbitmq-checkpoint", config.flush_interval_consume_queue_ms / 1000, self.checkpoint
@@ -197,13 +201,7 @@ class MessageStore:
         """Stop the services, dispatch and fsync everything, mark the shutdown clean."""
         if not self.is_open:
             return
-        self.is_open = False
-        if self.tier is not None:
-            self.tier.stop()
-        self._cleaner.stop()
-        self._checkpointer.stop()
-        self.flusher.stop()
-        self.dispatcher.stop()
+        self._stop_services()
         try:
             if self.commit_log.fenced:
                 # An fsync failed: leave the abort marker so the next start verifies the tail.
@@ -232,6 +230,10 @@ class MessageStore:
 
     def crash_for_test(self) -> None:
         """Stop as a SIGKILL would: no flush, no checkpoint, the abort marker stays."""
+        self._stop_services()
+        self._release()
+
+    def _stop_services(self) -> None:
         self.is_open = False
         if self.tier is not None:
             self.tier.stop()
@@ -239,7 +241,6 @@ class MessageStore:
         self._checkpointer.stop()
         self.flusher.stop()
         self.dispatcher.stop()
-        self._release()
 
     def _release(self) -> None:
         self.commit_log.close()
@@ -472,8 +473,7 @@ class MessageStore:
         self.dispatcher.listeners.append(listener)
 
     def wait_for_dispatch(self, timeout: float = 10.0) -> bool:
-        """Block until every appended record (below the confirm offset) is readable through
-        the ConsumeQueues."""
+        """Block until every record appended (below the confirm offset) is readable."""
         return self.dispatcher.wait_for(self.commit_log.confirm_offset, timeout)
 
     def set_topic_retention(self, topic: str, retention: TopicRetention | None) -> None:
