@@ -11,7 +11,6 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from orbitmq.broker.context import BrokerContext
@@ -28,6 +27,7 @@ from orbitmq.broker.long_polling import LongPolling
 from orbitmq.broker.metadata.records import METADATA_TOPIC
 from orbitmq.broker.send_ids import ensure_ids, peer_host
 from orbitmq.broker.service_metrics import earliest_message_ms
+from orbitmq.broker.sql_read import read_sql
 from orbitmq.broker.timer_delivery import DelayedDelivery
 from orbitmq.broker.trace import TraceService
 from orbitmq.broker.transaction.half import HalfMessages
@@ -42,8 +42,8 @@ from orbitmq.common.errors import (
     TopicNotExistError,
 )
 from orbitmq.common.filter import MessageFilter, compile_filter
-from orbitmq.common.message import MessageBatch, decode_properties
-from orbitmq.common.record import decode, properties_slice
+from orbitmq.common.message import MessageBatch
+from orbitmq.common.record import decode
 from orbitmq.common.validation import validate_group
 from orbitmq.protocol.bodies import (
     PERM_READ,
@@ -81,25 +81,8 @@ log = logging.getLogger(__name__)
 
 TAIL_READ = 64
 """A pull this close to the queue's end reads on the event loop instead of the read pool."""
-SQL_SCAN_LIMIT = 1024
-"""A SQL92 pull that matches nothing reads on, up to this many records, before answering
-PULL_RETRY_IMMEDIATELY (so a selective filter does not cost a round trip per batch)."""
-
-
 _TRACE_TYPES = {"normal": 0, "transaction": 1, "delay": 3, "fifo": 4}
 """RocketMQ's MessageType ordinals, as a Pub trace record carries them."""
-
-
-@dataclass(slots=True)
-class _SqlRead:
-    """A pull's read with a SQL92 filter applied: ``result`` is the last read that found records
-    (or the first read, when it found none), ``parts`` the matching records, ``next_begin`` where
-    the next pull starts."""
-
-    result: GetResult
-    next_begin: int
-    parts: list[memoryview] = field(default_factory=list)
-    dropped: int = 0
 
 
 class BrokerProcessor:
@@ -276,43 +259,6 @@ class BrokerProcessor:
             return None, flt
         return (sorted(flt.tags) if flt.tags is not None else None), None
 
-    def _read_sql(
-        self, flt: MessageFilter, topic: str, queue_id: int, offset: int, max_nums: int,
-        max_bytes: int,
-    ) -> _SqlRead:  # fmt: skip
-        """On a reader thread: read and keep the records the filter passes, reading on until
-        ``max_nums`` / ``max_bytes`` worth passed, the queue ends, or SQL_SCAN_LIMIT records were
-        looked at. ``next_begin`` is just past the last record looked at."""
-        chunk = max(max_nums, 64)
-        first = self.store.get_messages(topic, queue_id, offset, chunk, max_bytes, None)
-        out = _SqlRead(first, first.next_begin_offset)
-        res = first
-        used = 0
-        scanned = 0
-        while res.status is GetStatus.FOUND:
-            out.result = res
-            views = res.messages
-            keep = flt.matches_many([decode_properties(properties_slice(v, 0)[1]) for v in views])
-            out.next_begin = res.next_begin_offset
-            full = False
-            for view, passed, queue_offset in zip(views, keep, res.queue_offsets, strict=True):
-                scanned += 1
-                if not passed:
-                    out.dropped += 1
-                    continue
-                out.parts.append(view)
-                used += len(view)
-                if len(out.parts) >= max_nums or used >= max_bytes:
-                    out.next_begin = queue_offset + 1
-                    full = True
-                    break
-            if full or scanned >= SQL_SCAN_LIMIT or out.next_begin >= res.max_offset:
-                break
-            res = self.store.get_messages(topic, queue_id, out.next_begin, chunk, max_bytes, None)
-        if res is not out.result and res.status is GetStatus.NO_MATCHED_MESSAGE:
-            out.next_begin = res.next_begin_offset  # read on past records it could not serve
-        return out
-
     def _check_consume_enable(self, group: str) -> None:
         if not self.ctx.groups.get(group).consume_enable:
             raise NoPermissionError(f"consumer group {group} is disabled (consume_enable off)")
@@ -393,7 +339,7 @@ class BrokerProcessor:
                 next_begin = res.next_begin_offset
             else:
                 sql_read = await self.bridge.read(
-                    self._read_sql, sql, topic, queue_id, offset, max_nums, max_bytes
+                    read_sql, self.store, sql, topic, queue_id, offset, max_nums, max_bytes
                 )
                 res, parts, next_begin = sql_read.result, sql_read.parts, sql_read.next_begin
                 if sql_read.dropped:
