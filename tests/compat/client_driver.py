@@ -27,7 +27,11 @@ Steps (``op``):
 - ``wait_checks``: ``producer``, ``expect``, ``timeout_s``: the checker's calls.
 - ``sleep``: ``s``. ``shutdown``: ``name``.
 - ``send_each``: ``producer``, ``topic``, ``count``, ``prefix``, ``interval_s``: sync sends one
-  by one that go on after failures; returns the acknowledged and the failed ones.
+  by one that go on after failures; returns the acknowledged and the failed ones. Optional
+  ``checker`` (bodies ``<prefix>:<i>:``, receipts' queue and offset kept), ``progress`` (a JSON
+  lines file, one line per send as it ends) and ``stop_file`` (stop once it exists).
+- ``receive`` also takes ``stop_file`` (receive until it exists; a failed receive or ack is
+  counted and retried, not fatal) and ``progress``.
 - ``bench_send``: ``producer``, ``topic``, ``threads``, ``count``, ``size``: sync sends from
   threads sharing one producer, latencies in ms.
 
