@@ -63,7 +63,7 @@ test-crash: $(STAMP) ## only the crash tests (ORBITMQ_CRASH_ITERATIONS=N for lon
 
 test-chaos: $(STAMP) ## long fault runs: store I/O faults x300, HA faults (master kills...) x100 (ORBITMQ_CHAOS_ITERATIONS=N for both)
 	ORBITMQ_CHAOS_ITERATIONS=$${ORBITMQ_CHAOS_ITERATIONS:-300} $(PY) -m pytest -m chaos tests/chaos/test_eio_chaos.py
-	ORBITMQ_CHAOS_ITERATIONS=$${ORBITMQ_CHAOS_ITERATIONS:-100} $(PY) -m pytest -m chaos -s tests/chaos --ignore=tests/chaos/test_eio_chaos.py
+	ORBITMQ_CHAOS_ITERATIONS=$${ORBITMQ_CHAOS_ITERATIONS:-100} $(PY) -m pytest -m chaos -s tests/chaos tests/spark/test_ha_sink_failover.py --ignore=tests/chaos/test_eio_chaos.py
 
 PAHO_TESTING ?= .cache/paho.mqtt.testing
 PAHO_TESTING_COMMIT := 9d7bb80bb8b9d9cfc0b52f8cb4c1916401281103

@@ -27,7 +27,11 @@ Steps (``op``):
 - ``wait_checks``: ``producer``, ``expect``, ``timeout_s``: the checker's calls.
 - ``sleep``: ``s``. ``shutdown``: ``name``.
 - ``send_each``: ``producer``, ``topic``, ``count``, ``prefix``, ``interval_s``: sync sends one
-  by one that go on after failures; returns the acknowledged and the failed ones.
+  by one that go on after failures; returns the acknowledged and the failed ones. Optional
+  ``checker`` (bodies ``<prefix>:<i>:``, receipts' queue and offset kept), ``progress`` (a JSON
+  lines file, one line per send as it ends) and ``stop_file`` (stop once it exists).
+- ``receive`` also takes ``stop_file`` (receive until it exists; a failed receive or ack is
+  counted and retried, not fatal) and ``progress``.
 - ``bench_send``: ``producer``, ``topic``, ``threads``, ``count``, ``size``: sync sends from
   threads sharing one producer, latencies in ms.
 
@@ -78,6 +82,17 @@ def _describe(msg: Any) -> dict[str, Any]:
         "message_type": msg.message_type,
         "corrupted": bool(msg.corrupted),
         "received_at": time.time(),
+    }
+
+
+def _receipt_queue(receipt: Any) -> dict[str, Any]:
+    """Where a SendReceipt says the message is. The client's MessageQueue keeps broker name
+    and queue id private (no property), hence the mangled names; -1 when they are absent."""
+    mq = receipt.message_queue
+    return {
+        "broker_name": getattr(mq, "_MessageQueue__broker_name", ""),
+        "queue_id": getattr(mq, "_MessageQueue__queue_id", -1),
+        "offset": receipt.offset if receipt.offset is not None else -1,
     }
 
 
@@ -174,32 +189,64 @@ class Runner:
         return {"started": step["name"]}
 
     def op_receive(self, step: dict[str, Any]) -> dict[str, Any]:
+        """Receive (and ack) until ``expect`` came or ``timeout_s``. With ``stop_file`` the
+        loop runs until that file exists instead (``timeout_s`` stays the bound), a failed
+        receive or ack is counted and retried rather than ending the run (servers are
+        crashing meanwhile), and ``progress`` (a path) gets one JSON line per message."""
         consumer = self.clients[step["consumer"]]
         expect = step.get("expect", 1)
         deadline = time.monotonic() + step.get("timeout_s", 20)
         idle_s = step.get("idle_s", 0)
+        stop_file = step.get("stop_file")
         got: list[dict[str, Any]] = []
+        errors: list[dict[str, Any]] = []
         calls = 0
-        while True:  # at least one receive: a first one fixes a new group's start offsets
-            calls += 1
-            batch = consumer.receive(step.get("max", 16), step.get("invisible_s", 15)) or []
-            for msg in batch:
-                item = _describe(msg)
-                if step.get("change_invisible_s"):
-                    consumer.change_invisible_duration(msg, step["change_invisible_s"])
-                    item["changed"] = True
-                if step.get("ack", True):
-                    consumer.ack(msg)
-                    item["acked"] = True
-                got.append(item)
-            if len(got) >= expect and idle_s > 0:
-                deadline = min(deadline, time.monotonic() + idle_s)
-                idle_s = 0
-            elif len(got) >= expect and idle_s <= 0:
-                break
-            if time.monotonic() >= deadline:
-                break
-        return {"messages": got, "receive_calls": calls}
+        progress = open(step["progress"], "a") if step.get("progress") else None  # noqa: SIM115
+        try:
+            while True:  # at least one receive: a first one fixes a new group's start offsets
+                calls += 1
+                try:
+                    batch = consumer.receive(step.get("max", 16), step.get("invisible_s", 15))
+                except Exception as exc:
+                    if not stop_file:
+                        raise
+                    errors.append({"at": time.time(), **_error(exc)})
+                    batch = []
+                    time.sleep(0.2)
+                for msg in batch or []:
+                    item = _describe(msg)
+                    if step.get("change_invisible_s"):
+                        consumer.change_invisible_duration(msg, step["change_invisible_s"])
+                        item["changed"] = True
+                    if step.get("ack", True):
+                        try:
+                            consumer.ack(msg)
+                            item["acked"] = True
+                        except Exception as exc:
+                            if not stop_file:
+                                raise
+                            item["acked"] = False
+                            errors.append({"at": time.time(), **_error(exc)})
+                    got.append(item)
+                    if progress is not None:
+                        progress.write(json.dumps({"body": item["body"], "at": item["received_at"],
+                                                   "acked": item.get("acked")}) + "\n")  # fmt: skip
+                        progress.flush()
+                if time.monotonic() >= deadline:
+                    break
+                if stop_file:
+                    if os.path.exists(stop_file):
+                        break
+                    continue
+                if len(got) >= expect and idle_s > 0:
+                    deadline = min(deadline, time.monotonic() + idle_s)
+                    idle_s = 0
+                elif len(got) >= expect and idle_s <= 0:
+                    break
+        finally:
+            if progress is not None:
+                progress.close()
+        return {"messages": got, "receive_calls": calls, "errors": errors}
 
     def op_push_consumer(self, step: dict[str, Any]) -> dict[str, Any]:
         log = self.deliveries.setdefault(step["name"], [])
@@ -249,19 +296,40 @@ class Runner:
 
     def op_send_each(self, step: dict[str, Any]) -> dict[str, Any]:
         """Sync sends one by one (bodies ``<prefix>-<i>``), ``interval_s`` apart, going on
-        after a failed send: which were acknowledged, which failed, while servers come and go."""
+        after a failed send: which were acknowledged, which failed, while servers come and go.
+
+        With ``checker``, bodies are ``<prefix>:<i>:`` (the identity orbitmq.testing.checker
+        reads) and each result carries ``sent`` (when the send began) and where the receipt
+        says the message is. ``progress`` (a path) gets one JSON line per send as it ends, so
+        a test can watch; ``stop_file`` ends the loop once that file exists (``count`` stays
+        the bound)."""
         producer = self.clients[step["producer"]]
         acked: list[dict[str, Any]] = []
         failed: list[dict[str, Any]] = []
-        for i in range(step["count"]):
-            body = f"{step['prefix']}-{i}"
-            try:
-                r = producer.send(self.message({"topic": step["topic"], "body": body}))
-            except Exception as exc:  # noqa: BLE001 - the point: record and go on
-                failed.append({"body": body, "at": time.time(), **_error(exc)})
-            else:
-                acked.append({"body": body, "message_id": r.message_id, "at": time.time()})
-            time.sleep(step.get("interval_s", 0.0))
+        progress = open(step["progress"], "a") if step.get("progress") else None  # noqa: SIM115
+        try:
+            for i in range(step["count"]):
+                if step.get("stop_file") and os.path.exists(step["stop_file"]):
+                    break
+                body = f"{step['prefix']}:{i}:" if step.get("checker") else f"{step['prefix']}-{i}"
+                sent = time.time()
+                item: dict[str, Any]
+                try:
+                    r = producer.send(self.message({"topic": step["topic"], "body": body}))
+                except Exception as exc:  # noqa: BLE001 - the point: record and go on
+                    item = {"body": body, "sent": sent, "at": time.time(), **_error(exc)}
+                    failed.append(item)
+                else:
+                    item = {"body": body, "message_id": r.message_id, "sent": sent,
+                            "at": time.time(), **_receipt_queue(r)}  # fmt: skip
+                    acked.append(item)
+                if progress is not None:
+                    progress.write(json.dumps({"ok": "error" not in item, **item}) + "\n")
+                    progress.flush()
+                time.sleep(step.get("interval_s", 0.0))
+        finally:
+            if progress is not None:
+                progress.close()
         return {"acked": acked, "failed": failed}
 
     def op_bench_send(self, step: dict[str, Any]) -> dict[str, Any]:

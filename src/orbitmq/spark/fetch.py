@@ -27,9 +27,9 @@ from orbitmq.client._loop_thread import LoopThread
 from orbitmq.client.admin.client import AsyncAdminClient
 from orbitmq.client.admin.config import AdminConfig
 from orbitmq.client.offset_store import BrokerRequester, RemoteOffsetStore
-from orbitmq.client.route import MessageQueue, TopicRouteNotFoundError
+from orbitmq.client.route import MessageQueue, TopicRouteNotFoundError, master_gone
 from orbitmq.common.codes import ResponseCode
-from orbitmq.common.errors import ClientError
+from orbitmq.common.errors import ClientError, MQError
 from orbitmq.protocol.requests import PullMessageRequest
 
 log = logging.getLogger(__name__)
@@ -40,6 +40,9 @@ PIPELINE = 4
 MAX_PULL_MESSAGES = 16384
 """The broker's limit for one pull without a filter (a filtered pull returns at most 1024)."""
 PULL_MAX_BYTES = 8 * 1024 * 1024
+FAILOVER_WAIT_S = 30.0
+"""How long a pull waits for its group's new master (a failover takes 3-7 s: docs/ha.md)."""
+FAILOVER_RETRY_S = 0.5
 
 
 class DataLossError(ClientError):
@@ -157,7 +160,6 @@ class Connection:
     async def _pull(
         self, mq: MessageQueue, offset: int, count: int, expr: tuple[str, str] | None
     ) -> Any:
-        addr = await self.requester.addr(mq.broker_name, mq.topic)
         expression_type, expression = expr if expr is not None else (None, None)
         pull = PullMessageRequest(
             topic=mq.topic,
@@ -168,6 +170,23 @@ class Connection:
             expression_type=expression_type,
             expression=expression,
         )
+        # A group between masters (issue #13): a pull that finds the master gone (refused,
+        # fenced, or answered "is a slave") re-reads the route and tries the new master, for
+        # up to FAILOVER_WAIT_S, rather than failing the task and with it the query.
+        deadline = asyncio.get_running_loop().time() + FAILOVER_WAIT_S
+        while True:
+            addr = await self.requester.addr(mq.broker_name, mq.topic)
+            try:
+                return await self._pull_from(addr, pull)
+            except MQError as exc:
+                if not master_gone(exc) or asyncio.get_running_loop().time() > deadline:
+                    raise
+                log.info("pull of %s from %s: %s; waiting for the group's master", mq, addr, exc)
+            await asyncio.sleep(FAILOVER_RETRY_S)
+            with contextlib.suppress(MQError):
+                await self.requester.routes.refresh(mq.topic)
+
+    async def _pull_from(self, addr: str, pull: PullMessageRequest) -> Any:
         return await self.requester.call(
             addr,
             pull,

@@ -68,6 +68,10 @@ class ApplyOutcome:
     bad: int = 0
     topics_put: list[TopicConfig] = field(default_factory=list)
     topics_deleted: list[str] = field(default_factory=list)
+    topics_unnamed: list[str] = field(default_factory=list)
+    """Topics a snapshot did not name: their configs are gone, but their data (queues,
+    offsets) only once the log is applied to its end and no later record put them back (a
+    replay from the start meets old snapshots before the records that created later topics)."""
     files: list[str] = field(default_factory=list)
     offset_ops: list[OffsetOp] = field(default_factory=list)
     """For :func:`apply_offsets`, on the event loop: the offsets table is the loop's alone
@@ -167,8 +171,7 @@ def _end_snapshot(target: ApplyTarget, snap: SnapshotTracker, out: ApplyOutcome)
     """Delete what the snapshot did not name (the topics and groups applied before it)."""
     gone_topics = sorted(set(target.topics.topics) - snap.topics)
     target.topics.replicate([(t, None) for t in gone_topics])
-    out.offset_ops += [("del_topic", topic, []) for topic in gone_topics]
-    out.topics_deleted += gone_topics
+    out.topics_unnamed += gone_topics
     target.groups.replicate([(g, None) for g in sorted(set(target.groups.groups) - snap.groups)])
     out.offset_ops.append(("keep_groups", "", [(g, 0, 0) for g in sorted(snap.offset_groups)]))
     if gone_topics:

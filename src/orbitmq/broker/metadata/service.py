@@ -88,6 +88,8 @@ class MetadataService:
         self.bad_records = 0
         self.bad_changes = 0
         self._snap = SnapshotTracker()
+        self._unnamed: set[str] = set()
+        """Topics a snapshot dropped whose data waits for the end of the log (ApplyOutcome)."""
         self._lock = asyncio.Lock()
         self._wake = asyncio.Event()
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -181,7 +183,23 @@ class MetadataService:
                 if count == 0:
                     break
                 await self._after(out)
+            await self._drop_unnamed()
         return total
+
+    async def _drop_unnamed(self) -> None:
+        """At the end of the log: delete the data of the topics a snapshot dropped and no later
+        record put back. Never earlier: a replay from the start (``_verify``) meets a snapshot
+        older than the topics created after it, and deleting their queues then would destroy
+        acknowledged messages on this replica (re-creating the config brings back no data)."""
+        ctx = self.ctx
+        gone = sorted(t for t in self._unnamed if ctx.topics.get(t) is None)
+        self._unnamed.clear()
+        for topic in gone:
+            apply_offsets([("del_topic", topic, [])], ctx.offsets)
+            await ctx.bridge.call(ctx.store.delete_topic, topic)
+            ctx.locks.delete_topic(topic)
+        if gone:
+            await ctx.offsets.persist()
 
     def _pass(self) -> tuple[ApplyOutcome, int]:
         """On a worker thread: read up to _PASS_RECORDS records, apply them, save progress."""
@@ -277,13 +295,15 @@ class MetadataService:
         """On the loop: what the applied changes need beyond the managers, then progress."""
         ctx = self.ctx
         apply_offsets(out.offset_ops, ctx.offsets)
+        self._unnamed.update(out.topics_unnamed)
         for topic in out.topics_deleted:
+            self._unnamed.discard(topic)
             await ctx.bridge.call(ctx.store.delete_topic, topic)
             ctx.locks.delete_topic(topic)
         for config in out.topics_put:
             if ctx.topics.get(config.topic_name) is not None:
                 ctx.apply_retention(config)
-        if out.topics_put or out.topics_deleted:
+        if out.topics_put or out.topics_deleted or out.topics_unnamed:
             ctx.topics_changed()
         await ctx.offsets.persist()  # the checkpoint never passes what the file holds
         await asyncio.to_thread(self._save)
