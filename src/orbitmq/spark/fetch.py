@@ -213,7 +213,9 @@ class Connection:
         """The raw records of ``[start, end)``, in order, as pull bodies.
 
         Offsets that are gone raise DataLossError (naming topic, queue and offsets) or, with
-        ``fail_on_data_loss`` false, are skipped with a warning."""
+        ``fail_on_data_loss`` false, are skipped with a warning. Without a filter, an answer
+        of "none to serve" (PULL_RETRY_IMMEDIATELY) is such a gap too; a chunk holding fewer
+        records than its offsets is caught by the reader (orbitmq.spark.source)."""
         batch = max(1, min(batch, MAX_PULL_MESSAGES))
         offset = start
         pending: list[tuple[int, int, Any]] = []  # (offset, count, future)
@@ -248,13 +250,18 @@ class Connection:
                     if not pipelined:
                         next_ask = offset
                     continue
-                if code == ResponseCode.PULL_RETRY_IMMEDIATELY:  # nothing passed the filter
-                    offset = max(nxt, offset + 1)
-                    next_ask = offset
-                    continue
                 lo = int(resp.fields.get("min_offset", -1))
                 hi = int(resp.fields.get("max_offset", -1))
-                if code == ResponseCode.PULL_OFFSET_MOVED and offset < lo:
+                if code == ResponseCode.PULL_RETRY_IMMEDIATELY and expr is not None:
+                    offset = max(nxt, offset + 1)  # nothing passed the filter
+                    next_ask = offset
+                    continue
+                if code == ResponseCode.PULL_RETRY_IMMEDIATELY:
+                    # Unfiltered, every offset holds a record: "none to serve" means the broker
+                    # skipped [offset, nxt) (records failing their checks, or expired). Moving
+                    # on silently would end the range short with no error: silent loss.
+                    lost_to = min(max(nxt, offset + 1), end)
+                elif code == ResponseCode.PULL_OFFSET_MOVED and offset < lo:
                     lost_to = min(lo, end)
                 elif code == ResponseCode.PULL_NOT_FOUND and offset < end:
                     lost_to = end  # the queue ends before the range does: those offsets are gone
