@@ -6,7 +6,8 @@ master held the half as undecided while the producer (the Spark exactly-once sin
 been told COMMITTED and moved on; its rows reached the topic only if a check-back found a live
 producer of the group before the half was discarded. The Spark topic -> topic HA run lost 240
 rows that way (docs/ha.md). In one process: a sync master and its slave, the slave's writes
-stalled through the same fault seam test_replication.py uses.
+stalled through the same fault seam test_replication.py uses. A slave refuses decisions
+(NO_PERMISSION): its transaction state is not the master's.
 """
 
 from __future__ import annotations
@@ -40,6 +41,10 @@ async def test_a_commit_is_answered_only_once_the_slave_holds_it(tmp_path: Path)
         assert slave.store.commit_log.max_offset >= answered_at
         slave.topics.auto_create(TOPIC)
         assert [m.body for m in await visible(slave, TOPIC)] == [b"first"]
+        # A slave decides nothing (its state is not the master's): the producer asks again.
+        for state in ("COMMIT", "ROLLBACK", "UNKNOWN"):
+            refused = await end(client, slave, resp, msg_id, state)
+            assert refused.code == ResponseCode.NO_PERMISSION, (state, refused.remark)
 
         # The slave stalls after the half reached it: the COMMIT is applied on the master but
         # not confirmed, so it is not answered SUCCESS (FLUSH_SLAVE_TIMEOUT: send it again).

@@ -51,6 +51,10 @@ class TransactionProcessor:
         offset = req.commit_log_offset
         msg_id = req.msg_id
         from_check = req.from_check
+        # Only a master decides (RocketMQ answers SLAVE_NOT_AVAILABLE): a slave's transaction
+        # state is stale or empty, and "not tracked" there would read as final to a producer
+        # that followed a stale route. NO_PERMISSION: it asks the group's master again.
+        self.ctx.replication.check_send()
         half = self.service.state.by_phys.get(offset)
         if half is None:
             return await self._end_outside_window(frame, offset, msg_id, group, decision)
