@@ -27,7 +27,7 @@ from orbitmq.client._loop_thread import LoopThread
 from orbitmq.common.codes import ResponseCode
 from orbitmq.common.message import encode_properties
 from orbitmq.common.record import BatchHeader, encode_batch, pack_host
-from orbitmq.spark import source
+from orbitmq.spark import fetch, source
 from orbitmq.spark.fetch import Connection, DataLossError
 from orbitmq.spark.options import parse_source_options
 from orbitmq.spark.source import QueueRange, read_range
@@ -64,9 +64,15 @@ class Broker:
     end: int
     held: set[int]
     retry: dict[int, int] = field(default_factory=dict)
+    stalls: dict[int, int] = field(default_factory=dict)
+    """Offset -> how many more times it is answered "none to serve" without moving on."""
 
     async def pull(self, mq: Any, offset: int, count: int, expr: Any) -> Answer:
         fields = {"min_offset": 0, "max_offset": self.end}
+        if self.stalls.get(offset, 0) > 0:
+            self.stalls[offset] -= 1
+            return Answer(ResponseCode.PULL_RETRY_IMMEDIATELY,
+                          {**fields, "next_begin_offset": offset})  # fmt: skip
         if offset in self.retry:
             return Answer(ResponseCode.PULL_RETRY_IMMEDIATELY,
                           {**fields, "next_begin_offset": self.retry[offset]})  # fmt: skip
@@ -83,6 +89,7 @@ def broker(monkeypatch: pytest.MonkeyPatch) -> Iterator[Broker]:
     conn.thread = LoopThread("short-read-test")
     monkeypatch.setattr(conn, "_pull", lambda *a: fake.pull(*a))
     monkeypatch.setattr(source, "connection", lambda *a, **k: conn)
+    monkeypatch.setattr(fetch, "STALL_PAUSE_S", 0.001)
     try:
         yield fake
     finally:
@@ -119,3 +126,12 @@ def test_a_none_to_serve_answer_without_a_filter_fails_the_task(broker: Broker) 
     with pytest.raises(DataLossError, match=r"offsets \[8, 12\) are no longer available"):
         read(True, 0, 20)
     assert read(False, 0, 20) == [o for o in range(20) if not 8 <= o < 12]
+
+
+def test_an_answer_that_does_not_move_on_is_asked_again_not_stepped_over(broker: Broker) -> None:
+    # The reader used to step over the offset (one record lost, silently).
+    broker.end, broker.held, broker.stalls = 20, set(range(20)), {8: 3}
+    assert read(True, 0, 20) == list(range(20))
+    broker.stalls = {8: fetch.STALL_RETRIES + 1}  # for good: then it is data loss
+    with pytest.raises(DataLossError, match=r"offsets \[8, 9\) are no longer available"):
+        read(True, 0, 20)

@@ -19,6 +19,7 @@ import contextlib
 import logging
 import os
 import threading
+import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -43,6 +44,10 @@ PULL_MAX_BYTES = 8 * 1024 * 1024
 FAILOVER_WAIT_S = 30.0
 """How long a pull waits for its group's new master (a failover takes 3-7 s: docs/ha.md)."""
 FAILOVER_RETRY_S = 0.5
+STALL_RETRIES = 10
+STALL_PAUSE_S = 0.05
+"""An unfiltered pull answered "none to serve" without moving on is asked again this many
+times (pausing 0.05 s, 0.1 s, ...: under 3 s in all) before the offset counts as lost."""
 
 
 class DataLossError(ClientError):
@@ -221,6 +226,7 @@ class Connection:
         pending: list[tuple[int, int, Any]] = []  # (offset, count, future)
         next_ask = start
         pipelined = expr is None
+        stalls = 0
         try:
             while offset < end:
                 depth = PIPELINE if pipelined else 1
@@ -256,6 +262,16 @@ class Connection:
                     offset = max(nxt, offset + 1)  # nothing passed the filter
                     next_ask = offset
                     continue
+                if code == ResponseCode.PULL_RETRY_IMMEDIATELY and nxt <= offset:
+                    # Nothing served and no step forward: not a skip (the old code stepped over
+                    # one record here, silently). Ask again, a bounded number of times.
+                    stalls += 1
+                    if stalls <= STALL_RETRIES:
+                        self._drain(pending)
+                        pending = []
+                        next_ask = offset
+                        time.sleep(STALL_PAUSE_S * stalls)
+                        continue
                 if code == ResponseCode.PULL_RETRY_IMMEDIATELY:
                     # Unfiltered, every offset holds a record: "none to serve" means the broker
                     # skipped [offset, nxt) (records failing their checks, or expired). Moving
