@@ -178,9 +178,18 @@ class Connection:
         # A group between masters (issue #13): a pull that finds the master gone (refused,
         # fenced, or answered "is a slave") re-reads the route and tries the new master, for
         # up to FAILOVER_WAIT_S, rather than failing the task and with it the query.
+        # A route naming no master for the group (between the old master's end and the new
+        # one's registration) is waited out the same way, not a failed task.
         deadline = asyncio.get_running_loop().time() + FAILOVER_WAIT_S
         while True:
-            addr = await self.requester.addr(mq.broker_name, mq.topic)
+            try:
+                addr = await self.requester.addr(mq.broker_name, mq.topic)
+            except ClientError as exc:  # "no master address known": the route has none yet
+                if asyncio.get_running_loop().time() > deadline:
+                    raise
+                log.info("pull of %s: %s; waiting for the group's master", mq, exc)
+                await asyncio.sleep(FAILOVER_RETRY_S)
+                continue
             try:
                 return await self._pull_from(addr, pull)
             except MQError as exc:
