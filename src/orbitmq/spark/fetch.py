@@ -19,6 +19,7 @@ import contextlib
 import logging
 import os
 import threading
+import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -43,6 +44,10 @@ PULL_MAX_BYTES = 8 * 1024 * 1024
 FAILOVER_WAIT_S = 30.0
 """How long a pull waits for its group's new master (a failover takes 3-7 s: docs/ha.md)."""
 FAILOVER_RETRY_S = 0.5
+STALL_RETRIES = 10
+STALL_PAUSE_S = 0.05
+"""An unfiltered pull answered "none to serve" without moving on is asked again this many
+times (pausing 0.05 s, 0.1 s, ...: under 3 s in all) before the offset counts as lost."""
 
 
 class DataLossError(ClientError):
@@ -173,9 +178,18 @@ class Connection:
         # A group between masters (issue #13): a pull that finds the master gone (refused,
         # fenced, or answered "is a slave") re-reads the route and tries the new master, for
         # up to FAILOVER_WAIT_S, rather than failing the task and with it the query.
+        # A route naming no master for the group (between the old master's end and the new
+        # one's registration) is waited out the same way, not a failed task.
         deadline = asyncio.get_running_loop().time() + FAILOVER_WAIT_S
         while True:
-            addr = await self.requester.addr(mq.broker_name, mq.topic)
+            try:
+                addr = await self.requester.addr(mq.broker_name, mq.topic)
+            except ClientError as exc:  # "no master address known": the route has none yet
+                if asyncio.get_running_loop().time() > deadline:
+                    raise
+                log.info("pull of %s: %s; waiting for the group's master", mq, exc)
+                await asyncio.sleep(FAILOVER_RETRY_S)
+                continue
             try:
                 return await self._pull_from(addr, pull)
             except MQError as exc:
@@ -213,12 +227,15 @@ class Connection:
         """The raw records of ``[start, end)``, in order, as pull bodies.
 
         Offsets that are gone raise DataLossError (naming topic, queue and offsets) or, with
-        ``fail_on_data_loss`` false, are skipped with a warning."""
+        ``fail_on_data_loss`` false, are skipped with a warning. Without a filter, an answer
+        of "none to serve" (PULL_RETRY_IMMEDIATELY) is such a gap too; a chunk holding fewer
+        records than its offsets is caught by the reader (orbitmq.spark.source)."""
         batch = max(1, min(batch, MAX_PULL_MESSAGES))
         offset = start
         pending: list[tuple[int, int, Any]] = []  # (offset, count, future)
         next_ask = start
         pipelined = expr is None
+        stalls = 0
         try:
             while offset < end:
                 depth = PIPELINE if pipelined else 1
@@ -248,13 +265,28 @@ class Connection:
                     if not pipelined:
                         next_ask = offset
                     continue
-                if code == ResponseCode.PULL_RETRY_IMMEDIATELY:  # nothing passed the filter
-                    offset = max(nxt, offset + 1)
-                    next_ask = offset
-                    continue
                 lo = int(resp.fields.get("min_offset", -1))
                 hi = int(resp.fields.get("max_offset", -1))
-                if code == ResponseCode.PULL_OFFSET_MOVED and offset < lo:
+                if code == ResponseCode.PULL_RETRY_IMMEDIATELY and expr is not None:
+                    offset = max(nxt, offset + 1)  # nothing passed the filter
+                    next_ask = offset
+                    continue
+                if code == ResponseCode.PULL_RETRY_IMMEDIATELY and nxt <= offset:
+                    # Nothing served and no step forward: not a skip (the old code stepped over
+                    # one record here, silently). Ask again, a bounded number of times.
+                    stalls += 1
+                    if stalls <= STALL_RETRIES:
+                        self._drain(pending)
+                        pending = []
+                        next_ask = offset
+                        time.sleep(STALL_PAUSE_S * stalls)
+                        continue
+                if code == ResponseCode.PULL_RETRY_IMMEDIATELY:
+                    # Unfiltered, every offset holds a record: "none to serve" means the broker
+                    # skipped [offset, nxt) (records failing their checks, or expired). Moving
+                    # on silently would end the range short with no error: silent loss.
+                    lost_to = min(max(nxt, offset + 1), end)
+                elif code == ResponseCode.PULL_OFFSET_MOVED and offset < lo:
                     lost_to = min(lo, end)
                 elif code == ResponseCode.PULL_NOT_FOUND and offset < end:
                     lost_to = end  # the queue ends before the range does: those offsets are gone

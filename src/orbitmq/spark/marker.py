@@ -278,9 +278,9 @@ class MarkerStore:
         return min(markers, key=lambda m: (m[0], m[1]))[2]
 
     async def write(self, marker: Marker, deadline: float) -> None:
-        """Store the marker durably (retrying failed sends with the same content until
-        ``deadline``, a loop time). A retry after a lost answer may store it twice: same halves,
-        so harmless."""
+        """Store the marker durably (retrying failed sends, and sends not answered SEND_OK,
+        with the same content until ``deadline``, a loop time). A retry after a lost answer may
+        store it twice: same halves, so harmless."""
         await self.ensure_topic()
         queues = await self.admin.queues(self.topic, writable=True)
         if not queues:
@@ -295,9 +295,14 @@ class MarkerStore:
             except MQError as exc:
                 last = exc
             else:
-                if result.status is not SendStatus.SEND_OK:
-                    log.warning("marker %s stored as %s", marker.key, result.status.value)
-                return
+                if result.status is SendStatus.SEND_OK:
+                    return
+                # Stored on the master only (FLUSH_SLAVE_TIMEOUT) or not yet durable: a
+                # failover could lose it after the halves it names were committed, so a
+                # replay would choose again. Write it again (same halves: harmless).
+                log.warning("marker %s stored as %s; writing it again", marker.key,
+                            result.status.value)  # fmt: skip
+                last = ClientError(f"marker {marker.key} stored as {result.status.value}")
             if loop.time() > deadline:
                 raise SinkCommitError(f"could not write marker {marker.key}: {last}") from last
             await asyncio.sleep(RETRY_PAUSE_S)

@@ -70,6 +70,7 @@ from pyspark.sql.types import (
 from orbitmq.client._loop_thread import LoopThread
 from orbitmq.client.admin.client import AsyncAdminClient
 from orbitmq.client.admin.config import AdminConfig
+from orbitmq.client.producer.types import SendStatus
 from orbitmq.client.transaction.producer import AsyncTransactionProducer
 from orbitmq.client.transaction.types import HalfBatchResult, TransactionConfig
 from orbitmq.common.clock import now_ms
@@ -311,7 +312,15 @@ class _Sender:
     def _collect(self, fut: concurrent.futures.Future[Any]) -> None:
         result = fut.result(self.opts.send_timeout_s * 3 + 5)
         if isinstance(result, HalfBatchResult):
-            self.halves.append(result)
+            self.halves.append(result)  # rolled back by fail() if it is refused below
+            if result.status is not SendStatus.SEND_OK:
+                # FLUSH_SLAVE_TIMEOUT: on the master alone. A marker naming it could outlive
+                # it (a failover), and every replay would then fail to commit it: fail the
+                # task now, before any marker, and let its re-run send fresh halves.
+                raise ClientError(
+                    f"half batch {result.transaction_id} stored as {result.status.value} "
+                    "(not on every in-sync replica); the task must run again"
+                )
 
     def finish(self) -> list[HalfRef]:
         while self.pending:

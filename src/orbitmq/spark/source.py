@@ -203,11 +203,14 @@ def read_range(opts: SourceOptions, part: QueueRange) -> Iterator[pa.RecordBatch
         if tags is not None:  # the broker filters by tag hash: drop any collision here
             tag_set = pa.array(sorted(tags), pa.string())
     chunks: list[bytes] = []
+    spans: list[tuple[int, int]] = []
     held = 0
     rows = 0
 
     def flush() -> pa.RecordBatch:
         batch = records_to_batch(chunks, part.topic, part.broker, part.end)
+        if expr is None and batch.num_rows != rows:
+            _short_read(opts, part, spans, batch)
         if tag_set is not None:
             batch = batch.filter(pc.is_in(batch.column("tags"), value_set=tag_set))
         return batch
@@ -220,16 +223,39 @@ def read_range(opts: SourceOptions, part: QueueRange) -> Iterator[pa.RecordBatch
         batch=opts.pull_batch_size,
         fail_on_data_loss=opts.fail_on_data_loss,
     ):
-        if not chunk.data:
-            continue
+        if not chunk.data and expr is not None:
+            continue  # unfiltered, an empty answer for offsets is a short read: counted below
         chunks.append(chunk.data)
+        spans.append((chunk.offset, chunk.next_offset))
         held += len(chunk.data)
         rows += chunk.next_offset - chunk.offset
         if rows >= ROWS_PER_BATCH or held >= BYTES_PER_BATCH:
             yield flush()
-            chunks, held, rows = [], 0, 0
+            chunks, spans, held, rows = [], [], 0, 0
     if chunks:
         yield flush()
+
+
+def _short_read(
+    opts: SourceOptions, part: QueueRange, spans: list[tuple[int, int]], batch: pa.RecordBatch
+) -> None:
+    """The broker answered offsets ``spans`` (unfiltered, so one record each) with fewer
+    records: it skipped some without reporting a gap (records failing their checks, or a
+    replica serving another history). Ending the range short would lose them with no error:
+    with failOnDataLoss this fails the task (Kafka's rule), else it is logged."""
+    want = np.concatenate([np.arange(a, b, dtype=np.int64) for a, b in spans])
+    got = batch.column("queue_offset").to_numpy(zero_copy_only=False)
+    missing = np.setdiff1d(want, got)
+    shown = ", ".join(str(int(o)) for o in missing[:10]) + (" ..." if len(missing) > 10 else "")
+    msg = (
+        f"[ORBITMQ_DATA_LOSS] topic {part.topic!r} queue {part.broker}/{part.queue_id}: the "
+        f"broker answered offsets [{spans[0][0]}, {spans[-1][1]}) of the planned range "
+        f"[{part.start}, {part.end}) with {batch.num_rows} records, not {len(want)} "
+        f"({len(missing)} missing: {shown}); set failOnDataLoss=false to skip them"
+    )
+    if opts.fail_on_data_loss:
+        raise DataLossError(msg)
+    log.warning("%s; skipped", msg)
 
 
 def read_partition(opts: SourceOptions, partition: InputPartition) -> Iterator[pa.RecordBatch]:

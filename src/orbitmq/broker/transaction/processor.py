@@ -51,6 +51,10 @@ class TransactionProcessor:
         offset = req.commit_log_offset
         msg_id = req.msg_id
         from_check = req.from_check
+        # Only a master decides (RocketMQ answers SLAVE_NOT_AVAILABLE): a slave's transaction
+        # state is stale or empty, and "not tracked" there would read as final to a producer
+        # that followed a stale route. NO_PERMISSION: it asks the group's master again.
+        self.ctx.replication.check_send()
         half = self.service.state.by_phys.get(offset)
         if half is None:
             return await self._end_outside_window(frame, offset, msg_id, group, decision)
@@ -68,12 +72,24 @@ class TransactionProcessor:
             await self.service.commit(half)
         else:
             await self.service.rollback(half)
+        await self._replicated()
         latency = max(0, self.ctx.clock.now_ms() - half.store_ms)
         self.ctx.metrics.rmq.on_end_transaction(half.topic, decision == "COMMIT", latency)
         if self.trace is not None:
             state = "COMMIT_MESSAGE" if decision == "COMMIT" else "ROLLBACK_MESSAGE"
             self.trace.on_end_transaction(group, half.topic, msg_id, state, from_check)
         return frame.reply(ResponseCode.SUCCESS, fields={"state": half.status.value})
+
+    async def _replicated(self) -> None:
+        """Answer a decision only once it is as replicated as a send would be (sync mode: on
+        every in-sync slave). The copy and the op record are appended by the decision, or were
+        by an earlier one this repeats, so everything up to the log's end now is waited for.
+        Answering before that let a master SIGKILLed right after the answer take the copy
+        with it: the new master held the half as undecided while the producer, told
+        COMMITTED, had moved on (the Spark sink then lost that half's rows). Raises
+        FlushSlaveTimeoutError (FLUSH_SLAVE_TIMEOUT, outcome unknown: send the decision
+        again; a repeated decision is applied once)."""
+        await self.ctx.replication.wait_replicated(self.ctx.store.commit_log.max_offset)
 
     async def _end_outside_window(
         self, frame: Frame, offset: int, msg_id: str, group: str, decision: str
@@ -96,6 +112,7 @@ class TransactionProcessor:
         status = self.service.state.recent.get(offset)
         if status is not None and decision != "UNKNOWN":
             check_conflict(status, decision, msg_id)
+        await self._replicated()
         remark = f"transaction {msg_id} was resolved earlier"
         fields = {"state": status.value if status is not None else "RESOLVED"}
         return frame.reply(ResponseCode.SUCCESS, remark, fields=fields)
