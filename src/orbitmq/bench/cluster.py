@@ -28,7 +28,13 @@ if TYPE_CHECKING:
 
 from orbitmq.bench._child import ServerChild
 from orbitmq.bench.machine import cpu_model, loadavg
-from orbitmq.client import AsyncAdminClient, AsyncProducer, Message, MessageQueue
+from orbitmq.client import (
+    AsyncAdminClient,
+    AsyncProducer,
+    BlockingAdminClient,
+    Message,
+    MessageQueue,
+)
 from orbitmq.client.consumer.config import PushConfig
 from orbitmq.client.consumer_types import ConsumedMessage, ConsumeFromWhere, ConsumeResult
 from orbitmq.client.producer.config import ProducerConfig
@@ -285,3 +291,27 @@ def new_push_consumer(
 
         consumer.register_listener(on_sync)
     return consumer
+
+
+def prepare_topics(namesrv: str, topics: list[str], *, queues: int, wait_s: float) -> None:
+    """Create the ``topics`` that do not exist (``queues`` queues each) and wait, at most
+    ``wait_s``, until the NameServer routes every one; ClientError if one stays unrouted."""
+    admin = BlockingAdminClient(namesrv)
+    try:
+        existing = set(admin.list_topics())
+        for topic in topics:
+            if topic not in existing:
+                admin.create_topic(topic, read_queue_nums=queues, write_queue_nums=queues)
+        deadline = time.monotonic() + wait_s
+        for topic in topics:
+            while True:
+                try:
+                    if admin.topic_route(topic).queue_datas:
+                        break
+                except MQError:
+                    pass
+                if time.monotonic() > deadline:
+                    raise ClientError(f"the NameServer does not route {topic!r}")
+                time.sleep(0.1)
+    finally:
+        admin.close()

@@ -23,17 +23,15 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from orbitmq.bench._child import ServerChild, process_cpu_s
-from orbitmq.bench.cluster import target_cluster
+from orbitmq.bench.cluster import prepare_topics, target_cluster
 from orbitmq.bench.machine import cpu_model, loadavg
 from orbitmq.bench.proxy_load import ECHO_READY
-from orbitmq.client import BlockingAdminClient
 from orbitmq.common.errors import ClientError, MQError
 
 __all__ = [
@@ -150,22 +148,7 @@ class ProxyBenchResult:
 
 
 def _prepare_topic(namesrv: str, topic: str) -> None:
-    admin = BlockingAdminClient(namesrv)
-    try:
-        if topic not in set(admin.list_topics()):
-            admin.create_topic(topic, read_queue_nums=QUEUES, write_queue_nums=QUEUES)
-        deadline = time.monotonic() + ROUTE_WAIT_S
-        while True:
-            try:
-                if admin.topic_route(topic).queue_datas:
-                    return
-            except MQError:
-                pass
-            if time.monotonic() > deadline:
-                raise ClientError(f"the NameServer does not route {topic!r}")
-            time.sleep(0.1)
-    finally:
-        admin.close()
+    prepare_topics(namesrv, [topic], queues=QUEUES, wait_s=ROUTE_WAIT_S)
 
 
 @contextlib.contextmanager

@@ -12,12 +12,11 @@ import platform
 import shutil
 import statistics
 import tempfile
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 from orbitmq.bench._child import ServerChild, process_cpu_s
-from orbitmq.bench.cluster import target_cluster
+from orbitmq.bench.cluster import prepare_topics, target_cluster
 from orbitmq.bench.grpc.model import (
     PROXY_READY,
     QUEUES,
@@ -33,9 +32,7 @@ from orbitmq.bench.grpc.model import (
 from orbitmq.bench.grpc.sides import client_version, run_native_side, run_official_side
 from orbitmq.bench.grpc_floor import run_floor
 from orbitmq.bench.machine import cpu_model, loadavg
-from orbitmq.client import BlockingAdminClient
 from orbitmq.common.clock import now_ms
-from orbitmq.common.errors import ClientError, MQError
 
 
 @contextlib.contextmanager
@@ -72,25 +69,7 @@ def target(options: GrpcBenchOptions, say: Say) -> Iterator[tuple[str, str, Path
 
 
 def _prepare_topics(namesrv: str, topics: list[str]) -> None:
-    admin = BlockingAdminClient(namesrv)
-    try:
-        existing = set(admin.list_topics())
-        for topic in topics:
-            if topic not in existing:
-                admin.create_topic(topic, read_queue_nums=QUEUES, write_queue_nums=QUEUES)
-        deadline = time.monotonic() + ROUTE_WAIT_S
-        for topic in topics:
-            while True:
-                try:
-                    if admin.topic_route(topic).queue_datas:
-                        break
-                except MQError:
-                    pass
-                if time.monotonic() > deadline:
-                    raise ClientError(f"the NameServer does not route {topic!r}")
-                time.sleep(0.1)
-    finally:
-        admin.close()
+    prepare_topics(namesrv, topics, queues=QUEUES, wait_s=ROUTE_WAIT_S)
 
 
 def run_grpc_bench(options: GrpcBenchOptions, progress: Say | None = None) -> GrpcBenchResult:
