@@ -18,7 +18,15 @@ import pytest
 from orbitmq.broker.controller import BrokerController
 from orbitmq.client import BlockingAdminClient, Message, Producer, SendResult, SendStatus
 from orbitmq.client._loop_thread import LoopThread
-from orbitmq.client.producer.handoff import Inbox, SendFuture, complete_all, fail_all
+from orbitmq.client.producer.config import ProducerConfig
+from orbitmq.client.producer.handoff import (
+    Inbox,
+    SendFuture,
+    complete_all,
+    fail_all,
+    pending_type,
+)
+from orbitmq.client.producer.prepare import MessagePreparer, PreparedMessage
 from orbitmq.client.route import MessageQueue
 from orbitmq.common.errors import ClientError
 from orbitmq.namesrv.config import NamesrvConfig
@@ -302,3 +310,21 @@ def test_close_while_other_threads_send_leaves_no_future_pending() -> None:
             server_thread.run(stop(ns, broker))
     finally:
         server_thread.stop()
+
+
+def test_a_pending_send_is_the_prepared_message_and_its_future() -> None:
+    """The blocking send_async's one object per message: batched as the item, settled as the
+    future, its bytes given back to its producer, and no lists made unless someone waits."""
+    owner = _Owner()
+    make = pending_type(threading.Condition(), owner)
+    seen: list[Any] = []
+    msg = Message("T", b"body", properties={"a": "b"})
+    fut = MessagePreparer(ProducerConfig()).prepare(msg, make=make)
+    assert isinstance(fut, PreparedMessage) and isinstance(fut, SendFuture)
+    assert fut.topic == "T" and fut.body == b"body" and fut.msg is msg and b"a\x01b" in fut.props
+    fut.nbytes, fut.callback = fut.size, lambda r, e: seen.append(r.msg_id)
+    assert fut.running() and not fut.done()
+    complete_all([fut], [_result(4)])
+    assert fut.result(0).msg_id == "id4" and seen == ["id4"]
+    assert owner.released == [fut.size]
+    assert "_lazy_waiters" not in vars(fut) and "_lazy_callbacks" not in vars(fut)

@@ -105,14 +105,19 @@ class RecordAccumulator:
         if not self.accepting:
             fail_all([fut], ClientError("producer is closed"))
             return
-        topic = item.msg.topic
+        topic = item.topic
+        msg = item.msg
         if queue is not None:
             try:
                 check_queue(queue, topic)
             except ClientError as exc:
                 fail_all([fut], exc)
                 return
-        elif selector is not None or (selector := selector_for(item.msg)) is not None:
+        elif msg is None:  # routed once already (the Message is dropped then): resubmitting
+            if selector is not None:  # it with a selector has nothing to give the selector
+                fail_all([fut], ClientError("a message sent once cannot go through a selector"))
+                return
+        elif selector is not None or (selector := selector_for(msg)) is not None:
             info = self.routes.cached(topic)
             waiters = self._route_waiters.get(topic)
             if info is None or waiters is not None:
@@ -122,7 +127,7 @@ class RecordAccumulator:
                 waiters.append((item, selector, arg, fut))
                 return
             try:
-                queue = select_queue(info, item.msg, selector, arg)
+                queue = select_queue(info, msg, selector, arg)
             except Exception as exc:  # noqa: BLE001 - the selector's error goes to the caller
                 fail_all([fut], exc)
                 return
@@ -142,6 +147,7 @@ class RecordAccumulator:
                 fail_all([fut], error or ClientError(f"no route for {topic!r}"))
                 continue
             try:
+                assert item.msg is not None  # parked before routing: the Message is kept
                 queue = select_queue(info, item.msg, selector, arg)
             except Exception as exc:  # noqa: BLE001 - the selector's error goes to the caller
                 fail_all([fut], exc)
@@ -150,7 +156,10 @@ class RecordAccumulator:
 
     def _enqueue(self, item: PreparedMessage, queue: MessageQueue | None, fut: Completion) -> None:
         cfg = self.config
-        key: _BatchKey = (item.msg.topic, queue, item.sys_flag, item.msg.flag)
+        # Routed: from here on only the wire fields count, and the user's Message may go (see
+        # PreparedMessage): one object less per unanswered message for the cyclic GC.
+        item.msg = None
+        key: _BatchKey = (item.topic, queue, item.sys_flag, item.flag)
         batch = self._batches.get(key)
         size = item.size
         if batch is not None and batch.nbytes + size > cfg.batch_max_bytes:

@@ -23,7 +23,7 @@ from typing import Any
 from orbitmq.client._loop_thread import BlockingFacade, LoopThread
 from orbitmq.client._settings import resolve_config
 from orbitmq.client.producer.config import ProducerConfig
-from orbitmq.client.producer.handoff import Inbox, SendFuture, fail_all
+from orbitmq.client.producer.handoff import Inbox, SendFuture, fail_all, pending_type
 from orbitmq.client.producer.producer import AsyncProducer
 from orbitmq.client.producer.types import MessageQueueSelector, SendCallback, SendResult
 from orbitmq.client.route import MessageQueue
@@ -69,6 +69,9 @@ class Producer(BlockingFacade[AsyncProducer]):
         """Callers waiting for buffer room sleep here; releases notify it when one waits."""
         self._settled = threading.Condition()
         """Shared by every SendFuture of this producer (see .handoff)."""
+        self._pending = pending_type(self._settled, self)
+        """send_async's message-and-future in one object (see .handoff.PendingSend)."""
+        self._prepare = self._async.preparer.prepare
         self._thread = LoopThread("orbitmq-producer")
         # The drain hands each (item, queue, selector, arg, future) straight to the batches.
         self._inbox = Inbox(self._thread.loop, self._async.accumulator.submit)
@@ -135,12 +138,13 @@ class Producer(BlockingFacade[AsyncProducer]):
         broker answers SYSTEM_BUSY. ``callback(result, error)`` runs on the I/O thread.
         """
         self._check_open()
-        item = self._async.prepare(msg)
-        size = item.size
+        fut = self._prepare(msg, make=self._pending)
+        assert isinstance(fut, SendFuture)  # made by self._pending
+        fut.nbytes = size = fut.size
+        fut.callback = callback
         self._reserve(size)
-        fut = SendFuture(self._settled, self, size, callback)
         try:
-            self._inbox.put((item, queue, selector, arg, fut))
+            self._inbox.put((fut, queue, selector, arg, fut))
         except RuntimeError:  # the loop is gone: closed meanwhile
             fut.set_exception(ClientError("producer is closed"))
         if self._closed:  # closed meanwhile: what close() did not see must not hang

@@ -36,11 +36,20 @@ from collections.abc import Callable, Sequence
 from concurrent.futures._base import FINISHED, RUNNING
 from typing import Any, Protocol
 
+from orbitmq.client.producer.prepare import PreparedMessage
 from orbitmq.client.producer.types import SendCallback, SendResult
 
 log = logging.getLogger(__name__)
 
-__all__ = ["Completion", "Inbox", "SendFuture", "complete_all", "fail_all"]
+__all__ = [
+    "Completion",
+    "Inbox",
+    "PendingSend",
+    "SendFuture",
+    "complete_all",
+    "fail_all",
+    "pending_type",
+]
 
 
 class Completion(Protocol):
@@ -63,11 +72,19 @@ class SendFuture(concurrent.futures.Future[SendResult]):
     """A blocking ``send_async``'s future: already running (``cancel()`` returns False), its
     condition shared with every future of the same producer."""
 
+    # Made on first use (see the module docstring); class-level None until then, so reading
+    # them never makes an instance __dict__ (one more object for the GC per message).
+    _lazy_waiters: list[Any] | None = None
+    _lazy_callbacks: list[Callable[[concurrent.futures.Future[SendResult]], Any]] | None = None
+    owner: BufferOwner
+    nbytes: int
+    callback: SendCallback | None
+
     def __init__(
         self,
         condition: threading.Condition,
         owner: BufferOwner,
-        size: int,
+        nbytes: int,
         callback: SendCallback | None,
     ) -> None:
         # What Future.__init__ sets, with the shared condition and the lists made on first use
@@ -77,32 +94,32 @@ class SendFuture(concurrent.futures.Future[SendResult]):
         self._result: SendResult | None = None
         self._exception: BaseException | None = None
         self.owner = owner
-        self.size = size
+        self.nbytes = nbytes
         self.callback = callback
 
     @property
     def _waiters(self) -> list[Any]:
-        got: list[Any] | None = self.__dict__.get("_lazy_waiters")
+        got = self._lazy_waiters
         if got is None:
-            got = self.__dict__["_lazy_waiters"] = []
+            got = self._lazy_waiters = []
         return got
 
     @_waiters.setter
     def _waiters(self, value: list[Any]) -> None:
-        self.__dict__["_lazy_waiters"] = value
+        self._lazy_waiters = value
 
     @property
     def _done_callbacks(self) -> list[Callable[[concurrent.futures.Future[SendResult]], Any]]:
-        got: list[Any] | None = self.__dict__.get("_lazy_callbacks")
+        got = self._lazy_callbacks
         if got is None:
-            got = self.__dict__["_lazy_callbacks"] = []
+            got = self._lazy_callbacks = []
         return got
 
     @_done_callbacks.setter
     def _done_callbacks(
         self, value: list[Callable[[concurrent.futures.Future[SendResult]], Any]]
     ) -> None:
-        self.__dict__["_lazy_callbacks"] = value
+        self._lazy_callbacks = value
 
     def set_result(self, result: SendResult) -> None:
         complete_all([self], [result])
@@ -111,11 +128,51 @@ class SendFuture(concurrent.futures.Future[SendResult]):
         fail_all([self], exception or concurrent.futures.CancelledError())
 
 
+class PendingSend(SendFuture, PreparedMessage):
+    """One blocking ``send_async``: the prepared message and its future in ONE object.
+
+    The accumulator batches it as the item and settles it as the future, so an unanswered
+    message is one object for the cyclic GC to walk, not four (Message, PreparedMessage,
+    future and its dict): with ``max_buffered_bytes`` of 64 MiB unanswered, the cyclic GC's
+    full collections walking those objects cost about as much CPU as the sends themselves.
+    The producer makes a subclass with its ``_condition`` and ``owner`` as class attributes
+    (:func:`pending_type`); the constructor takes PreparedMessage's fields
+    (``MessagePreparer.prepare(msg, make=...)``), and ``send_async`` sets ``nbytes`` and
+    ``callback``."""
+
+    _state = RUNNING
+    _result = None
+    _exception = None
+
+    def __init__(
+        self,
+        msg: Any,
+        body: bytes,
+        props: bytes,
+        msg_id: str,
+        sys_flag: int,
+        topic: str,
+        flag: int,
+    ) -> None:
+        self.msg = msg
+        self.body = body
+        self.props = props
+        self.msg_id = msg_id
+        self.sys_flag = sys_flag
+        self.topic = topic
+        self.flag = flag
+
+
+def pending_type(condition: threading.Condition, owner: BufferOwner) -> type[PendingSend]:
+    """A PendingSend class bound to one producer's condition and buffer."""
+    return type("PendingSend", (PendingSend,), {"_condition": condition, "owner": owner})
+
+
 def complete_all(futures: Sequence[Completion], results: Sequence[SendResult]) -> None:
     """Give each future its result (futures already done are skipped)."""
     mine: list[tuple[SendFuture, SendResult | None, BaseException | None]] = []
     for fut, result in zip(futures, results, strict=True):
-        if type(fut) is SendFuture:
+        if isinstance(fut, SendFuture):
             mine.append((fut, result, None))
         elif not fut.done():
             fut.set_result(result)
@@ -127,7 +184,7 @@ def fail_all(futures: Sequence[Completion], exc: BaseException) -> None:
     """Fail each future with ``exc`` (futures already done are skipped)."""
     mine: list[tuple[SendFuture, SendResult | None, BaseException | None]] = []
     for fut in futures:
-        if type(fut) is SendFuture:
+        if isinstance(fut, SendFuture):
             mine.append((fut, None, exc))
         elif not fut.done():
             fut.set_exception(exc)
@@ -146,7 +203,7 @@ def _settle(entries: list[tuple[SendFuture, SendResult | None, BaseException | N
                 others.append(entry)
             elif fut._state == RUNNING:  # else settled already
                 fut._result, fut._exception, fut._state = result, exc, FINISHED
-                for waiter in fut.__dict__.get("_lazy_waiters") or ():
+                for waiter in fut._lazy_waiters or ():
                     if exc is None:
                         waiter.add_result(fut)
                     else:
@@ -156,7 +213,7 @@ def _settle(entries: list[tuple[SendFuture, SendResult | None, BaseException | N
     nbytes = 0
     owner: BufferOwner | None = None
     for fut, result, exc in settled:
-        if fut.__dict__.get("_lazy_callbacks"):
+        if fut._lazy_callbacks:
             fut._invoke_callbacks()  # type: ignore[attr-defined]  # the stdlib's, see above
         if fut.callback is not None:
             try:
@@ -167,7 +224,7 @@ def _settle(entries: list[tuple[SendFuture, SendResult | None, BaseException | N
             if owner is not None:
                 owner.release_buffer(nbytes)
             owner, nbytes = fut.owner, 0
-        nbytes += fut.size
+        nbytes += fut.nbytes
     if owner is not None:
         owner.release_buffer(nbytes)
     if others:

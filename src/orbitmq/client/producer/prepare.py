@@ -7,11 +7,13 @@ SYSFLAG_COMPRESSION_ZSTD``; the flag is per send frame, so compressed and plain 
 share a batch.
 
 Pure and thread-safe: the blocking Producer prepares in the caller's thread, so a bad message
-raises there and compression runs off the I/O thread.
+raises there and compression runs off the I/O thread. ``make`` lets it build its own subclass
+(a PreparedMessage that is also the message's future, :mod:`.handoff`): one object per message.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from orbitmq.client import _codec
@@ -34,13 +36,17 @@ _UNIQ_PREFIX = PROPERTY_UNIQ_KEY.encode() + b"\x01"
 
 @dataclass(slots=True)
 class PreparedMessage:
-    """A message ready for the wire."""
+    """A message ready for the wire. ``msg`` is the user's Message until the accumulator has
+    routed it (a selector may need it), then None: an unanswered message then holds no object
+    the cyclic GC must walk but this one (the producer's buffer may hold tens of thousands)."""
 
-    msg: Message
+    msg: Message | None
     body: bytes
     props: bytes
     msg_id: str
     sys_flag: int
+    topic: str
+    flag: int
 
     @property
     def size(self) -> int:
@@ -54,9 +60,16 @@ class MessagePreparer:
         self.config = config
         self._valid_topics: set[str] = set()
 
-    def prepare(self, msg: Message, *, compress: bool | None = None) -> PreparedMessage:
+    def prepare(
+        self,
+        msg: Message,
+        *,
+        compress: bool | None = None,
+        make: Callable[..., PreparedMessage] = PreparedMessage,
+    ) -> PreparedMessage:
         """Validate, assign the unique id, encode properties and maybe compress
-        (``compress``: None by size, True always, False never)."""
+        (``compress``: None by size, True always, False never); ``make`` builds the result from
+        PreparedMessage's fields (a subclass's constructor)."""
         topic = msg.topic
         if topic not in self._valid_topics:
             validate_topic(topic)
@@ -74,7 +87,8 @@ class MessagePreparer:
             if len(body) > limit:
                 raise MessageTooLargeError(f"body is {len(body)} bytes, limit {limit}")
             new_id = default_generator.next_id()
-            return PreparedMessage(msg, body, _UNIQ_PREFIX + new_id.encode() + b"\x02", new_id, 0)
+            props = _UNIQ_PREFIX + new_id.encode() + b"\x02"
+            return make(msg, body, props, new_id, 0, topic, msg.flag)
         props_map = msg.system_properties()
         msg_id = props_map.get(PROPERTY_UNIQ_KEY)
         if not msg_id:
@@ -87,7 +101,7 @@ class MessagePreparer:
             raise PropertiesTooLargeError(
                 f"properties are {len(props)} bytes encoded, limit {DEFAULT_MAX_PROPERTIES_SIZE}"
             )
-        item = PreparedMessage(msg, body, props, msg_id, 0)
+        item = make(msg, body, props, msg_id, 0, topic, msg.flag)
         if compress or (compress is None and 0 <= threshold < len(body)):
             self.compress(item, force=bool(compress))
         if len(item.body) > limit:
