@@ -30,6 +30,7 @@ from orbitmq.common.errors import (
     InvalidTopicError,
     MessageIllegalError,
     MessageTooLargeError,
+    MQError,
     RemoteError,
     RequestTimeoutError,
 )
@@ -453,6 +454,34 @@ async def test_async_batch_retries_to_other_broker(
     results = await asyncio.gather(*futs)
     assert len({r.message_queue.broker_name for r in results}) == 1
     assert sorted(all_bodies(cluster)) == sorted(f"{i}".encode() for i in range(20))
+
+
+async def test_a_batch_busy_beyond_send_timeout_is_sent_then_busy_timeout_bounds_it(
+    cluster: FakeCluster, make_producer: MakeProducer
+) -> None:
+    """Busy answers for longer than send_timeout_s do not fail a send_async batch (each one
+    gives it send_timeout_s again); busy_timeout_s still ends a broker that stays busy."""
+    p = await make_producer(
+        linger_ms=0, send_timeout_s=0.2, busy_backoff_ms=40.0, busy_backoff_max_ms=40.0,
+        busy_timeout_s=30.0,
+    )  # fmt: skip
+    busy = [(ResponseCode.SYSTEM_BUSY, {})] * 12  # 12 pauses of 20-40 ms: past 0.2 s
+    cluster.a.fail_next, cluster.b.fail_next = list(busy), list(busy)
+    started = asyncio.get_running_loop().time()
+    result = await p.send_async(Message("T", b"patient"))
+    assert result.status is SendStatus.SEND_OK
+    assert asyncio.get_running_loop().time() - started > 0.2
+    q = await make_producer(
+        linger_ms=0, send_timeout_s=0.2, busy_backoff_ms=20.0, busy_backoff_max_ms=20.0,
+        busy_timeout_s=0.3,
+    )  # fmt: skip
+    cluster.a.fail_next = [(ResponseCode.SYSTEM_BUSY, {})] * 1000
+    cluster.b.fail_next = [(ResponseCode.SYSTEM_BUSY, {})] * 1000
+    started = asyncio.get_running_loop().time()
+    with pytest.raises(MQError):
+        await q.send_async(Message("T", b"never"))
+    assert asyncio.get_running_loop().time() - started < 2.0
+    assert b"never" not in all_bodies(cluster)
 
 
 async def test_close_flushes_pending_batches(

@@ -81,11 +81,20 @@ class ProducerConfig:
     busy_backoff_ms: float = setting(
         5.0,
         "send_async: first pause before a batch answered SYSTEM_BUSY is sent again; busy "
-        "answers do not use up retry_times_when_send_failed (send_timeout_s bounds them).",
+        "answers do not use up retry_times_when_send_failed (busy_timeout_s bounds them).",
         above(0),
     )
     busy_backoff_max_ms: float = setting(
         200.0, "The pause after SYSTEM_BUSY doubles up to this.", above(0)
+    )
+    busy_timeout_s: float = setting(
+        120.0,
+        "send_async: how long a batch may keep being sent again while the broker answers "
+        "SYSTEM_BUSY (Kafka's delivery.timeout.ms). A busy answer shows the broker alive and "
+        "loaded, so after each one the batch has send_timeout_s again, up to this bound from "
+        "its first try; meanwhile the blocking send_async holds its callers back "
+        "(max_buffered_bytes).",
+        above(0),
     )
     max_block_s: float = setting(
         60.0,

@@ -153,10 +153,13 @@ class Sender:
     ) -> list[SendResult]:
         """One send frame, tried up to 1 + retry_times_when_send_failed times before
         ``deadline`` (loop time); one SendResult per item ([] when ``oneway``).
-        ``busy_waits``: SYSTEM_BUSY answers pause and resend without using up a try.
+        ``busy_waits``: SYSTEM_BUSY answers pause and resend without using up a try, and
+        give the send its ``send_timeout_s`` again after the pause, up to ``busy_timeout_s``
+        from now (a busy broker answers: it is loaded, not gone).
         ``packed``: (a send body already encoded, its message count) instead of ``items``;
         one SendResult for the whole send then (its first offsets, no message ids)."""
         loop = asyncio.get_running_loop()
+        busy_until = loop.time() + self.config.busy_timeout_s
         if packed is not None:
             body, count = packed
         else:
@@ -254,7 +257,11 @@ class Sender:
                 # Back-pressure, not a failure: pause, then try again (on another broker if
                 # the fault strategy has one), without using up a retry; the deadline bounds it.
                 busy += 1
-                await asyncio.sleep(min(self._busy_pause(busy), max(0.0, deadline - loop.time())))
+                pause = self._busy_pause(busy)
+                deadline = max(
+                    deadline, min(busy_until, loop.time() + pause + self.config.send_timeout_s)
+                )
+                await asyncio.sleep(min(pause, max(0.0, deadline - loop.time())))
                 continue
             tries.append(f"{mq} at {addr}: {err}")
             # A new master refuses sends until a slave rejoins its SyncStateSet ("in-sync
