@@ -137,12 +137,20 @@ class Producer(BlockingFacade[AsyncProducer]):
         ClientError): the producer's back-pressure, which also holds callers back while the
         broker answers SYSTEM_BUSY. ``callback(result, error)`` runs on the I/O thread.
         """
+        # Per message: prepare into one object, reserve its bytes, append to the inbox; the
+        # common case inline (each call saved is ~5 % of this path).
         self._check_open()
         fut = self._prepare(msg, make=self._pending)
         assert isinstance(fut, SendFuture)  # made by self._pending
         fut.nbytes = size = fut.size
         fut.callback = callback
-        self._reserve(size)
+        with self._reserve_lock:
+            buffered = self._reserved - self._released
+            room = not buffered or buffered + size <= self.config.max_buffered_bytes
+            if room:
+                self._reserved += size
+        if not room:
+            self._reserve(size)
         try:
             self._inbox.put((fut, queue, selector, arg, fut))
         except RuntimeError:  # the loop is gone: closed meanwhile

@@ -170,56 +170,75 @@ def pending_type(condition: threading.Condition, owner: BufferOwner) -> type[Pen
 
 def complete_all(futures: Sequence[Completion], results: Sequence[SendResult]) -> None:
     """Give each future its result (futures already done are skipped)."""
-    mine: list[tuple[SendFuture, SendResult | None, BaseException | None]] = []
+    if len(futures) != len(results):
+        raise ValueError(f"{len(futures)} futures, {len(results)} results")
+    mine = [f for f in futures if isinstance(f, SendFuture)]
+    if len(mine) == len(futures):  # the blocking producer's batch: one pass, no pairs built
+        if mine:
+            _settle(mine, results, None)
+        return
+    mine_results: list[SendResult] = []
     for fut, result in zip(futures, results, strict=True):
         if isinstance(fut, SendFuture):
-            mine.append((fut, result, None))
+            mine_results.append(result)
         elif not fut.done():
             fut.set_result(result)
     if mine:
-        _settle(mine)
+        _settle(mine, mine_results, None)
 
 
 def fail_all(futures: Sequence[Completion], exc: BaseException) -> None:
     """Fail each future with ``exc`` (futures already done are skipped)."""
-    mine: list[tuple[SendFuture, SendResult | None, BaseException | None]] = []
+    mine: list[SendFuture] = []
     for fut in futures:
         if isinstance(fut, SendFuture):
-            mine.append((fut, None, exc))
+            mine.append(fut)
         elif not fut.done():
             fut.set_exception(exc)
     if mine:
-        _settle(mine)
+        _settle(mine, None, exc)
 
 
-def _settle(entries: list[tuple[SendFuture, SendResult | None, BaseException | None]]) -> None:
-    settled: list[tuple[SendFuture, SendResult | None, BaseException | None]] = []
-    others: list[tuple[SendFuture, SendResult | None, BaseException | None]] = []
-    condition = entries[0][0]._condition
+def _settle(
+    futures: list[SendFuture], results: Sequence[SendResult] | None, exc: BaseException | None
+) -> None:
+    """Settle ``futures`` (with ``results[i]``, or with ``exc`` when results is None) under one
+    acquisition of their producer's condition, then run callbacks and give the bytes back."""
+    settled: list[SendFuture] = []
+    others: list[SendFuture] = []
+    others_results: list[SendResult] = []
+    condition = futures[0]._condition
     with condition:
-        for entry in entries:
-            fut, result, exc = entry
+        for i, fut in enumerate(futures):
             if fut._condition is not condition:  # another producer's: after this lock
-                others.append(entry)
+                others.append(fut)
+                if results is not None:
+                    others_results.append(results[i])
             elif fut._state == RUNNING:  # else settled already
-                fut._result, fut._exception, fut._state = result, exc, FINISHED
-                for waiter in fut._lazy_waiters or ():
-                    if exc is None:
-                        waiter.add_result(fut)
-                    else:
-                        waiter.add_exception(fut)
-                settled.append(entry)
+                if results is None:
+                    fut._exception = exc
+                else:
+                    fut._result = results[i]
+                fut._state = FINISHED
+                if fut._lazy_waiters:
+                    for waiter in fut._lazy_waiters:
+                        if exc is None:
+                            waiter.add_result(fut)
+                        else:
+                            waiter.add_exception(fut)
+                settled.append(fut)
         condition.notify_all()
     nbytes = 0
     owner: BufferOwner | None = None
-    for fut, result, exc in settled:
+    for fut in settled:
         if fut._lazy_callbacks:
             fut._invoke_callbacks()  # type: ignore[attr-defined]  # the stdlib's, see above
-        if fut.callback is not None:
+        callback = fut.callback
+        if callback is not None:
             try:
-                fut.callback(result, exc)
+                callback(fut._result, exc)
             except Exception:
-                log.exception("send callback %r raised", fut.callback)
+                log.exception("send callback %r raised", callback)
         if owner is not fut.owner:
             if owner is not None:
                 owner.release_buffer(nbytes)
@@ -228,7 +247,7 @@ def _settle(entries: list[tuple[SendFuture, SendResult | None, BaseException | N
     if owner is not None:
         owner.release_buffer(nbytes)
     if others:
-        _settle(others)
+        _settle(others, others_results if results is not None else None, exc)
 
 
 Entry = tuple[Any, ...]
