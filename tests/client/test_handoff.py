@@ -328,3 +328,28 @@ def test_a_pending_send_is_the_prepared_message_and_its_future() -> None:
     assert fut.result(0).msg_id == "id4" and seen == ["id4"]
     assert owner.released == [fut.size]
     assert "_lazy_waiters" not in vars(fut) and "_lazy_callbacks" not in vars(fut)
+
+
+def test_inbox_hands_lists_in_order_to_handle_many() -> None:
+    thread = LoopThread("inbox-many-test")
+    got: list[Any] = []
+    calls = 0
+    try:
+
+        def many(entries: list[Any]) -> None:
+            nonlocal calls
+            calls += 1
+            got.extend(entries)
+
+        inbox = Inbox(thread.loop, lambda *entry: pytest.fail("handle_many was given"), many)
+        for i in range(3000):
+            inbox.put(i if i % 3 else (i,))
+
+        async def settled() -> None:
+            inbox.drain()
+
+        thread.run(settled())
+        assert got == [i if i % 3 else (i,) for i in range(3000)]
+        assert calls < 3000 // 10, calls
+    finally:
+        thread.stop()

@@ -21,6 +21,7 @@ Everything here runs on the producer's event loop.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -132,6 +133,20 @@ class RecordAccumulator:
                 fail_all([fut], exc)
                 return
         self._enqueue(item, queue, fut)
+
+    def submit_own(self, items: Sequence[Any]) -> None:
+        """``submit(item, None, None, None, item)`` for each item, in order: items that are their
+        own future (the blocking producer's PendingSend), sent to no queue or selector."""
+        if not self.accepting:
+            fail_all(items, ClientError("producer is closed"))
+            return
+        enqueue = self._enqueue
+        for item in items:
+            msg = item.msg
+            if msg is not None and msg.properties and selector_for(msg) is not None:
+                self.submit(item, None, None, None, item)  # a message group: its queue
+            else:
+                enqueue(item, None, item)
 
     async def _resolve_waiters(self, topic: str) -> None:
         try:

@@ -23,7 +23,13 @@ from typing import Any
 from orbitmq.client._loop_thread import BlockingFacade, LoopThread
 from orbitmq.client._settings import resolve_config
 from orbitmq.client.producer.config import ProducerConfig
-from orbitmq.client.producer.handoff import Inbox, SendFuture, fail_all, pending_type
+from orbitmq.client.producer.handoff import (
+    Inbox,
+    PendingSend,
+    SendFuture,
+    fail_all,
+    pending_type,
+)
 from orbitmq.client.producer.producer import AsyncProducer
 from orbitmq.client.producer.types import MessageQueueSelector, SendCallback, SendResult
 from orbitmq.client.route import MessageQueue
@@ -74,7 +80,7 @@ class Producer(BlockingFacade[AsyncProducer]):
         self._prepare = self._async.preparer.prepare
         self._thread = LoopThread("orbitmq-producer")
         # The drain hands each (item, queue, selector, arg, future) straight to the batches.
-        self._inbox = Inbox(self._thread.loop, self._async.accumulator.submit)
+        self._inbox = Inbox(self._thread.loop, self._async.accumulator.submit, self._submit_many)
         try:
             self._thread.run(self._async.start())
         except BaseException:
@@ -152,7 +158,10 @@ class Producer(BlockingFacade[AsyncProducer]):
         if not room:
             self._reserve(size)
         try:
-            self._inbox.put((fut, queue, selector, arg, fut))
+            # The common send (no queue, no selector) is the PendingSend alone: no tuple.
+            self._inbox.put(
+                fut if queue is None and selector is None else (fut, queue, selector, arg, fut)
+            )
         except RuntimeError:  # the loop is gone: closed meanwhile
             fut.set_exception(ClientError("producer is closed"))
         if self._closed:  # closed meanwhile: what close() did not see must not hang
@@ -163,8 +172,23 @@ class Producer(BlockingFacade[AsyncProducer]):
         if self._closed:
             raise ClientError("producer is closed")
 
+    def _submit_many(self, entries: list[Any]) -> None:
+        """The inbox's drain, on the loop: runs of plain sends go to the batches in one call."""
+        acc = self._async.accumulator
+        plain: list[PendingSend] = []
+        for entry in entries:
+            if type(entry) is tuple:
+                if plain:
+                    acc.submit_own(plain)
+                    plain = []
+                acc.submit(*entry)
+            else:
+                plain.append(entry)
+        if plain:
+            acc.submit_own(plain)
+
     def _fail_inbox(self) -> None:
-        left = [entry[4] for entry in self._inbox.take_all()]
+        left = [e[4] if type(e) is tuple else e for e in self._inbox.take_all()]
         if left:
             fail_all(left, ClientError("producer is closed"))
 

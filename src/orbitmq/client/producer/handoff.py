@@ -250,17 +250,26 @@ def _settle(
         _settle(others, others_results if results is not None else None, exc)
 
 
-Entry = tuple[Any, ...]
-"""What one ``send_async`` puts in the inbox; the consumer of the inbox knows its shape."""
+Entry = Any
+"""What one ``send_async`` puts in the inbox (a tuple of ``handle``'s arguments, or any object
+when the inbox has ``handle_many``); the consumer of the inbox knows its shape."""
 
 
 class Inbox:
     """Entries from any thread, handed to ``handle(*entry)`` on the loop in order, one wake-up per
     loop iteration (see the module docstring)."""
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, handle: Callable[..., None]) -> None:
+    def __init__(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        handle: Callable[..., None],
+        handle_many: Callable[[list[Any]], None] | None = None,
+    ) -> None:
         self._loop = loop
         self._handle = handle
+        self._handle_many = handle_many
+        """When given, the drain hands it every entry queued, in order, in one list (then an
+        entry need not be a tuple: its consumer knows the shapes)."""
         self._entries: collections.deque[Entry] = collections.deque()
         self._scheduled = False
 
@@ -281,7 +290,13 @@ class Inbox:
     def drain(self) -> None:
         """Hand every queued entry to ``handle`` (on the loop)."""
         self._scheduled = False  # first: an entry put from here on schedules its own drain
-        entries, handle = self._entries, self._handle
+        entries, handle, many = self._entries, self._handle, self._handle_many
+        if many is not None:
+            while entries:
+                # Only this thread pops: the len() entries there now are there to take.
+                pop = entries.popleft
+                many([pop() for _ in range(len(entries))])
+            return
         while entries:
             handle(*entries.popleft())
 
