@@ -149,19 +149,27 @@ async def test_consumer_connections_by_group_language_and_mode(tmp_path: Path) -
     made: list[Member] = []
     try:
         a, c = Member(b.address, "client-a"), Member(b.address, "client-c")
-        made += [a, c]
+        s = Member(b.address, "client-s")
+        made += [a, c, s]
         assert (await a.beat(group="GC", consume_type="PULL")).code == ResponseCode.SUCCESS
         assert (await c.beat(group="GC", consume_type="POP")).code == ResponseCode.SUCCESS
+        assert (await s.beat(group="CID_RMQ_SYS_X", consume_type="PUSH")).code == 0
         m = b.consumers.groups["GC"].members["client-a"]
-        labels = {"consumer_group": "GC", "language": m.language, "version": m.version}
-        assert value(b, "rocketmq_consumer_connections", **labels, consume_mode="pull") == 1
-        assert value(b, "rocketmq_consumer_connections", **labels, consume_mode="pop") == 1
+        # RocketMQ 5's label set: language and version in lower case, the protocol, is_system.
+        assert m.language != m.language.lower()
+        labels = {"consumer_group": "GC", "language": m.language.lower(),
+                  "version": m.version.lower(), "protocol_type": "remoting"}  # fmt: skip
+        user = {**labels, "is_system": "false"}
+        assert value(b, "rocketmq_consumer_connections", **user, consume_mode="pull") == 1
+        assert value(b, "rocketmq_consumer_connections", **user, consume_mode="pop") == 1
+        system = {**labels, "consumer_group": "CID_RMQ_SYS_X", "is_system": "true"}
+        assert value(b, "rocketmq_consumer_connections", **system, consume_mode="push") == 1
         await a.close()
         for _ in range(100):  # bounded: the broker sees the connection close
-            if value(b, "rocketmq_consumer_connections", **labels, consume_mode="pull") is None:
+            if value(b, "rocketmq_consumer_connections", **user, consume_mode="pull") is None:
                 break
             await asyncio.sleep(0.02)
-        assert value(b, "rocketmq_consumer_connections", **labels, consume_mode="pull") is None
+        assert value(b, "rocketmq_consumer_connections", **user, consume_mode="pull") is None
     finally:
         for x in made:
             await x.close()

@@ -24,6 +24,8 @@ import numpy as np
 from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from orbitmq.protocol.consumer import is_system_group
+
 MESSAGE_SIZE_BUCKETS = (1024, 4096, 16384, 65536, 262144, 1048576, 4194304)
 """Bytes, RocketMQ's ``rocketmq_message_size`` buckets (1 KiB ... 4 MiB)."""
 RPC_LATENCY_BUCKETS = (1, 3, 5, 10, 25, 50, 100, 500, 1000, 3000)
@@ -39,8 +41,6 @@ SYSTEM_TOPIC_PREFIXES = ("rmq_sys_", "RMQ_SYS_", "SCHEDULE_TOPIC", "TBW102", "OF
 """RocketMQ's ``TopicValidator.isSystemTopic`` (its system topic set and ``rmq_sys_``), plus
 OrbitMQ's own system topics (revive log, timer, half and op topics, trace), all of them
 ``RMQ_SYS_*`` or ``rmq_sys_*``."""
-SYSTEM_GROUP_PREFIX = "cid_rmq_sys_"
-"""RocketMQ's ``isSystemGroup``: a group named ``CID_RMQ_SYS_*`` (case-insensitive)."""
 
 MESSAGE_TYPES = ("normal", "fifo", "transaction", "delay")
 
@@ -48,9 +48,7 @@ MESSAGE_TYPES = ("normal", "fifo", "transaction", "delay")
 def is_system(topic: str, group: str = "") -> str:
     """The ``is_system`` label: "true" for a system topic or a system group (RocketMQ's
     ``BrokerMetricsManager.isSystem``), else "false" (OTel writes booleans so)."""
-    system = topic.startswith(SYSTEM_TOPIC_PREFIXES) or group.lower().startswith(
-        SYSTEM_GROUP_PREFIX
-    )
+    system = topic.startswith(SYSTEM_TOPIC_PREFIXES) or is_system_group(group)
     return "true" if system else "false"
 
 
