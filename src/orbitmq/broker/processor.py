@@ -540,6 +540,10 @@ class BrokerProcessor:
         if earliest is not None:  # rocketmq_storage_message_reserve_time
             info["message_reserve_time_ms"] = max(0, self.ctx.clock.now_ms() - earliest)
         info.update(self.timer_stats())
+        info["half_messages"] = self.halves.state.pending_by_topic()  # per real topic
+        describe = getattr(self.ctx.replication, "describe", None)  # HA: the role and its lag
+        if describe is not None:
+            info.update(describe())
         info.update(PAUSES.info())
         return frame.reply(ResponseCode.SUCCESS, fields=info)
 

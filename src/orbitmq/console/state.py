@@ -69,10 +69,17 @@ class Console:
     def _keep(self, response: Response, session: Session) -> None:
         response.set_cookie(COOKIE, self.signer.cookie(session), httponly=True, samesite="strict")
 
-    def hide(self, msg: StoredMessage) -> dict[str, Any]:
-        """A message as a page may show it: the body only when bodies are allowed."""
+    def bodies_shown(self, request: Request) -> bool:
+        """Bodies go to this page: allowed by the config (``allow_message_bodies``) and not
+        switched off on the page (``bodies=0``, the "hide bodies" switch of the messages and
+        DLQ pages, for a screen others can see)."""
+        return self.config.allow_message_bodies and request.query_params.get("bodies") != "0"
+
+    def hide(self, msg: StoredMessage, show: bool = True) -> dict[str, Any]:
+        """A message as a page may show it: the body only when bodies are allowed (and
+        ``show``)."""
         body = None
-        if self.config.allow_message_bodies:
+        if self.config.allow_message_bodies and show:
             body = msg.body[:4096].decode("utf-8", "replace")
         return {
             "msg_id": msg.msg_id,
