@@ -33,8 +33,9 @@ class Console:
         self.users = {name: parse_user(entry) for name, entry in config.users.items()}
         self.audit = AuditLog(config.audit_log or "orbitmq-console-audit.jsonl")
         self.templates = Jinja2Templates(directory=str(HERE / "templates"))
-        self.admin = AsyncAdminClient(config.namesrv_addrs)
-        self.producer = AsyncProducer(config.namesrv_addrs)
+        key, secret = config.access_key, config.secret_key  # the console's own, auth on
+        self.admin = AsyncAdminClient(config.namesrv_addrs, access_key=key, secret_key=secret)
+        self.producer = AsyncProducer(config.namesrv_addrs, access_key=key, secret_key=secret)
         self.poller = Poller(self.admin, config.poll_interval_ms, config.history_s)
         self._task: asyncio.Task[None] | None = None
 
@@ -52,6 +53,11 @@ class Console:
                 await self._task
         await self.producer.close()
         await self.admin.close()
+
+    @property
+    def login_required(self) -> bool:
+        """Users are configured (the console's own, or the cluster's with ``acl_login``)."""
+        return bool(self.users) or self.config.acl_login
 
     # -- sessions --------------------------------------------------------------------------
 
