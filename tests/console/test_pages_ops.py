@@ -20,7 +20,7 @@ import pytest
 from starlette.routing import Route
 from starlette.testclient import TestClient
 
-from orbitmq.client import AsyncSimpleConsumer, Message
+from orbitmq.client import AsyncSimpleConsumer, LocalTransactionState, Message
 from orbitmq.client.consumer.config import SimpleConfig
 from orbitmq.client.transaction.producer import AsyncTransactionProducer
 from orbitmq.common.codes import ResponseCode
@@ -45,17 +45,20 @@ def _csrf(html: str) -> str:
     return m.group(1)
 
 
-class _Unknown:
-    async def check(self, _msg: Any) -> Any:
-        from orbitmq.client.transaction.producer import TransactionState
+class Undecided:
+    """A transaction listener that never decides (the half message stays a half message)."""
 
-        return TransactionState.UNKNOWN
+    def execute_local_transaction(self, _msg: Message, _arg: Any) -> LocalTransactionState:
+        return LocalTransactionState.UNKNOWN
+
+    def check_local_transaction(self, _msg: Any) -> LocalTransactionState:
+        return LocalTransactionState.UNKNOWN
 
 
 async def test_clients_timers_and_half_messages(cluster: Cluster) -> None:
     consumer = AsyncSimpleConsumer([cluster.namesrv], GROUP, SimpleConfig(await_duration_s=0.2),
                                    subscriptions={TOPIC: "*"})  # fmt: skip
-    tx = AsyncTransactionProducer([cluster.namesrv], "PG-console", _Unknown())  # type: ignore[arg-type]  # a check-back answers UNKNOWN
+    tx = AsyncTransactionProducer([cluster.namesrv], "PG-console", Undecided())
     await consumer.start()
     await tx.start()
     try:

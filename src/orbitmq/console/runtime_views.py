@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 from starlette.requests import Request
 from starlette.responses import Response
 
+from orbitmq.common.clock import now_ms
 from orbitmq.console.auth import Session
 
 if TYPE_CHECKING:
@@ -44,6 +45,7 @@ async def clients(c: Console, request: Request, s: Session) -> Response:
     rows: list[dict[str, Any]] = []
     errors: list[str] = []
     summaries = await c.admin.list_groups()
+    now = now_ms()
     for g in summaries[:MAX_GROUPS]:
         if not g.members:
             continue
@@ -56,6 +58,7 @@ async def clients(c: Console, request: Request, s: Session) -> Response:
         rows += [
             {"group": g.group, "client_id": m.client_id, "addr": m.addr, "language": m.language,
              "version": m.version, "heartbeat_ms": m.last_heartbeat_ms,
+             "heartbeat_age": f"{max(0, now - m.last_heartbeat_ms) / 1000:.1f} s ago",
              "consume_type": desc.consume_type, "model": desc.message_model, "inflight": inflight}
             for m in desc.members
         ]  # fmt: skip
