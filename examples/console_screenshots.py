@@ -41,7 +41,8 @@ def free_port() -> int:
 
 def start_up(data: Path, console_port: int) -> tuple[subprocess.Popen[str], dict[str, str]]:
     """``orbitmq up`` with tracing on; its endpoints from the ready line."""
-    env = {**os.environ, "ORBITMQ_BROKER_TRACE_ENABLE": "true"}
+    env = {**os.environ, "ORBITMQ_BROKER_TRACE_ENABLE": "true",
+           "ORBITMQ_CONSOLE_AUDIT_LOG": str(data.parent / "console-audit.jsonl")}  # fmt: skip
     argv = [sys.executable, "-m", "orbitmq", "up", "--data-dir", str(data),
             "--namesrv-port", "0", "--broker-port", "0", "--proxy-port", "-1",
             "--kafka-port", "-1", "--console-port", str(console_port), "--log-level", "WARNING"]  # fmt: skip
