@@ -29,7 +29,7 @@ from orbitmq.console.config import ConsoleConfig
 from orbitmq.console.views import parse_time_ms, replication_text, tier_text
 from orbitmq.protocol.codes import RequestCode
 from orbitmq.protocol.frame import Frame
-from tests.console.conftest import GROUP, TOPIC, Cluster, send
+from tests.console.conftest import GROUP, TOPIC, Cluster, commit_all, send
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -189,6 +189,9 @@ async def test_dlq_key_search_and_csv_export(cluster: Cluster) -> None:
         with TestClient(create_app(_config(cluster, allow_message_bodies=False))) as web:
             text = web.get("/dlq/GDead/export.csv").text
             assert "poison" not in text and "dead-a" in text
+            page = web.get("/dlq", params={"group": "GDead", "bodies": "1"}).text
+            assert "poison" not in page and "dead-a" in page and "hidden" in page
+            assert "bodies-switch" not in page  # nothing to switch on
 
     await asyncio.to_thread(run)
 
@@ -205,6 +208,7 @@ POST_FORMS: dict[str, dict[str, str]] = {
 
 async def test_every_post_route_needs_csrf_and_every_write_is_audited(cluster: Cluster) -> None:
     await send(cluster, 4)
+    await commit_all(cluster, 4)  # the group exists, so its reset succeeds
 
     def run() -> None:
         app = create_app(_config(cluster))
@@ -234,6 +238,53 @@ async def test_every_post_route_needs_csrf_and_every_write_is_audited(cluster: C
         assert sorted(denied_paths) == sorted(list(paths.values()) * 2)
         done_actions = {e["action"] for e in entries if e["result"] != "denied: csrf"}
         assert done_actions == set(POST_FORMS), done_actions  # a resend of nothing included
+        results = {e["action"]: e["result"] for e in entries if e["result"] != "denied: csrf"}
+        for action, result in results.items():
+            want = "nothing selected" if action == "dlq_resend" else "ok"
+            assert result.split(":")[0] == want, (action, result)
         assert all(e["user"] == "anonymous" and e["ip"] for e in entries)
 
     await asyncio.to_thread(run)
+
+
+async def test_group_page_members_lag_in_time_and_reset_by_time(cluster: Cluster) -> None:
+    """The group page lists the online member, shows the lag in time, and a reset to a time
+    moves the committed offsets to the first message stored at or after it."""
+    await send(cluster, 10, prefix="old")
+    await asyncio.sleep(0.05)
+    middle = int(time.time() * 1000)
+    await asyncio.sleep(0.05)
+    await send(cluster, 6, prefix="new")
+    await commit_all(cluster, 16)
+    consumer = AsyncSimpleConsumer([cluster.namesrv], GROUP, SimpleConfig(await_duration_s=0.2),
+                                   subscriptions={TOPIC: "*"})  # fmt: skip
+    await consumer.start()
+    try:
+
+        def run() -> tuple[str, str, str]:
+            with TestClient(create_app(_config(cluster))) as web:
+                page = ""
+                for _ in range(50):  # bounded: the member's heartbeat
+                    page = web.get(f"/groups/{GROUP}").text
+                    if consumer.client_id in page:
+                        break
+                    time.sleep(0.1)
+                done = web.post(f"/groups/{GROUP}/reset", data={
+                    "topic": TOPIC, "position": "timestamp", "at": str(middle),
+                    "csrf": _csrf(page)})  # fmt: skip
+                lagged = ""
+                for _ in range(50):  # bounded: the poller's next sample
+                    lagged = web.get(f"/groups/{GROUP}").text
+                    if 'id="lag" sse-swap="lag-billing">6<' in lagged and " s</b> old" in lagged:
+                        break
+                    time.sleep(0.1)
+                return page, done.text, lagged
+
+        page, after, lagged = await asyncio.to_thread(run)
+    finally:
+        await consumer.close()
+    assert consumer.client_id in page, page
+    assert 'id="result">ok<' in after, after
+    assert 'id="lag" sse-swap="lag-billing">6<' in lagged, lagged  # the 6 "new" ones
+    lag_ms = re.search(r'id="lagms" sse-swap="lagms-billing">([0-9.]+) (ms|s)</b>', lagged)
+    assert lag_ms and lag_ms.group(2) in ("ms", "s") and float(lag_ms.group(1)) > 0, lagged

@@ -497,9 +497,11 @@ async def reset_offsets(
     name, topic = request.path_params["group"], form.get("topic", "")
     position = form.get("position", "timestamp")
     ts = None
-    if position == "timestamp":
-        ts = int(time.time() * 1000) - int(float(form.get("minutes_ago") or 0) * 60_000)
     try:
+        if position == "timestamp":  # an absolute time (UTC or epoch ms), or minutes ago
+            ts = parse_time_ms(form.get("at", "")) or int(time.time() * 1000) - int(
+                float(form.get("minutes_ago") or 0) * 60_000
+            )
         await c.admin.reset_offset(name, topic, position, ts)
         result = "ok"
     except Exception as e:  # noqa: BLE001  # reported and audited
