@@ -83,10 +83,12 @@ async def test_counters_lag_and_labels_after_send_pull_commit_and_dlq(
         assert resp.code == ResponseCode.SUCCESS and resp.fields["dlq"] is True
         assert value(b, "rocketmq_send_to_dlq_messages_total", **tg, is_system="false") == 1
 
-        rpc = {"protocol_type": "remoting", "request_code": str(int(RequestCode.PULL_MESSAGE))}
-        assert (value(b, "rocketmq_rpc_latency_count", **rpc, response_code="0") or 0) >= 2
-        batch = {**rpc, "request_code": str(int(RequestCode.SEND_BATCH_MESSAGE))}
-        assert value(b, "rocketmq_rpc_latency_count", **batch, response_code="0") == 1
+        # RocketMQ 5's labels: code names in lower case, is_long_polling, result
+        rpc = {"protocol_type": "remoting", "request_code": "pull_message",
+               "is_long_polling": "false", "result": "success"}  # fmt: skip
+        assert (value(b, "rocketmq_rpc_latency_count", **rpc, response_code="success") or 0) >= 2
+        batch = {**rpc, "request_code": "send_batch_message"}
+        assert value(b, "rocketmq_rpc_latency_count", **batch, response_code="success") == 1
         assert (value(b, "rocketmq_topic_number") or 0) >= 2  # T and %DLQ%G
         assert value(b, "rocketmq_consumer_group_number") == 1
         assert value(b, "rocketmq_storage_size", storage_type="local") is not None
@@ -137,7 +139,8 @@ async def test_pop_counts_out_and_in_flight(tmp_path: Path, client: RemotingClie
         for h in handles:
             assert (await ack(client, b, "P", h)).code == ResponseCode.SUCCESS
         assert value(b, "rocketmq_consumer_lag_messages", **lag) == 0
-        pop_code = {"request_code": str(int(RequestCode.POP_MESSAGE)), "response_code": "0"}
+        pop_code = {"request_code": "pop_message", "response_code": "success",
+                    "is_long_polling": "false", "result": "success"}  # fmt: skip
         assert value(b, "rocketmq_rpc_latency_count", protocol_type="remoting", **pop_code) == 1
     finally:
         await b.stop()

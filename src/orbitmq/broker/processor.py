@@ -403,10 +403,14 @@ class BrokerProcessor:
                     return False
                 head, parts = self._found(frame, group, topic, queue_id, res)
                 conn.send_response(head, parts)
-                self.metrics.rmq.on_rpc(frame.code, head.code, (time.perf_counter() - began) * 1e3)
+                self.metrics.rmq.suspended.discard(id(frame))
+                self.metrics.rmq.on_rpc(
+                    frame.code, head.code, (time.perf_counter() - began) * 1e3, True
+                )
                 answered = True
                 return True
 
+            self.metrics.rmq.suspended.add(id(frame))  # rocketmq_rpc_latency is_long_polling
             arrived = await self.long_polling.wait(
                 topic,
                 queue_id,

@@ -24,6 +24,8 @@ import numpy as np
 from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from orbitmq.common.codes import ResponseCode
+from orbitmq.protocol.codes import RequestCode
 from orbitmq.protocol.consumer import is_system_group
 
 MESSAGE_SIZE_BUCKETS = (1024, 4096, 16384, 65536, 262144, 1048576, 4194304)
@@ -43,6 +45,16 @@ OrbitMQ's own system topics (revive log, timer, half and op topics, trace), all 
 ``RMQ_SYS_*`` or ``rmq_sys_*``."""
 
 MESSAGE_TYPES = ("normal", "fifo", "transaction", "delay")
+
+
+def code_name(codes: type[RequestCode] | type[ResponseCode], code: int) -> str:
+    """A request or response code as RocketMQ's ``RemotingHelper.get{Request,Response}CodeDesc``
+    writes it in ``rocketmq_rpc_latency``: the constant's name in lower case
+    (``send_message``, ``success``), the number for a code without a name."""
+    try:
+        return codes(code).name.lower()
+    except ValueError:
+        return str(code)
 
 
 def is_system(topic: str, group: str = "") -> str:
@@ -84,7 +96,10 @@ class RocketMQMetrics(Collector):
         """(topic, group, is_retry) -> messages delivered."""
         self.bytes_out: dict[tuple[str, str, bool], int] = {}
         self.dlq: dict[tuple[str, str], int] = {}
-        self.rpc: dict[tuple[int, int], _Histogram] = {}
+        self.rpc: dict[tuple[int, int, bool], _Histogram] = {}
+        self.suspended: set[int] = set()
+        """``id()`` of the request frames being held by long polling (a pull or a Pop waiting
+        for messages): their answer is recorded with ``is_long_polling="true"``."""
         self._size_edges = np.asarray(MESSAGE_SIZE_BUCKETS, dtype=np.int64)
         self.tx_commit: dict[str, int] = {}
         self.tx_rollback: dict[str, int] = {}
@@ -139,9 +154,11 @@ class RocketMQMetrics(Collector):
         key = (topic, group)
         self.dlq[key] = self.dlq.get(key, 0) + count
 
-    def on_rpc(self, request_code: int, response_code: int, millis: float) -> None:
-        """One request answered, with its handling time."""
-        key = (request_code, response_code)  # ints: made text only at scrape time
+    def on_rpc(
+        self, request_code: int, response_code: int, millis: float, long_polling: bool = False
+    ) -> None:
+        """One request answered, with its handling time (``long_polling``: it was held)."""
+        key = (request_code, response_code, long_polling)  # made text only at scrape time
         h = self.rpc.get(key)
         if h is None:
             h = self.rpc[key] = _Histogram(len(RPC_LATENCY_BUCKETS))
@@ -276,11 +293,13 @@ class RocketMQMetrics(Collector):
         rpc = HistogramMetricFamily(
             "rocketmq_rpc_latency",
             "Request handling time on the broker, milliseconds",
-            labels=[*names, "protocol_type", "request_code", "response_code"],
-        )
-        for (req, resp), h in sorted(self.rpc.copy().items()):
+            labels=[*names, "protocol_type", "request_code", "response_code", "is_long_polling",
+                    "result"],
+        )  # fmt: skip
+        for (req, resp, held), h in sorted(self.rpc.copy().items()):
+            codes = [code_name(RequestCode, req), code_name(ResponseCode, resp)]
             rpc.add_metric(
-                [*base, "remoting", str(req), str(resp)],
+                [*base, "remoting", *codes, "true" if held else "false", "success"],
                 _buckets(RPC_LATENCY_BUCKETS, h),
                 sum_value=h.total,
             )
