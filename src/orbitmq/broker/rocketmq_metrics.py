@@ -25,6 +25,7 @@ from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily, M
 from prometheus_client.registry import Collector
 
 from orbitmq.common.codes import ResponseCode
+from orbitmq.common.errors import DiskFullError, FlushTimeoutError
 from orbitmq.protocol.codes import RequestCode
 from orbitmq.protocol.consumer import is_system_group
 
@@ -45,6 +46,17 @@ OrbitMQ's own system topics (revive log, timer, half and op topics, trace), all 
 ``RMQ_SYS_*`` or ``rmq_sys_*``."""
 
 MESSAGE_TYPES = ("normal", "fifo", "transaction", "delay")
+
+
+def put_status(exc: BaseException | None) -> str:
+    """RocketMQ's PutMessageStatus name for a write's outcome (the ``put_status`` label)."""
+    if exc is None:
+        return "PUT_OK"
+    if isinstance(exc, FlushTimeoutError):
+        return "FLUSH_DISK_TIMEOUT"
+    if isinstance(exc, DiskFullError):
+        return "SERVICE_NOT_AVAILABLE"
+    return "UNKNOWN_ERROR"
 
 
 def code_name(codes: type[RequestCode] | type[ResponseCode], code: int) -> str:
@@ -104,8 +116,8 @@ class RocketMQMetrics(Collector):
         self.tx_commit: dict[str, int] = {}
         self.tx_rollback: dict[str, int] = {}
         self.tx_finish: dict[str, _Histogram] = {}
-        self.revive_in: dict[str, int] = {}
-        self.revive_out: dict[str, int] = {}
+        self.revive_in: dict[tuple[str, str, str, str], int] = {}
+        self.revive_out: dict[tuple[str, str, str, str], int] = {}
         self.revive_retry: dict[tuple[str, str, str], int] = {}
         """(group, topic, put status) -> revived messages written to a pop retry topic."""
         self.pop_scan = _Histogram(len(POP_SCAN_BUCKETS))
@@ -176,13 +188,17 @@ class RocketMQMetrics(Collector):
         h.counts[bisect.bisect_left(FINISH_LATENCY_BUCKETS, latency_ms)] += 1
         h.total += latency_ms
 
-    def on_revive_in(self, kind: str, count: int) -> None:
-        """Pop records written to the revive log (``kind``: CK or ACK)."""
-        self.revive_in[kind] = self.revive_in.get(kind, 0) + count
+    def on_revive_in(self, group: str, topic: str, kind: str, status: str, count: int) -> None:
+        """Pop records of (group, topic) written to the revive log (``kind``: CK or ACK;
+        ``status``: the PutMessageStatus name of the write), RocketMQ's labels."""
+        key = (group, topic, kind, status)
+        self.revive_in[key] = self.revive_in.get(key, 0) + count
 
-    def on_revive_out(self, kind: str, count: int) -> None:
-        """Pop checkpoints taken out by revive (``kind``: CK)."""
-        self.revive_out[kind] = self.revive_out.get(kind, 0) + count
+    def on_revive_out(self, group: str, topic: str, kind: str, count: int) -> None:
+        """Pop checkpoints of (group, topic) taken out by revive (``kind``: CK), from revive
+        queue 0 (OrbitMQ has one)."""
+        key = (group, topic, "0", kind)
+        self.revive_out[key] = self.revive_out.get(key, 0) + count
 
     def on_revive_retry(self, group: str, topic: str, status: str, count: int) -> None:
         """Revived Pop messages written to ``group``'s pop retry topic (``topic``: the popped
@@ -244,20 +260,22 @@ class RocketMQMetrics(Collector):
             for topic, value in sorted(one.copy().items()):
                 fam.add_metric([*base, topic], value)
             yield fam
-        for name, doc, kinds in (
-            ("rocketmq_pop_revive_in_message", "Records written to the revive log", self.revive_in),
-            ("rocketmq_pop_revive_out_message", "Checkpoints taken out by revive", self.revive_out),
-        ):
-            fam = CounterMetricFamily(name, doc, labels=[*names, "revive_message_type"])
-            for kind, value in sorted(kinds.copy().items()):
-                fam.add_metric([*base, kind], value)
+        for name, doc, kinds, extra in (
+            ("rocketmq_pop_revive_in_message", "Records written to the revive log",
+             self.revive_in, ["consumer_group", "topic", "revive_message_type", "put_status"]),
+            ("rocketmq_pop_revive_out_message", "Checkpoints taken out by revive",
+             self.revive_out, ["consumer_group", "topic", "queue_id", "revive_message_type"]),
+        ):  # fmt: skip
+            fam = CounterMetricFamily(name, doc, labels=[*names, *extra])
+            for key, value in sorted(kinds.copy().items()):
+                fam.add_metric([*base, *key], value)
             yield fam
         revived = CounterMetricFamily(
             "rocketmq_pop_revive_retry_messages", "Revived messages put to a pop retry topic",
             labels=[*names, "consumer_group", "topic", "put_status"],
         )  # fmt: skip
-        for key, value in sorted(self.revive_retry.copy().items()):
-            revived.add_metric([*base, *key], value)
+        for retried, value in sorted(self.revive_retry.copy().items()):
+            revived.add_metric([*base, *retried], value)
         yield revived
         scan = HistogramMetricFamily(
             "rocketmq_pop_buffer_scan_time_consume_milliseconds",
