@@ -243,6 +243,13 @@ async def test_every_post_route_needs_csrf_and_every_write_is_audited(cluster: C
             want = "nothing selected" if action == "dlq_resend" else "ok"
             assert result.split(":")[0] == want, (action, result)
         assert all(e["user"] == "anonymous" and e["ip"] for e in entries)
+        # writes switched off: every route refuses, token or not
+        with TestClient(create_app(_config(cluster, allow_writes=False))) as web:
+            token = _csrf(web.get("/").text)
+            for name, path in paths.items():
+                off = web.post(path, data={**POST_FORMS[name], "csrf": token},
+                               follow_redirects=False)  # fmt: skip
+                assert off.status_code == 403 and "allow_writes" in off.text, name
 
     await asyncio.to_thread(run)
 
