@@ -23,10 +23,11 @@ import tempfile
 import time
 from pathlib import Path
 
-from orbitmq.client import BlockingAdminClient, Message, Producer
+from orbitmq.client import BlockingAdminClient, LocalTransactionState, Message, Producer
 from orbitmq.client.consumer.config import SimpleConfig
 from orbitmq.client.consumer.simple import SimpleConsumer
 from orbitmq.client.consumer_types import ConsumeFromWhere
+from orbitmq.client.transaction.blocking import TransactionProducer
 from orbitmq.protocol.group_config import SubscriptionGroupConfig
 
 SIZE = {"width": 1280, "height": 800}
@@ -40,7 +41,8 @@ def free_port() -> int:
 
 def start_up(data: Path, console_port: int) -> tuple[subprocess.Popen[str], dict[str, str]]:
     """``orbitmq up`` with tracing on; its endpoints from the ready line."""
-    env = {**os.environ, "ORBITMQ_BROKER_TRACE_ENABLE": "true"}
+    env = {**os.environ, "ORBITMQ_BROKER_TRACE_ENABLE": "true",
+           "ORBITMQ_CONSOLE_AUDIT_LOG": str(data.parent / "console-audit.jsonl")}  # fmt: skip
     argv = [sys.executable, "-m", "orbitmq", "up", "--data-dir", str(data),
             "--namesrv-port", "0", "--broker-port", "0", "--proxy-port", "-1",
             "--kafka-port", "-1", "--console-port", str(console_port), "--log-level", "WARNING"]  # fmt: skip
@@ -96,7 +98,24 @@ def populate(namesrv: str) -> str:
         deadline = time.monotonic() + 20
         while not admin.dlq_messages("shipping") and time.monotonic() < deadline:
             time.sleep(0.3)
+        with Producer([namesrv]) as producer:  # the timers page: delayed messages waiting
+            for i in range(25):
+                producer.send(Message("orders", b"reminder", keys=[f"remind-{i}"])
+                              .set_delay_ms(3_600_000 + i * 60_000))  # fmt: skip
+        with TransactionProducer([namesrv], "checkout", Undecided()) as tx:  # half messages
+            for i in range(3):
+                tx.send_in_transaction(Message("payments", f"hold {i}".encode()))
     return traced
+
+
+class Undecided:
+    """A transaction listener that leaves its half messages undecided (the timers page)."""
+
+    def execute_local_transaction(self, _msg: Message, _arg: object) -> LocalTransactionState:
+        return LocalTransactionState.UNKNOWN
+
+    def check_local_transaction(self, _msg: object) -> LocalTransactionState:
+        return LocalTransactionState.UNKNOWN
 
 
 def shoot(console: str, msg_id: str, out: Path, chromium: str) -> list[Path]:
@@ -111,6 +130,8 @@ def shoot(console: str, msg_id: str, out: Path, chromium: str) -> list[Path]:
         ("messages", "/messages?topic=payments&since=3600"),
         ("trace", f"/trace?msg_id={msg_id}&topic=orders"),
         ("dlq", "/dlq?group=shipping"),
+        ("clients", "/clients"),
+        ("timers", "/timers"),
         ("audit", "/audit"),
     ]
     out.mkdir(parents=True, exist_ok=True)
@@ -142,8 +163,16 @@ def main() -> None:
         proc, endpoints = start_up(Path(tmp) / "data", free_port())
         try:
             msg_id = populate(endpoints["namesrv"])
-            for path in shoot(endpoints["console"], msg_id, args.out, args.chromium):
-                print(f"{path} {path.stat().st_size // 1024} KiB")
+            cfg = SimpleConfig(await_duration_s=0.5)
+            # online members for the clients page, while the pages are shot
+            with SimpleConsumer([endpoints["namesrv"]], "billing", cfg,
+                                subscriptions={"orders": "*"}) as online,  \
+                 SimpleConsumer([endpoints["namesrv"]], "shipping", cfg,
+                                subscriptions={"payments": "*"}) as other:  # fmt: skip
+                online.start()
+                other.start()
+                for path in shoot(endpoints["console"], msg_id, args.out, args.chromium):
+                    print(f"{path} {path.stat().st_size // 1024} KiB")
         finally:
             proc.terminate()
             try:

@@ -108,3 +108,32 @@ async def test_the_task_wakes_when_the_answer_does_not_answer(outcome: str) -> N
     polling.on_arrival("T", 0, 5)
     assert await asyncio.wait_for(waiter, WAIT_S) is True
     assert polling.answered == 0 and not polling.waiters and polling.held == 0
+
+
+async def test_held_pulls_are_long_polling_in_rpc_latency(
+    broker: BrokerController, client: RemotingClient
+) -> None:
+    """rocketmq_rpc_latency{is_long_polling}: "true" for a pull held until a message arrived
+    (answered on arrival) and for one held until its time was up; "false" for one answered at
+    once. No frame is left marked."""
+    await client.invoke(broker.address, send_frame("T", [b"first"]))
+    await asyncio.to_thread(broker.store.wait_for_dispatch)
+    reg = broker.metrics.registry
+
+    def count(held: str, response: str) -> float:
+        labels = {"request_code": "pull_message", "response_code": response,
+                  "is_long_polling": held, "protocol_type": "remoting", "result": "success",
+                  "cluster": broker.config.cluster, "node_type": "broker",
+                  "node_id": broker.config.broker_name}  # fmt: skip
+        return reg.get_sample_value("rocketmq_rpc_latency_count", labels) or 0.0
+
+    assert (await client.invoke(broker.address, pull_frame("T", 0, 0))).code == 0
+    pending = await _held(broker, client, pull_frame("T", 0, 1, suspend_timeout_ms=5000))
+    await client.invoke(broker.address, send_frame("T", [b"second"]))
+    assert (await asyncio.wait_for(pending, WAIT_S)).code == ResponseCode.SUCCESS
+    timed_out = await client.invoke(broker.address, pull_frame("T", 0, 2, suspend_timeout_ms=50))
+    assert timed_out.code == ResponseCode.PULL_NOT_FOUND
+    assert count("false", "success") == 1
+    assert count("true", "success") == 1
+    assert count("true", "pull_not_found") == 1
+    assert not broker.metrics.rmq.suspended

@@ -83,10 +83,12 @@ async def test_counters_lag_and_labels_after_send_pull_commit_and_dlq(
         assert resp.code == ResponseCode.SUCCESS and resp.fields["dlq"] is True
         assert value(b, "rocketmq_send_to_dlq_messages_total", **tg, is_system="false") == 1
 
-        rpc = {"protocol_type": "remoting", "request_code": str(int(RequestCode.PULL_MESSAGE))}
-        assert (value(b, "rocketmq_rpc_latency_count", **rpc, response_code="0") or 0) >= 2
-        batch = {**rpc, "request_code": str(int(RequestCode.SEND_BATCH_MESSAGE))}
-        assert value(b, "rocketmq_rpc_latency_count", **batch, response_code="0") == 1
+        # RocketMQ 5's labels: code names in lower case, is_long_polling, result
+        rpc = {"protocol_type": "remoting", "request_code": "pull_message",
+               "is_long_polling": "false", "result": "success"}  # fmt: skip
+        assert (value(b, "rocketmq_rpc_latency_count", **rpc, response_code="success") or 0) >= 2
+        batch = {**rpc, "request_code": "send_batch_message"}
+        assert value(b, "rocketmq_rpc_latency_count", **batch, response_code="success") == 1
         assert (value(b, "rocketmq_topic_number") or 0) >= 2  # T and %DLQ%G
         assert value(b, "rocketmq_consumer_group_number") == 1
         assert value(b, "rocketmq_storage_size", storage_type="local") is not None
@@ -137,7 +139,8 @@ async def test_pop_counts_out_and_in_flight(tmp_path: Path, client: RemotingClie
         for h in handles:
             assert (await ack(client, b, "P", h)).code == ResponseCode.SUCCESS
         assert value(b, "rocketmq_consumer_lag_messages", **lag) == 0
-        pop_code = {"request_code": str(int(RequestCode.POP_MESSAGE)), "response_code": "0"}
+        pop_code = {"request_code": "pop_message", "response_code": "success",
+                    "is_long_polling": "false", "result": "success"}  # fmt: skip
         assert value(b, "rocketmq_rpc_latency_count", protocol_type="remoting", **pop_code) == 1
     finally:
         await b.stop()
@@ -149,19 +152,27 @@ async def test_consumer_connections_by_group_language_and_mode(tmp_path: Path) -
     made: list[Member] = []
     try:
         a, c = Member(b.address, "client-a"), Member(b.address, "client-c")
-        made += [a, c]
+        s = Member(b.address, "client-s")
+        made += [a, c, s]
         assert (await a.beat(group="GC", consume_type="PULL")).code == ResponseCode.SUCCESS
         assert (await c.beat(group="GC", consume_type="POP")).code == ResponseCode.SUCCESS
+        assert (await s.beat(group="CID_RMQ_SYS_X", consume_type="PUSH")).code == 0
         m = b.consumers.groups["GC"].members["client-a"]
-        labels = {"consumer_group": "GC", "language": m.language, "version": m.version}
-        assert value(b, "rocketmq_consumer_connections", **labels, consume_mode="pull") == 1
-        assert value(b, "rocketmq_consumer_connections", **labels, consume_mode="pop") == 1
+        # RocketMQ 5's label set: language and version in lower case, the protocol, is_system.
+        assert m.language != m.language.lower()
+        labels = {"consumer_group": "GC", "language": m.language.lower(),
+                  "version": m.version.lower(), "protocol_type": "remoting"}  # fmt: skip
+        user = {**labels, "is_system": "false"}
+        assert value(b, "rocketmq_consumer_connections", **user, consume_mode="pull") == 1
+        assert value(b, "rocketmq_consumer_connections", **user, consume_mode="pop") == 1
+        system = {**labels, "consumer_group": "CID_RMQ_SYS_X", "is_system": "true"}
+        assert value(b, "rocketmq_consumer_connections", **system, consume_mode="push") == 1
         await a.close()
         for _ in range(100):  # bounded: the broker sees the connection close
-            if value(b, "rocketmq_consumer_connections", **labels, consume_mode="pull") is None:
+            if value(b, "rocketmq_consumer_connections", **user, consume_mode="pull") is None:
                 break
             await asyncio.sleep(0.02)
-        assert value(b, "rocketmq_consumer_connections", **labels, consume_mode="pull") is None
+        assert value(b, "rocketmq_consumer_connections", **user, consume_mode="pull") is None
     finally:
         for x in made:
             await x.close()

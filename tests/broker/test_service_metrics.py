@@ -15,7 +15,7 @@ from orbitmq.common.codes import ResponseCode
 from orbitmq.net.client import RemotingClient
 from orbitmq.store.timer_index import TIMER_DTYPE, TimerIndex
 from tests.broker.conftest import broker_config
-from tests.broker.test_pop import make_topic, pop, send
+from tests.broker.test_pop import GROUP, ack, make_topic, pop, send
 from tests.broker.test_timer import make_topic as timer_topic
 from tests.broker.test_timer import send as timer_send
 from tests.broker.test_transaction import end, prepare
@@ -97,16 +97,20 @@ async def test_pop_revive_counters_and_gauges(tmp_path: Path, client: RemotingCl
     try:
         make_topic(b, "P")
         await send(client, b, "P", [b"a", b"b"])
-        _, msgs, _ = await pop(client, b, "P", invisible_time_ms=100)
+        _, msgs, handles = await pop(client, b, "P", invisible_time_ms=100)
         assert len(msgs) == 2
-        assert value(b, "rocketmq_pop_revive_in_message_total", revive_message_type="CK") == 1
+        ck = {"consumer_group": GROUP, "topic": "P", "revive_message_type": "CK"}
+        assert value(b, "rocketmq_pop_revive_in_message_total", **ck, put_status="PUT_OK") == 1
         assert value(b, "rocketmq_pop_offset_buffer_size") == 2
         assert value(b, "rocketmq_pop_checkpoint_buffer_size") == 1
+        assert (await ack(client, b, "P", handles[0])).code == 0  # an ACK record, by its CK
+        acked = {**ck, "revive_message_type": "ACK", "put_status": "PUT_OK"}
+        assert value(b, "rocketmq_pop_revive_in_message_total", **acked) == 1
         await asyncio.sleep(0.3)  # past its deadline, not revived yet
         assert value(b, "rocketmq_pop_revive_lag", queue_id="0") == 1
         assert (value(b, "rocketmq_pop_revive_latency_milliseconds", queue_id="0") or 0) >= 150
         await b.pop.reviver.revive_due()
-        assert value(b, "rocketmq_pop_revive_out_message_total", revive_message_type="CK") == 1
+        assert value(b, "rocketmq_pop_revive_out_message_total", **ck, queue_id="0") == 1
         assert value(b, "rocketmq_pop_revive_lag", queue_id="0") == 0
         assert value(b, "rocketmq_pop_checkpoint_buffer_size") == 0
     finally:

@@ -20,6 +20,7 @@ import pytest
 from typer.testing import CliRunner, Result
 
 from orbitmq.bench.__main__ import main as bench_main
+from orbitmq.bench.produce import run as produce_run
 from orbitmq.cli.main import app
 from orbitmq.client import BlockingAdminClient, Message, Producer
 from tests.cli.conftest import CliCluster
@@ -309,14 +310,20 @@ def test_bench_produce_blocking_api(cli_cluster: CliCluster, tmp_path: Path) -> 
 
 
 def test_python_m_bench_produce_oneway_for_a_duration_at_a_rate(
-    cli_cluster: CliCluster, capsys: pytest.CaptureFixture[str], tmp_path: Path
+    cli_cluster: CliCluster,
+    capsys: pytest.CaptureFixture[str],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     report = tmp_path / "r.json"
+    monkeypatch.setattr(produce_run, "STATUS_S", 0.1)  # status lines while it runs
     rc = bench_main(["produce", "--namesrv", cli_cluster.namesrv, "--topic", "CliBench3",
                      "--mode", "oneway", "--duration", "0.5", "--rate", "200", "--size", "10",
                      "--json", str(report)])  # fmt: skip
     assert rc == 0
-    out = capsys.readouterr().out
+    captured = capsys.readouterr()
+    out = captured.out
+    assert re.search(r"running \d+ s: [\d,]+ stored \([\d,]+ msgs/s\)", captured.err), captured.err
     assert "mode oneway" in out and "0.5 s" in out and "rate 200 msgs/s" in out
     assert "-m orbitmq.bench produce --namesrv" in out
     data = json.loads(report.read_text())

@@ -81,6 +81,7 @@ def test_dlq_list_and_resend(cli_cluster: CliCluster) -> None:
 
     out = cli(cli_cluster, "dlq", "resend", "--group", "G-DLQ", "--all").output
     assert "2 resent, 0 failed" in out
+    assert "resending 0/2 (" in out  # off a terminal: status lines (stderr) instead of a bar
     with BlockingAdminClient(cli_cluster.namesrv) as admin:
         assert len(admin.query_by_key("DLQT", "DLQT-k0")) == 2
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from datetime import datetime
 from pathlib import Path
 
 from typer.testing import CliRunner
@@ -63,6 +64,8 @@ async def test_trace_of_a_native_sdk_message(tmp_path: Path) -> None:
             types = [next(w for w in row if w in ("Pub", "SubBefore", "SubAfter")) for row in rows]
             assert types == ["Pub", "SubBefore", "SubAfter"], output
             assert "GTrace" in rows[1] and "GTrace" in rows[2] and "topic=Traced" in output
+            times = [datetime.fromisoformat(f"{row[0]} {row[1]}") for row in rows]  # the times
+            assert times == sorted(times) and times[0].year >= 2024, output
             assert "keys=order-9" in output
             code, output = await asyncio.to_thread(trace_cli, "--msg-id", "0" * 32,
                                                    "--namesrv", ns.address)  # fmt: skip

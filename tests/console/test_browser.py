@@ -123,7 +123,8 @@ async def test_live_lag_chart_and_csrf_in_chromium(cluster: Cluster) -> None:
 
 
 async def test_dlq_resend_in_chromium(cluster: Cluster) -> None:
-    """A message a group gave up on (0 retries) is on the DLQ page, found by its key; resent
+    """A message a group gave up on (0 retries) is on the DLQ page, found by its key (the
+    page's key search); resent
     after the confirmation, a healthy group receives it (same keys, body and unique id); the
     resend is audited and the row then says it was resent before."""
     from orbitmq.client import AsyncSimpleConsumer, Message
@@ -173,7 +174,12 @@ async def test_dlq_resend_in_chromium(cluster: Cluster) -> None:
             for browser in _browser():
                 page = browser.new_page(viewport={"width": 1280, "height": 800})
                 page.on("dialog", lambda d: d.accept())  # the confirmation
-                page.goto(f"http://127.0.0.1:{port}/dlq?group=failing")
+                page.goto(f"http://127.0.0.1:{port}/dlq")
+                page.fill("input[name=group]", "failing")  # found by its key
+                page.fill("input[name=key]", "dead-key")
+                page.click("form[action='/dlq'] button")
+                page.wait_for_url("**key=dead-key**", timeout=10_000)
+                assert page.locator("tr.dead").count() == 1
                 row = page.locator("tr.dead", has_text="dead-key")
                 row.locator("input[name=pick]").check()
                 page.click("#resend")

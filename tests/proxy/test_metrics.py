@@ -76,9 +76,12 @@ async def test_proxy_up_rpc_latency_and_connections(env: ProxyEnv, stub: Any) ->
                 response_code="OK", le="+Inf", **rpc) == 2  # fmt: skip
     assert find(got, "rocketmq_rpc_latency_count", request_code="PullMessage",
                 response_code=code, **rpc) == 1  # a streaming call, until its end  # fmt: skip
-    assert find(got, "rocketmq_producer_connections", language="PYTHON", version="5.0.1") == 1
-    assert find(got, "rocketmq_consumer_connections", consumer_group="GM", language="JAVA",
-                version="5.0.7", consume_mode="pop") == 1  # fmt: skip
+    # RocketMQ 5's label sets (lower-case language, the protocol, is_system of the group)
+    assert find(got, "rocketmq_producer_connections", language="python", version="5.0.1",
+                protocol_type="grpc") == 1  # fmt: skip
+    assert find(got, "rocketmq_consumer_connections", consumer_group="GM", language="java",
+                version="5.0.7", consume_mode="pop", protocol_type="grpc",
+                is_system="false") == 1  # fmt: skip
 
 
 def test_orbitmq_proxy_metrics_port_announces_its_endpoint(tmp_path: Path) -> None:

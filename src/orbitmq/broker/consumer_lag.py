@@ -195,20 +195,23 @@ class ConsumerLagCollector(Collector):
 
     def _connections(self, base: list[str], names: list[str]) -> GaugeMetricFamily:
         """``rocketmq_consumer_connections``: online members by group, language, version and
-        consume mode (push, pull, pop), as their heartbeats say."""
+        consume mode (push, pull, pop), as their heartbeats say; language and version in lower
+        case, ``protocol_type="remoting"`` and ``is_system`` of the group, as RocketMQ 5's
+        ``BrokerMetricsManager`` labels them."""
         fam = GaugeMetricFamily(
             "rocketmq_consumer_connections",
             "Online consumer group members",
-            labels=[*names, "consumer_group", "language", "version", "consume_mode"],
-        )
+            labels=[*names, "consumer_group", "language", "version", "consume_mode",
+                    "protocol_type", "is_system"],
+        )  # fmt: skip
         counts: dict[tuple[str, str, str, str], int] = {}
         if self.consumers is not None:
             for group, g in list(self.consumers.groups.items()):
                 for m in list(g.members.values()):
-                    key = (group, m.language, m.version, m.consume_type.lower())
+                    key = (group, m.language.lower(), m.version.lower(), m.consume_type.lower())
                     counts[key] = counts.get(key, 0) + 1
         for key, n in sorted(counts.items()):
-            fam.add_metric([*base, *key], n)
+            fam.add_metric([*base, *key, "remoting", is_system("", key[0])], n)
         return fam
 
     def _producers(self, base: list[str], names: list[str]) -> GaugeMetricFamily:

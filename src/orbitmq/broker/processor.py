@@ -403,10 +403,14 @@ class BrokerProcessor:
                     return False
                 head, parts = self._found(frame, group, topic, queue_id, res)
                 conn.send_response(head, parts)
-                self.metrics.rmq.on_rpc(frame.code, head.code, (time.perf_counter() - began) * 1e3)
+                self.metrics.rmq.suspended.discard(id(frame))
+                self.metrics.rmq.on_rpc(
+                    frame.code, head.code, (time.perf_counter() - began) * 1e3, True
+                )
                 answered = True
                 return True
 
+            self.metrics.rmq.suspended.add(id(frame))  # rocketmq_rpc_latency is_long_polling
             arrived = await self.long_polling.wait(
                 topic,
                 queue_id,
@@ -540,6 +544,10 @@ class BrokerProcessor:
         if earliest is not None:  # rocketmq_storage_message_reserve_time
             info["message_reserve_time_ms"] = max(0, self.ctx.clock.now_ms() - earliest)
         info.update(self.timer_stats())
+        info["half_messages"] = self.halves.state.pending_by_topic()  # per real topic
+        describe = getattr(self.ctx.replication, "describe", None)  # HA: the role and its lag
+        if describe is not None:
+            info.update(describe())
         info.update(PAUSES.info())
         return frame.reply(ResponseCode.SUCCESS, fields=info)
 

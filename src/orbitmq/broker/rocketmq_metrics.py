@@ -24,6 +24,11 @@ import numpy as np
 from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from orbitmq.common.codes import ResponseCode
+from orbitmq.common.errors import DiskFullError, FlushTimeoutError
+from orbitmq.protocol.codes import RequestCode
+from orbitmq.protocol.consumer import is_system_group
+
 MESSAGE_SIZE_BUCKETS = (1024, 4096, 16384, 65536, 262144, 1048576, 4194304)
 """Bytes, RocketMQ's ``rocketmq_message_size`` buckets (1 KiB ... 4 MiB)."""
 RPC_LATENCY_BUCKETS = (1, 3, 5, 10, 25, 50, 100, 500, 1000, 3000)
@@ -39,18 +44,35 @@ SYSTEM_TOPIC_PREFIXES = ("rmq_sys_", "RMQ_SYS_", "SCHEDULE_TOPIC", "TBW102", "OF
 """RocketMQ's ``TopicValidator.isSystemTopic`` (its system topic set and ``rmq_sys_``), plus
 OrbitMQ's own system topics (revive log, timer, half and op topics, trace), all of them
 ``RMQ_SYS_*`` or ``rmq_sys_*``."""
-SYSTEM_GROUP_PREFIX = "cid_rmq_sys_"
-"""RocketMQ's ``isSystemGroup``: a group named ``CID_RMQ_SYS_*`` (case-insensitive)."""
 
 MESSAGE_TYPES = ("normal", "fifo", "transaction", "delay")
+
+
+def put_status(exc: BaseException | None) -> str:
+    """RocketMQ's PutMessageStatus name for a write's outcome (the ``put_status`` label)."""
+    if exc is None:
+        return "PUT_OK"
+    if isinstance(exc, FlushTimeoutError):
+        return "FLUSH_DISK_TIMEOUT"
+    if isinstance(exc, DiskFullError):
+        return "SERVICE_NOT_AVAILABLE"
+    return "UNKNOWN_ERROR"
+
+
+def code_name(codes: type[RequestCode] | type[ResponseCode], code: int) -> str:
+    """A request or response code as RocketMQ's ``RemotingHelper.get{Request,Response}CodeDesc``
+    writes it in ``rocketmq_rpc_latency``: the constant's name in lower case
+    (``send_message``, ``success``), the number for a code without a name."""
+    try:
+        return codes(code).name.lower()
+    except ValueError:
+        return str(code)
 
 
 def is_system(topic: str, group: str = "") -> str:
     """The ``is_system`` label: "true" for a system topic or a system group (RocketMQ's
     ``BrokerMetricsManager.isSystem``), else "false" (OTel writes booleans so)."""
-    system = topic.startswith(SYSTEM_TOPIC_PREFIXES) or group.lower().startswith(
-        SYSTEM_GROUP_PREFIX
-    )
+    system = topic.startswith(SYSTEM_TOPIC_PREFIXES) or is_system_group(group)
     return "true" if system else "false"
 
 
@@ -86,13 +108,16 @@ class RocketMQMetrics(Collector):
         """(topic, group, is_retry) -> messages delivered."""
         self.bytes_out: dict[tuple[str, str, bool], int] = {}
         self.dlq: dict[tuple[str, str], int] = {}
-        self.rpc: dict[tuple[int, int], _Histogram] = {}
+        self.rpc: dict[tuple[int, int, bool], _Histogram] = {}
+        self.suspended: set[int] = set()
+        """``id()`` of the request frames being held by long polling (a pull or a Pop waiting
+        for messages): their answer is recorded with ``is_long_polling="true"``."""
         self._size_edges = np.asarray(MESSAGE_SIZE_BUCKETS, dtype=np.int64)
         self.tx_commit: dict[str, int] = {}
         self.tx_rollback: dict[str, int] = {}
         self.tx_finish: dict[str, _Histogram] = {}
-        self.revive_in: dict[str, int] = {}
-        self.revive_out: dict[str, int] = {}
+        self.revive_in: dict[tuple[str, str, str, str], int] = {}
+        self.revive_out: dict[tuple[str, str, str, str], int] = {}
         self.revive_retry: dict[tuple[str, str, str], int] = {}
         """(group, topic, put status) -> revived messages written to a pop retry topic."""
         self.pop_scan = _Histogram(len(POP_SCAN_BUCKETS))
@@ -141,9 +166,11 @@ class RocketMQMetrics(Collector):
         key = (topic, group)
         self.dlq[key] = self.dlq.get(key, 0) + count
 
-    def on_rpc(self, request_code: int, response_code: int, millis: float) -> None:
-        """One request answered, with its handling time."""
-        key = (request_code, response_code)  # ints: made text only at scrape time
+    def on_rpc(
+        self, request_code: int, response_code: int, millis: float, long_polling: bool = False
+    ) -> None:
+        """One request answered, with its handling time (``long_polling``: it was held)."""
+        key = (request_code, response_code, long_polling)  # made text only at scrape time
         h = self.rpc.get(key)
         if h is None:
             h = self.rpc[key] = _Histogram(len(RPC_LATENCY_BUCKETS))
@@ -161,13 +188,17 @@ class RocketMQMetrics(Collector):
         h.counts[bisect.bisect_left(FINISH_LATENCY_BUCKETS, latency_ms)] += 1
         h.total += latency_ms
 
-    def on_revive_in(self, kind: str, count: int) -> None:
-        """Pop records written to the revive log (``kind``: CK or ACK)."""
-        self.revive_in[kind] = self.revive_in.get(kind, 0) + count
+    def on_revive_in(self, group: str, topic: str, kind: str, status: str, count: int) -> None:
+        """Pop records of (group, topic) written to the revive log (``kind``: CK or ACK;
+        ``status``: the PutMessageStatus name of the write), RocketMQ's labels."""
+        key = (group, topic, kind, status)
+        self.revive_in[key] = self.revive_in.get(key, 0) + count
 
-    def on_revive_out(self, kind: str, count: int) -> None:
-        """Pop checkpoints taken out by revive (``kind``: CK)."""
-        self.revive_out[kind] = self.revive_out.get(kind, 0) + count
+    def on_revive_out(self, group: str, topic: str, kind: str, count: int) -> None:
+        """Pop checkpoints of (group, topic) taken out by revive (``kind``: CK), from revive
+        queue 0 (OrbitMQ has one)."""
+        key = (group, topic, "0", kind)
+        self.revive_out[key] = self.revive_out.get(key, 0) + count
 
     def on_revive_retry(self, group: str, topic: str, status: str, count: int) -> None:
         """Revived Pop messages written to ``group``'s pop retry topic (``topic``: the popped
@@ -229,20 +260,22 @@ class RocketMQMetrics(Collector):
             for topic, value in sorted(one.copy().items()):
                 fam.add_metric([*base, topic], value)
             yield fam
-        for name, doc, kinds in (
-            ("rocketmq_pop_revive_in_message", "Records written to the revive log", self.revive_in),
-            ("rocketmq_pop_revive_out_message", "Checkpoints taken out by revive", self.revive_out),
-        ):
-            fam = CounterMetricFamily(name, doc, labels=[*names, "revive_message_type"])
-            for kind, value in sorted(kinds.copy().items()):
-                fam.add_metric([*base, kind], value)
+        for name, doc, kinds, extra in (
+            ("rocketmq_pop_revive_in_message", "Records written to the revive log",
+             self.revive_in, ["consumer_group", "topic", "revive_message_type", "put_status"]),
+            ("rocketmq_pop_revive_out_message", "Checkpoints taken out by revive",
+             self.revive_out, ["consumer_group", "topic", "queue_id", "revive_message_type"]),
+        ):  # fmt: skip
+            fam = CounterMetricFamily(name, doc, labels=[*names, *extra])
+            for key, value in sorted(kinds.copy().items()):
+                fam.add_metric([*base, *key], value)
             yield fam
         revived = CounterMetricFamily(
             "rocketmq_pop_revive_retry_messages", "Revived messages put to a pop retry topic",
             labels=[*names, "consumer_group", "topic", "put_status"],
         )  # fmt: skip
-        for key, value in sorted(self.revive_retry.copy().items()):
-            revived.add_metric([*base, *key], value)
+        for retried, value in sorted(self.revive_retry.copy().items()):
+            revived.add_metric([*base, *retried], value)
         yield revived
         scan = HistogramMetricFamily(
             "rocketmq_pop_buffer_scan_time_consume_milliseconds",
@@ -278,11 +311,13 @@ class RocketMQMetrics(Collector):
         rpc = HistogramMetricFamily(
             "rocketmq_rpc_latency",
             "Request handling time on the broker, milliseconds",
-            labels=[*names, "protocol_type", "request_code", "response_code"],
-        )
-        for (req, resp), h in sorted(self.rpc.copy().items()):
+            labels=[*names, "protocol_type", "request_code", "response_code", "is_long_polling",
+                    "result"],
+        )  # fmt: skip
+        for (req, resp, held), h in sorted(self.rpc.copy().items()):
+            codes = [code_name(RequestCode, req), code_name(ResponseCode, resp)]
             rpc.add_metric(
-                [*base, "remoting", str(req), str(resp)],
+                [*base, "remoting", *codes, "true" if held else "false", "success"],
                 _buckets(RPC_LATENCY_BUCKETS, h),
                 sum_value=h.total,
             )

@@ -152,7 +152,9 @@ class Dispatcher:
             reply = frame.reply(code, str(exc) or type(exc).__name__)
         finally:
             self.watermark.leave(slot)
+            held = id(frame) in self.rmq.suspended  # long-polled (unmarked even if cancelled)
+            self.rmq.suspended.discard(id(frame))
         if reply is not None:  # a oneway request has no response code
             answer = reply[0] if isinstance(reply, tuple) else reply
-            self.rmq.on_rpc(frame.code, answer.code, (time.perf_counter() - started) * 1000)
+            self.rmq.on_rpc(frame.code, answer.code, (time.perf_counter() - started) * 1000, held)
         return reply

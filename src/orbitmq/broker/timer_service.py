@@ -510,7 +510,7 @@ class TimerService:
             "timer_skipped": self.skipped,
             "timer_recalled": self.recalled,
             "timer_loaded_offset": self.loaded,
-        }
+        } | {f"timer_{k}": v for k, v in self.gauges().items()}  # the console's timers page
 
 
 _Key = tuple[object, ...]

@@ -12,6 +12,7 @@ import contextlib
 import datetime
 import logging
 import re
+import time
 from collections.abc import Coroutine, Iterator
 from typing import Annotated, Any, NoReturn, TypeVar
 
@@ -198,3 +199,23 @@ def message_line(mq: MessageQueue, msg: StoredMessage, preview: int) -> str:
         f"  tags={msg.tags or '-'}  keys={','.join(msg.keys) or '-'}"
         f"  {body_preview(msg.body, preview)}"
     )
+
+
+class StatusLines:
+    """Progress of a long loop where no bar can be drawn (stderr is a log, a pipe, CI): a line
+    ``<what> <done>/<total> (<elapsed> s)`` when it starts and then at most every ``every_s``,
+    so a slow run shows where it is. On a terminal the caller draws a rich bar instead."""
+
+    def __init__(self, console: Console, what: str, total: int, every_s: float = 2.0) -> None:
+        self.console, self.what, self.total, self.every_s = console, what, total, every_s
+        self.started = self._last = time.monotonic()
+        self._say(0)
+
+    def _say(self, done: int) -> None:
+        elapsed = time.monotonic() - self.started
+        self.console.print(f"{self.what} {done}/{self.total} ({elapsed:.1f} s)", highlight=False)
+
+    def advance(self, done: int) -> None:
+        if time.monotonic() - self._last >= self.every_s:
+            self._last = time.monotonic()
+            self._say(done)

@@ -21,6 +21,7 @@ from rich.table import Column, Table
 from orbitmq.cli.common import (
     DEFAULT_NAMESRV,
     NamesrvOpt,
+    StatusLines,
     admin_config,
     body_preview,
     err,
@@ -134,16 +135,20 @@ def dlq_resend(
             fail(f"no dead-lettered {what} for group {group}")
         done: list[str] = []
         failed: list[str] = []
-        console = err()  # a bar on a terminal's stderr for more than one message; else none
+        console = err()  # more than one message: a bar on a terminal, else status lines
+        many = len(chosen) >= 2
         bar = Progress(
             TextColumn("resending"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-            console=console, transient=True, disable=not console.is_terminal or len(chosen) < 2,
+            console=console, transient=True, disable=not console.is_terminal or not many,
         )  # fmt: skip
+        lines = StatusLines(console, "resending", len(chosen)) if many and bar.disable else None
         async with AsyncProducer(namesrv, producer_config()) as producer:
             with bar:
                 task = bar.add_task("resend", total=len(chosen))
-                for m in chosen:
+                for i, m in enumerate(chosen):
                     bar.advance(task)
+                    if lines is not None:
+                        lines.advance(i)
                     try:
                         result = await producer.send(m.resend_message())
                     except MQError as exc:

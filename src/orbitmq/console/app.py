@@ -23,6 +23,7 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
 from orbitmq.console import views
+from orbitmq.console.acl_login import AclLoginError, acl_role
 from orbitmq.console.auth import Session, check_password, new_session
 from orbitmq.console.config import ConsoleConfig
 from orbitmq.console.state import COOKIE, HERE, Console
@@ -63,7 +64,7 @@ def create_app(config: ConsoleConfig) -> Starlette:
         )
 
     async def login_page(request: Request) -> Response:
-        if not console.users:
+        if not console.login_required:
             return RedirectResponse("/", status_code=303)
         return console.templates.TemplateResponse(
             request, "login.html", {"error": None, "config": config}
@@ -73,20 +74,26 @@ def create_app(config: ConsoleConfig) -> Starlette:
         form = await request.form()
         user, password = str(form.get("user", "")), str(form.get("password", ""))
         known = console.users.get(user)
-        if known is None or not check_password(password, known[1]):
+        role, error = None, "wrong user or password"
+        if known is not None:
+            role = known[0] if check_password(password, known[1]) else None
+        elif config.acl_login:
+            try:
+                role = await acl_role(config.namesrv_addrs, user, password)
+            except AclLoginError as e:
+                error = str(e)
+        if role is None:
             console.audit.write(user or "-", _ip(request), "login", "console", "denied")
             return console.templates.TemplateResponse(
-                request,
-                "login.html",
-                {"error": "wrong user or password", "config": config},
-                status_code=403,
+                request, "login.html", {"error": error, "config": config}, status_code=403
             )
+        console.audit.write(user, _ip(request), "login", "console", f"ok: {role}")
         response = RedirectResponse("/", status_code=303)
-        console._keep(response, new_session(user, known[0]))
+        console._keep(response, new_session(user, role))
         return response
 
     async def logout(_request: Request) -> Response:
-        response = RedirectResponse("/login" if console.users else "/", status_code=303)
+        response = RedirectResponse("/login" if console.login_required else "/", status_code=303)
         response.delete_cookie(COOKIE)
         return response
 
@@ -108,9 +115,13 @@ def create_app(config: ConsoleConfig) -> Starlette:
         Route("/messages", page, name="messages"),
         Route("/trace", page, name="trace"),
         Route("/dlq", page, name="dlq"),
+        Route("/dlq/{group}/export.csv", page, name="dlq_export"),
+        Route("/clients", page, name="clients"),
+        Route("/timers", page, name="timers"),
         Route("/audit", page, name="audit"),
         Route("/api/lag/{group}", page, name="lag_json"),
         Route("/topics", action, methods=["POST"], name="create_topic"),
+        Route("/topics/{topic}/update", action, methods=["POST"], name="update_topic"),
         Route("/topics/{topic}/delete", action, methods=["POST"], name="delete_topic"),
         Route("/topics/{topic}/send", action, methods=["POST"], name="send_test"),
         Route("/groups/{group}/reset", action, methods=["POST"], name="reset_offsets"),
@@ -128,7 +139,7 @@ def create_app(config: ConsoleConfig) -> Starlette:
 
 def _session_or_none(console: Console, request: Request) -> Session | None:
     session = console.session(request)
-    if session is None and not console.users:
+    if session is None and not console.login_required:
         session = new_session("anonymous", "admin")  # no users: loopback dev, everyone admin
     return session
 

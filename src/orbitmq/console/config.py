@@ -1,8 +1,9 @@
 """ConsoleConfig: the console's settings (the ``[console]`` table).
 
 Loopback by default; writes (topic create/delete, test sends, offset resets, DLQ resends) and
-message bodies can each be switched off; users are optional (no users: anyone who reaches the
-port is an admin, which is why the default bind is 127.0.0.1).
+message bodies can each be switched off; users are optional, the console's own
+(``[console.users]``) or the cluster's ACL users (``acl_login``); with neither, anyone who
+reaches the port is an admin, which is why the default bind is 127.0.0.1.
 """
 
 from __future__ import annotations
@@ -32,6 +33,15 @@ class ConsoleConfig:
         "(`orbitmq console hash-password`); empty: no login, everyone is admin.",
         factory=dict,
     )
+    acl_login: bool = setting(
+        False,
+        "Also log in the cluster's ACL users (docs/security.md) with their secret key, "
+        "checked by a NameServer: a Super user is an admin, a Normal user a viewer.",
+    )
+    access_key: str | None = setting(
+        None, "User the console signs its own requests with (a cluster with auth_enabled)."
+    )
+    secret_key: str | None = setting(None, "That user's secret key (never logged).", secret=True)
     secret: str | None = setting(
         None, "Key that signs session cookies and CSRF tokens (None: random per start)."
     )

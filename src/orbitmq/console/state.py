@@ -33,8 +33,9 @@ class Console:
         self.users = {name: parse_user(entry) for name, entry in config.users.items()}
         self.audit = AuditLog(config.audit_log or "orbitmq-console-audit.jsonl")
         self.templates = Jinja2Templates(directory=str(HERE / "templates"))
-        self.admin = AsyncAdminClient(config.namesrv_addrs)
-        self.producer = AsyncProducer(config.namesrv_addrs)
+        key, secret = config.access_key, config.secret_key  # the console's own, auth on
+        self.admin = AsyncAdminClient(config.namesrv_addrs, access_key=key, secret_key=secret)
+        self.producer = AsyncProducer(config.namesrv_addrs, access_key=key, secret_key=secret)
         self.poller = Poller(self.admin, config.poll_interval_ms, config.history_s)
         self._task: asyncio.Task[None] | None = None
 
@@ -53,6 +54,11 @@ class Console:
         await self.producer.close()
         await self.admin.close()
 
+    @property
+    def login_required(self) -> bool:
+        """Users are configured (the console's own, or the cluster's with ``acl_login``)."""
+        return bool(self.users) or self.config.acl_login
+
     # -- sessions --------------------------------------------------------------------------
 
     def session(self, request: Request) -> Session | None:
@@ -69,10 +75,17 @@ class Console:
     def _keep(self, response: Response, session: Session) -> None:
         response.set_cookie(COOKIE, self.signer.cookie(session), httponly=True, samesite="strict")
 
-    def hide(self, msg: StoredMessage) -> dict[str, Any]:
-        """A message as a page may show it: the body only when bodies are allowed."""
+    def bodies_shown(self, request: Request) -> bool:
+        """Bodies go to this page: allowed by the config (``allow_message_bodies``) and not
+        switched off on the page (``bodies=0``, the "hide bodies" switch of the messages and
+        DLQ pages, for a screen others can see)."""
+        return self.config.allow_message_bodies and request.query_params.get("bodies") != "0"
+
+    def hide(self, msg: StoredMessage, show: bool = True) -> dict[str, Any]:
+        """A message as a page may show it: the body only when bodies are allowed (and
+        ``show``)."""
         body = None
-        if self.config.allow_message_bodies:
+        if self.config.allow_message_bodies and show:
             body = msg.body[:4096].decode("utf-8", "replace")
         return {
             "msg_id": msg.msg_id,

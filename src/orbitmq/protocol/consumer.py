@@ -45,6 +45,16 @@ def is_system_group_topic(topic: str) -> bool:
     return topic.startswith((RETRY_GROUP_TOPIC_PREFIX, DLQ_GROUP_TOPIC_PREFIX))
 
 
+SYSTEM_GROUP_PREFIX = "cid_rmq_sys_"
+"""RocketMQ's ``isSystemGroup``: a group named ``CID_RMQ_SYS_*`` (case-insensitive)."""
+
+
+def is_system_group(group: str) -> bool:
+    """RocketMQ's ``BrokerMetricsManager.isSystemGroup`` (the ``is_system`` metric label of a
+    group's series, on brokers and proxies alike)."""
+    return group.lower().startswith(SYSTEM_GROUP_PREFIX)
+
+
 class SubscriptionData(msgspec.Struct, kw_only=True, frozen=True):
     topic: str
     expression_type: str = "TAG"

@@ -6,10 +6,11 @@ latency of ``RemotingMetricsConstant``), on its own endpoint (``[proxy] metrics_
 - ``rocketmq_rpc_latency{protocol_type="grpc", request_code, response_code}``: handling time of
   each gRPC call in milliseconds, by method name and the ``apache.rocketmq.v2.Code`` name of the
   answer's status (a streaming call: until its last message);
-- ``rocketmq_producer_connections{language, version}`` and
-  ``rocketmq_consumer_connections{consumer_group, language, version, consume_mode}``: clients
-  with a session (their Settings' user agent; consume_mode ``push``, ``pop`` (simple) or
-  ``pull``).
+- ``rocketmq_producer_connections{language, version, protocol_type}`` and
+  ``rocketmq_consumer_connections{consumer_group, language, version, consume_mode,
+  protocol_type, is_system}``: clients with a session (their Settings' user agent, in lower
+  case as RocketMQ writes it; consume_mode ``push``, ``pop`` (simple) or ``pull``;
+  ``protocol_type="grpc"``; ``is_system`` of the group, as the broker's).
 
 Every series carries ``cluster``, ``node_type`` ("proxy") and ``node_id`` (the proxy's
 address), as RocketMQ's do. The wrappers time a call on the event loop with one dict update;
@@ -27,6 +28,7 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.core import GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from orbitmq.protocol.consumer import is_system_group
 from orbitmq.proxy.grpc_v2 import definition_pb2 as pb
 from orbitmq.proxy.sessions import ClientSession
 
@@ -128,25 +130,29 @@ class ProxyMetrics(Collector):
                 continue
             ua = settings.user_agent
             lang = pb.Language.Name(ua.language) if ua.language in pb.Language.values() else "?"
+            lang, version = lang.lower(), ua.version.lower()
             kind = settings.client_type
             if kind == pb.PRODUCER:
-                producers[(lang, ua.version)] = producers.get((lang, ua.version), 0) + 1
+                producers[(lang, version)] = producers.get((lang, version), 0) + 1
             elif kind in _CONSUME_MODE:
-                ckey = (s.group or "", lang, ua.version, _CONSUME_MODE[kind])
+                ckey = (s.group or "", lang, version, _CONSUME_MODE[kind])
                 consumers[ckey] = consumers.get(ckey, 0) + 1
         fam = GaugeMetricFamily(
             "rocketmq_producer_connections", "Producers with a session",
-            labels=[*names, "language", "version"],
+            labels=[*names, "language", "version", "protocol_type"],
         )  # fmt: skip
         for key, n in sorted(producers.items()):
-            fam.add_metric([*base, *key], n)
+            fam.add_metric([*base, *key, "grpc"], n)
         yield fam
         fam = GaugeMetricFamily(
             "rocketmq_consumer_connections", "Consumers with a session",
-            labels=[*names, "consumer_group", "language", "version", "consume_mode"],
+            labels=[*names, "consumer_group", "language", "version", "consume_mode",
+                    "protocol_type", "is_system"],
         )  # fmt: skip
         for group_key, n in sorted(consumers.items()):
-            fam.add_metric([*base, *group_key], n)
+            fam.add_metric(
+                [*base, *group_key, "grpc", "true" if is_system_group(group_key[0]) else "false"], n
+            )
         yield fam
 
 

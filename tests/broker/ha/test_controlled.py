@@ -31,6 +31,8 @@ from orbitmq.common.codes import ResponseCode
 from orbitmq.controller.config import ControllerConfig
 from orbitmq.controller.server import ControllerNode
 from orbitmq.net.client import RemotingClient
+from orbitmq.protocol.codes import RequestCode
+from orbitmq.protocol.frame import Frame
 from orbitmq.protocol.messages import decode_records
 from orbitmq.testing import small_broker_config
 from tests.broker.ha.test_replication import log_bytes
@@ -286,6 +288,16 @@ async def test_manual_failover_demotes_the_master_and_back(tmp_path: Path) -> No
             assert shown[f"orbitmq_ha_replica_lag_bytes{role(first).broker_id}"] == 0
             old = sample(first)
             assert old["orbitmq_ha_role"] == 0 and old["orbitmq_ha_fenced_total"] >= 1
+            # The runtime info (the console's replication column) tells the same.
+            runtime = Frame(RequestCode.GET_BROKER_RUNTIME_INFO)
+            told = (await client.invoke(target.address, runtime)).fields
+            assert told["ha_role"] == "master" and told["ha_in_sync"] == 3, told
+            assert told["ha_epoch"] == 2
+            assert set(told["ha_replicas"]) == {str(role(b).broker_id) for b in brokers
+                                                if b is not target}  # fmt: skip
+            told = (await client.invoke(first.address, runtime)).fields
+            assert told["ha_role"] == "slave" and told["ha_epoch"] == 2, told
+            assert told["ha_master"].endswith(f":{role(target).ha_port}"), told
             # The controller shows each replica's lag as the master reports it.
             deadline = time.monotonic() + 5
             while True:

@@ -3,13 +3,16 @@ gone, or the whole disk lost and rebuilt by --tier-restore), by KEYS word and by
 
 from __future__ import annotations
 
+import logging
 import shutil
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from orbitmq.common.message import Message, MessageBatch
 from orbitmq.store.message_store import MessageStore
+from orbitmq.store.tier import service as tier_service
 from orbitmq.store.tier.backend import DirectoryBackend
 from orbitmq.store.tier.keys import KEYS_DTYPE, key_hash, rows_for
 from orbitmq.store.tier.layout import QueueManifest, keys_key, manifest_key
@@ -104,7 +107,9 @@ def test_tier_restore_answers_key_queries_without_the_local_disk(tmp_path: Path)
         store.close()
 
 
-def test_tier_restore_builds_key_indexes_missing_from_older_chunks(tmp_path: Path) -> None:
+def test_tier_restore_builds_key_indexes_missing_from_older_chunks(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
     store, _ = open_store(tmp_path)
     assert store.tier is not None
     sent = produce_keyed(store, 12)
@@ -123,7 +128,17 @@ def test_tier_restore_builds_key_indexes_missing_from_older_chunks(tmp_path: Pat
         backend.put(mk, m.encode())
     assert not [k for k in backend.list("") if "/keys/" in k]
     shutil.rmtree(tmp_path / "store")
-    store, _ = open_store(tmp_path, tier_restore=True)
+    monkeypatch.setattr(tier_service, "RESTORE_STATUS_S", 0.0)  # a status line per queue
+    with caplog.at_level(logging.WARNING, logger=tier_service.__name__):
+        store, _ = open_store(tmp_path, tier_restore=True)
+    lines = [r.getMessage() for r in caplog.records if r.name == tier_service.__name__]
+    assert lines[0].startswith(f"tier restore: {QUEUES} queues in "), lines
+    assert [ln.split(" (")[0] for ln in lines[1:-1]] == [
+        f"tier restore: {i}/{QUEUES} queues" for i in range(QUEUES)
+    ], lines
+    assert (
+        lines[-1].startswith("tier restore: ") and "continue at their tier watermark" in lines[-1]
+    )
     try:
         for key in list(sent)[::9]:
             expect_one(store, key, sent[key])

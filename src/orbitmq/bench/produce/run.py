@@ -7,12 +7,16 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import datetime
 import json
 import os
 import platform
 import shlex
 import sys
+import threading
+import time
+from collections.abc import Iterator
 
 from hdrh.histogram import HdrHistogram
 
@@ -84,6 +88,44 @@ async def _wait_for_queues(admin: AsyncAdminClient, topic: str, queues: int, bro
     raise ClientError(f"the NameServers do not route {topic!r} with {queues} queues yet")
 
 
+STATUS_S = 5.0
+"""While the producers run, a line every this many seconds: messages stored so far and the
+rate since the last line (read from the broker's queues by a thread with its own client, so
+the measured producers are not touched)."""
+
+
+@contextlib.contextmanager
+def _status_lines(options: ProduceBenchOptions, before: int, say: Progress) -> Iterator[None]:
+    stop = threading.Event()
+
+    async def report() -> None:
+        with contextlib.suppress(MQError):  # no status lines, the run goes on
+            await _report(options, before, say, stop)
+
+    thread = threading.Thread(target=run_loop, args=(report(),), name="bench-status", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join(10)
+
+
+async def _report(
+    options: ProduceBenchOptions, before: int, say: Progress, stop: threading.Event
+) -> None:
+    async with AsyncAdminClient(options.namesrv) as admin:
+        started = last_t = time.monotonic()
+        last = 0
+        while not await asyncio.to_thread(stop.wait, STATUS_S):
+            with contextlib.suppress(MQError):
+                grown = await _queue_total(admin, options.topic) - before
+                now = time.monotonic()
+                rate = (grown - last) / max(1e-9, now - last_t)
+                say(f"running {now - started:.0f} s: {grown:,} stored ({rate:,.0f} msgs/s)")
+                last, last_t = grown, now
+
+
 async def _stored_after(options: ProduceBenchOptions, before: int, expected: int) -> int | None:
     """Queue growth since ``before``, waiting a little for dispatch to catch up."""
     try:
@@ -111,14 +153,15 @@ def run_produce_bench(
     say: Progress = progress or (lambda _line: None)
     started_at = datetime.datetime.now().astimezone().isoformat(timespec="seconds")
     flush, before = run_loop(_prepare_topic(options, say))
-    if options.producers == 1:
-        say("warming up and running 1 producer in this process")
-        if options.api == "blocking":
-            workers = [produce_blocking(options, 0)]
+    with _status_lines(options, before, say):
+        if options.producers == 1:
+            say("warming up and running 1 producer in this process")
+            if options.api == "blocking":
+                workers = [produce_blocking(options, 0)]
+            else:
+                workers = [run_loop(produce(options, 0))]
         else:
-            workers = [run_loop(produce(options, 0))]
-    else:
-        workers = run_processes(options, say)
+            workers = run_processes(options, say)
     hist = new_histogram()
     for w in workers:
         hist.add(HdrHistogram.decode(w.histogram.encode("ascii")))

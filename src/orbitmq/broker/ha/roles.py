@@ -94,6 +94,22 @@ class RoleSwitch:
         self.truncation_guard = contextlib.nullcontext
         """Given to every slave side (``HaSlave.truncation_guard``)."""
 
+    def describe(self) -> dict[str, object]:
+        """Replication state for GET_BROKER_RUNTIME_INFO (the console's overview): the role,
+        the epoch, and a master's in-sync count and per-replica lag, or a slave's master and
+        whether its link is up."""
+        role = self.role
+        info: dict[str, object] = {"ha_role": "none", "ha_epoch": self.master_epoch,
+                                   "ha_switches": self.switches}  # fmt: skip
+        if isinstance(role, HaMaster):
+            info.update(ha_role="master", ha_in_sync=role.in_sync_replicas,
+                        ha_replicas={str(bid): [lag_bytes, lag_ms]
+                                     for bid, _acked, lag_bytes, lag_ms in role.replica_lag()})  # fmt: skip
+        elif isinstance(role, HaSlave):
+            info.update(ha_role="slave", ha_master=f"{role.master[0]}:{role.master[1]}",
+                        ha_connected=role.connected.is_set(), ha_last_error=role.last_error)  # fmt: skip
+        return info
+
     # ------------------------------------------------------------------ the gate
 
     @property

@@ -2,12 +2,11 @@
 CHANGE_MESSAGE_INVISIBLETIME (docs/pop.md).
 
 A pop reads a run of messages from each queue it visits at the group's offset, appends one
-checkpoint (CK) per run to the revive log (through the
-:class:`~orbitmq.broker.pop.service.PopService`, which owns the state), advances the group's
-offset in memory, and answers with the records and a receipt handle per record. A
-per-(group, topic, queue) asyncio lock keeps two pops from reading the same offset and is held
-across the CK append, so the offset moves only after the CK is stored. A FIFO topic (or a group
-configured ``fifo``) is popped through the queue's window instead (docs/fifo.md).
+checkpoint (CK) per run to the revive log (through the state's owner,
+:class:`~orbitmq.broker.pop.service.PopService`), advances the group's offset in memory, and
+answers with the records and a receipt handle each. A per-(group, topic, queue) asyncio lock,
+held across the CK append, keeps two pops from reading the same offset: the offset moves only
+after the CK is stored. FIFO topics and ``fifo`` groups pop through a window (docs/fifo.md).
 """
 
 from __future__ import annotations
@@ -166,6 +165,7 @@ class PopProcessor:
                 if waiter is None or remaining <= 0:
                     return frame.reply(ResponseCode.PULL_NOT_FOUND, "no new message")
                 self.service.held += 1  # parked, out of rocketmq_processor_watermark's count
+                self.metrics.rmq.suspended.add(id(frame))  # rocketmq_rpc_latency is_long_polling
                 try:
                     async with asyncio.timeout(remaining):
                         await waiter

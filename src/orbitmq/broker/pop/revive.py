@@ -37,7 +37,8 @@ from orbitmq.broker.pop.records import (
     decode_entry,
 )
 from orbitmq.broker.pop.state import PopCheckpoint, PopState
-from orbitmq.common.errors import DiskFullError, FlushTimeoutError, MQError
+from orbitmq.broker.rocketmq_metrics import put_status
+from orbitmq.common.errors import MQError
 from orbitmq.common.files import write_atomically
 from orbitmq.common.message import MessageBatch, encode_properties
 from orbitmq.common.record import StoredMessage, decode
@@ -358,7 +359,7 @@ class Reviver:
             ]
             results = await asyncio.gather(*puts, return_exceptions=True)
             failed = next((r for r in results if isinstance(r, BaseException)), None)
-            status = "PUT_OK" if failed is None else _put_status(failed)
+            status = put_status(failed)
             for (group, topic), n in copies.retry_counts.items():
                 self.ctx.metrics.rmq.on_revive_retry(group, topic, status, n)
             if failed is not None:
@@ -371,7 +372,8 @@ class Reviver:
                     trace.on_dlq(group, origin, dlq_topic(group), moved)
         await self.pop.append_ops([DoneRecord(ck.ck_id) for ck in taken])
         self.revived += messages
-        self.ctx.metrics.rmq.on_revive_out("CK", len(taken))
+        for ck in taken:
+            self.ctx.metrics.rmq.on_revive_out(ck.record.group, ck.record.topic, "CK", 1)
         return taken
 
     def _add_copy(
@@ -412,15 +414,6 @@ class Reviver:
         await asyncio.to_thread(topics.upsert, config)
         self.ctx.topic_created(config)
         log.info("created pop retry topic %s", topic)
-
-
-def _put_status(exc: BaseException) -> str:
-    """RocketMQ's PutMessageStatus name for a failed retry put (the metric's put_status)."""
-    if isinstance(exc, FlushTimeoutError):
-        return "FLUSH_DISK_TIMEOUT"
-    if isinstance(exc, DiskFullError):
-        return "SERVICE_NOT_AVAILABLE"
-    return "UNKNOWN_ERROR"
 
 
 def _load(store: MessageStore, phys: list[int]) -> list[StoredMessage | None]:

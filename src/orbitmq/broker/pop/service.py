@@ -27,6 +27,7 @@ from orbitmq.broker.pop.receipt import HandleCodec, load_or_create_secret
 from orbitmq.broker.pop.records import REVIVE_TOPIC, AckRecord, CkRecord, Op, encode_entry
 from orbitmq.broker.pop.revive import Reviver
 from orbitmq.broker.pop.state import PopCheckpoint, PopState
+from orbitmq.broker.rocketmq_metrics import put_status
 from orbitmq.broker.timer_delivery import DelayedDelivery
 from orbitmq.broker.trace import TraceService
 from orbitmq.common.errors import (
@@ -163,18 +164,29 @@ class PopService:
     async def append_ops(self, ops: list[Op]) -> int:
         """Append one revive-log entry; returns its queue offset in the log."""
         body = encode_entry(ops, self.secret)
-        rmq = self.ctx.metrics.rmq
-        for op in ops:
-            if isinstance(op, CkRecord | AckRecord):
-                rmq.on_revive_in("CK" if isinstance(op, CkRecord) else "ACK", 1)
+        counted = [self._revive_labels(op) for op in ops if isinstance(op, CkRecord | AckRecord)]
         batch = MessageBatch(REVIVE_TOPIC, 0, [body], [b""], born_timestamp_ms=self.clock.now_ms())
         floor = self.system_log.max_offset(REVIVE_TOPIC, 0)
         self._append_floors.append(floor)
+        failed: BaseException | None = None
         try:
             result = await self.system_log.append(batch)
+        except BaseException as exc:
+            failed = exc
+            raise
         finally:
             self._append_floors.remove(floor)
+            status = put_status(failed)  # rocketmq_pop_revive_in_message_total, as RocketMQ
+            for group, topic, kind in counted:
+                self.ctx.metrics.rmq.on_revive_in(group, topic, kind, status, 1)
         return result.first_queue_offset
+
+    def _revive_labels(self, op: CkRecord | AckRecord) -> tuple[str, str, str]:
+        """(group, topic, CK or ACK) of a revive-log record; an ACK's from its open CK."""
+        if isinstance(op, CkRecord):
+            return op.group, op.topic, "CK"
+        ck = self.state.cks.get(op.ck_id)
+        return (ck.record.group, ck.record.topic, "ACK") if ck else ("", "", "ACK")
 
     def checkpoint_floor(self) -> int:
         """Where a restart must start reading the revive log: nothing before it is open."""

@@ -53,6 +53,9 @@ log = logging.getLogger(__name__)
 
 BACKOFF_MIN_S = 0.5
 BACKOFF_MAX_S = 30.0
+RESTORE_STATUS_S = 2.0
+"""``--tier-restore`` logs where it is at most this often (a restore that rebuilds key indexes
+reads every old chunk, which can take minutes)."""
 CHUNKS_PER_QUEUE_TURN = 64  # one queue far behind does not starve the others for long
 
 
@@ -191,7 +194,13 @@ class TierService:
                 cl.max_offset = cl.flushed_offset = start
                 self.dispatcher.reput_offset = start
         restored = 0
-        for (topic, qid), m in sorted(self.manifests.items()):
+        todo = sorted(self.manifests.items())
+        log.warning("tier restore: %d queues in %s", len(todo), self.backend.describe())
+        last_line = time.monotonic()
+        for done, ((topic, qid), m) in enumerate(todo):
+            if time.monotonic() - last_line >= RESTORE_STATUS_S:  # progress of a long restore
+                last_line = time.monotonic()
+                log.warning("tier restore: %d/%d queues (%s/%d)", done, len(todo), topic, qid)
             indexed = index_missing(self.backend, m)  # chunks from before key indexes
             if indexed is not None:
                 self._install((topic, qid), indexed)
