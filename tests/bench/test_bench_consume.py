@@ -85,8 +85,11 @@ def test_e2e_bench_measures_latency(namesrv: str) -> None:
     lat = run.latency_ms
     assert set(lat) == {"p50", "p90", "p99", "p99.9", "max", "mean"}
     assert 0 < lat["p50"] <= lat["p90"] <= lat["p99"] <= lat["p99.9"] <= lat["max"]
+    # the broker's GC pauses over 5 ms in the run window, from its runtime info
+    assert set(run.broker_gc) == {"over_5ms", "max_ms"} and run.broker_gc["over_5ms"] >= 0
     report = e2e.format_e2e_report(result)
     assert "command: pytest smoke" in report and "p99.9" in report and "median" in report
+    assert "broker GC pauses over 5 ms during the run: " in report
     json.dumps(result.to_json(), default=str)
 
 

@@ -131,6 +131,10 @@ class E2ERun:
     """CPU of the consumer's process (all threads) over the run, in % of one core."""
     duplicates: int = 0
     first_error: str | None = None
+    broker_gc: dict[str, float] = field(default_factory=dict)
+    """The brokers' cyclic-GC pauses over 5 ms during the run (``over_5ms``, summed over the
+    masters, from runtime info) and the longest pause since their start (``max_ms``); empty
+    when runtime info could not be read."""
 
     @property
     def achieved_rate(self) -> float:
@@ -327,7 +331,14 @@ def run_e2e_bench(
         for i in range(options.runs):
             group = new_group("BenchE2E", i)
             say(f"run {i + 1}/{options.runs}: group {group}, {options.rate:g} msgs/s")
+            gc_before = run_loop(_broker_gc(target.namesrv))
             run = _e2e_once(target.namesrv, options, group, queues, meter, say)
+            gc_after = run_loop(_broker_gc(target.namesrv))
+            if gc_before and gc_after:
+                run.broker_gc = {
+                    "over_5ms": gc_after["over_5ms"] - gc_before["over_5ms"],
+                    "max_ms": gc_after["max_ms"],
+                }
             lat = run.latency_ms
             say(
                 f"run {i + 1}: {run.sent:,} sent, {run.received:,} received, "
@@ -351,6 +362,20 @@ async def _prepare_e2e(
     async with AsyncAdminClient(namesrv) as admin:
         queues = await ensure_topic(admin, options.topic, options.queues, say)
         return queues, await flush_types(admin, options.topic)
+
+
+async def _broker_gc(namesrv: str) -> dict[str, float]:
+    """Every master's GC pause counters (runtime info): pauses over 5 ms so far (summed) and
+    the longest pause (the largest); empty if a broker does not answer."""
+    try:
+        async with AsyncAdminClient(namesrv) as admin:
+            infos = [await admin.broker_runtime_info(a) for a in (await admin.masters()).values()]
+        return {
+            "over_5ms": sum(float(i.get("gc_pauses_over_5ms", 0)) for i in infos),
+            "max_ms": max(float(i.get("gc_pause_max_ms", 0)) for i in infos),
+        }
+    except (MQError, ValueError):
+        return {}
 
 
 def _e2e_once(
@@ -473,6 +498,12 @@ def format_e2e_report(result: E2EBenchResult) -> str:
                 f"       of which after the broker stored it (ms resolution): p50 {a['p50']:.1f}"
                 f"  p99 {a['p99']:.1f}  max {a['max']:.1f}; consumer process CPU "
                 f"{r.consumer_cpu_percent:.0f}% of a core"
+            )
+        if r.broker_gc:
+            g = r.broker_gc
+            lines.append(
+                f"       broker GC pauses over 5 ms during the run: {g['over_5ms']:.0f} "
+                f"(longest since the broker started {g['max_ms']:.1f} ms)"
             )
     lines.append(
         f"median {result.median_rate:,.0f} msgs/s  ms "

@@ -42,7 +42,7 @@ from orbitmq.broker.offset_manager import ConsumerOffsetManager
 from orbitmq.broker.pop.processor import PopProcessor
 from orbitmq.broker.pop.service import PopService
 from orbitmq.broker.processor import BrokerProcessor
-from orbitmq.broker.routes import Dispatcher, build_routes
+from orbitmq.broker.routes import EAGER_CODES, Dispatcher, build_routes
 from orbitmq.broker.runtime_config import RuntimeConfigProcessor
 from orbitmq.broker.service_metrics import ServiceGaugeCollector, store_backlogs
 from orbitmq.broker.store_bridge import StoreBridge
@@ -226,6 +226,7 @@ class BrokerController:
             port=config.port,
             name="broker",
             on_disconnect=self._on_disconnect,
+            eager_codes=EAGER_CODES,
             tls=config.tls_source(),
             tls_mode=config.tls_mode,
             limits=config.limits(),
@@ -397,8 +398,7 @@ class BrokerController:
         self._promotions += 1
         if self.metadata is not None:
             # First: apply every replicated record (the services below read the replicated
-            # pop.secret, pop_revive.json, timer_checkpoint.json, transaction.json), log a
-            # snapshot at this epoch, then write.
+            # pop.secret, pop_revive.json, ...), log a snapshot at this epoch, then write.
             await self.metadata.become_master(self._master_epoch())
         try:
             await self.pop.start()  # restores the Pop state before anyone can pop

@@ -209,13 +209,13 @@ class BrokerProcessor:
             # Stored on the master, not (yet) on every in-sync slave: RocketMQ's status too.
             code, remark = ResponseCode.FLUSH_SLAVE_TIMEOUT, str(exc)
         self.metrics.messages_in.inc(len(send.bodies))
-        self.metrics.bytes_in.inc(int(send.body_lengths.sum()))
+        self.metrics.bytes_in.inc(send.body_total)
         kind = "transaction" if half else "delay" if timed else config.message_type.lower()
-        self.metrics.rmq.on_send(topic, kind, send.body_lengths)
+        self.metrics.rmq.on_send(topic, kind, send.body_length_list, send.body_total)
         trace = self.trace
         if trace is not None and trace.wants(topic):
             cost_ms = int((time.perf_counter() - started) * 1000)
-            trace.on_send(topic, send.properties, send.body_lengths.tolist(), ids,
+            trace.on_send(topic, send.properties, send.body_length_list, ids,
                           result.physical_offsets, cost_ms, _TRACE_TYPES.get(kind, 0))  # fmt: skip
         self.metrics.send_latency.observe(time.perf_counter() - started)
         fields: dict[str, object] = {

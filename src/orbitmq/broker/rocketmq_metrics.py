@@ -18,7 +18,7 @@ computed at scrape time too, by :class:`orbitmq.broker.consumer_lag.ConsumerLagC
 from __future__ import annotations
 
 import bisect
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 
 import numpy as np
 from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily, Metric
@@ -126,11 +126,19 @@ class RocketMQMetrics(Collector):
 
     # ------------------------------------------------------------------ hot path (per batch)
 
-    def on_send(self, topic: str, message_type: str, lengths: np.ndarray) -> None:
-        """A stored batch: ``lengths`` holds its body lengths (numpy, one entry per message)."""
+    def on_send(
+        self,
+        topic: str,
+        message_type: str,
+        lengths: np.ndarray | Sequence[int],
+        total: int | None = None,
+    ) -> None:
+        """A stored batch: ``lengths`` holds its body lengths (one entry per message; a list
+        or numpy), ``total`` their sum when the caller has it."""
         key = (topic, message_type)
         n = len(lengths)
-        total = int(lengths.sum())
+        if total is None:
+            total = int(sum(lengths.tolist() if isinstance(lengths, np.ndarray) else lengths))
         self.messages_in[key] = self.messages_in.get(key, 0) + n
         self.bytes_in[key] = self.bytes_in.get(key, 0) + total
         h = self.sizes.get(key)
@@ -140,7 +148,7 @@ class RocketMQMetrics(Collector):
             h.counts[bisect.bisect_left(MESSAGE_SIZE_BUCKETS, total)] += 1
         elif n <= 16:  # a few messages: bisect each, cheaper than numpy's fixed cost
             counts = h.counts
-            for length in lengths.tolist():
+            for length in lengths.tolist() if isinstance(lengths, np.ndarray) else lengths:
                 counts[bisect.bisect_left(MESSAGE_SIZE_BUCKETS, length)] += 1
         else:
             idx = np.searchsorted(self._size_edges, lengths, side="left")

@@ -104,6 +104,15 @@ def build_routes(
     }
 
 
+EAGER_CODES = frozenset(
+    int(c)
+    for c in (RequestCode.SEND_MESSAGE, RequestCode.SEND_BATCH_MESSAGE, RequestCode.PULL_MESSAGE)
+)
+"""The hot requests whose handlers start in the connection's read callback, without a task
+(orbitmq.net.connection): their paths wait only on futures (the append, the fsync, replication,
+the long poll, reader threads), never on ``asyncio.timeout`` or the current task."""
+
+
 class Dispatcher:
     """Calls a request's handler from the route table; the one place errors become codes."""
 

@@ -15,6 +15,17 @@ so the server's sweeper can close idle and slow (slowloris) connections; over TL
 the peer's verified certificate (``peer_cert``, ``principal``: see
 :func:`orbitmq.net.tls.peer_identity`).
 
+Requests whose codes are in ``eager_codes`` start without a task: their handler runs at once,
+in ``data_received``, up to its first wait (a send up to the queued append, a pull up to its
+answer or its long poll), and is resumed from the done callback of the future it waits on
+(:meth:`Connection._step`), the way a Task steps a coroutine but without the Task, its first
+scheduled step and its done callback (three loop handles per request on the broker's hot path).
+Such a handler must not need ``asyncio.current_task()`` (no ``asyncio.timeout``), nor
+cancellation; anything else (every other code, every other server) runs as a task, as before.
+Order and back-pressure are the same either way: requests start in arrival order (an eager
+request behind a task that has not started yet runs in a task too) and count against
+``max_in_flight`` until their handler returns.
+
 A frame that cannot be decoded closes the connection, with the reason logged. A ``signer``
 (orbitmq.protocol.signature.Signer) adds the sender's AccessKey and Signature to every request
 this side sends, oneway ones included, never to a response.
@@ -28,7 +39,8 @@ import itertools
 import logging
 import time
 import typing
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from functools import partial
 from typing import Any
 
 from orbitmq.common.codes import ResponseCode
@@ -77,8 +89,12 @@ class Connection(asyncio.Protocol):
         refusals: Refusals | None = None,
         quotas: ByteQuotas | None = None,
         admit: Callable[[Connection, str], bool] | None = None,
+        eager_codes: frozenset[int] = frozenset(),
     ) -> None:
         self.handler = handler
+        self.eager_codes = eager_codes
+        """Request codes whose handler starts in ``data_received``, without a task (module
+        docstring)."""
         self.signer = signer
         self.decoder = FrameDecoder(max_frame_size)
         self.max_in_flight = max_in_flight
@@ -111,6 +127,10 @@ class Connection(asyncio.Protocol):
         self.principal: str | None = None
         """The verified client certificate's identity (mutual TLS), else None."""
         self._backlog: collections.deque[Frame] = collections.deque()
+        self._pumping = False
+        self._unstarted = 0
+        """Requests handed to a task whose first step has not run yet: an eager request after
+        them must not overtake them."""
         self._tasks = TaskSet("request handlers", logger=log)
         self._write_paused = False
         self._read_paused = False
@@ -211,7 +231,48 @@ class Connection(asyncio.Protocol):
         self._in_flight += 1
         self._in_flight_bytes += len(frame.body)
         self._update_reading()
-        self._tasks.spawn(self._run(frame))
+        if frame.code in self.eager_codes and not self._unstarted:
+            self._step(self._run(frame))
+        else:  # behind a task not yet started, an eager request waits its turn in one too
+            self._unstarted += 1
+            self._tasks.spawn(self._run(frame, tasked=True))
+
+    def _step(self, coro: Coroutine[Any, Any, None], _done: object = None) -> None:
+        """Run an eager request's coroutine up to its next wait, here and now; the future it
+        waits on resumes it (asyncio's Task protocol: a blocking future is yielded, a bare
+        ``yield`` asks for one loop turn). A failure is logged and counted like a task's."""
+        try:
+            waited = coro.send(None)
+        except StopIteration:
+            return
+        except (KeyboardInterrupt, SystemExit):
+            raise
+        except BaseException as exc:  # _run answers handler errors: this is its own failure
+            self._tasks.failures += 1
+            log.error("%s: request handler failed", self.name, exc_info=exc)
+            return
+        if getattr(waited, "_asyncio_future_blocking", False):
+            fut = typing.cast(asyncio.Future[Any], waited)
+            fut._asyncio_future_blocking = False
+            fut.add_done_callback(partial(self._step, coro))
+        elif waited is None:
+            asyncio.get_running_loop().call_soon(self._step, coro)
+        else:
+            self._tasks.failures += 1
+            log.error("%s: request handler yielded %r, not a future", self.name, waited)
+            coro.close()
+
+    def _pump(self) -> None:
+        """Start what waited in the backlog while there is room; not re-entered (an eager
+        request that finishes at once would otherwise start the next from inside itself)."""
+        if self._pumping:
+            return
+        self._pumping = True
+        try:
+            while self._backlog and not self._busy() and not self._muted_until:
+                self._start_request(self._backlog.popleft())
+        finally:
+            self._pumping = False
 
     def _busy(self) -> bool:
         busy = (
@@ -221,8 +282,10 @@ class Connection(asyncio.Protocol):
             self.refusals.counts[REASON_PENDING] += 1
         return busy
 
-    async def _run(self, frame: Frame) -> None:
+    async def _run(self, frame: Frame, tasked: bool = False) -> None:
         assert self.handler is not None
+        if tasked:
+            self._unstarted -= 1
         try:
             try:
                 reply = await self.handler(frame, self)
@@ -237,8 +300,8 @@ class Connection(asyncio.Protocol):
             self._in_flight -= 1
             self._in_flight_bytes -= len(frame.body)
             self.last_activity = time.monotonic()
-            while self._backlog and not self._busy() and not self._muted_until:
-                self._start_request(self._backlog.popleft())
+            if self._backlog:
+                self._pump()
             self._update_reading()
         if reply is None or frame.flags & FLAG_ONEWAY:
             return

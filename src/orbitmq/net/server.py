@@ -51,8 +51,11 @@ class RemotingServer:
         quotas: ByteQuotas | None = None,
         name: str = "server",
         on_disconnect: Callable[[Connection], None] | None = None,
+        eager_codes: frozenset[int] = frozenset(),
     ) -> None:
         self.handler = handler
+        self.eager_codes = eager_codes
+        """Request codes started without a task (see :class:`Connection`)."""
         self.host = host
         self.port = port
         self.max_frame_size = max_frame_size
@@ -84,6 +87,7 @@ class RemotingServer:
             refusals=self.refusals,
             quotas=self.quotas,
             admit=None if ip else self._admit,
+            eager_codes=self.eager_codes,
         )
         if ip:
             conn.attributes["ip"] = ip

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 import numpy as np
 
@@ -41,18 +40,71 @@ def encode_send_body(bodies: Sequence[Buffer], properties: Sequence[bytes]) -> b
     return b"".join((lengths, *bodies, *properties))
 
 
-@dataclass(frozen=True, slots=True)
 class SendBody:
     """A decoded send body. ``bodies`` are zero-copy views of the frame; ``properties`` are
     small bytes objects; ``properties_block`` holds all of them back to back, at
-    ``properties_starts``, for searches over every message at once."""
+    ``properties_starts``, for searches over every message at once. ``body_total`` and
+    ``body_length_list`` are plain ints; the numpy arrays are made on first use only for a
+    small send (a few microseconds each that the usual send, counted and stored, never needs)."""
 
-    bodies: list[memoryview]
-    properties: list[bytes]
-    body_lengths: np.ndarray
-    properties_lengths: np.ndarray
-    properties_block: bytes
-    properties_starts: np.ndarray
+    __slots__ = (
+        "_body_lengths",
+        "_prop_lens",
+        "_prop_starts",
+        "_properties_lengths",
+        "_properties_starts",
+        "bodies",
+        "body_length_list",
+        "body_total",
+        "properties",
+        "properties_block",
+    )
+
+    def __init__(
+        self,
+        bodies: list[memoryview],
+        properties: list[bytes],
+        body_lengths: np.ndarray | Sequence[int],
+        properties_lengths: np.ndarray | Sequence[int],
+        properties_block: bytes,
+        properties_starts: np.ndarray | Sequence[int],
+    ) -> None:
+        self.bodies = bodies
+        self.properties = properties
+        self.properties_block = properties_block
+        self._body_lengths: np.ndarray | None = None
+        self._properties_lengths: np.ndarray | None = None
+        self._properties_starts: np.ndarray | None = None
+        if isinstance(body_lengths, np.ndarray):
+            self.body_length_list: list[int] = body_lengths.tolist()
+            self._body_lengths = body_lengths
+        else:
+            self.body_length_list = list(body_lengths)
+        if isinstance(properties_lengths, np.ndarray):
+            self._properties_lengths = properties_lengths
+        if isinstance(properties_starts, np.ndarray):
+            self._properties_starts = properties_starts
+        self.body_total = sum(self.body_length_list)
+        self._prop_lens = properties_lengths
+        self._prop_starts = properties_starts
+
+    @property
+    def body_lengths(self) -> np.ndarray:
+        if self._body_lengths is None:
+            self._body_lengths = np.array(self.body_length_list, dtype=np.int64)
+        return self._body_lengths
+
+    @property
+    def properties_lengths(self) -> np.ndarray:
+        if self._properties_lengths is None:
+            self._properties_lengths = np.array(self._prop_lens, dtype=np.int64)
+        return self._properties_lengths
+
+    @property
+    def properties_starts(self) -> np.ndarray:
+        if self._properties_starts is None:
+            self._properties_starts = np.array(self._prop_starts, dtype=np.int64)
+        return self._properties_starts
 
 
 _FEW = 16
@@ -110,14 +162,7 @@ def _decode_few(data: bytes, n: int, table_end: int) -> SendBody:
         starts.append(p)
         properties.append(block[p : p + plen])
         p += plen
-    return SendBody(
-        bodies,
-        properties,
-        np.array(body_lens, dtype=np.int64),
-        np.array(prop_lens, dtype=np.int64),
-        block,
-        np.array(starts, dtype=np.int64),
-    )
+    return SendBody(bodies, properties, body_lens, prop_lens, block, starts)
 
 
 def decode_records(data: bytes | bytearray | memoryview) -> list[StoredMessage]:
