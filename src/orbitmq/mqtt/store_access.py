@@ -4,7 +4,8 @@ The gateway is a service beside the broker in the same process and event loop (a
 gRPC proxy is), but unlike the proxy it does not speak Remoting to it: it appends through the
 broker's :class:`~orbitmq.broker.store_bridge.StoreBridge` (the same writer thread, group
 commit, flush and replication waits as a native send), reads the ConsumeQueues on the bridge's
-reader threads, and waits for arrivals on the broker's long polling. Everything it needs is
+reader threads (or, for the records a dispatch round just made readable, from what that round
+holds: ``read_recent``), and hears arrivals from the store's dispatcher. Everything it needs is
 here, so the rest of the package never touches a broker attribute.
 """
 
@@ -22,6 +23,7 @@ from orbitmq.protocol.bodies import PERM_READ, PERM_WRITE
 from orbitmq.store.message_store import MessageStore
 
 READ_BATCH = 64
+RECENT_MAX_BYTES = 4 * 1024 * 1024
 
 
 def _read(
@@ -93,6 +95,23 @@ class StoreAccess:
         if msgs:
             self._broker.metrics.messages_out.inc(len(msgs))
         return msgs, nxt
+
+    def read_recent(
+        self, topic: str, queue_id: int, offset: int, count: int = READ_BATCH
+    ) -> tuple[list[StoredMessage], int] | None:
+        """Inside a dispatch round, on its thread: the messages from ``offset`` that this round
+        made readable, cut from the CommitLog where the append wrote them (no ConsumeQueue
+        read-back, no reader thread), and the next offset. None when the round cannot answer
+        exactly as a read would (``MessageStore.read_told``: the offset is behind the round's
+        records, encryption at rest, tiered storage, a TTL cut): read instead. The round only
+        covers records up to the replication confirm offset, as every read does."""
+        result = self.store.read_told(topic, queue_id, offset, count, RECENT_MAX_BYTES)
+        if result is None:
+            return None
+        msgs = [decode(view) for view in result.messages]
+        if msgs:
+            self._broker.metrics.messages_out.inc(len(msgs))
+        return msgs, result.next_begin_offset
 
     async def read_one(self, topic: str, queue_id: int, offset: int) -> StoredMessage | None:
         msgs, _ = await self.read(topic, queue_id, offset, 1)
