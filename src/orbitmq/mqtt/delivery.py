@@ -68,6 +68,9 @@ class Deliverer:
         self.idle = False
         """The task is parked waiting for a wake-up, with no read in progress."""
         self._inline_bytes = 0
+        self.held = False
+        """A message waits for a free slot: the next acknowledgement wakes the task (the
+        others need not: with nothing held back a wake-up would read nothing)."""
         self.retained: deque[tuple[str, SubOptions]] = deque()
         """Retained topics owed to new subscriptions, sent before stored messages as the
         window allows (kept in memory: a reconnect does not resend them)."""
@@ -113,7 +116,9 @@ class Deliverer:
         entry = self.session.inflight.pop(packet_id, None)
         if entry is not None and entry.group is not None:
             self.ctx.group_freed(entry.group)
-        self.wake.set()
+        if self.held:
+            self.held = False
+            self.wake.set()
 
     def mark_released(self) -> bool:
         """Copy PUBREC-received states from the connection; True if any changed."""
@@ -208,6 +213,7 @@ class Deliverer:
             if o is not None:
                 qos = min(o.qos, opts.qos)
                 if qos and not self.can_send():
+                    self.held = True
                     break
                 ids = (opts.sub_id,) if opts.sub_id and v5 else ()
                 self.send(o, qos, True, ids, Inflight(0, retained=topic))
@@ -240,6 +246,7 @@ class Deliverer:
         for m in msgs:
             entry = Inflight(0, topic, q, m.queue_offset)
             if not self.deliver(_view(m), subs, entry):
+                self.held = True
                 return m.queue_offset, True
         return nxt, False
 

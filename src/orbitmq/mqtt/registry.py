@@ -237,9 +237,17 @@ class Registry:
 
     async def store(self, pubs: list[Publish], client_id: str, peer: tuple[str, int]) -> list[int]:
         """Store ``pubs`` (in order per MQTT topic); one reason code each (0 or >= 0x80)."""
-        results = await asyncio.gather(
-            *(self._store_one(p, client_id, peer) for p in pubs), return_exceptions=True
-        )
+        results: list[BaseException | None]
+        if len(pubs) == 1:  # the usual case: no task for one message
+            try:
+                await self._store_one(pubs[0], client_id, peer)
+                results = [None]
+            except Exception as exc:  # noqa: BLE001 - its reason code, as gather gives
+                results = [exc]
+        else:
+            results = await asyncio.gather(
+                *(self._store_one(p, client_id, peer) for p in pubs), return_exceptions=True
+            )
         codes: list[int] = []
         for p, r in zip(pubs, results, strict=True):
             if isinstance(r, BaseException):
