@@ -72,19 +72,19 @@ class StoreAccess:
         return int(config.write_queue_nums)
 
     async def append(
-        self, topic: str, queue_id: int, body: bytes, props: bytes, born_ms: int,
+        self, topic: str, queue_id: int, bodies: list[bytes], props: list[bytes], born_ms: int,
         born_host: tuple[str, int],
     ) -> None:  # fmt: skip
-        """Store one message as a native send would; returns once it is as durable as the
-        broker's flush and replication modes ask."""
+        """Store messages (one batch, in order) as a native send would; returns once they
+        are as durable as the broker's flush and replication modes ask."""
         self._broker.ctx.replication.check_send()
         batch = MessageBatch(
-            topic, queue_id, [body], [props], born_timestamp_ms=born_ms, born_host=born_host
+            topic, queue_id, bodies, props, born_timestamp_ms=born_ms, born_host=born_host
         )
         result = await self._broker.bridge.put(batch)
         await self._broker.ctx.replication.wait_replicated(result.end_offset)
-        self._broker.metrics.messages_in.inc()
-        self._broker.metrics.bytes_in.inc(len(body))
+        self._broker.metrics.messages_in.inc(len(bodies))
+        self._broker.metrics.bytes_in.inc(sum(map(len, bodies)))
 
     async def read(
         self, topic: str, queue_id: int, offset: int, count: int = READ_BATCH
