@@ -190,7 +190,9 @@ class Deliverer:
                 self.flush()
                 await self.drain()  # a slow client slows its reads, not the broker's memory
                 self._inline_bytes = 0
-                if not moved:
+                if moved:
+                    await asyncio.sleep(0)  # reads near the tail do not yield: let others run
+                else:
                     self.idle = True
                     try:
                         async with asyncio.timeout(IDLE_WAIT_S):

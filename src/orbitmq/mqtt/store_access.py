@@ -24,6 +24,8 @@ from orbitmq.store.message_store import MessageStore
 
 READ_BATCH = 64
 RECENT_MAX_BYTES = 4 * 1024 * 1024
+TAIL_READ = 4 * READ_BATCH
+"""A read this close to the queue's end runs on the event loop, not on the read pool."""
 
 
 def _read(
@@ -89,9 +91,16 @@ class StoreAccess:
     async def read(
         self, topic: str, queue_id: int, offset: int, count: int = READ_BATCH
     ) -> tuple[list[StoredMessage], int]:
-        msgs, nxt = await self._broker.bridge.read(
-            _read, self.store, topic, queue_id, offset, count
-        )
+        store = self.store
+        tier = store.tier
+        if store.max_offset(topic, queue_id) - offset <= TAIL_READ and (
+            tier is None or not tier.wants(topic, queue_id, offset)
+        ):
+            # Near the tail the records are in the page cache: reading here costs less than
+            # the two thread hand-offs (and GIL switches) of the read pool, as for pulls.
+            msgs, nxt = _read(store, topic, queue_id, offset, count)
+        else:
+            msgs, nxt = await self._broker.bridge.read(_read, store, topic, queue_id, offset, count)
         if msgs:
             self._broker.metrics.messages_out.inc(len(msgs))
         return msgs, nxt
