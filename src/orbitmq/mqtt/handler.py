@@ -1,7 +1,9 @@
 """ClientHandler: one MQTT network connection, from its first byte to its close.
 
 It feeds the socket's bytes to the sans-IO :class:`ServerConnection` and acts on the events:
-CONNECT (authentication, the session: new, resumed or taken over, in-flight state resent),
+CONNECT (authentication, by password, certificate or a SCRAM-SHA-256 exchange over AUTH
+(scram.py; also re-authentication), the session: new, resumed or taken over, in-flight state
+resent),
 PUBLISH (authorized, stored through the registry, then PUBACK/PUBREC with the outcome),
 SUBSCRIBE / UNSUBSCRIBE (authorized per filter; the session's filters, shared groups, retained
 messages), acknowledgements (the
