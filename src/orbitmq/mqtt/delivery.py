@@ -11,8 +11,8 @@ server's ``receive_maximum`` leave a slot; otherwise reading stops at that messa
 acknowledgement frees one. The session (positions and in-flight entries) is journaled before
 the PUBLISH bytes are written, so what a client may have seen is always on file.
 
-Two ways in, one order. The session's task (``run``) reads each queue from its position on
-the reader threads: at start, after a reconnect (resend first), for retained messages owed,
+Two ways in, one order. The session's task (``run``) reads each queue from its position
+(``StoreAccess.read``: on the loop near the tail, else on the read pool): at start, after a reconnect (resend first), for retained messages owed,
 when the window was full or the socket backed up, and for anything the other way declines.
 The other way (``on_arrival``): while the task is parked with nothing to read, the arrival
 hub offers it a (topic, queue) inside the dispatch round that made new records readable, on
@@ -48,7 +48,8 @@ wake the task instead (it drains: a slow client slows its reads, not the broker'
 
 IDLE_WAIT_S = 30.0
 """Longest sleep without a wake-up. Arrivals (also in topics created after the subscription),
-acknowledgements and new subscriptions all wake the reader; this is only a safety net, kept
+an acknowledgement freeing a slot a message waits for, and new subscriptions all wake the
+reader; this is only a safety net, kept
 long so 10,000 idle connections cost no CPU."""
 
 
