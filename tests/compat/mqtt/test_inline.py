@@ -46,3 +46,35 @@ def test_inline_and_read_paths_keep_order_and_count(tmp_path: Path, qos: int) ->
         for c in made:
             c.close()
         server.close()
+
+
+def test_nothing_above_the_confirm_offset_is_delivered(tmp_path: Path) -> None:
+    """Replication's confirm offset holds dispatch back: a publish the slaves do not have yet is
+    not delivered (by either way in) until the offset covers it."""
+    server = MqttServer(tmp_path)
+    made: list[Client] = []
+    try:
+        broker = server.broker
+        assert broker is not None
+        sub = Client(server.port, 5)
+        made.append(sub)
+        sub.connect()
+        sub.c.subscribe("held/#", qos=1)
+        pub = Client(server.port, 5)
+        made.append(pub)
+        pub.connect()
+        pub.c.publish("held/a", b"before", qos=0).wait_for_publish(5)
+        assert [m.payload for m in sub.wait_for(1)] == [b"before"]
+        store = broker.store
+        server.run(lambda: store.set_confirm_offset(store.commit_log.max_offset))
+        for i in range(5):
+            pub.c.publish("held/a", str(i).encode(), qos=0).wait_for_publish(5)
+        time.sleep(0.5)
+        assert len(sub.messages) == 1, "delivered above the confirm offset"
+        server.run(lambda: store.set_confirm_offset(None))
+        got = sub.wait_for(6)
+        assert [m.payload for m in got] == [b"before", b"0", b"1", b"2", b"3", b"4"]
+    finally:
+        for c in made:
+            c.close()
+        server.close()
