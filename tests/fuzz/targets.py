@@ -29,6 +29,7 @@ from orbitmq.protocol.ha import Ack, HaDecoder, HaError, Handshake, Heartbeat, T
 from orbitmq.protocol.ha import encode as ha_encode
 from orbitmq.protocol.messages import decode_send_body, encode_send_body
 from orbitmq.protocol.mqtt.codec import MQTT_5, MQTT_311, MqttDecoder, MqttProtocolError, encode
+from orbitmq.protocol.mqtt.connection import ServerConnection, State
 from orbitmq.protocol.mqtt.packets import Connect, Publish
 from orbitmq.protocol.requests import REQUESTS, FieldError
 from orbitmq.proxy.convert import from_pb_message
@@ -116,8 +117,18 @@ def _seed_ha() -> tuple[bytes, ...]:
 
 
 def _mqtt(data: bytes) -> object:
-    decoder = MqttDecoder(max_packet_size=1 << 16)
-    return decoder.feed(data)
+    """The codec, then the per-connection state machine over the same bytes (issue #18's
+    mutated packets): a Closed event, never an exception, whatever arrives; a CONNECT that
+    gets through is accepted so the packets held behind it are handled too."""
+    try:
+        decoded = MqttDecoder(max_packet_size=1 << 16).feed(data)
+    except MqttProtocolError:
+        decoded = []
+    conn = ServerConnection(max_packet_size=1 << 16, topic_alias_maximum=4)
+    events = conn.receive_data(data, 0)
+    if conn.state is State.CONNECTING:
+        events += conn.accept()
+    return decoded, events
 
 
 # ------------------------------------------------------------------ seeds

@@ -136,6 +136,29 @@ class Authenticator:
         ok = hmac.compare_digest((secret or "\0" * 32).encode(), password) and secret is not None
         return username if ok and self._enabled_user(username) else None
 
+    @property
+    def scram_enabled(self) -> bool:
+        """SCRAM-SHA-256 enhanced authentication needs the ACL users' secrets (the password
+        file keeps only digests)."""
+        return self.guard is not None
+
+    def scram_secret(self, username: str) -> str | None:
+        """The secret of an enabled ACL user, None for anyone else (scram.py's lookup)."""
+        if self.guard is None:
+            return None
+        self.guard.refresh()
+        secret = self.guard.store.secret(username)
+        return secret if secret is not None and self._enabled_user(username) else None
+
+    def scram_failed(self, username: str, source: str) -> None:
+        """A SCRAM exchange failed: counted and audited as a refused CONNECT."""
+        self.refused += 1
+        if self.audit is not None:
+            self.audit.deny(
+                principal=(username or "-")[:64], source=source, code=AUDIT_CODE_CONNECT,
+                resource="-", action="-", reason=AUTH_FAILED,
+            )  # fmt: skip
+
     def _enabled_user(self, name: str) -> bool:
         if self.guard is None:
             return False

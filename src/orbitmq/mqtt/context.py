@@ -3,15 +3,23 @@
 Below every other gateway module (import order: gateway > handler > shared > delivery >
 context), so callbacks upward are plain callables set by the gateway, never imports.
 
-The hub: the store's dispatcher thread reports each (topic, queue) that got messages; the hub
-hands that to the event loop and sets the wake event of every reader of that topic (a
-connected session, or a shared subscription group), and of the readers of every user topic
-(filters starting with a wildcard).
+The hub: the store reports each (topic, queue) that got messages; the hub tells every reader
+of that topic (a connected session, or a shared subscription group), and the readers of every
+user topic (filters starting with a wildcard). Usually the report comes on the event loop
+itself, inside the dispatch round that made the records readable (the broker dispatches
+inline after its appends, broker/store_bridge.py): a reader that registered an ``inline``
+callback is offered the arrival right there and may send the new records from what the round
+holds (``Deliverer.on_arrival``), in the same loop pass as the append, as a held pull is
+answered. A callback that declines (returns False), fails, or a report from the dispatcher
+thread (handed to the loop with ``call_soon_threadsafe``) sets the reader's wake event
+instead, and its task reads the ConsumeQueue as before.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -23,6 +31,12 @@ from orbitmq.mqtt.retained import RetainedStore
 from orbitmq.mqtt.session import Session
 from orbitmq.mqtt.store_access import StoreAccess
 
+log = logging.getLogger(__name__)
+
+Inline = Callable[[str, int], bool]
+"""Offered ``(topic, queue_id)`` on the loop inside a dispatch round; True if the reader took
+care of it (nothing more to read there now), False to be woken instead."""
+
 ALL = "*"
 """Hub key of readers of every user topic."""
 
@@ -30,13 +44,44 @@ ALL = "*"
 class Hub:
     def __init__(self) -> None:
         self.loop: asyncio.AbstractEventLoop | None = None
-        self.readers: dict[str, set[asyncio.Event]] = {}
+        self.loop_thread = -1
+        self.readers: dict[str, dict[asyncio.Event, Inline | None]] = {}
+        self.inline = 0
+        """Arrivals a reader took care of inline (stats, tests)."""
 
-    def on_arrival(self, topic: str, _queue_id: int, _max_offset: int) -> None:
-        """On the store's dispatcher thread."""
+    def bind(self, loop: asyncio.AbstractEventLoop | None) -> None:
+        """Call on the loop's own thread (None: stop hearing arrivals)."""
+        self.loop = loop
+        self.loop_thread = threading.get_ident() if loop is not None else -1
+
+    def on_arrival(self, topic: str, queue_id: int, _max_offset: int) -> None:
+        """On the loop inside the dispatch round, or on the store's dispatcher thread."""
         loop = self.loop
-        if loop is not None and (topic in self.readers or ALL in self.readers):
+        if loop is None or (topic not in self.readers and ALL not in self.readers):
+            return
+        if threading.get_ident() == self.loop_thread:
+            self._arrived(topic, queue_id)
+        elif not loop.is_closed():
             loop.call_soon_threadsafe(self._wake, topic)
+
+    def _arrived(self, topic: str, queue_id: int) -> None:
+        groups = [self.readers.get(topic)]
+        if is_user_topic(topic):
+            groups.append(self.readers.get(ALL))
+        for readers in groups:
+            for ev, inline in list((readers or {}).items()):
+                if inline is not None and self._offer(inline, topic, queue_id):
+                    self.inline += 1
+                else:
+                    ev.set()
+
+    @staticmethod
+    def _offer(inline: Inline, topic: str, queue_id: int) -> bool:
+        try:
+            return inline(topic, queue_id)
+        except Exception:  # the reader's task reads it instead
+            log.exception("delivering an MQTT arrival inline failed")
+            return False
 
     def _wake(self, topic: str) -> None:
         for ev in self.readers.get(topic, ()):
@@ -45,18 +90,19 @@ class Hub:
             for ev in self.readers.get(ALL, ()):
                 ev.set()
 
-    def watch(self, event: asyncio.Event, topics: set[str]) -> None:
-        """``event`` is set on arrivals in ``topics`` (ALL: every user topic) and no others."""
+    def watch(self, event: asyncio.Event, topics: set[str], inline: Inline | None = None) -> None:
+        """``event`` is set on arrivals in ``topics`` (ALL: every user topic) and no others;
+        ``inline`` is offered them first when they come on the loop."""
         for key in list(self.readers):
             if key not in topics:
                 self.unwatch_one(event, key)
         for key in topics:
-            self.readers.setdefault(key, set()).add(event)
+            self.readers.setdefault(key, {})[event] = inline
 
     def unwatch_one(self, event: asyncio.Event, key: str) -> None:
         events = self.readers.get(key)
         if events is not None:
-            events.discard(event)
+            events.pop(event, None)
             if not events:
                 del self.readers[key]
 

@@ -10,6 +10,17 @@ Flow control: a QoS 1/2 message is sent only while the client's Receive Maximum 
 server's ``receive_maximum`` leave a slot; otherwise reading stops at that message until an
 acknowledgement frees one. The session (positions and in-flight entries) is journaled before
 the PUBLISH bytes are written, so what a client may have seen is always on file.
+
+Two ways in, one order. The session's task (``run``) reads each queue from its position
+(``StoreAccess.read``: on the loop near the tail, else on the read pool): at start, after a reconnect (resend first), for retained messages owed,
+when the window was full or the socket backed up, and for anything the other way declines.
+The other way (``on_arrival``): while the task is parked with nothing to read, the arrival
+hub offers it a (topic, queue) inside the dispatch round that made new records readable, on
+the loop; when the session's position is among that round's records, they are matched and
+written right there, in the same loop pass as the append (no wake-up, no reader-thread hop,
+no ConsumeQueue read-back), as Mosquitto forwards in memory. Both move the same position
+under the same rules (window, journal before write), and the arrival path runs only while
+the task holds no read in progress, so a message is never sent twice or out of order.
 """
 
 from __future__ import annotations
@@ -31,9 +42,14 @@ from orbitmq.protocol.mqtt.topics import matches, parse_shared
 
 log = logging.getLogger(__name__)
 
+INLINE_MAX_BYTES = 256 * 1024
+"""Bytes written by arrivals since the task last drained the socket, past which arrivals
+wake the task instead (it drains: a slow client slows its reads, not the broker's memory)."""
+
 IDLE_WAIT_S = 30.0
 """Longest sleep without a wake-up. Arrivals (also in topics created after the subscription),
-acknowledgements and new subscriptions all wake the reader; this is only a safety net, kept
+an acknowledgement freeing a slot a message waits for, and new subscriptions all wake the
+reader; this is only a safety net, kept
 long so 10,000 idle connections cost no CPU."""
 
 
@@ -50,6 +66,12 @@ class Deliverer:
         self.wake = asyncio.Event()
         self.closed = False
         self._out = bytearray()
+        self.idle = False
+        """The task is parked waiting for a wake-up, with no read in progress."""
+        self._inline_bytes = 0
+        self.held = False
+        """A message waits for a free slot: the next acknowledgement wakes the task (the
+        others need not: with nothing held back a wake-up would read nothing)."""
         self.retained: deque[tuple[str, SubOptions]] = deque()
         """Retained topics owed to new subscriptions, sent before stored messages as the
         window allows (kept in memory: a reconnect does not resend them)."""
@@ -70,7 +92,7 @@ class Deliverer:
     def watch(self) -> set[str]:
         """Point the hub at this session's topics; returns them (hub keys)."""
         keys = filter_topics([s.filter for s in self.plain_subs()], self.ctx.config.fallback_topic)
-        self.ctx.hub.watch(self.wake, keys)
+        self.ctx.hub.watch(self.wake, keys, self.on_arrival)
         return keys
 
     def start_positions(self, sub: SubOptions) -> None:
@@ -95,7 +117,9 @@ class Deliverer:
         entry = self.session.inflight.pop(packet_id, None)
         if entry is not None and entry.group is not None:
             self.ctx.group_freed(entry.group)
-        self.wake.set()
+        if self.held:
+            self.held = False
+            self.wake.set()
 
     def mark_released(self) -> bool:
         """Copy PUBREC-received states from the connection; True if any changed."""
@@ -137,6 +161,7 @@ class Deliverer:
         if self._out:
             self.ctx.save_session(self.session)
             data, self._out = bytes(self._out), bytearray()
+            self._inline_bytes += len(data)
             self.write(data)
 
     def deliver(self, o: Outbound, subs: list[SubOptions], entry: Inflight) -> bool:
@@ -165,12 +190,18 @@ class Deliverer:
                 moved = await self.pump(keys)
                 self.flush()
                 await self.drain()  # a slow client slows its reads, not the broker's memory
-                if not moved:
+                self._inline_bytes = 0
+                if moved:
+                    await asyncio.sleep(0)  # reads near the tail do not yield: let others run
+                else:
+                    self.idle = True
                     try:
                         async with asyncio.timeout(IDLE_WAIT_S):
                             await self.wake.wait()
                     except TimeoutError:
                         pass
+                    finally:
+                        self.idle = False
         finally:
             self.ctx.hub.unwatch(self.wake)
 
@@ -185,6 +216,7 @@ class Deliverer:
             if o is not None:
                 qos = min(o.qos, opts.qos)
                 if qos and not self.can_send():
+                    self.held = True
                     break
                 ids = (opts.sub_id,) if opts.sub_id and v5 else ()
                 self.send(o, qos, True, ids, Inflight(0, retained=topic))
@@ -202,17 +234,47 @@ class Deliverer:
                 if cur >= access.max_offset(topic, q) or self.closed:
                     continue
                 msgs, nxt = await access.read(topic, q, cur)
-                subs = self.plain_subs()
-                for m in msgs:
-                    entry = Inflight(0, topic, q, m.queue_offset)
-                    if not self.deliver(_view(m), subs, entry):
-                        nxt = m.queue_offset
-                        break
+                nxt, _full = self._take(topic, q, msgs, nxt)
                 if nxt != cur:
                     self.session.cursors[key] = nxt
                     moved = True
                 self.flush()
         return moved
+
+    def _take(self, topic: str, q: int, msgs: list[StoredMessage], nxt: int) -> tuple[int, bool]:
+        """Send ``msgs`` (read from queue ``q`` of ``topic``, ending before ``nxt``) in order,
+        stopping at the first one without a slot; returns the new position and whether it
+        stopped there."""
+        subs = self.plain_subs()
+        for m in msgs:
+            entry = Inflight(0, topic, q, m.queue_offset)
+            if not self.deliver(_view(m), subs, entry):
+                self.held = True
+                return m.queue_offset, True
+        return nxt, False
+
+    def on_arrival(self, topic: str, q: int) -> bool:
+        """Offered by the hub on the loop, inside the dispatch round that made new records of
+        queue ``q`` readable: send them from that round when the task is parked (no read in
+        progress), owes no retained messages, the socket has not backed up and the session's
+        position is among the round's records. True if nothing is left to read there now;
+        False to wake the task instead."""
+        if not self.idle or self.closed or self.conn.closed or self.retained:
+            return False
+        if self._inline_bytes >= INLINE_MAX_BYTES:
+            return False
+        key = cursor_key(topic, q)
+        cur = self.session.cursors.get(key, 0)
+        got = self.ctx.access.read_recent(topic, q, cur)
+        if got is None:
+            return False
+        msgs, nxt = got
+        nxt, full = self._take(topic, q, msgs, nxt)
+        if nxt != cur:
+            self.session.cursors[key] = nxt
+        self.flush()
+        # A full window is woken by the acknowledgement that frees a slot.
+        return full or nxt >= self.ctx.access.max_offset(topic, q)
 
     # --- a resumed session ---------------------------------------------------------------------
 

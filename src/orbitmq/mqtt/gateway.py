@@ -130,7 +130,7 @@ class MqttGateway:
         return open_protocol
 
     async def start(self) -> None:
-        self.ctx.hub.loop = asyncio.get_running_loop()
+        self.ctx.hub.bind(asyncio.get_running_loop())
         raise_nofile_limit()
         self.ctx.journal.load()
         retained = self.ctx.retained.load()
@@ -186,6 +186,6 @@ class MqttGateway:
         self.registry.close()
         await self.tasks.close(timeout=2)
         self.ctx.access.remove_arrival_listener(self.ctx.hub.on_arrival)
-        self.ctx.hub.loop = None
+        self.ctx.hub.bind(None)
         self.ctx.journal.close()
         self.ctx.retained.close()

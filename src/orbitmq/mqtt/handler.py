@@ -1,7 +1,9 @@
 """ClientHandler: one MQTT network connection, from its first byte to its close.
 
 It feeds the socket's bytes to the sans-IO :class:`ServerConnection` and acts on the events:
-CONNECT (authentication, the session: new, resumed or taken over, in-flight state resent),
+CONNECT (authentication, by password, certificate or a SCRAM-SHA-256 exchange over AUTH
+(scram.py; also re-authentication), the session: new, resumed or taken over, in-flight state
+resent),
 PUBLISH (authorized, stored through the registry, then PUBACK/PUBREC with the outcome),
 SUBSCRIBE / UNSUBSCRIBE (authorized per filter; the session's filters, shared groups, retained
 messages), acknowledgements (the
@@ -35,6 +37,7 @@ from orbitmq.mqtt.context import GatewayContext
 from orbitmq.mqtt.delivery import Deliverer
 from orbitmq.mqtt.mapping import orbit_topic
 from orbitmq.mqtt.registry import Registry
+from orbitmq.mqtt.scram import METHOD, ScramError, ScramServer
 from orbitmq.mqtt.session import Session, SubOptions
 from orbitmq.protocol.mqtt.codes import MQTT_5, ReasonCode
 from orbitmq.protocol.mqtt.connection import (
@@ -52,6 +55,7 @@ from orbitmq.protocol.mqtt.connection import (
     UnsubscribeRequested,
 )
 from orbitmq.protocol.mqtt.packets import (
+    Auth,
     Connect,
     Publish,
     Suback,
@@ -134,6 +138,10 @@ class ClientHandler:
         self.taken_over = False
         self.linger = False
         self._tasks: list[asyncio.Task[None]] = []
+        self.scram: ScramServer | None = None
+        """The enhanced-authentication exchange under way (CONNECT or re-authentication)."""
+        self.connecting: Connect | None = None
+        """The CONNECT waiting for its exchange to end."""
 
     # --- the socket ----------------------------------------------------------------------------
 
@@ -276,8 +284,7 @@ class ClientHandler:
                 log.info("mqtt %s closed: %s %s", self.peer, ev.reason.name, ev.detail)
                 self.close_after(ev.data)
             elif isinstance(ev, AuthRequested):
-                self.write(self.conn.close(ReasonCode.BAD_AUTHENTICATION_METHOD))
-                self.close()
+                await self._auth(ev.auth)
         if pubs:
             await self._store(pubs)
         dv = self.deliverer
@@ -358,11 +365,14 @@ class ClientHandler:
         self.write(bytes(out))
 
     async def _connect(self, c: Connect) -> None:
-        cfg = self.ctx.config
-        v5 = c.protocol_level == MQTT_5
-        if Prop.AUTHENTICATION_METHOD in c.properties:
-            self.write(self.conn.refuse(ReasonCode.BAD_AUTHENTICATION_METHOD))
-            self.close()
+        method = c.properties.get(Prop.AUTHENTICATION_METHOD)
+        if method is not None:
+            if method != METHOD or not self.auth.scram_enabled:
+                self.write(self.conn.refuse(ReasonCode.BAD_AUTHENTICATION_METHOD))
+                self.close()
+                return
+            self.connecting = c
+            await self._auth(Auth(ReasonCode.RE_AUTHENTICATE, c.properties))
             return
         user = self.auth.login(
             c.username, c.password, self.remote.principal, f"{self.remote.ip}:{self.remote.port}"
@@ -372,6 +382,51 @@ class ClientHandler:
             self.write(self.conn.refuse(ReasonCode.BAD_USER_NAME_OR_PASSWORD))
             self.close()
             return
+        await self._open(c, user, {})
+
+    async def _auth(self, a: Auth) -> None:
+        """One step of a SCRAM-SHA-256 exchange (scram.py): a client-first (in CONNECT, or
+        AUTH 0x19 to re-authenticate) gets AUTH 0x18 with the server-first; a client-final
+        (AUTH 0x18) gets CONNACK (or AUTH 0x00) with the server-final. A failure is CONNACK
+        0x86, or DISCONNECT 0x87 for a re-authentication (which must name the same user)."""
+        data = a.properties.get(Prop.AUTHENTICATION_DATA, b"")
+        props: Properties = {Prop.AUTHENTICATION_METHOD: METHOD}
+        try:
+            if not isinstance(data, bytes):
+                raise ScramError("no authentication data")
+            if a.reason_code == ReasonCode.RE_AUTHENTICATE:
+                self.scram = ScramServer(self.auth.scram_secret)
+                props[Prop.AUTHENTICATION_DATA] = self.scram.first(data)
+                self.write(self.conn.send(Auth(ReasonCode.CONTINUE_AUTHENTICATION, props)))
+                return
+            if self.scram is None:
+                raise ScramError("no exchange under way")
+            user, props[Prop.AUTHENTICATION_DATA] = self.scram.final(data)
+            if self.session is not None and user != self.user:
+                raise ScramError(f"re-authentication as {user}, connected as {self.user}")
+        except ScramError as exc:
+            name = self.scram.user if self.scram is not None else ""
+            log.info("mqtt %s: %s authentication of %r failed: %s", self.peer, METHOD, name, exc)
+            self.auth.scram_failed(name, f"{self.remote.ip}:{self.remote.port}")
+            await asyncio.sleep(AUTH_FAILURE_DELAY_S)
+            if self.session is None:
+                self.write(self.conn.refuse(ReasonCode.BAD_USER_NAME_OR_PASSWORD))
+            else:
+                self.write(self.conn.close(ReasonCode.NOT_AUTHORIZED))
+            self.close()
+            return
+        self.scram = None
+        c, self.connecting = self.connecting, None
+        if c is not None and self.session is None:
+            await self._open(c, user, props)
+        else:
+            self.write(self.conn.send(Auth(ReasonCode.SUCCESS, props)))
+
+    async def _open(self, c: Connect, user: str, props: Properties) -> None:
+        """The client is authenticated as ``user``: check its will, open its session,
+        CONNACK (with ``props``), resend what was in flight, start delivering."""
+        cfg = self.ctx.config
+        v5 = c.protocol_level == MQTT_5
         self.user = user
         if c.will is not None and not self._may(
             Action.PUB, orbit_topic(c.will.topic, cfg.fallback_topic)
@@ -379,7 +434,6 @@ class ClientHandler:
             self.write(self.conn.refuse(ReasonCode.NOT_AUTHORIZED))
             self.close()
             return
-        props: Properties = {}
         client_id = c.client_id
         if not client_id:
             client_id = "orbitmq-" + uuid.uuid4().hex

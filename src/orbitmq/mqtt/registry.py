@@ -43,6 +43,10 @@ from orbitmq.protocol.mqtt.topics import parse_shared
 
 log = logging.getLogger(__name__)
 
+BATCH_BYTES = 64 * 1024
+"""Body bytes per stored batch of one read's PUBLISHes, under the broker's
+``send_inline_max_bytes`` (256 KiB) so the batch is appended and dispatched on the loop."""
+
 
 class LiveConnection(Protocol):
     def take_over(self) -> Will | None:
@@ -236,12 +240,57 @@ class Registry:
     # --- inbound -------------------------------------------------------------------------------
 
     async def store(self, pubs: list[Publish], client_id: str, peer: tuple[str, int]) -> list[int]:
-        """Store ``pubs`` (in order per MQTT topic); one reason code each (0 or >= 0x80)."""
-        results = await asyncio.gather(
-            *(self._store_one(p, client_id, peer) for p in pubs), return_exceptions=True
-        )
+        """Store ``pubs`` (in order per MQTT topic); one reason code each (0 or >= 0x80).
+
+        The PUBLISHes of one read that go to the same queue are stored as one batch (one
+        append, one wait; up to ``BATCH_BYTES`` of bodies, so the broker still appends it on
+        the loop), in their order; batches of different queues are stored concurrently."""
+        cfg = self.ctx.config
+        now = self.ctx.clock.now_ms()
+        errors: list[BaseException | None] = [None] * len(pubs)
+        props: list[bytes] = [b""] * len(pubs)
+        batches: list[tuple[str, int, list[int]]] = []
+        open_batch: dict[tuple[str, int], tuple[list[int], list[int]]] = {}
+        for i, p in enumerate(pubs):
+            try:
+                topic = orbit_topic(p.topic, cfg.fallback_topic)
+                props[i] = publish_properties(p, client_id, now)
+                queues = self.ctx.access.write_queues(topic, cfg.auto_create_topic)
+            except Exception as exc:  # noqa: BLE001 - that message's reason code
+                errors[i] = exc
+                continue
+            key = (topic, zlib.crc32(p.topic.encode()) % queues)
+            got = open_batch.get(key)
+            if got is None or got[1][0] + len(p.payload) > BATCH_BYTES:
+                got = open_batch[key] = ([], [0])
+                batches.append((key[0], key[1], got[0]))
+            got[0].append(i)
+            got[1][0] += len(p.payload)
+
+        async def one(topic: str, queue_id: int, idx: list[int]) -> None:
+            bodies = [pubs[i].payload or EMPTY_BODY for i in idx]
+            await self.ctx.access.append(topic, queue_id, bodies, [props[i] for i in idx],
+                                         now, peer)  # fmt: skip
+            for i in idx:
+                if pubs[i].retain:
+                    self.ctx.retained.put(pubs[i].topic, pubs[i].payload, props[i])
+
+        results: list[BaseException | None]
+        if len(batches) == 1:  # the usual case: no task
+            try:
+                await one(*batches[0])
+                results = [None]
+            except Exception as exc:  # noqa: BLE001 - the batch's reason code, as gather gives
+                results = [exc]
+        else:
+            results = list(
+                await asyncio.gather(*(one(*b) for b in batches), return_exceptions=True)
+            )
+        for (_t, _q, idx), r in zip(batches, results, strict=True):
+            for i in idx:
+                errors[i] = r
         codes: list[int] = []
-        for p, r in zip(pubs, results, strict=True):
+        for p, r in zip(pubs, errors, strict=True):
             if isinstance(r, BaseException):
                 codes.append(_reason(r))
                 if not isinstance(r, MQError | MappingError):
@@ -283,18 +332,6 @@ class Registry:
                     break
                 cur = nxt
         return False
-
-    async def _store_one(self, p: Publish, client_id: str, peer: tuple[str, int]) -> None:
-        cfg = self.ctx.config
-        now = self.ctx.clock.now_ms()
-        topic = orbit_topic(p.topic, cfg.fallback_topic)
-        props = publish_properties(p, client_id, now)
-        queues = self.ctx.access.write_queues(topic, cfg.auto_create_topic)
-        queue_id = zlib.crc32(p.topic.encode()) % queues
-        body = p.payload or EMPTY_BODY
-        await self.ctx.access.append(topic, queue_id, body, props, now, peer)
-        if p.retain:
-            self.ctx.retained.put(p.topic, p.payload, props)
 
     def close(self) -> None:
         for timer in (*(t for t, _ in self._wills.values()), *self._expiry.values()):

@@ -4,7 +4,8 @@ The gateway is a service beside the broker in the same process and event loop (a
 gRPC proxy is), but unlike the proxy it does not speak Remoting to it: it appends through the
 broker's :class:`~orbitmq.broker.store_bridge.StoreBridge` (the same writer thread, group
 commit, flush and replication waits as a native send), reads the ConsumeQueues on the bridge's
-reader threads, and waits for arrivals on the broker's long polling. Everything it needs is
+reader threads (or, for the records a dispatch round just made readable, from what that round
+holds: ``read_recent``), and hears arrivals from the store's dispatcher. Everything it needs is
 here, so the rest of the package never touches a broker attribute.
 """
 
@@ -22,6 +23,9 @@ from orbitmq.protocol.bodies import PERM_READ, PERM_WRITE
 from orbitmq.store.message_store import MessageStore
 
 READ_BATCH = 64
+RECENT_MAX_BYTES = 4 * 1024 * 1024
+TAIL_READ = 4 * READ_BATCH
+"""A read this close to the queue's end runs on the event loop, not on the read pool."""
 
 
 def _read(
@@ -70,29 +74,53 @@ class StoreAccess:
         return int(config.write_queue_nums)
 
     async def append(
-        self, topic: str, queue_id: int, body: bytes, props: bytes, born_ms: int,
+        self, topic: str, queue_id: int, bodies: list[bytes], props: list[bytes], born_ms: int,
         born_host: tuple[str, int],
     ) -> None:  # fmt: skip
-        """Store one message as a native send would; returns once it is as durable as the
-        broker's flush and replication modes ask."""
+        """Store messages (one batch, in order) as a native send would; returns once they
+        are as durable as the broker's flush and replication modes ask."""
         self._broker.ctx.replication.check_send()
         batch = MessageBatch(
-            topic, queue_id, [body], [props], born_timestamp_ms=born_ms, born_host=born_host
+            topic, queue_id, bodies, props, born_timestamp_ms=born_ms, born_host=born_host
         )
         result = await self._broker.bridge.put(batch)
         await self._broker.ctx.replication.wait_replicated(result.end_offset)
-        self._broker.metrics.messages_in.inc()
-        self._broker.metrics.bytes_in.inc(len(body))
+        self._broker.metrics.messages_in.inc(len(bodies))
+        self._broker.metrics.bytes_in.inc(sum(map(len, bodies)))
 
     async def read(
         self, topic: str, queue_id: int, offset: int, count: int = READ_BATCH
     ) -> tuple[list[StoredMessage], int]:
-        msgs, nxt = await self._broker.bridge.read(
-            _read, self.store, topic, queue_id, offset, count
-        )
+        store = self.store
+        tier = store.tier
+        if store.max_offset(topic, queue_id) - offset <= TAIL_READ and (
+            tier is None or not tier.wants(topic, queue_id, offset)
+        ):
+            # Near the tail the records are in the page cache: reading here costs less than
+            # the two thread hand-offs (and GIL switches) of the read pool, as for pulls.
+            msgs, nxt = _read(store, topic, queue_id, offset, count)
+        else:
+            msgs, nxt = await self._broker.bridge.read(_read, store, topic, queue_id, offset, count)
         if msgs:
             self._broker.metrics.messages_out.inc(len(msgs))
         return msgs, nxt
+
+    def read_recent(
+        self, topic: str, queue_id: int, offset: int, count: int = READ_BATCH
+    ) -> tuple[list[StoredMessage], int] | None:
+        """Inside a dispatch round, on its thread: the messages from ``offset`` that this round
+        made readable, cut from the CommitLog where the append wrote them (no ConsumeQueue
+        read-back, no reader thread), and the next offset. None when the round cannot answer
+        exactly as a read would (``MessageStore.read_told``: the offset is behind the round's
+        records, encryption at rest, tiered storage, a TTL cut): read instead. The round only
+        covers records up to the replication confirm offset, as every read does."""
+        result = self.store.read_told(topic, queue_id, offset, count, RECENT_MAX_BYTES)
+        if result is None:
+            return None
+        msgs = [decode(view) for view in result.messages]
+        if msgs:
+            self._broker.metrics.messages_out.inc(len(msgs))
+        return msgs, result.next_begin_offset
 
     async def read_one(self, topic: str, queue_id: int, offset: int) -> StoredMessage | None:
         msgs, _ = await self.read(topic, queue_id, offset, 1)

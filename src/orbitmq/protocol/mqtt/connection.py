@@ -201,6 +201,10 @@ class ServerConnection:
         self.last_received_ms = 0
         self._decoder = MqttDecoder(max_packet_size)
         self._held: list[Packet] = []
+        self.auth_method: str | None = None
+        """The CONNECT's Authentication Method (5.0 enhanced authentication), if any."""
+        self._auth_expected = False
+        """We sent AUTH 0x18 (continue) and wait for the client's AUTH 0x18."""
         # client -> server
         self._in_qos1: set[int] = set()
         self._in_qos2: dict[int, bool] = {}  # packet id -> PUBREC sent
@@ -270,7 +274,7 @@ class ServerConnection:
         for packet in packets:
             if self.closed:
                 break
-            if self.state is State.CONNECTING and not isinstance(packet, Connect):
+            if self.state is State.CONNECTING and not isinstance(packet, Connect | Auth):
                 self._held.append(packet)
                 continue
             events += self._handle(packet)
@@ -326,7 +330,7 @@ class ServerConnection:
         if isinstance(packet, Disconnect):
             return self._on_disconnect(packet)
         if isinstance(packet, Auth):
-            return [AuthRequested(packet)]
+            return self._on_auth(packet)
         return [self._fail(ReasonCode.PROTOCOL_ERROR, f"a client does not send {packet.TYPE.name}")]
 
     @property
@@ -347,6 +351,8 @@ class ServerConnection:
         props = c.properties
         if Prop.AUTHENTICATION_DATA in props and Prop.AUTHENTICATION_METHOD not in props:
             return [self._fail(ReasonCode.PROTOCOL_ERROR, "authentication data, no method")]
+        method = props.get(Prop.AUTHENTICATION_METHOD)
+        self.auth_method = method if isinstance(method, str) else None
         self.client_receive_maximum = props.get(Prop.RECEIVE_MAXIMUM, DEFAULT_RECEIVE_MAXIMUM)
         self.client_max_packet_size = props.get(Prop.MAXIMUM_PACKET_SIZE)
         self.client_topic_alias_maximum = props.get(Prop.TOPIC_ALIAS_MAXIMUM, 0)
@@ -355,6 +361,28 @@ class ServerConnection:
         self.connect = c
         self.state = State.CONNECTING
         return [ConnectRequested(c)]
+
+    def _on_auth(self, a: Auth) -> list[Event]:
+        """§4.12: AUTH only inside an exchange the CONNECT started with an Authentication
+        Method, naming that method; a client sends 0x18 only in answer to our 0x18, and 0x19
+        (re-authenticate) only when connected and no exchange is under way."""
+        if self.auth_method is None:
+            return [self._fail(ReasonCode.PROTOCOL_ERROR, "AUTH without a method in CONNECT")]
+        method = a.properties.get(Prop.AUTHENTICATION_METHOD)
+        if method is None:
+            return [self._fail(ReasonCode.PROTOCOL_ERROR, "AUTH without a method")]
+        if method != self.auth_method:
+            return [self._fail(ReasonCode.BAD_AUTHENTICATION_METHOD, "AUTH with another method")]
+        if a.reason_code == ReasonCode.CONTINUE_AUTHENTICATION:
+            if not self._auth_expected:
+                return [self._fail(ReasonCode.PROTOCOL_ERROR, "AUTH 0x18 not asked for")]
+            self._auth_expected = False
+        elif a.reason_code == ReasonCode.RE_AUTHENTICATE:
+            if self.state is not State.CONNECTED or self._auth_expected:
+                return [self._fail(ReasonCode.PROTOCOL_ERROR, "AUTH 0x19 during an exchange")]
+        else:
+            return [self._fail(ReasonCode.PROTOCOL_ERROR, "a client sends AUTH 0x18 or 0x19")]
+        return [AuthRequested(a)]
 
     def _on_publish(self, p: Publish) -> list[Event]:
         topic = p.topic
@@ -558,6 +586,8 @@ class ServerConnection:
     def send(self, packet: Suback | Unsuback | Auth) -> bytes:
         if self.state not in (State.CONNECTED, State.CONNECTING):
             raise RuntimeError(f"send in state {self.state.name}")
+        if isinstance(packet, Auth):
+            self._auth_expected = packet.reason_code == ReasonCode.CONTINUE_AUTHENTICATION
         return encode(packet, self._v)
 
     def close(self, reason: ReasonCode = ReasonCode.SUCCESS) -> bytes:
