@@ -91,15 +91,17 @@ static PyObject *py_crc32c(PyObject *self, PyObject *args) {
 
 /* encode_batch(topic, queue_id, first_queue_offset, first_physical_offset, flag, sys_flag,
  *              born_ts, born_host, store_ts, store_host, reconsume_times, prepared_tx,
- *              bodies, properties) -> bytearray */
+ *              bodies, properties[, phy_stride]) -> bytearray
+ * phy_stride: record i's physical offset is i * phy_stride further than where it sits in the
+ * buffer (encryption at rest encodes plaintext records that are stored larger, sealed). */
 static PyObject *py_encode_batch(PyObject *self, PyObject *args) {
     Py_buffer topic, born_host, store_host;
     int queue_id, flag, sys_flag, reconsume;
-    long long qoff, phy, born_ts, store_ts, prepared;
+    long long qoff, phy, born_ts, store_ts, prepared, stride = 0;
     PyObject *bodies, *props;
-    if (!PyArg_ParseTuple(args, "y*iLLiiLy*Ly*iLOO", &topic, &queue_id, &qoff, &phy, &flag,
+    if (!PyArg_ParseTuple(args, "y*iLLiiLy*Ly*iLOO|L", &topic, &queue_id, &qoff, &phy, &flag,
                           &sys_flag, &born_ts, &born_host, &store_ts, &store_host, &reconsume,
-                          &prepared, &bodies, &props))
+                          &prepared, &bodies, &props, &stride))
         return NULL;
     PyObject *result = NULL, *fb = NULL, *fp = NULL;
     Py_buffer *views = NULL;
@@ -146,7 +148,7 @@ static PyObject *py_encode_batch(PyObject *self, PyObject *args) {
         size_t blen = (size_t)views[2 * i].len, plen = (size_t)views[2 * i + 1].len;
         be32(r, (uint32_t)sizes[i]); be32(r + 4, MAGIC); be32(r + 8, 0);
         be32(r + 12, (uint32_t)queue_id); be32(r + 16, (uint32_t)flag);
-        be64(r + 20, (uint64_t)(qoff + i)); be64(r + 28, (uint64_t)phy + starts[i]);
+        be64(r + 20, (uint64_t)(qoff + i)); be64(r + 28, (uint64_t)phy + starts[i] + (uint64_t)(i * stride));
         be32(r + 36, (uint32_t)sys_flag); be64(r + 40, (uint64_t)born_ts);
         memcpy(r + 48, bh, 8); be64(r + 56, (uint64_t)store_ts); memcpy(r + 64, sh, 8);
         be32(r + 72, (uint32_t)reconsume); be64(r + 76, (uint64_t)prepared);
@@ -257,7 +259,7 @@ static PyMethodDef methods[] = {
     {"encode_batch", py_encode_batch, METH_VARARGS,
      "encode_batch(topic, queue_id, first_queue_offset, first_physical_offset, flag, sys_flag, "
      "born_ts, born_host, store_ts, store_host, reconsume_times, prepared_tx, bodies, "
-     "properties) -> bytearray: the batch's records, CRCs filled in."},
+     "properties[, phy_stride]) -> bytearray: the batch's records, CRCs filled in."},
     {"split_records", py_split_records, METH_VARARGS,
      "split_records(data: bytes, verify_crc) -> list of record tuples, or the position of the "
      "first bad record."},
@@ -279,7 +281,8 @@ PyMODINIT_FUNC PyInit__native(void) {
     have_sse42 = __builtin_cpu_supports("sse4.2") ? 1 : 0;
 #endif
     PyObject *m = PyModule_Create(&module);
-    if (m && PyModule_AddIntConstant(m, "HARDWARE_CRC", have_sse42) < 0) {
+    if (m && (PyModule_AddIntConstant(m, "HARDWARE_CRC", have_sse42) < 0 ||
+              PyModule_AddIntConstant(m, "PHY_STRIDE", 1) < 0)) {
         Py_DECREF(m);
         return NULL;
     }

@@ -39,7 +39,7 @@ class PropertiesOpener(Protocol):
 
     def group_of(
         self, view: memoryview, at: int
-    ) -> tuple[memoryview, dict[int, tuple[int, int]], int] | None:
+    ) -> tuple[memoryview, dict[int, tuple[int, int, int]], int] | None:
         """For a record of a sealed group (format 2): the group's plaintext records, where
         each is in it by physical offset, and how many bytes larger each sealed record is;
         None for any other record or a group that does not authenticate."""
