@@ -72,6 +72,7 @@ _GROUP = seal_group.SEAL_BITS
 _TAG_AT = HEADER_SIZE + 16
 _BACK_AT = HEADER_SIZE + 4
 _BACK_SPAN = struct.Struct(">II")
+_FLAGS_PHY = struct.Struct(">QI")  # physical offset (28), SYS_FLAG (36)
 ViewAt = Callable[[int], "tuple[memoryview, int, int] | None"]
 
 
@@ -343,9 +344,40 @@ class RecordSealer:
         out = _Served()
         base = k = 0
         n = len(sizes_in)
+        cache_get = self.cache.get
         for part in res.body_parts:
             part_end = base + len(part)
             while k < n and ends[k] <= part_end:
+                # The usual case inline (an opened group in the cache, its records in
+                # order); anything else takes _serve_run, which also handles this case.
+                size = sizes_in[k]
+                start = ends[k] - size
+                pos = start - base
+                phy, flags = _FLAGS_PHY.unpack_from(part, pos + 28)
+                back, span = _BACK_SPAN.unpack_from(part, pos + _BACK_AT)
+                stop = start + span - back
+                j = bisect_left(ends, stop, k) + 1
+                entry = (
+                    cache_get((phy - back, bytes(part[pos + _TAG_AT : pos + _TAG_AT + 16])))
+                    if flags & _GROUP == _GROUP and stop <= part_end and j <= n
+                    else None
+                )
+                if entry is not None and ends[j - 1] == stop:
+                    where = entry.where
+                    first = where.get(phy)
+                    last_at = ends[j - 1] - sizes_in[j - 1]
+                    last = where.get(phy + last_at - start)
+                    if (
+                        first is not None
+                        and last is not None
+                        and last[2] - first[2] == j - 1 - k
+                        and last_at - start == last[0] - first[0] + (j - 1 - k) * (size - first[1])
+                    ):
+                        out.add_slice(entry.plain, first[0], last[0] + last[1])
+                        out.sizes += entry.sizes[first[2] : last[2] + 1]
+                        out.offsets += offsets[k:j]
+                        k = j
+                        continue
                 k = self._serve_run(part, base, k, part_end, ends, res, out)
             base = part_end
         for r in range(k, n):  # sizes beyond the parts (never, unless res was inconsistent)
