@@ -128,3 +128,45 @@ async def test_required_mode_with_connection_caps_keeps_the_front_port(
     async with grpc.aio.insecure_channel(capped_env.endpoint) as plain:
         with pytest.raises(grpc.aio.AioRpcError):
             await _route(plain, capped_env)
+
+
+@pytest.mark.parametrize("kernel", [True, False], ids=["splice", "protocols"])
+async def test_the_mux_names_the_client_behind_its_loopback_connection(kernel: bool) -> None:
+    """gRPC sees connections through the front port coming from loopback; ``peer_of`` gives
+    back the client's own address (ACL source ranges, per-address quotas)."""
+    from orbitmq.proxy.tls import PortMux
+
+    seen: asyncio.Queue[tuple[str, int]] = asyncio.Queue()
+
+    async def backend(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        await seen.put(w.get_extra_info("peername")[:2])
+        w.write(await r.read(5))
+        await w.drain()
+        w.close()
+
+    server = await asyncio.start_server(backend, "127.0.0.1", 0)
+    mux = PortMux("permissive", None, server.sockets[0].getsockname()[1], splice=kernel)
+    port = await mux.start("127.0.0.1", 0)
+    loop = asyncio.get_running_loop()
+    client = socket.socket()
+    client.setblocking(False)
+    try:
+        client.bind(("127.0.0.2", 0))  # another loopback address than gRPC's side
+        await loop.sock_connect(client, ("127.0.0.1", port))
+        await loop.sock_sendall(client, b"PRI *")
+        host, back_port = await asyncio.wait_for(seen.get(), 10)
+        assert host == "127.0.0.1"
+        want = f"ipv4:127.0.0.2:{client.getsockname()[1]}"
+        assert mux.peer_of(f"ipv4:127.0.0.1:{back_port}") == want
+        assert mux.peer_of("ipv4:10.1.2.3:4") == "ipv4:10.1.2.3:4"  # not ours: as it is
+        assert await asyncio.wait_for(loop.sock_recv(client, 5), 10) == b"PRI *"
+    finally:
+        client.close()
+        for _ in range(200):  # the connection's end forgets its origin
+            if not mux.origins:
+                break
+            await asyncio.sleep(0.01)
+        assert not mux.origins
+        await mux.stop()
+        server.close()
+        await server.wait_closed()

@@ -136,6 +136,8 @@ class ProxyServer:
                     self._mux = mux
             self.port = port
             servicer = MessagingServicer(ctx, ConsumerRpcs(ctx), endpoints_of(host, port))
+            if self._mux is not None:  # clients reach gRPC from loopback through the mux
+                servicer.peer_of = self._mux.peer_of
             metrics = ProxyMetrics(cfg.cluster, f"{host}:{port}")
             metrics.sessions = lambda: ctx.sessions
             server.add_generic_rpc_handlers((servicer.handler(metrics),))

@@ -232,6 +232,7 @@ class _Front(_Side):
         self._timer: asyncio.TimerHandle | None = None
         self.handed_off = False
         self.splice: Splice | None = None
+        self.origin_port: int | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         super().connection_made(transport)
@@ -292,6 +293,7 @@ class _Front(_Side):
         try:
             await loop.sock_connect(back, ("127.0.0.1", port))
             back.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            self._note_origin(back.getsockname())  # before gRPC sees a byte of it
             await loop.sock_sendall(back, bytes(self.pending))
         except OSError as exc:
             back.close()
@@ -331,6 +333,7 @@ class _Front(_Side):
             return
         self.peer, back.peer = back, self
         assert back.transport is not None and self.transport is not None
+        self._note_origin(back.transport.get_extra_info("sockname"))
         if self.pending:
             back.transport.write(bytes(self.pending))
             self.pending.clear()
@@ -347,7 +350,19 @@ class _Front(_Side):
         self._release()
         super().connection_lost(exc)
 
+    def _note_origin(self, local: object) -> None:
+        """Tell the mux which client the loopback connection from ``local`` carries."""
+        peer = self.transport.get_extra_info("peername") if self.transport else None
+        if isinstance(local, tuple) and isinstance(peer, tuple) and len(peer) >= 2:
+            host = str(peer[0])
+            kind = f"ipv6:[{host}]" if ":" in host else f"ipv4:{host}"
+            self.origin_port = int(local[1])
+            self.mux.origins[self.origin_port] = f"{kind}:{peer[1]}"
+
     def _release(self) -> None:
+        if self.origin_port is not None:
+            self.mux.origins.pop(self.origin_port, None)
+            self.origin_port = None
         self.mux.fronts.discard(self)
         if self.admitted is not None and self.mux.admission is not None:
             self.mux.admission.release(self.admitted)
@@ -382,10 +397,21 @@ class PortMux:
         self.admission = None if limits is None else Admission(limits, self.refusals)
         """Connection caps (None: every connection is accepted)."""
         self.fronts: set[_Front] = set()
+        self.origins: dict[int, str] = {}
+        """Local port of each loopback connection to gRPC -> its client, as gRPC names peers."""
         self.splice = splice and SPLICE_AVAILABLE
         """Carry connections with os.splice (kernel) rather than asyncio Protocols (Python)."""
         self.tasks = TaskSet("TLS splice", logger=log)
         self._server: asyncio.AbstractServer | None = None
+
+    def peer_of(self, peer: str) -> str:
+        """The client behind a gRPC peer string (``context.peer()``): for a connection this
+        mux opened to gRPC, the client's own address; any other peer as it is."""
+        if peer.startswith("ipv4:127.0.0.1:"):
+            port = peer.rpartition(":")[2]
+            if port.isdigit():
+                return self.origins.get(int(port), peer)
+        return peer
 
     async def start(self, host: str, port: int, *, reuse_port: bool = False) -> int:
         """Listen on ``host:port`` (0: a free port); returns the port. ``reuse_port``: share it
