@@ -254,12 +254,63 @@ static PyObject *py_split_records(PyObject *self, PyObject *args) {
     return out;
 }
 
+/* check_group(view, g_at, plain, sizes, extra, topic_part) -> bool: every sealed record of an
+ * opened format-2 group agrees with it (orbitmq.store.seal_group._check_clear is the
+ * reference): the records lie back to back from g_at, record k being sizes[k] + extra bytes
+ * (its clear size field says so);
+ * its clear header bytes [12, 36) and [40, 84) equal its authenticated copy in plain, whose
+ * size field is sizes[k]; its prefix (at 88) shares the first record's bytes [0, 4) and
+ * [8, 32) and holds its distance from g_at at [4, 8); after its ciphertext come topic_part
+ * and an empty properties length. plain must hold exactly the sizes. */
+static PyObject *py_check_group(PyObject *self, PyObject *args) {
+    Py_buffer view, plain, topic;
+    Py_ssize_t g_at, extra;
+    PyObject *sizes;
+    if (!PyArg_ParseTuple(args, "y*ny*Ony*", &view, &g_at, &plain, &sizes, &extra, &topic))
+        return NULL;
+    int ok = 0;
+    PyObject *fs = PySequence_Fast(sizes, "sizes must be a sequence");
+    if (!fs) goto done;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(fs);
+    const unsigned char *v = view.buf, *pl = plain.buf, *tp = topic.buf;
+    size_t tl = (size_t)topic.len, vlen = (size_t)view.len, plen = (size_t)plain.len;
+    if (n < 1 || g_at < 0 || extra < HEADER_SIZE + 32 + (Py_ssize_t)tl + 2) goto done;
+    size_t r = (size_t)g_at, p = 0;
+    const unsigned char *first = v + r;
+    for (Py_ssize_t k = 0; k < n; k++) {
+        size_t size = PyLong_AsSize_t(PySequence_Fast_GET_ITEM(fs, k));
+        if (size == (size_t)-1 && PyErr_Occurred()) goto done;
+        if (size < HEADER_SIZE || r + size + (size_t)extra > vlen || p + size > plen) goto done;
+        const unsigned char *c = v + r, *in = pl + p, *pre = c + HEADER_SIZE;
+        if (rd32(c) != (uint32_t)(size + (size_t)extra) || rd32(in) != (uint32_t)size) goto done;
+        if (memcmp(c + 12, in + 12, 24) || memcmp(c + 40, in + 40, 44)) goto done;
+        if (memcmp(pre, first + HEADER_SIZE, 4) || memcmp(pre + 8, first + HEADER_SIZE + 8, 24))
+            goto done;
+        if (rd32(pre + 4) != (uint32_t)(r - (size_t)g_at)) goto done;
+        const unsigned char *t = pre + 32 + size;
+        if (memcmp(t, tp, tl) || t[tl] || t[tl + 1]) goto done;
+        r += size + (size_t)extra;
+        p += size;
+    }
+    ok = p == plen;
+done:
+    Py_XDECREF(fs);
+    PyBuffer_Release(&view);
+    PyBuffer_Release(&plain);
+    PyBuffer_Release(&topic);
+    if (PyErr_Occurred()) return NULL;
+    return PyBool_FromLong(ok);
+}
+
 static PyMethodDef methods[] = {
     {"crc32c", py_crc32c, METH_VARARGS, "crc32c(data, value=0) -> int: CRC-32C, continuing value."},
     {"encode_batch", py_encode_batch, METH_VARARGS,
      "encode_batch(topic, queue_id, first_queue_offset, first_physical_offset, flag, sys_flag, "
      "born_ts, born_host, store_ts, store_host, reconsume_times, prepared_tx, bodies, "
      "properties[, phy_stride]) -> bytearray: the batch's records, CRCs filled in."},
+    {"check_group", py_check_group, METH_VARARGS,
+     "check_group(view, g_at, plain, sizes, extra, topic_part) -> bool: the clear records of an "
+     "opened sealed group agree with it (orbitmq.store.seal_group)."},
     {"split_records", py_split_records, METH_VARARGS,
      "split_records(data: bytes, verify_crc) -> list of record tuples, or the position of the "
      "first bad record."},

@@ -10,6 +10,7 @@ import re
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
 from orbitmq.common.errors import ConfigError, StoreError
@@ -350,3 +351,65 @@ def test_open_group_refuses_a_prefix_that_miscounts() -> None:
         bad[100:104] = count.to_bytes(4, "big")
         with pytest.raises(GroupError):
             open_group(aead, memoryview(bad), 0, 0)
+
+
+def _verdicts(data: bytes, plain: bytes, sizes: list[int], extra: int, topic: bytes) -> list[bool]:
+    """Whether each clear-record check of seal_group accepts the sealed group ``data``."""
+    from orbitmq.common.native import NATIVE
+    from orbitmq.store import seal_group as sg
+
+    assert NATIVE is not None
+    starts = [0]
+    for z in sizes[:-1]:
+        starts.append(starts[-1] + z + extra)
+    ps = [sum(sizes[:k]) for k in range(len(sizes))]
+    view = memoryview(data)
+    out = [bool(NATIVE.check_group(view, 0, plain, sizes, extra, topic))]
+    # open_group's walk reads the sizes from the clear size fields, then checks.
+    walked = all(
+        int.from_bytes(data[a : a + 4], "big") == z + extra
+        for a, z in zip(starts, sizes, strict=True)
+    )
+    try:
+        sg._check_clear(view, plain, 0, starts, ps, sizes, topic)
+        out.append(walked)
+    except sg.GroupError:
+        out.append(False)
+    if len(set(sizes)) == 1:
+        total = sizes[0] + extra
+        rows = np.frombuffer(data, np.uint8).reshape(len(sizes), total)
+        out.append(sg._uniform_ok(rows, plain, len(sizes), sizes[0], total, topic))
+    return out
+
+
+def test_the_c_group_check_agrees_with_the_python_one_on_every_changed_byte() -> None:
+    """seal_group's clear-record check exists three times (C, numpy for equal sizes, numpy
+    gathers otherwise): a sealed group with any one byte outside its ciphertext changed is
+    accepted or refused alike by all that apply (and the untouched group by all)."""
+    from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+
+    from orbitmq.common.native import NATIVE
+    from orbitmq.common.record import BatchHeader, encode_batch
+    from orbitmq.store import seal_group as sg
+
+    if NATIVE is None or not hasattr(NATIVE, "check_group"):
+        pytest.skip("the C extension is not built here")
+    aead = AESGCM(bytes(32))
+    extra, topic = sg.extra_bytes(5), b"\x00\x05Topic"
+    for bodies in ([b"a" * 40] * 3, [b"a", b"bb" * 30, b"c" * 7]):
+        head = BatchHeader(b"Topic", 1, 5, 1000, 0, 0, 1, bytes(8), 2, bytes(8), 0, 0)
+        sealed, _key, opened = sg.seal_group(aead, 7, head, 0, bodies, [b"p"] * len(bodies))
+        good = bytes(encode_batch(head, sealed, [b""] * len(bodies)))
+        at, cipher = 0, set()
+        for z in opened.sizes:  # the tag covers the ciphertext bytes
+            cipher.update(range(at + 120, at + 120 + z))
+            at += z + extra
+        assert all(_verdicts(good, opened.plain, opened.sizes, extra, topic))
+        refused = 0
+        for i in set(range(len(good))) - cipher:
+            bad = bytearray(good)
+            bad[i] ^= 0x41
+            got = _verdicts(bytes(bad), opened.plain, opened.sizes, extra, topic)
+            assert len(set(got)) == 1, (i, got)
+            refused += not got[0]
+        assert refused > 100 * len(bodies)  # headers, prefixes and topics are all checked
