@@ -17,6 +17,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from itertools import accumulate
 from typing import Protocol
 
 import crc32c
@@ -39,10 +40,11 @@ class PropertiesOpener(Protocol):
 
     def group_of(
         self, view: memoryview, at: int
-    ) -> tuple[memoryview, dict[int, tuple[int, int, int]], int] | None:
+    ) -> tuple[memoryview, dict[int, tuple[int, int, int]], int, list[int]] | None:
         """For a record of a sealed group (format 2): the group's plaintext records, where
-        each is in it by physical offset, and how many bytes larger each sealed record is;
-        None for any other record or a group that does not authenticate."""
+        each is in it by physical offset (start, size, index), how many bytes larger each
+        sealed record is, and the plaintext sizes in order; None for any other record or a
+        group that does not authenticate."""
         ...
 
 
@@ -234,13 +236,22 @@ class Dispatcher:
             if other:
                 self._decode_small(view, seg_start, other, groups, index_items)
                 other = []
-            plain, where, _extra = got
-            first = where[seg_start + starts[i]][0]
-            last = first
-            while i < n and (place := where.get(seg_start + starts[i])) is not None:
-                inner.append(base + place[0] - first)
-                last = place[0] + place[1]
-                i += 1
+            plain, where, _extra, sizes = got
+            head = where[seg_start + starts[i]]
+            first = last = head[0]
+            # The usual case, the rest of the group's records next in the round: their
+            # places follow from the group's sizes; else each record is looked up.
+            m = min(len(sizes) - head[2], n - i)
+            tail = where.get(seg_start + starts[i + m - 1])
+            if tail is not None and tail[2] == head[2] + m - 1:
+                inner += accumulate(sizes[head[2] : head[2] + m - 1], initial=base)
+                last = tail[0] + tail[1]
+                i += m
+            else:
+                while i < n and (place := where.get(seg_start + starts[i])) is not None:
+                    inner.append(base + place[0] - first)
+                    last = place[0] + place[1]
+                    i += 1
             plains.append(plain[first:last])
             base += last - first
         if plains:  # one numpy decode for every group of the round

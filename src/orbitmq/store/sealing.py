@@ -234,7 +234,7 @@ class RecordSealer:
 
     def group_of(
         self, view: memoryview, at: int
-    ) -> tuple[memoryview, dict[int, tuple[int, int, int]], int] | None:
+    ) -> tuple[memoryview, dict[int, tuple[int, int, int]], int, list[int]] | None:
         """The dispatcher's view of a format-2 record's group: its plaintext, where each
         record is in it, and how much larger sealed records are (None: not format 2, or it
         does not authenticate)."""
@@ -242,14 +242,14 @@ class RecordSealer:
             return None
         phy = _U64.unpack_from(view, at + 28)[0]
         try:
-            plain, where, _sizes = self._group(view, at, phy - at)
+            plain, where, sizes = self._group(view, at, phy - at)
         except IntegrityError as exc:
             log.warning("%s: not dispatched from its plaintext", exc)
             return None
         place = where.get(phy)
         if place is None:
             return None
-        return memoryview(plain), where, U32.unpack_from(view, at)[0] - place[1]
+        return memoryview(plain), where, U32.unpack_from(view, at)[0] - place[1], sizes
 
     def open_record(self, view: memoryview | bytes, at: int = 0) -> bytes:
         """The plaintext record of the sealed record at ``at`` of a segment's ``view``
