@@ -302,6 +302,52 @@ done:
     return PyBool_FromLong(ok);
 }
 
+/* seal_bodies(sealed, sizes, epoch, extra, tail) -> list[bytes]: the sealed bodies of a
+ * format-2 group (orbitmq.store.seal_group.seal_group's loop is the reference): record k's
+ * body is u32 epoch || u32 back || tail (span, count, tag: 24 bytes) || its slice of the
+ * ciphertext, back being the bytes of the sealed records before it (sizes[j] + extra each). */
+static PyObject *py_seal_bodies(PyObject *self, PyObject *args) {
+    Py_buffer ct, tail;
+    unsigned long epoch;
+    Py_ssize_t extra;
+    PyObject *sizes, *out = NULL, *fs = NULL;
+    if (!PyArg_ParseTuple(args, "y*Okny*", &ct, &sizes, &epoch, &extra, &tail)) return NULL;
+    fs = PySequence_Fast(sizes, "sizes must be a sequence");
+    if (!fs) goto done;
+    if (tail.len != 24 || extra < 0) {
+        PyErr_SetString(PyExc_ValueError, "tail must be 24 bytes and extra not negative");
+        goto done;
+    }
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(fs);
+    out = PyList_New(n);
+    if (!out) goto done;
+    size_t p = 0, back = 0;
+    for (Py_ssize_t k = 0; k < n; k++) {
+        size_t size = PyLong_AsSize_t(PySequence_Fast_GET_ITEM(fs, k));
+        if (size == (size_t)-1 && PyErr_Occurred()) goto done;
+        if (p + size > (size_t)ct.len) {
+            PyErr_SetString(PyExc_ValueError, "sizes overrun the ciphertext");
+            goto done;
+        }
+        PyObject *b = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)(32 + size));
+        if (!b) goto done;
+        unsigned char *w = (unsigned char *)PyBytes_AS_STRING(b);
+        be32(w, (uint32_t)epoch);
+        be32(w + 4, (uint32_t)back);
+        memcpy(w + 8, tail.buf, 24);
+        memcpy(w + 32, (const unsigned char *)ct.buf + p, size);
+        PyList_SET_ITEM(out, k, b);
+        p += size;
+        back += size + (size_t)extra;
+    }
+done:
+    Py_XDECREF(fs);
+    PyBuffer_Release(&ct);
+    PyBuffer_Release(&tail);
+    if (PyErr_Occurred()) { Py_XDECREF(out); return NULL; }
+    return out;
+}
+
 static PyMethodDef methods[] = {
     {"crc32c", py_crc32c, METH_VARARGS, "crc32c(data, value=0) -> int: CRC-32C, continuing value."},
     {"encode_batch", py_encode_batch, METH_VARARGS,
@@ -311,6 +357,9 @@ static PyMethodDef methods[] = {
     {"check_group", py_check_group, METH_VARARGS,
      "check_group(view, g_at, plain, sizes, extra, topic_part) -> bool: the clear records of an "
      "opened sealed group agree with it (orbitmq.store.seal_group)."},
+    {"seal_bodies", py_seal_bodies, METH_VARARGS,
+     "seal_bodies(sealed, sizes, epoch, extra, tail) -> list[bytes]: a sealed group's record "
+     "bodies (orbitmq.store.seal_group)."},
     {"split_records", py_split_records, METH_VARARGS,
      "split_records(data: bytes, verify_crc) -> list of record tuples, or the position of the "
      "first bad record."},

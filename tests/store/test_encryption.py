@@ -413,3 +413,19 @@ def test_the_c_group_check_agrees_with_the_python_one_on_every_changed_byte() ->
             assert len(set(got)) == 1, (i, got)
             refused += not got[0]
         assert refused > 100 * len(bodies)  # headers, prefixes and topics are all checked
+
+
+def test_the_c_sealed_bodies_are_the_python_ones() -> None:
+    from orbitmq.common.native import NATIVE
+    from orbitmq.store import seal_group as sg
+
+    if NATIVE is None or not hasattr(NATIVE, "seal_bodies"):
+        pytest.skip("the C extension is not built here")
+    sealed = bytes(range(256)) * 3 + b"T" * 16
+    for sizes in ([1], [100, 3, 500], [0, 7], [256] * 3):
+        args = (sealed, sizes, 0xFFFFFFF0, 141, bytes(range(24)))
+        assert NATIVE.seal_bodies(*args) == sg._seal_bodies(*args)
+    with pytest.raises(ValueError):
+        NATIVE.seal_bodies(sealed, [len(sealed) + 1], 1, 141, bytes(24))
+    with pytest.raises(ValueError):
+        NATIVE.seal_bodies(sealed, [1], 1, 141, bytes(23))
