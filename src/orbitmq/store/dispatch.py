@@ -17,7 +17,6 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from itertools import accumulate
 from typing import Protocol
 
 import crc32c
@@ -30,7 +29,7 @@ from orbitmq.store.appended import Appended, AppendedLog, add_appended, matches
 from orbitmq.store.commit_log import SYSFLAG_SEALED, CommitLog
 from orbitmq.store.consume_queue import ENTRY_DTYPE, ConsumeQueueTable
 from orbitmq.store.recent import RecentRound
-from orbitmq.store.seal_group import extra_bytes
+from orbitmq.store.seal_group import extra_bytes, group_run
 from orbitmq.store.supervise import ServiceHealth
 from orbitmq.store.timer_index import TIMER_TOPIC, timer_tag
 
@@ -237,21 +236,7 @@ class Dispatcher:
                 self._decode_small(view, seg_start, other, groups, index_items)
                 other = []
             plain, where, _extra, sizes = got
-            head = where[seg_start + starts[i]]
-            first = last = head[0]
-            # The usual case, the rest of the group's records next in the round: their
-            # places follow from the group's sizes; else each record is looked up.
-            m = min(len(sizes) - head[2], n - i)
-            tail = where.get(seg_start + starts[i + m - 1])
-            if tail is not None and tail[2] == head[2] + m - 1:
-                inner += accumulate(sizes[head[2] : head[2] + m - 1], initial=base)
-                last = tail[0] + tail[1]
-                i += m
-            else:
-                while i < n and (place := where.get(seg_start + starts[i])) is not None:
-                    inner.append(base + place[0] - first)
-                    last = place[0] + place[1]
-                    i += 1
+            first, last, i = group_run(where, sizes, starts, i, seg_start, base, inner)
             plains.append(plain[first:last])
             base += last - first
         if plains:  # one numpy decode for every group of the round

@@ -160,6 +160,34 @@ def _seal_bodies(
     return out
 
 
+def group_run(
+    where: dict[int, tuple[int, int, int]],
+    sizes: list[int],
+    starts: list[int],
+    i: int,
+    seg_start: int,
+    base: int,
+    inner: list[int],
+) -> tuple[int, int, int]:
+    """The dispatcher's run of one opened group's records from ``starts[i]`` (records of a
+    segment, in order): appends to ``inner`` each one's place in the round's joined
+    plaintexts (``base`` for this run's first); returns the run's (first, end) in the
+    group's plaintext and the next ``i``. The usual case, the rest of the group next in the
+    round, is placed from the group's sizes; else each record is looked up."""
+    head = where[seg_start + starts[i]]
+    first = last = head[0]
+    m = min(len(sizes) - head[2], len(starts) - i)
+    tail = where.get(seg_start + starts[i + m - 1])
+    if tail is not None and tail[2] == head[2] + m - 1:
+        inner += accumulate(sizes[head[2] : head[2] + m - 1], initial=base)
+        return first, tail[0] + tail[1], i + m
+    while i < len(starts) and (place := where.get(seg_start + starts[i])) is not None:
+        inner.append(base + place[0] - first)
+        last = place[0] + place[1]
+        i += 1
+    return first, last, i
+
+
 def group_start(view: memoryview | bytes, at: int) -> int:
     """Where the group of the sealed record at ``at`` begins (in the same view)."""
     return at - int(U32.unpack_from(view, at + HEADER_SIZE + 4)[0])
