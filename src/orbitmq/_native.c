@@ -91,15 +91,17 @@ static PyObject *py_crc32c(PyObject *self, PyObject *args) {
 
 /* encode_batch(topic, queue_id, first_queue_offset, first_physical_offset, flag, sys_flag,
  *              born_ts, born_host, store_ts, store_host, reconsume_times, prepared_tx,
- *              bodies, properties) -> bytearray */
+ *              bodies, properties[, phy_stride]) -> bytearray
+ * phy_stride: record i's physical offset is i * phy_stride further than where it sits in the
+ * buffer (encryption at rest encodes plaintext records that are stored larger, sealed). */
 static PyObject *py_encode_batch(PyObject *self, PyObject *args) {
     Py_buffer topic, born_host, store_host;
     int queue_id, flag, sys_flag, reconsume;
-    long long qoff, phy, born_ts, store_ts, prepared;
+    long long qoff, phy, born_ts, store_ts, prepared, stride = 0;
     PyObject *bodies, *props;
-    if (!PyArg_ParseTuple(args, "y*iLLiiLy*Ly*iLOO", &topic, &queue_id, &qoff, &phy, &flag,
+    if (!PyArg_ParseTuple(args, "y*iLLiiLy*Ly*iLOO|L", &topic, &queue_id, &qoff, &phy, &flag,
                           &sys_flag, &born_ts, &born_host, &store_ts, &store_host, &reconsume,
-                          &prepared, &bodies, &props))
+                          &prepared, &bodies, &props, &stride))
         return NULL;
     PyObject *result = NULL, *fb = NULL, *fp = NULL;
     Py_buffer *views = NULL;
@@ -146,7 +148,7 @@ static PyObject *py_encode_batch(PyObject *self, PyObject *args) {
         size_t blen = (size_t)views[2 * i].len, plen = (size_t)views[2 * i + 1].len;
         be32(r, (uint32_t)sizes[i]); be32(r + 4, MAGIC); be32(r + 8, 0);
         be32(r + 12, (uint32_t)queue_id); be32(r + 16, (uint32_t)flag);
-        be64(r + 20, (uint64_t)(qoff + i)); be64(r + 28, (uint64_t)phy + starts[i]);
+        be64(r + 20, (uint64_t)(qoff + i)); be64(r + 28, (uint64_t)phy + starts[i] + (uint64_t)(i * stride));
         be32(r + 36, (uint32_t)sys_flag); be64(r + 40, (uint64_t)born_ts);
         memcpy(r + 48, bh, 8); be64(r + 56, (uint64_t)store_ts); memcpy(r + 64, sh, 8);
         be32(r + 72, (uint32_t)reconsume); be64(r + 76, (uint64_t)prepared);
@@ -252,12 +254,112 @@ static PyObject *py_split_records(PyObject *self, PyObject *args) {
     return out;
 }
 
+/* check_group(view, g_at, plain, sizes, extra, topic_part) -> bool: every sealed record of an
+ * opened format-2 group agrees with it (orbitmq.store.seal_group._check_clear is the
+ * reference): the records lie back to back from g_at, record k being sizes[k] + extra bytes
+ * (its clear size field says so);
+ * its clear header bytes [12, 36) and [40, 84) equal its authenticated copy in plain, whose
+ * size field is sizes[k]; its prefix (at 88) shares the first record's bytes [0, 4) and
+ * [8, 32) and holds its distance from g_at at [4, 8); after its ciphertext come topic_part
+ * and an empty properties length. plain must hold exactly the sizes. */
+static PyObject *py_check_group(PyObject *self, PyObject *args) {
+    Py_buffer view, plain, topic;
+    Py_ssize_t g_at, extra;
+    PyObject *sizes;
+    if (!PyArg_ParseTuple(args, "y*ny*Ony*", &view, &g_at, &plain, &sizes, &extra, &topic))
+        return NULL;
+    int ok = 0;
+    PyObject *fs = PySequence_Fast(sizes, "sizes must be a sequence");
+    if (!fs) goto done;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(fs);
+    const unsigned char *v = view.buf, *pl = plain.buf, *tp = topic.buf;
+    size_t tl = (size_t)topic.len, vlen = (size_t)view.len, plen = (size_t)plain.len;
+    if (n < 1 || g_at < 0 || extra < HEADER_SIZE + 32 + (Py_ssize_t)tl + 2) goto done;
+    size_t r = (size_t)g_at, p = 0;
+    const unsigned char *first = v + r;
+    for (Py_ssize_t k = 0; k < n; k++) {
+        size_t size = PyLong_AsSize_t(PySequence_Fast_GET_ITEM(fs, k));
+        if (size == (size_t)-1 && PyErr_Occurred()) goto done;
+        if (size < HEADER_SIZE || r + size + (size_t)extra > vlen || p + size > plen) goto done;
+        const unsigned char *c = v + r, *in = pl + p, *pre = c + HEADER_SIZE;
+        if (rd32(c) != (uint32_t)(size + (size_t)extra) || rd32(in) != (uint32_t)size) goto done;
+        if (memcmp(c + 12, in + 12, 24) || memcmp(c + 40, in + 40, 44)) goto done;
+        if (memcmp(pre, first + HEADER_SIZE, 4) || memcmp(pre + 8, first + HEADER_SIZE + 8, 24))
+            goto done;
+        if (rd32(pre + 4) != (uint32_t)(r - (size_t)g_at)) goto done;
+        const unsigned char *t = pre + 32 + size;
+        if (memcmp(t, tp, tl) || t[tl] || t[tl + 1]) goto done;
+        r += size + (size_t)extra;
+        p += size;
+    }
+    ok = p == plen;
+done:
+    Py_XDECREF(fs);
+    PyBuffer_Release(&view);
+    PyBuffer_Release(&plain);
+    PyBuffer_Release(&topic);
+    if (PyErr_Occurred()) return NULL;
+    return PyBool_FromLong(ok);
+}
+
+/* seal_bodies(sealed, sizes, epoch, extra, tail) -> list[bytes]: the sealed bodies of a
+ * format-2 group (orbitmq.store.seal_group.seal_group's loop is the reference): record k's
+ * body is u32 epoch || u32 back || tail (span, count, tag: 24 bytes) || its slice of the
+ * ciphertext, back being the bytes of the sealed records before it (sizes[j] + extra each). */
+static PyObject *py_seal_bodies(PyObject *self, PyObject *args) {
+    Py_buffer ct, tail;
+    unsigned long epoch;
+    Py_ssize_t extra;
+    PyObject *sizes, *out = NULL, *fs = NULL;
+    if (!PyArg_ParseTuple(args, "y*Okny*", &ct, &sizes, &epoch, &extra, &tail)) return NULL;
+    fs = PySequence_Fast(sizes, "sizes must be a sequence");
+    if (!fs) goto done;
+    if (tail.len != 24 || extra < 0) {
+        PyErr_SetString(PyExc_ValueError, "tail must be 24 bytes and extra not negative");
+        goto done;
+    }
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(fs);
+    out = PyList_New(n);
+    if (!out) goto done;
+    size_t p = 0, back = 0;
+    for (Py_ssize_t k = 0; k < n; k++) {
+        size_t size = PyLong_AsSize_t(PySequence_Fast_GET_ITEM(fs, k));
+        if (size == (size_t)-1 && PyErr_Occurred()) goto done;
+        if (p + size > (size_t)ct.len) {
+            PyErr_SetString(PyExc_ValueError, "sizes overrun the ciphertext");
+            goto done;
+        }
+        PyObject *b = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)(32 + size));
+        if (!b) goto done;
+        unsigned char *w = (unsigned char *)PyBytes_AS_STRING(b);
+        be32(w, (uint32_t)epoch);
+        be32(w + 4, (uint32_t)back);
+        memcpy(w + 8, tail.buf, 24);
+        memcpy(w + 32, (const unsigned char *)ct.buf + p, size);
+        PyList_SET_ITEM(out, k, b);
+        p += size;
+        back += size + (size_t)extra;
+    }
+done:
+    Py_XDECREF(fs);
+    PyBuffer_Release(&ct);
+    PyBuffer_Release(&tail);
+    if (PyErr_Occurred()) { Py_XDECREF(out); return NULL; }
+    return out;
+}
+
 static PyMethodDef methods[] = {
     {"crc32c", py_crc32c, METH_VARARGS, "crc32c(data, value=0) -> int: CRC-32C, continuing value."},
     {"encode_batch", py_encode_batch, METH_VARARGS,
      "encode_batch(topic, queue_id, first_queue_offset, first_physical_offset, flag, sys_flag, "
      "born_ts, born_host, store_ts, store_host, reconsume_times, prepared_tx, bodies, "
-     "properties) -> bytearray: the batch's records, CRCs filled in."},
+     "properties[, phy_stride]) -> bytearray: the batch's records, CRCs filled in."},
+    {"check_group", py_check_group, METH_VARARGS,
+     "check_group(view, g_at, plain, sizes, extra, topic_part) -> bool: the clear records of an "
+     "opened sealed group agree with it (orbitmq.store.seal_group)."},
+    {"seal_bodies", py_seal_bodies, METH_VARARGS,
+     "seal_bodies(sealed, sizes, epoch, extra, tail) -> list[bytes]: a sealed group's record "
+     "bodies (orbitmq.store.seal_group)."},
     {"split_records", py_split_records, METH_VARARGS,
      "split_records(data: bytes, verify_crc) -> list of record tuples, or the position of the "
      "first bad record."},
@@ -279,7 +381,8 @@ PyMODINIT_FUNC PyInit__native(void) {
     have_sse42 = __builtin_cpu_supports("sse4.2") ? 1 : 0;
 #endif
     PyObject *m = PyModule_Create(&module);
-    if (m && PyModule_AddIntConstant(m, "HARDWARE_CRC", have_sse42) < 0) {
+    if (m && (PyModule_AddIntConstant(m, "HARDWARE_CRC", have_sse42) < 0 ||
+              PyModule_AddIntConstant(m, "PHY_STRIDE", 1) < 0)) {
         Py_DECREF(m);
         return NULL;
     }

@@ -1,5 +1,7 @@
 # Type stub for the optional C extension built from _native.c (see setup.py).
 HARDWARE_CRC: int
+PHY_STRIDE: int
+"""1 when encode_batch takes phy_stride (an extension built before it lacks the name)."""
 
 def crc32c(data: bytes | bytearray | memoryview, value: int = 0, /) -> int: ...
 def encode_batch(
@@ -17,5 +19,6 @@ def encode_batch(
     prepared_transaction_offset: int,
     bodies: list[bytes],
     properties: list[bytes],
+    phy_stride: int = 0,
     /,
 ) -> bytearray: ...

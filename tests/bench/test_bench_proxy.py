@@ -18,17 +18,21 @@ pytestmark = [pytest.mark.integration]
 
 
 def test_bench_proxy_drives_echo_and_proxy(tmp_path: Path) -> None:
+    """With ``--tls permissive`` a third side, a TLS proxy driven over TLS, runs in the same
+    runs and its share of the plaintext proxy is reported (issue #16's TLS target)."""
     out = tmp_path / "result.json"
     args = [
         "bench", "proxy", "--count", "60", "--inflight", "4", "--size", "64", "--runs", "1",
-        "--json", str(out),
+        "--json", str(out), "--tls", "permissive",
     ]  # fmt: skip
     result = CliRunner().invoke(app, args)
     assert result.exit_code == 0, result.output
     assert "proxy / echo calls/s" in result.output and "median proxy" in result.output
+    assert "proxy TLS (permissive) / proxy plaintext calls/s" in result.output
     data = json.loads(out.read_text())
     (run,) = data["runs"]
-    for side in ("echo", "proxy"):
+    assert data["tls_share_of_plaintext"] > 0
+    for side in ("echo", "proxy", "proxy_tls"):
         r = run[side]
         assert r["calls"] == 60 and r["answered"] == 60 and r["errors"] == 0, r
         assert 0 < r["p50_ms"] <= r["p99_ms"] and r["calls_per_s"] > 0
@@ -50,3 +54,5 @@ def test_options_are_checked() -> None:
         ProxyBenchOptions(count=4, inflight=8).validate()
     with pytest.raises(ValueError, match="workers"):
         ProxyBenchOptions(workers=0).validate()
+    with pytest.raises(ValueError, match="tls"):
+        ProxyBenchOptions(tls="sometimes").validate()

@@ -1,5 +1,6 @@
 """`python -m orbitmq.bench security` runs on a small count and reports every ratio: the
-encrypted store (append, read, both), TLS round trips, TLS produce and consume."""
+encrypted store (append, hot read, both, cold read after a restart), TLS round trips, TLS
+produce and consume, produce with ACL checks."""
 
 from __future__ import annotations
 
@@ -9,7 +10,9 @@ from orbitmq.bench import security
 def test_security_bench_runs_small() -> None:
     lines: list[str] = []
     results = security.run(640, lines.append)
-    for name in ("store", "store_append", "store_read", "remoting", "produce", "consume"):
+    names = ("store", "store_append", "store_read", "store_cold_read", "remoting", "produce")
+    for name in (*names, "consume", "acl_produce"):
         assert results[f"{name}_ratio"] > 0, name
-    assert sum("encrypted" in line for line in lines) == 3
+    assert sum("encrypted" in line for line in lines) == 4
     assert sum("TLS" in line for line in lines) == 3
+    assert sum("ACL on" in line for line in lines) == 1

@@ -90,6 +90,21 @@ def test_encode_batch_is_byte_identical(head: BatchHeader, recs: list[tuple[byte
 
 
 @native
+@settings(max_examples=50, deadline=None)
+@given(head=heads, recs=records, stride=st.integers(1, 300))
+def test_encode_batch_with_a_phy_stride_is_byte_identical(
+    head: BatchHeader, recs: list[tuple[bytes, bytes]], stride: int
+) -> None:
+    """Encryption at rest encodes plaintext records whose physical offsets step further than
+    their sizes: the extension does it as the Python reference does."""
+    bodies = [b for b, _ in recs]
+    props = [p for _, p in recs]
+    want = encode_batch_py(head, bodies, props, phy_stride=stride)
+    assert NATIVE is not None and NATIVE.PHY_STRIDE == 1
+    assert bytes(encode_batch(head, bodies, props, phy_stride=stride)) == bytes(want)
+
+
+@native
 def test_encode_takes_views_and_rejects_bad_input() -> None:
     head = BatchHeader(b"T", 0, 0, 0, 0, 0, 0, bytes(8), 0, bytes(8), 0, 0)
     frame = b"xxhelloyy"

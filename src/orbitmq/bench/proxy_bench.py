@@ -44,6 +44,9 @@ __all__ = [
 ]
 
 TARGET_SHARE = 0.60
+TARGET_TLS_SHARE = 0.70
+"""Issue #16: TLS throughput >= 70 % of plaintext."""
+TLS_CHOICES = ("off", "permissive", "required")
 TARGET_ADDED_P50_MS = 0.5
 PROXY_READY = "orbitmq proxy ready "
 QUEUES = 8
@@ -63,6 +66,9 @@ class ProxyBenchOptions:
     topic: str = "BenchProxy"
     namesrv: str | None = None
     command: str = ""
+    tls: str = "off"
+    """off: echo and the plaintext proxy. permissive or required: also a second proxy in that
+    TLS mode (the bench's own certificate), driven over TLS in the same runs."""
 
     def validate(self) -> None:
         if self.count < 1 or self.inflight < 1 or self.size < 1 or self.runs < 1:
@@ -71,6 +77,8 @@ class ProxyBenchOptions:
             raise ValueError("workers must be at least 1")
         if self.count < self.inflight:
             raise ValueError(f"count must be at least inflight ({self.inflight})")
+        if self.tls not in TLS_CHOICES:
+            raise ValueError(f"tls must be one of {', '.join(TLS_CHOICES)}")
 
 
 @dataclass(slots=True)
@@ -123,6 +131,19 @@ class ProxyBenchResult:
         )
 
     @property
+    def tls_share(self) -> float | None:
+        """Median over runs of TLS proxy calls/s / plaintext proxy calls/s (same run); None
+        without ``--tls``."""
+        if not self.runs or "proxy_tls" not in self.runs[0]:
+            return None
+        return statistics.median(
+            run["proxy_tls"].calls_per_s / run["proxy"].calls_per_s
+            if run["proxy"].calls_per_s
+            else 0.0
+            for run in self.runs
+        )
+
+    @property
     def added_p50_ms(self) -> float:
         """Median over runs of proxy p50 - echo p50 (same run)."""
         return statistics.median(run["proxy"].p50_ms - run["echo"].p50_ms for run in self.runs)
@@ -140,6 +161,7 @@ class ProxyBenchResult:
             "runs": [{k: v.to_json() for k, v in run.items()} for run in self.runs],
             "share_of_echo": self.share,
             "added_p50_ms": self.added_p50_ms,
+            "tls_share_of_plaintext": self.tls_share,
             "targets": {
                 "share_met": self.share >= TARGET_SHARE,
                 "added_p50_met": self.added_p50_ms <= TARGET_ADDED_P50_MS,
@@ -151,38 +173,74 @@ def _prepare_topic(namesrv: str, topic: str) -> None:
     prepare_topics(namesrv, [topic], queues=QUEUES, wait_s=ROUTE_WAIT_S)
 
 
+@dataclass(frozen=True, slots=True)
+class Target:
+    """A server the generator drives: its address, pid, and the CA to trust (TLS) or None."""
+
+    address: str
+    pid: int
+    tls_ca: str | None = None
+
+
+def _proxy_child(namesrv: str, options: ProxyBenchOptions, log: Path, *tls: str) -> ServerChild:
+    return ServerChild(
+        [
+            "orbitmq", "proxy", "--namesrv", namesrv, "--host", "127.0.0.1",
+            "--port", "0", *(tls or ("--tls", "off")), "--log-level", "WARNING",
+            *(["--workers", str(options.workers)] if options.workers > 1 else []),
+        ],
+        log,
+        PROXY_READY,
+    )  # fmt: skip
+
+
 @contextlib.contextmanager
-def _servers(options: ProxyBenchOptions, say: Say) -> Iterator[tuple[str, int, str, int, Path]]:
-    """(proxy address, proxy pid, echo address, echo pid, scratch folder)."""
+def _servers(options: ProxyBenchOptions, say: Say) -> Iterator[dict[str, Target]]:
+    """The sides to drive: echo, proxy, and proxy_tls with ``--tls``."""
     scratch = Path(tempfile.mkdtemp(prefix="orbitmq-bench-proxy-"))
     failed = True
     try:
         with target_cluster(options.namesrv, None, say) as cluster:
             _prepare_topic(cluster.namesrv, options.topic)
-            proxy = ServerChild(
-                [
-                    "orbitmq", "proxy", "--namesrv", cluster.namesrv, "--host", "127.0.0.1",
-                    "--port", "0", "--tls", "off", "--log-level", "WARNING",
-                    *(["--workers", str(options.workers)] if options.workers > 1 else []),
-                ],
-                scratch / "proxy.log",
-                PROXY_READY,
-            )  # fmt: skip
-            echo = ServerChild(
-                ["orbitmq.bench.proxy_load", "--echo", "127.0.0.1"],
-                scratch / "echo.log",
-                ECHO_READY,
-            )
+            children = {
+                "echo": ServerChild(
+                    ["orbitmq.bench.proxy_load", "--echo", "127.0.0.1"],
+                    scratch / "echo.log",
+                    ECHO_READY,
+                ),
+                "proxy": _proxy_child(cluster.namesrv, options, scratch / "proxy.log"),
+            }
+            ca: str | None = None
+            if options.tls != "off":
+                from orbitmq.proxy.tls import self_signed
+
+                ident = self_signed(["127.0.0.1", "localhost"])
+                cert, key = scratch / "proxy-cert.pem", scratch / "proxy-key.pem"
+                cert.write_bytes(ident.cert_pem)
+                key.write_bytes(ident.key_pem)
+                key.chmod(0o600)
+                ca = str(cert)
+                children["proxy_tls"] = _proxy_child(
+                    cluster.namesrv, options, scratch / "proxy-tls.log",
+                    "--tls", options.tls, "--tls-cert", str(cert), "--tls-key", str(key),
+                )  # fmt: skip
             try:
-                proxy_addr = proxy.start().split()[0].removeprefix("proxy=")
-                echo_addr = echo.start().split()[0]
-                say(f"proxy {proxy_addr} ({options.workers} process(es)), echo {echo_addr}")
-                assert proxy.proc is not None and echo.proc is not None
-                yield proxy_addr, proxy.proc.pid, echo_addr, echo.proc.pid, scratch
+                targets: dict[str, Target] = {}
+                for side, child in children.items():
+                    address = child.start().split()[0].removeprefix("proxy=")
+                    assert child.proc is not None
+                    targets[side] = Target(
+                        address, child.proc.pid, ca if side == "proxy_tls" else None
+                    )
+                say(
+                    ", ".join(f"{side} {t.address}" for side, t in targets.items())
+                    + f" ({options.workers} proxy process(es) each)"
+                )
+                yield targets
                 failed = False
             finally:
-                echo.stop(10.0)
-                proxy.stop(30.0)
+                for child in reversed(children.values()):
+                    child.stop(30.0)
     finally:
         if not failed:
             shutil.rmtree(scratch, ignore_errors=True)
@@ -202,12 +260,16 @@ def _tree_cpu_s(pid: int) -> float | None:
     return total
 
 
-def drive(address: str, options: ProxyBenchOptions, server_pid: int | None) -> SideRun:
-    """One load-generator process against ``address``; the server's CPU read around it."""
+def drive(
+    address: str, options: ProxyBenchOptions, server_pid: int | None, tls_ca: str | None = None
+) -> SideRun:
+    """One load-generator process against ``address`` (over TLS trusting ``tls_ca`` when
+    given); the server's CPU read around it."""
     args = [
         sys.executable, "-m", "orbitmq.bench.proxy_load", "--drive", address,
         "--count", str(options.count), "--inflight", str(options.inflight),
         "--size", str(options.size), "--topic", options.topic,
+        *(["--tls-ca", tls_ca] if tls_ca else []),
     ]  # fmt: skip
     cpu0 = _tree_cpu_s(server_pid) if server_pid else None
     done = subprocess.run(
@@ -240,13 +302,13 @@ def run_proxy_bench(options: ProxyBenchOptions, progress: Say | None = None) -> 
         options,
         machine={"cpu": cpu_model(), "cpus": str(os.cpu_count()), "load": loadavg()},
     )
-    with _servers(options, say) as (proxy_addr, proxy_pid, echo_addr, echo_pid, _scratch):
+    with _servers(options, say) as targets:
         for i in range(1, options.runs + 1):
-            say(f"run {i}/{options.runs}: echo")
-            echo = drive(echo_addr, options, echo_pid)
-            say(f"run {i}/{options.runs}: proxy")
-            proxy = drive(proxy_addr, options, proxy_pid)
-            result.runs.append({"echo": echo, "proxy": proxy})
+            run: dict[str, SideRun] = {}
+            for side, t in targets.items():
+                say(f"run {i}/{options.runs}: {side}")
+                run[side] = drive(t.address, options, t.pid, t.tls_ca)
+            result.runs.append(run)
     return result
 
 
@@ -260,22 +322,23 @@ def format_report(result: ProxyBenchResult) -> str:
         *([f"command: {o.command}"] if o.command else []),
         f"machine: {m.get('cpu')}, {m.get('cpus')} cpus, load {m.get('load')}",
         "",
-        f"{'run':<5}{'side':<7}{'calls/s':>10}{'p50 ms':>9}{'p99 ms':>9}"
+        f"{'run':<5}{'side':<10}{'calls/s':>10}{'p50 ms':>9}{'p99 ms':>9}"
         f"{'server CPU ms/call':>20}{'client CPU ms/call':>20}{'errors':>8}",
     ]
+    sides = list(result.runs[0]) if result.runs else ["echo", "proxy"]
     for i, run in enumerate(result.runs, start=1):
-        for side in ("echo", "proxy"):
+        for side in sides:
             r = run[side]
             cpu = r.server_cpu_ms_per_call
             client = r.client_cpu_s * 1000 / r.answered if r.answered else 0.0
             lines.append(
-                f"{i:<5}{side:<7}{r.calls_per_s:>10,.0f}{r.p50_ms:>9.3f}{r.p99_ms:>9.3f}"
+                f"{i:<5}{side:<10}{r.calls_per_s:>10,.0f}{r.p50_ms:>9.3f}{r.p99_ms:>9.3f}"
                 f"{(f'{cpu:.3f}' if cpu is not None else '-'):>20}{client:>20.3f}{r.errors:>8}"
             )
     lines.extend(
-        f"median {side:<6}{result.median(side, 'calls_per_s'):>9,.0f}"
+        f"median {side:<9}{result.median(side, 'calls_per_s'):>9,.0f}"
         f"{result.median(side, 'p50_ms'):>9.3f}{result.median(side, 'p99_ms'):>9.3f}"
-        for side in ("echo", "proxy")
+        for side in sides
     )
     share, added = result.share, result.added_p50_ms
     lines += [
@@ -284,6 +347,12 @@ def format_report(result: ProxyBenchResult) -> str:
         f"{'met' if share >= TARGET_SHARE else 'MISSED'}); added p50 {added:.3f} ms "
         f"(target <= {TARGET_ADDED_P50_MS} ms: {'met' if added <= TARGET_ADDED_P50_MS else 'MISSED'})",
     ]
+    tls = result.tls_share
+    if tls is not None:
+        lines.append(
+            f"proxy TLS ({o.tls}) / proxy plaintext calls/s: {tls:.1%} (target >= "
+            f"{TARGET_TLS_SHARE:.0%}: {'met' if tls >= TARGET_TLS_SHARE else 'MISSED'})"
+        )
     errors = [r.first_error for run in result.runs for r in run.values() if r.first_error]
     if errors:
         lines.append(f"first error: {errors[0]}")
@@ -301,6 +370,12 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--topic", default=d.topic)
     ap.add_argument("--namesrv", "-n", default=None, help="a running cluster (default: start one)")
     ap.add_argument("--json", type=Path, default=None, help="also write the result here")
+    ap.add_argument(
+        "--tls",
+        choices=TLS_CHOICES,
+        default=d.tls,
+        help="also drive a proxy in this TLS mode over TLS, beside the plaintext one",
+    )
     return ap
 
 
@@ -309,6 +384,7 @@ def main(argv: list[str], command: str) -> int:
     options = ProxyBenchOptions(
         count=args.count, inflight=args.inflight, size=args.size, runs=args.runs,
         workers=args.workers, topic=args.topic, namesrv=args.namesrv, command=command,
+        tls=args.tls,
     )  # fmt: skip
     try:
         options.validate()

@@ -27,6 +27,7 @@ import os
 import resource
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 __all__ = ["ECHO_READY", "METHOD", "build_requests", "canned_response", "main"]
@@ -126,7 +127,9 @@ def _cpu_s() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-async def _drive(target: str, requests: list[bytes], inflight: int) -> dict[str, Any]:
+async def _drive(
+    target: str, requests: list[bytes], inflight: int, tls_ca: str | None = None
+) -> dict[str, Any]:
     import grpc
 
     from orbitmq.proxy.grpc_v2 import definition_pb2 as pb
@@ -134,9 +137,13 @@ async def _drive(target: str, requests: list[bytes], inflight: int) -> dict[str,
 
     ok = int(pb.Code.OK)
     parse = svc.SendMessageResponse.FromString
-    async with grpc.aio.insecure_channel(
-        target, options=[("grpc.max_receive_message_length", 8 * 1024 * 1024)]
-    ) as channel:
+    options = [("grpc.max_receive_message_length", 8 * 1024 * 1024)]
+    if tls_ca is None:
+        opened = grpc.aio.insecure_channel(target, options=options)
+    else:  # TLS, verifying the server against the bench's own CA
+        creds = grpc.ssl_channel_credentials(root_certificates=Path(tls_ca).read_bytes())
+        opened = grpc.aio.secure_channel(target, creds, options=options)
+    async with opened as channel:
         call: grpc.aio.UnaryUnaryMultiCallable[bytes, bytes] = channel.unary_unary(METHOD)
         errors = 0
         first_error: list[str] = []
@@ -206,6 +213,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--inflight", type=int, default=32)
     ap.add_argument("--size", type=int, default=1024)
     ap.add_argument("--topic", default="BenchProxy")
+    ap.add_argument("--tls-ca", default=None, help="drive over TLS, trusting this PEM CA")
     args = ap.parse_args(argv)
     loop = _new_loop()
     asyncio.set_event_loop(loop)
@@ -214,7 +222,7 @@ def main(argv: list[str] | None = None) -> int:
             loop.run_until_complete(_serve_echo(args.echo))
             return 0
         requests = build_requests(args.topic, args.size, args.count + WARMUP_CALLS)
-        result = loop.run_until_complete(_drive(args.drive, requests, args.inflight))
+        result = loop.run_until_complete(_drive(args.drive, requests, args.inflight, args.tls_ca))
     finally:
         loop.close()
     sys.stdout.write(json.dumps(result) + "\n")

@@ -3,16 +3,23 @@
 Pairs of runs on this machine, each the same work with the feature off and on:
 
 - **store**: append ``--count`` 1 KiB messages in batches of 32 (ASYNC_FLUSH) until dispatched,
-  then read them all back, into a plaintext store and into an encrypted one (AES-256-GCM,
-  ``encrypt_at_rest``): append, read and both together;
+  then read them all back (hot: an encrypted store serves the plaintexts its appends cached;
+  ``store.encryption_cache_bytes`` is raised for the run to hold them all, see
+  :func:`cache_bytes`),
+  then restart the store and read them again (cold: every group decrypted once), into a
+  plaintext store and into an encrypted one (AES-256-GCM, ``encrypt_at_rest``): append, hot
+  read, append + hot read, and cold read;
 - **remoting**: ``--count`` 1 KiB request/response round trips, 64 in flight, between a client
   and a server on loopback, plaintext and TLS 1.3;
 - **clients** (:mod:`orbitmq.bench.tls_clients`): produce ``--count`` 1 KiB messages through a
   NameServer and a broker, then consume them, plaintext and TLS on every client connection.
 
-The ACL check's cost per request is ``python -m orbitmq.bench auth``. It prints messages per
+- **acl**: the same produce with the broker authenticating (RocketMQ's v1 signature) and
+  authorizing every request of a normal user, against the plaintext produce above.
+
+The ACL check's cost per request alone is ``orbitmq bench auth``. It prints messages per
 second for each and the ratios (the issue's targets: encrypted store >= 80 % of plaintext, TLS
->= 70 %). Figures belong in docs/benchmarks.md, measured on an idle machine; a small
+>= 70 %, ACL checks < 5 % of produce throughput). Figures belong in docs/benchmarks.md, measured on an idle machine; a small
 ``--count`` only checks that it runs.
 """
 
@@ -42,8 +49,25 @@ BODY = 1024
 BATCH = 32
 
 
-def _store_rate(root: Path, count: int, **crypto: object) -> tuple[float, float]:
-    """(append msg/s until dispatched, read msg/s)."""
+def cache_bytes(count: int) -> int:
+    """The encrypted store's cache of opened groups for a run: the default, or enough for
+    every message of the run (so the hot read is hot at any ``--count``, as the plaintext
+    store's read is served from the page cache); the cold read shows the other extreme."""
+    return max(StoreConfig().encryption_cache_bytes, count * (BODY + 256))
+
+
+def _read_all(store: MessageStore) -> int:
+    offset = 0
+    while True:
+        res = store.get_messages("Bench", 0, offset, max_count=256, max_bytes=1 << 22)
+        if not res.count:
+            return offset
+        offset = res.next_begin_offset
+
+
+def _store_rate(root: Path, count: int, **crypto: object) -> tuple[float, float, float]:
+    """(append msg/s until dispatched, hot read msg/s right after, cold read msg/s after a
+    restart: an encrypted store's cache of opened groups is empty then)."""
     config = StoreConfig(
         store_path=root,
         flush_disk_type=FlushDiskType.ASYNC_FLUSH,
@@ -60,16 +84,19 @@ def _store_rate(root: Path, count: int, **crypto: object) -> tuple[float, float]
             store.put(batch)
         store.wait_for_dispatch()
         appended = time.perf_counter()
-        offset = 0
-        while True:
-            res = store.get_messages("Bench", 0, offset, max_count=256, max_bytes=1 << 22)
-            if not res.count:
-                break
-            offset = res.next_begin_offset
-        read = time.perf_counter()
-        return offset / (appended - start), offset / (read - appended)
+        done = _read_all(store)
+        hot = done / (time.perf_counter() - appended)
     finally:
         store.close()
+    store = MessageStore(config)
+    store.open()
+    try:
+        store.wait_for_dispatch()
+        start_cold = time.perf_counter()
+        cold = _read_all(store) / (time.perf_counter() - start_cold)
+    finally:
+        store.close()
+    return done / (appended - start), hot, cold
 
 
 async def _echo(frame: Frame, conn: Connection) -> Reply:
@@ -119,14 +146,22 @@ def run(count: int, out: Callable[[str], None] = print) -> dict[str, float]:
         key = folder / "master.key"
         key.write_bytes(os.urandom(32))
         key.chmod(0o600)
-        plain_append, plain_read = _store_rate(folder / "plain", count)
-        sealed_append, sealed_read = _store_rate(
-            folder / "sealed", count, encrypt_at_rest=True, encryption_key_file=str(key)
+        plain_append, plain_read, plain_cold = _store_rate(folder / "plain", count)
+        cache = cache_bytes(count)
+        sealed_append, sealed_read, sealed_cold = _store_rate(
+            folder / "sealed",
+            count,
+            encrypt_at_rest=True,
+            encryption_key_file=str(key),
+            encryption_cache_bytes=cache,
         )
         tcp = asyncio.run(_remoting_rate(count, False, folder))
         tls = asyncio.run(_remoting_rate(count, True, folder))
         produce, consume = asyncio.run(produce_consume(folder / "clients-plain", count, False))
         tls_produce, tls_consume = asyncio.run(produce_consume(folder / "clients-tls", count, True))
+        acl_produce, _ = asyncio.run(
+            produce_consume(folder / "clients-acl", count, False, acl=True, consume=False)
+        )
     plain = _rate_pair(plain_append, plain_read)
     sealed = _rate_pair(sealed_append, sealed_read)
     results = {
@@ -135,6 +170,7 @@ def run(count: int, out: Callable[[str], None] = print) -> dict[str, float]:
         "store_ratio": sealed / plain,
         "store_append_ratio": sealed_append / plain_append,
         "store_read_ratio": sealed_read / plain_read,
+        "store_cold_read_ratio": sealed_cold / plain_cold,
         "remoting_plain_msg_s": tcp,
         "remoting_tls_msg_s": tls,
         "remoting_ratio": tls / tcp,
@@ -144,10 +180,13 @@ def run(count: int, out: Callable[[str], None] = print) -> dict[str, float]:
         "consume_plain_msg_s": consume,
         "consume_tls_msg_s": tls_consume,
         "consume_ratio": tls_consume / consume,
+        "acl_produce_msg_s": acl_produce,
+        "acl_produce_ratio": acl_produce / produce,
     }
     for name, a, b in (
         ("store, 1 KiB append (until dispatched)", plain_append, sealed_append),
-        ("store, 1 KiB read back", plain_read, sealed_read),
+        (f"store, 1 KiB read back (hot, cache {cache >> 20} MiB)", plain_read, sealed_read),
+        ("store, 1 KiB read after a restart (cold)", plain_cold, sealed_cold),
         ("store, append + read", plain, sealed),
     ):
         out(f"{name}: plaintext {a:,.0f} msg/s, encrypted {b:,.0f} msg/s ({b / a:.0%})")
@@ -157,6 +196,11 @@ def run(count: int, out: Callable[[str], None] = print) -> dict[str, float]:
         ("consume, 1 KiB, lite pull", consume, tls_consume),
     ):
         out(f"{name}: plaintext {a:,.0f} msg/s, TLS {b:,.0f} msg/s ({b / a:.0%})")
+    cost = 1 - acl_produce / produce
+    out(
+        f"produce, 1 KiB, batches of 32: ACL off {produce:,.0f} msg/s, ACL on {acl_produce:,.0f}"
+        f" msg/s (signed v1, checked on every request: costs {cost:.1%}, target < 5%)"
+    )
     return results
 
 

@@ -22,9 +22,12 @@ import os
 import time
 from pathlib import Path
 
+from orbitmq.auth.model import PolicyEntry, UserType
+from orbitmq.auth.store import AuthStore
 from orbitmq.broker.config import BrokerConfig
 from orbitmq.broker.controller import BrokerController
 from orbitmq.client import AsyncAdminClient
+from orbitmq.client.admin.config import AdminConfig
 from orbitmq.client.consumer.config import LitePullConfig
 from orbitmq.client.consumer.lite_pull import AsyncLitePullConsumer
 from orbitmq.client.consumer_types import ConsumeFromWhere
@@ -42,6 +45,8 @@ BATCH = 32
 IN_FLIGHT = 8
 QUEUES = 4
 TOPIC = "BenchTls"
+ADMIN_USER = ("bench-admin", "bench-admin-secret")
+PRODUCER_USER = ("bench-producer", "bench-producer-secret")
 DEADLINE_S = 300.0
 
 
@@ -53,10 +58,10 @@ async def _wait_route(admin: AsyncAdminClient) -> None:
         await asyncio.sleep(0.05)
 
 
-async def _produce(namesrv: str, count: int, ctx: object) -> float:
+async def _produce(namesrv: str, count: int, ctx: object, creds: dict[str, object]) -> float:
     body = os.urandom(BODY)
     batch = [Message(TOPIC, body) for _ in range(BATCH)]
-    config = ProducerConfig(compress_over_bytes=-1)
+    config = ProducerConfig(compress_over_bytes=-1, **creds)  # type: ignore[arg-type]
     async with AsyncProducer(namesrv, config, ssl_context=ctx) as producer:  # type: ignore[arg-type]
         await producer.send_batch(batch)  # routes and connections made before the clock
         slots = asyncio.Semaphore(IN_FLIGHT)
@@ -103,10 +108,38 @@ async def _consume(namesrv: str, want: int, ctx: object) -> float:
     return got / (time.perf_counter() - start)
 
 
-async def produce_consume(folder: Path, count: int, tls: bool) -> tuple[float, float]:
-    """(produce msg/s, consume msg/s) with TLS on every client connection, or none."""
+def _auth_file(folder: Path) -> Path:
+    """Users for the ACL run: a super user for the admin client, and the producer's normal
+    user, whose requests go through the policy match (Pub on the bench topic)."""
+    path = folder / "auth.json"
+    store = AuthStore(path)
+    store.create_user(*ADMIN_USER, UserType.SUPER)
+    store.create_user(*PRODUCER_USER)
+    store.put_entries(
+        PRODUCER_USER[0], [PolicyEntry.make(f"Topic:{TOPIC}", ["Pub"], "Allow")], create=True
+    )
+    return path
+
+
+async def produce_consume(
+    folder: Path, count: int, tls: bool, *, acl: bool = False, consume: bool = True
+) -> tuple[float, float]:
+    """(produce msg/s, consume msg/s) with TLS on every client connection, or none. ``acl``:
+    the broker authenticates (RocketMQ's v1 signature) and authorizes every request, and the
+    clients sign theirs; ``consume`` False: produce only (consume msg/s 0)."""
     folder.mkdir(parents=True, exist_ok=True)
     listener: dict[str, str] = {}
+    auth: dict[str, object] = {}
+    admin_config: AdminConfig | None = None
+    producer_creds: dict[str, object] = {}
+    if acl:
+        auth = {"auth_enabled": True, "auth_file": str(_auth_file(folder))}
+        admin_config = AdminConfig(access_key=ADMIN_USER[0], secret_key=ADMIN_USER[1])
+        producer_creds = {
+            "access_key": PRODUCER_USER[0],
+            "secret_key": PRODUCER_USER[1],
+            "signature_version": 1,
+        }
     ctx = None
     if tls:
         ident = self_signed(["localhost", "127.0.0.1"])
@@ -130,13 +163,16 @@ async def produce_consume(folder: Path, count: int, tls: bool) -> tuple[float, f
                 register_interval_s=0.5,
                 store=store,
                 **listener,  # type: ignore[arg-type]
+                **auth,  # type: ignore[arg-type]
             )
         )
         await broker.start()
-        async with AsyncAdminClient([namesrv.address], ssl_context=ctx) as admin:
+        async with AsyncAdminClient([namesrv.address], admin_config, ssl_context=ctx) as admin:
             await admin.create_topic(TOPIC, read_queue_nums=QUEUES, write_queue_nums=QUEUES)
             await _wait_route(admin)
-        produced = await _produce(namesrv.address, count, ctx)
+        produced = await _produce(namesrv.address, count, ctx, producer_creds)
+        if not consume:
+            return produced, 0.0
         total = max(1, count // BATCH) * BATCH + BATCH  # the warm-up batch too
         consumed = await _consume(namesrv.address, total, ctx)
         return produced, consumed

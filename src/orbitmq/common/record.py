@@ -442,6 +442,7 @@ def encode_batch(
     properties: list[bytes],
     body_lens: np.ndarray | None = None,
     prop_lens: np.ndarray | None = None,
+    phy_stride: int = 0,
 ) -> bytearray:
     """Encode a batch of records into one contiguous buffer, ready for a single write.
 
@@ -450,18 +451,19 @@ def encode_batch(
     only per-record Python work left is gathering the parts and one CRC call per record. With
     the optional C extension (:mod:`orbitmq.common.native`) one call does it all, CRCs with
     the GIL released; :func:`encode_batch_py` is the reference it matches byte for byte.
+    ``phy_stride`` as in :func:`encode_batch_py` (the extension takes it when built with it).
     """
-    if NATIVE is not None:
+    if NATIVE is not None and (not phy_stride or hasattr(NATIVE, "PHY_STRIDE")):
         return cast(
             bytearray,
             NATIVE.encode_batch(
                 head.topic, head.queue_id, head.first_queue_offset, head.first_physical_offset,
                 head.flag, head.sys_flag, head.born_timestamp_ms, head.born_host,
                 head.store_timestamp_ms, head.store_host, head.reconsume_times,
-                head.prepared_transaction_offset, bodies, properties,
+                head.prepared_transaction_offset, bodies, properties, phy_stride,
             ),
         )  # fmt: skip
-    return encode_batch_py(head, bodies, properties, body_lens, prop_lens)
+    return encode_batch_py(head, bodies, properties, body_lens, prop_lens, phy_stride)
 
 
 def encode_batch_py(

@@ -230,8 +230,8 @@ class ProxyConfig:
     )
     max_connections: int = setting(
         _L.max_connections,
-        "Open client connections at most (the front port: always with TLS; with tls_mode off "
-        "only when limit_connections is on).",
+        "Open client connections at most (the front port: always with tls_mode permissive; "
+        "with required or off only when limit_connections is on).",
         at_least(1),
     )
     max_connections_per_ip: int = setting(
@@ -248,9 +248,10 @@ class ProxyConfig:
     )
     limit_connections: bool = setting(
         False,
-        "With tls_mode off, put the front port (which counts and caps connections) before "
-        "gRPC too; it relays every byte in Python, so it is off by default. TLS modes always "
-        "have it.",
+        "With tls_mode off or required, put the front port (which counts and caps "
+        "connections) before gRPC too; it relays every byte (spliced in the kernel where "
+        "os.splice exists), so it is off by default: gRPC then binds the port itself (with its "
+        "own TLS in required mode). Permissive mode always has it (it picks TLS or plaintext).",
     )
     telemetry_idle_s: float = setting(
         0.0,

@@ -4,8 +4,9 @@ One ``grpc.aio`` server on the caller's event loop: each client keeps a Telemetr
 per endpoint plus long-polling receives, which a thread-per-call server would pay a thread for.
 The receive limit is raised to the largest body plus overhead (gRPC's 4 MiB default would refuse
 a 4 MiB body). Server keepalive pings keep idle Telemetry streams alive through NAT. With TLS
-(or ``limit_connections``) clients reach gRPC through the front port (``tls.PortMux``), which
-also applies the connection caps (``ProxyConfig.limits()``; quotas.py). With ``metrics_port``
+in ``permissive`` mode (or with ``limit_connections``) clients reach gRPC through the front port
+(``tls.PortMux``), which also applies the connection caps (``ProxyConfig.limits()``;
+quotas.py); in ``required`` mode gRPC binds the public port with its own TLS (no relay). With ``metrics_port``
 set, the RocketMQ proxy metrics (:mod:`orbitmq.proxy.metrics`) are served over HTTP on ``host``
 by prometheus_client's server thread.
 """
@@ -100,8 +101,8 @@ class ProxyServer:
                 ]
             )
             host = "127.0.0.1" if cfg.host in ("0.0.0.0", "::", "") else cfg.host
+            bind = f"[{cfg.host}]:{cfg.port}" if ":" in cfg.host else f"{cfg.host}:{cfg.port}"
             if cfg.tls_mode == "off" and not cfg.limit_connections:
-                bind = f"[{cfg.host}]:{cfg.port}" if ":" in cfg.host else f"{cfg.host}:{cfg.port}"
                 port = _bind(server, bind, None)
             elif cfg.tls_mode == "off":  # the front port only for its connection caps
                 mux = PortMux("off", None, _bind(server, "127.0.0.1:0", None), cfg.limits())
@@ -121,15 +122,22 @@ class ProxyServer:
                         require_client_auth=client_ca is not None,
                     )
                     self.tls_cert_pem = identity.cert_pem
-                tls_port = _bind(server, "127.0.0.1:0", creds)
-                plain_port = (
-                    _bind(server, "127.0.0.1:0", None) if cfg.tls_mode == "permissive" else None
-                )
-                mux = PortMux(cfg.tls_mode, tls_port, plain_port, cfg.limits())
-                port = await mux.start(cfg.host, cfg.port, reuse_port=cfg.reuse_port)
-                self._mux = mux
+                if cfg.tls_mode == "required" and not cfg.limit_connections:
+                    # gRPC's own TLS on the public port: no relay, the client's own address
+                    # in context.peer(), its certificate in context.auth_context().
+                    port = _bind(server, bind, creds)
+                else:
+                    tls_port = _bind(server, "127.0.0.1:0", creds)
+                    plain_port = (
+                        _bind(server, "127.0.0.1:0", None) if cfg.tls_mode == "permissive" else None
+                    )
+                    mux = PortMux(cfg.tls_mode, tls_port, plain_port, cfg.limits())
+                    port = await mux.start(cfg.host, cfg.port, reuse_port=cfg.reuse_port)
+                    self._mux = mux
             self.port = port
             servicer = MessagingServicer(ctx, ConsumerRpcs(ctx), endpoints_of(host, port))
+            if self._mux is not None:  # clients reach gRPC from loopback through the mux
+                servicer.peer_of = self._mux.peer_of
             metrics = ProxyMetrics(cfg.cluster, f"{host}:{port}")
             metrics.sessions = lambda: ctx.sessions
             server.add_generic_rpc_handlers((servicer.handler(metrics),))

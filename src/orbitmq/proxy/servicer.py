@@ -119,6 +119,10 @@ class MessagingServicer:
             None if store is None else Authorizer(store, AuditLog(ctx.config.audit_file, "proxy"))
         )
         """Per-RPC ACL checks when the users come from the shared auth store (authz.py)."""
+        self.peer_of: Callable[[str], str] = lambda peer: peer
+        """The client behind gRPC's peer string: the front port's ``PortMux.peer_of`` when
+        connections come through it (gRPC sees them from loopback), for ACL source ranges
+        and per-address quotas."""
         cfg = ctx.config
         self.quotas = ProxyQuotas(cfg.produce_quota_bytes_per_s, cfg.fetch_quota_bytes_per_s)
         """Byte-rate quotas per client (quotas.py)."""
@@ -158,7 +162,7 @@ class MessagingServicer:
         try:
             principal = self.ctx.auth.check(context.invocation_metadata())
             if self.authorizer is not None and request is not None:
-                self.authorizer.check(principal, request, context.peer())
+                self.authorizer.check(principal, request, self.peer_of(context.peer()))
         except ProxyError as exc:
             return status.from_error(exc)
         return None
@@ -220,11 +224,13 @@ class MessagingServicer:
             if first is None:
                 return
             try:
-                self.authorizer.check_settings(principal, first, context.peer())
+                self.authorizer.check_settings(principal, first, self.peer_of(context.peer()))
             except ProxyError as exc:
                 yield svc.TelemetryCommand(status=status.from_error(exc))
                 return
-            commands = _authorized(first, commands, self.authorizer, principal, context.peer())
+            commands = _authorized(
+                first, commands, self.authorizer, principal, self.peer_of(context.peer())
+            )
         async for cmd in self.clients.telemetry(commands, self.ctx.client_id(context)):
             yield cmd
 
@@ -247,7 +253,7 @@ class MessagingServicer:
                 return self.ctx.auth.check(context.invocation_metadata())
             except ProxyError:
                 pass
-        return peer_address(context.peer())
+        return peer_address(self.peer_of(context.peer()))
 
     async def _send_message(
         self, request: svc.SendMessageRequest, context: Ctx

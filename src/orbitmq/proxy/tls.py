@@ -6,8 +6,12 @@ server certificate), the Python client in plaintext. RocketMQ's proxy accepts bo
 insecure, never both, so the public port belongs to :class:`PortMux`: it reads the first byte of
 each connection, 0x16 (a TLS handshake record) or anything else (HTTP/2's preface starts with
 ``P``), and splices the connection to one of two loopback ports of the same gRPC server, one
-with TLS and one without. The splice is two asyncio Protocols writing into each other's
-transports, with back-pressure both ways; nothing is parsed after the first byte.
+with TLS and one without; nothing is parsed after the first byte. On Linux the splice is done
+in the kernel (:mod:`orbitmq.proxy.splice`: ``os.splice`` through a pipe each way, no byte
+copied into Python); elsewhere (or ``PortMux(splice=False)``) it is two asyncio Protocols
+writing into each other's transports, with back-pressure both ways. In ``required`` mode the
+proxy binds gRPC's own TLS port publicly and has no front port unless connection caps are
+asked for (``limit_connections``; orbitmq.proxy.server).
 
 Certificates: a PEM certificate and key the operator gives, or, when none is given, a
 self-signed one made at start-up and kept in memory only (clients that trust any certificate,
@@ -20,6 +24,8 @@ import asyncio
 import datetime
 import ipaddress
 import logging
+import os
+import socket
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,6 +34,8 @@ from typing import Any, cast
 from orbitmq.common.errors import ConfigError
 from orbitmq.common.tasks import TaskSet
 from orbitmq.net.limits import Admission, Limits, Refusals
+from orbitmq.proxy.splice import AVAILABLE as SPLICE_AVAILABLE
+from orbitmq.proxy.splice import Splice
 
 log = logging.getLogger(__name__)
 
@@ -222,6 +230,9 @@ class _Front(_Side):
         self.admitted: str | None = None
         """The address counted by the mux's admission (released when the connection goes)."""
         self._timer: asyncio.TimerHandle | None = None
+        self.handed_off = False
+        self.splice: Splice | None = None
+        self.origin_port: int | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         super().connection_made(transport)
@@ -270,7 +281,41 @@ class _Front(_Side):
         self.pending += data
         assert self.transport is not None
         self.transport.pause_reading()
-        self.mux.tasks.spawn(self._connect(target))
+        self.mux.tasks.spawn(self._splice(target) if self.mux.splice else self._connect(target))
+
+    async def _splice(self, port: int) -> None:
+        """Join the client's socket to gRPC's port in the kernel (:mod:`orbitmq.proxy.splice`):
+        the transport gives up a duplicate of its socket and closes; this front stays counted
+        (``mux.fronts``, admission) until the splice ends."""
+        loop = asyncio.get_running_loop()
+        back = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        back.setblocking(False)
+        try:
+            await loop.sock_connect(back, ("127.0.0.1", port))
+            back.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            self._note_origin(back.getsockname())  # before gRPC sees a byte of it
+            await loop.sock_sendall(back, bytes(self.pending))
+        except OSError as exc:
+            back.close()
+            log.warning("proxy: cannot reach its gRPC port %d for %s: %s", port, self._who(), exc)
+            if self.transport is not None:
+                self.transport.close()
+            return
+        self.pending.clear()
+        transport = self.transport
+        raw = transport.get_extra_info("socket") if transport is not None else None
+        if self.closed or transport is None or raw is None:  # the client left meanwhile
+            back.close()
+            return
+        front = socket.socket(fileno=os.dup(raw.fileno()))
+        front.setblocking(False)
+        self.handed_off = True
+        transport.abort()  # its socket only; the duplicate keeps the connection
+        self.splice = Splice(front, back, self._spliced, loop)
+
+    def _spliced(self) -> None:
+        self.splice = None
+        self._release()
 
     async def _connect(self, port: int) -> None:
         loop = asyncio.get_running_loop()
@@ -288,6 +333,7 @@ class _Front(_Side):
             return
         self.peer, back.peer = back, self
         assert back.transport is not None and self.transport is not None
+        self._note_origin(back.transport.get_extra_info("sockname"))
         if self.pending:
             back.transport.write(bytes(self.pending))
             self.pending.clear()
@@ -299,11 +345,35 @@ class _Front(_Side):
     def connection_lost(self, exc: Exception | None) -> None:
         if self._timer is not None:
             self._timer.cancel()
+        if self.handed_off:  # the splice carries the connection now, and releases it
+            return
+        self._release()
+        super().connection_lost(exc)
+
+    def _note_origin(self, local: object) -> None:
+        """Tell the mux which client the loopback connection from ``local`` carries."""
+        peer = self.transport.get_extra_info("peername") if self.transport else None
+        if isinstance(local, tuple) and isinstance(peer, tuple) and len(peer) >= 2:
+            host = str(peer[0])
+            kind = f"ipv6:[{host}]" if ":" in host else f"ipv4:{host}"
+            self.origin_port = int(local[1])
+            self.mux.origins[self.origin_port] = f"{kind}:{peer[1]}"
+
+    def _release(self) -> None:
+        if self.origin_port is not None:
+            self.mux.origins.pop(self.origin_port, None)
+            self.origin_port = None
         self.mux.fronts.discard(self)
         if self.admitted is not None and self.mux.admission is not None:
             self.mux.admission.release(self.admitted)
             self.admitted = None
-        super().connection_lost(exc)
+
+    def close(self) -> None:
+        """End this client's connection, spliced or not."""
+        if self.splice is not None:
+            self.splice.close()
+        elif self.transport is not None:
+            self.transport.close()
 
 
 class PortMux:
@@ -316,6 +386,8 @@ class PortMux:
         tls_port: int | None,
         plain_port: int | None,
         limits: Limits | None = None,
+        *,
+        splice: bool = True,
     ) -> None:
         self.mode = mode
         self.tls_port = tls_port
@@ -325,8 +397,21 @@ class PortMux:
         self.admission = None if limits is None else Admission(limits, self.refusals)
         """Connection caps (None: every connection is accepted)."""
         self.fronts: set[_Front] = set()
+        self.origins: dict[int, str] = {}
+        """Local port of each loopback connection to gRPC -> its client, as gRPC names peers."""
+        self.splice = splice and SPLICE_AVAILABLE
+        """Carry connections with os.splice (kernel) rather than asyncio Protocols (Python)."""
         self.tasks = TaskSet("TLS splice", logger=log)
         self._server: asyncio.AbstractServer | None = None
+
+    def peer_of(self, peer: str) -> str:
+        """The client behind a gRPC peer string (``context.peer()``): for a connection this
+        mux opened to gRPC, the client's own address; any other peer as it is."""
+        if peer.startswith("ipv4:127.0.0.1:"):
+            port = peer.rpartition(":")[2]
+            if port.isdigit():
+                return self.origins.get(int(port), peer)
+        return peer
 
     async def start(self, host: str, port: int, *, reuse_port: bool = False) -> int:
         """Listen on ``host:port`` (0: a free port); returns the port. ``reuse_port``: share it
@@ -348,8 +433,7 @@ class PortMux:
         if server is not None:
             server.close()
         for front in list(self.fronts):
-            if front.transport is not None:
-                front.transport.close()
+            front.close()
         if server is not None:
             await server.wait_closed()
         await self.tasks.close()

@@ -29,7 +29,7 @@ from orbitmq.store.appended import Appended, AppendedLog, add_appended, matches
 from orbitmq.store.commit_log import SYSFLAG_SEALED, CommitLog
 from orbitmq.store.consume_queue import ENTRY_DTYPE, ConsumeQueueTable
 from orbitmq.store.recent import RecentRound
-from orbitmq.store.seal_group import extra_bytes
+from orbitmq.store.seal_group import extra_bytes, group_run
 from orbitmq.store.supervise import ServiceHealth
 from orbitmq.store.timer_index import TIMER_TOPIC, timer_tag
 
@@ -39,10 +39,11 @@ class PropertiesOpener(Protocol):
 
     def group_of(
         self, view: memoryview, at: int
-    ) -> tuple[memoryview, dict[int, tuple[int, int]], int] | None:
+    ) -> tuple[memoryview, dict[int, tuple[int, int, int]], int, list[int]] | None:
         """For a record of a sealed group (format 2): the group's plaintext records, where
-        each is in it by physical offset, and how many bytes larger each sealed record is;
-        None for any other record or a group that does not authenticate."""
+        each is in it by physical offset (start, size, index), how many bytes larger each
+        sealed record is, and the plaintext sizes in order; None for any other record or a
+        group that does not authenticate."""
         ...
 
 
@@ -234,13 +235,8 @@ class Dispatcher:
             if other:
                 self._decode_small(view, seg_start, other, groups, index_items)
                 other = []
-            plain, where, _extra = got
-            first = where[seg_start + starts[i]][0]
-            last = first
-            while i < n and (place := where.get(seg_start + starts[i])) is not None:
-                inner.append(base + place[0] - first)
-                last = place[0] + place[1]
-                i += 1
+            plain, where, _extra, sizes = got
+            first, last, i = group_run(where, sizes, starts, i, seg_start, base, inner)
             plains.append(plain[first:last])
             base += last - first
         if plains:  # one numpy decode for every group of the round

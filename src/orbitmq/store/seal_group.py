@@ -36,11 +36,14 @@ import struct
 import threading
 from collections import OrderedDict
 from collections.abc import Sequence
+from itertools import accumulate
+from typing import NamedTuple
 
 import numpy as np
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
+from orbitmq.common.native import NATIVE
 from orbitmq.common.record import (
     CRC_START,
     HEADER_SIZE,
@@ -49,7 +52,7 @@ from orbitmq.common.record import (
     BatchHeader,
     RecordError,
     check_record,
-    encode_batch_py,
+    encode_batch,
     record_overhead,
 )
 from orbitmq.store.commit_log import SYSFLAG_SEALED, SYSFLAG_SEALED_GROUP
@@ -64,15 +67,26 @@ _SYSFLAG_AT = 36
 _BODY_LEN_AT = 84
 _SAME = np.r_[CRC_START:_SYSFLAG_AT, _SYSFLAG_AT + 4 : _BODY_LEN_AT]
 """Header bytes a sealed record's clear header shares with its plaintext copy."""
-_PREFIX_COLS = np.arange(PREFIX_SIZE)
 _COLS4 = np.arange(4)
 _SHARED = np.r_[0:4, 8:PREFIX_SIZE]
 """Prefix bytes every record of a group shares (all but its distance from the start)."""
+_U32X2 = struct.Struct(">II")
+_CLEAR_COLS = np.r_[_SAME, HEADER_SIZE : HEADER_SIZE + PREFIX_SIZE]
+"""A sealed record's bytes checked against its group: the shared header part, the prefix."""
 SEAL_BITS = SYSFLAG_SEALED | SYSFLAG_SEALED_GROUP
+_NATIVE_CHECK = getattr(NATIVE, "check_group", None)
+_NATIVE_SEAL = getattr(NATIVE, "seal_bodies", None)
+"""The C extension's :func:`_check_clear` (an extension built before it lacks it: numpy)."""
 
 
-Opened = tuple[bytes, dict[int, tuple[int, int]]]
-"""An opened group: its plaintext records, and (start, size) in it by physical offset."""
+class Opened(NamedTuple):
+    """An opened group. ``where``: physical offset of a sealed record -> (start, size, index)
+    of its plaintext in ``plain``; ``sizes``: the plaintext sizes in group order (a read
+    serves a run of records as one slice and these sizes, with no per-record lookup)."""
+
+    plain: bytes
+    where: dict[int, tuple[int, int, int]]
+    sizes: list[int]
 
 
 class GroupError(ValueError):
@@ -108,7 +122,7 @@ def seal_group(
     )  # fmt: skip
     extra = extra_bytes(len(head.topic))
     # Each plaintext record carries the physical offset its sealed record has in the log.
-    plain = encode_batch_py(plain_head, list(bodies), list(props), phy_stride=extra)
+    plain = encode_batch(plain_head, list(bodies), list(props), phy_stride=extra)
     n = len(bodies)
     fixed = record_overhead(len(head.topic))
     sizes = [fixed + len(b) + len(q) for b, q in zip(bodies, props, strict=True)]
@@ -118,18 +132,60 @@ def seal_group(
         _NONCE.pack(epoch, group_phy), plain, _aad(seg_start, group_phy, span, n, head.topic)
     )
     tail = _PREFIX_TAIL.pack(span, n, sealed[-16:])
+    out = (_NATIVE_SEAL or _seal_bodies)(sealed, sizes, epoch, extra, tail)
+    phys = accumulate((size + extra for size in sizes[:-1]), initial=group_phy)
+    places = zip(accumulate(sizes[:-1], initial=0), sizes, range(n), strict=True)
+    head.sys_flag |= SEAL_BITS
+    return (
+        out,
+        (group_phy, sealed[-16:]),
+        Opened(bytes(plain), dict(zip(phys, places, strict=True)), sizes),
+    )
+
+
+def _seal_bodies(
+    sealed: bytes, sizes: list[int], epoch: int, extra: int, tail: bytes
+) -> list[bytes]:
+    """Each record's sealed body: epoch, its distance from the group's start (``back``), the
+    group's span, count and tag (``tail``), its slice of the ciphertext (``_native`` has the
+    same, faster)."""
     epoch_bytes = U32.pack(epoch)
     out: list[bytes] = []
-    where: dict[int, tuple[int, int]] = {}
     cv = memoryview(sealed)
     p = back = 0
     for size in sizes:
         out.append(b"".join((epoch_bytes, U32.pack(back), tail, cv[p : p + size])))
-        where[group_phy + back] = (p, size)
         p += size
         back += extra + size
-    head.sys_flag |= SEAL_BITS
-    return out, (group_phy, sealed[-16:]), (bytes(plain), where)
+    return out
+
+
+def group_run(
+    where: dict[int, tuple[int, int, int]],
+    sizes: list[int],
+    starts: list[int],
+    i: int,
+    seg_start: int,
+    base: int,
+    inner: list[int],
+) -> tuple[int, int, int]:
+    """The dispatcher's run of one opened group's records from ``starts[i]`` (records of a
+    segment, in order): appends to ``inner`` each one's place in the round's joined
+    plaintexts (``base`` for this run's first); returns the run's (first, end) in the
+    group's plaintext and the next ``i``. The usual case, the rest of the group next in the
+    round, is placed from the group's sizes; else each record is looked up."""
+    head = where[seg_start + starts[i]]
+    first = last = head[0]
+    m = min(len(sizes) - head[2], len(starts) - i)
+    tail = where.get(seg_start + starts[i + m - 1])
+    if tail is not None and tail[2] == head[2] + m - 1:
+        inner += accumulate(sizes[head[2] : head[2] + m - 1], initial=base)
+        return first, tail[0] + tail[1], i + m
+    while i < len(starts) and (place := where.get(seg_start + starts[i])) is not None:
+        inner.append(base + place[0] - first)
+        last = place[0] + place[1]
+        i += 1
+    return first, last, i
 
 
 def group_start(view: memoryview | bytes, at: int) -> int:
@@ -153,8 +209,12 @@ def open_group(aead: AESGCM, view: memoryview, g_at: int, seg_start: int) -> Ope
     if back or g_at + span > len(view) or not count:
         raise GroupError("not the start of a complete group")
     extra = extra_bytes(tlen)
+    total = U32.unpack_from(view, g_at)[0]
+    if total > extra and total * count == span:  # records of one size: rows of a matrix
+        return _open_uniform(aead, view, g_at, seg_start, total - extra, tag, topic_part)
     pieces: list[memoryview] = []
     starts: list[int] = []
+    sizes: list[int] = []  # of each plaintext record
     r = g_at
     end = g_at + span
     # Only the clear lengths are read to gather the ciphertext; a prefix, length or position
@@ -169,6 +229,7 @@ def open_group(aead: AESGCM, view: memoryview, g_at: int, seg_start: int) -> Ope
         pre = r + HEADER_SIZE + PREFIX_SIZE
         pieces.append(view[pre : pre + total - extra])
         starts.append(r)
+        sizes.append(total - extra)
         r += total
     if r != end:
         raise GroupError("records do not fill the group")
@@ -182,33 +243,116 @@ def open_group(aead: AESGCM, view: memoryview, g_at: int, seg_start: int) -> Ope
     except InvalidTag:
         raise GroupError("does not authenticate") from None
     # Sealed records are their plaintext plus ``extra``: positions follow from the clear walk.
-    # Each clear header must equal its authenticated copy (queue, flags, offsets, timestamps,
-    # hosts) and carry the group's topic: compared for all records at once.
-    rs = np.array(starts, dtype=np.int64)
-    sizes = np.diff(np.append(rs, end)) - extra
-    ps = np.zeros(count, dtype=np.int64)
-    np.cumsum(sizes[:-1], out=ps[1:])
-    if int(ps[-1] + sizes[-1]) != len(plain):
+    ps = list(accumulate(sizes, initial=0))
+    if ps.pop() != len(plain):
         raise GroupError("plaintext does not match the group")
-    clear = np.frombuffer(view, dtype=np.uint8)
-    inner = np.frombuffer(plain, dtype=np.uint8)
-    inner_sizes = inner[ps[:, None] + _COLS4].copy().view(">u4").reshape(-1)
-    if (inner_sizes != sizes).any() or (
-        clear[rs[:, None] + _SAME] != inner[ps[:, None] + _SAME]
-    ).any():
-        raise GroupError("a clear header differs from its authenticated copy")
-    # Every record's prefix: the group's epoch, span, count and tag, and its own distance.
-    pre = clear[(rs + HEADER_SIZE)[:, None] + _PREFIX_COLS]
-    if (pre[:, _SHARED] != pre[0, _SHARED]).any() or (
-        pre[:, 4:8].copy().view(">u4").reshape(-1) != rs - g_at
-    ).any():
-        raise GroupError("a record's prefix does not belong to its group")
-    t_at = rs + sizes + (HEADER_SIZE + PREFIX_SIZE)
-    tail = np.frombuffer(topic_part + b"\0\0", np.uint8)  # topic, and no properties
-    if (clear[t_at[:, None] + np.arange(len(tail))] != tail).any():
-        raise GroupError("a record's topic differs from its group's")
-    phys = (rs + seg_start).tolist()
-    return plain, dict(zip(phys, zip(ps.tolist(), sizes.tolist(), strict=True), strict=True))
+    if _NATIVE_CHECK is not None:
+        if not _NATIVE_CHECK(view, g_at, plain, sizes, extra, topic_part):
+            raise GroupError("a clear record does not match its group")
+    else:
+        _check_clear(view, plain, g_at, starts, ps, sizes, topic_part)
+    phys = [seg_start + x for x in starts]
+    places = zip(ps, sizes, range(count), strict=True)
+    return Opened(plain, dict(zip(phys, places, strict=True)), sizes)
+
+
+def _open_uniform(
+    aead: AESGCM,
+    view: memoryview,
+    g_at: int,
+    seg_start: int,
+    size: int,
+    tag: bytes,
+    topic_part: bytes,
+) -> Opened:
+    """:func:`open_group` for a group whose first record's size times its count is its span
+    (a producer's batch of equal messages): the sealed records are the rows of one matrix,
+    so the ciphertext is one column slice and the checks are whole-column comparisons,
+    with no per-record Python. Any row not of that size fails a check below (its size
+    column, or the prefix and topic columns it would shift)."""
+    span, count = _PREFIX_TAIL.unpack_from(view, g_at + HEADER_SIZE + 8)[:2]
+    total = size + extra_bytes(len(topic_part) - 2)
+    rows = np.frombuffer(view, np.uint8, span, g_at).reshape(count, total)
+    cipher_at = HEADER_SIZE + PREFIX_SIZE
+    phy0 = seg_start + g_at
+    try:
+        plain = aead.decrypt(
+            _NONCE.pack(*_U32X2.unpack_from(view, g_at + HEADER_SIZE)[:1], phy0),
+            rows[:, cipher_at : cipher_at + size].tobytes() + tag,
+            _aad(seg_start, phy0, span, count, topic_part[2:]),
+        )
+    except InvalidTag:
+        raise GroupError("does not authenticate") from None
+    if len(plain) != count * size:
+        raise GroupError("plaintext does not match the group")
+    if _NATIVE_CHECK is not None:
+        if not _NATIVE_CHECK(view, g_at, plain, [size] * count, total - size, topic_part):
+            raise GroupError("a clear record does not match its group")
+    elif not _uniform_ok(rows, plain, count, size, total, topic_part):
+        raise GroupError("a clear record does not match its group")
+    starts = range(phy0, phy0 + span, total)
+    places = zip(range(0, count * size, size), [size] * count, range(count), strict=True)
+    return Opened(plain, dict(zip(starts, places, strict=True)), [size] * count)
+
+
+def _uniform_ok(
+    rows: np.ndarray, plain: bytes, count: int, size: int, total: int, topic_part: bytes
+) -> bool:
+    """:func:`_check_clear` for the rows of an equal-size group, in whole-column numpy."""
+    cipher_at = HEADER_SIZE + PREFIX_SIZE
+    inner = np.frombuffer(plain, np.uint8).reshape(count, size)
+    distance = (np.arange(count, dtype=np.int64) * total).astype(">u4").view(np.uint8)
+    tail = np.frombuffer(topic_part + b"\0\0", np.uint8)
+    pre = rows[:, HEADER_SIZE:cipher_at]
+    return bool(
+        (rows[:, :4] == rows[0, :4]).all()
+        and (inner[:, :4] == np.frombuffer(U32.pack(size), np.uint8)).all()
+        and np.array_equal(rows[:, _SAME], inner[:, _SAME])
+        and (pre[:, _SHARED] == pre[0, _SHARED]).all()
+        and np.array_equal(pre[:, 4:8], distance.reshape(count, 4))
+        and (rows[:, cipher_at + size :] == tail).all()
+    )
+
+
+def _check_clear(
+    view: memoryview,
+    plain: bytes,
+    g_at: int,
+    starts: list[int],
+    ps: list[int],
+    sizes: list[int],
+    topic_part: bytes,
+) -> None:
+    """GroupError unless every clear record of an opened group agrees with the group: its
+    header with its authenticated copy (queue, flags, offsets, timestamps, hosts), and the
+    plaintext's size with the clear walk; its prefix carries the group's epoch, span, count
+    and tag and its own distance from the group's start; its topic is the group's and it
+    has no properties. One gather from each buffer and one comparison, for all records."""
+    count = len(starts)
+    rs = np.array(starts, dtype=np.int64)[:, None]
+    tail = np.frombuffer(topic_part + b"\0\0", np.uint8)
+    t_cols = np.arange(len(tail))
+    t_at = rs + (np.array(sizes, dtype=np.int64)[:, None] + HEADER_SIZE + PREFIX_SIZE)
+    clear = np.frombuffer(view, dtype=np.uint8)[
+        np.concatenate((rs + _CLEAR_COLS, t_at + t_cols), axis=1)
+    ]
+    inner = np.frombuffer(plain, dtype=np.uint8)[np.array(ps, dtype=np.int64)[:, None] + _SAME]
+    want = np.empty_like(clear)
+    same = len(_SAME)
+    want[:, :same] = inner
+    pre = clear[0, same : same + PREFIX_SIZE]  # the first record's prefix: distance 0
+    want[:, same : same + PREFIX_SIZE] = pre
+    distance = (rs[:, 0] - g_at).astype(">u4").view(np.uint8).reshape(count, 4)
+    want[:, same + 4 : same + 8] = distance
+    want[:, same + PREFIX_SIZE :] = tail
+    plain_sizes = np.frombuffer(plain, dtype=np.uint8)[
+        np.array(ps, dtype=np.int64)[:, None] + _COLS4
+    ]
+    want_sizes = np.array(sizes, dtype=">u4").view(np.uint8).reshape(count, 4)
+    if int.from_bytes(pre[4:8].tobytes(), "big") or not (
+        np.array_equal(clear, want) and np.array_equal(plain_sizes, want_sizes)
+    ):
+        raise GroupError("a clear record does not match its group")
 
 
 def check_group(view: memoryview, at: int, limit: int) -> None:
@@ -258,7 +402,7 @@ class GroupCache:
             return entry
 
     def put(self, key: tuple[int, bytes], entry: Opened) -> None:
-        size = len(entry[0])
+        size = len(entry.plain)
         if size > self.max_bytes:
             return
         with self._lock:
@@ -267,8 +411,8 @@ class GroupCache:
             self._groups[key] = entry
             self.bytes += size
             while self.bytes > self.max_bytes:
-                _key, (old, _where) = self._groups.popitem(last=False)
-                self.bytes -= len(old)
+                _key, old = self._groups.popitem(last=False)
+                self.bytes -= len(old.plain)
 
     def clear(self) -> None:
         with self._lock:

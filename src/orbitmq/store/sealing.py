@@ -37,11 +37,12 @@ from __future__ import annotations
 
 import logging
 import struct
+from bisect import bisect_left
 from collections.abc import Callable, Sequence
+from itertools import accumulate
 from pathlib import Path
 
 import crc32c
-import numpy as np
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
@@ -70,8 +71,8 @@ _MAX_CIPHERS = 256
 _GROUP = seal_group.SEAL_BITS
 _TAG_AT = HEADER_SIZE + 16
 _BACK_AT = HEADER_SIZE + 4
-_COLS4 = np.arange(4)
-_COLS8 = np.arange(8)
+_BACK_SPAN = struct.Struct(">II")
+_FLAGS_PHY = struct.Struct(">QI")  # physical offset (28), SYS_FLAG (36)
 ViewAt = Callable[[int], "tuple[memoryview, int, int] | None"]
 
 
@@ -210,7 +211,7 @@ class RecordSealer:
     def _open_grouped(self, view: memoryview, at: int) -> memoryview:
         """The plaintext of the format-2 record at ``at`` of a segment's ``view``."""
         seg_start = _U64.unpack_from(view, at + 28)[0] - at
-        plain, where = self._group(view, at, seg_start)
+        plain, where, _sizes = self._group(view, at, seg_start)
         place = where.get(seg_start + at)
         if place is None:
             raise IntegrityError(f"no record at {seg_start + at} in its sealed group")
@@ -233,7 +234,7 @@ class RecordSealer:
 
     def group_of(
         self, view: memoryview, at: int
-    ) -> tuple[memoryview, dict[int, tuple[int, int]], int] | None:
+    ) -> tuple[memoryview, dict[int, tuple[int, int, int]], int, list[int]] | None:
         """The dispatcher's view of a format-2 record's group: its plaintext, where each
         record is in it, and how much larger sealed records are (None: not format 2, or it
         does not authenticate)."""
@@ -241,14 +242,14 @@ class RecordSealer:
             return None
         phy = _U64.unpack_from(view, at + 28)[0]
         try:
-            plain, where = self._group(view, at, phy - at)
+            plain, where, sizes = self._group(view, at, phy - at)
         except IntegrityError as exc:
             log.warning("%s: not dispatched from its plaintext", exc)
             return None
         place = where.get(phy)
         if place is None:
             return None
-        return memoryview(plain), where, U32.unpack_from(view, at)[0] - place[1]
+        return memoryview(plain), where, U32.unpack_from(view, at)[0] - place[1], sizes
 
     def open_record(self, view: memoryview | bytes, at: int = 0) -> bytes:
         """The plaintext record of the sealed record at ``at`` of a segment's ``view``
@@ -301,7 +302,7 @@ class RecordSealer:
             return record
         try:
             if flags & _GROUP == _GROUP:
-                phy, (plain, where) = self._entry_of(record)
+                phy, (plain, where, _sizes) = self._entry_of(record)
                 place = where.get(phy)
                 if place is None:
                     self.integrity_errors += 1
@@ -327,112 +328,146 @@ class RecordSealer:
 
     def open_result(self, res: GetResult) -> GetResult:
         """``res`` with every sealed record replaced by its plaintext; records that do not
-        authenticate move to ``skipped``. Records of one group that follow each other are
-        served as one slice of its opened plaintext (one body part, as a plaintext store's
-        back-to-back records are)."""
+        authenticate move to ``skipped``.
+
+        Work is per run of one group's records, not per record: a body part holds records
+        back to back, so the records of one group in it are found from the group's span
+        (one bisect over the sizes), and served as one slice of the opened plaintext with
+        the group's authenticated sizes, once the run's first and last records are the
+        group's records that far apart (two dict lookups). A run that fails that check is
+        served record by record (each looked up), and a group that does not authenticate
+        is skipped whole."""
         if not res.sizes:
             return res
-        views: list[memoryview] = []  # each record, a slice of its part
-        phys: list[int] = []
-        g_phys: list[int] = []  # its group's first offset; -1: not format 2
-        k = 0
-        sizes_in = res.sizes
-        for part in res.body_parts:
-            starts: list[int] = []
-            at = 0
-            while at < len(part):
-                starts.append(at)
-                at += sizes_in[k]
-                views.append(part[at - sizes_in[k] : at])
-                k += 1
-            _header_fields(part, starts, phys, g_phys)
+        sizes_in, offsets, skipped = res.sizes, res.queue_offsets, res.skipped
+        ends = list(accumulate(sizes_in))  # end of each record in the parts laid end to end
         out = _Served()
-        offsets = res.queue_offsets
-        i, n = 0, len(views)
-        while i < n:
-            g = g_phys[i]
-            j = i + 1
-            while j < n and g >= 0 and g_phys[j] == g:
-                j += 1
-            if g < 0:  # format 1 or a plaintext record
-                out.add_one(self.plain(views[i]), offsets[i], res.skipped)
-            else:
-                try:
-                    _phy, (plain, where) = self._entry_of(views[i])
-                except IntegrityError as exc:
-                    log.warning("%s: not served", exc)
-                    res.skipped.extend(offsets[i:j])
-                else:
-                    places = [where.get(x) for x in phys[i:j]]
-                    out.add_run(memoryview(plain), places, offsets[i:j], res.skipped)
-            i = j
+        base = k = 0
+        n = len(sizes_in)
+        cache_get = self.cache.get
+        for part in res.body_parts:
+            part_end = base + len(part)
+            while k < n and ends[k] <= part_end:
+                # The usual case inline (an opened group in the cache, its records in
+                # order); anything else takes _serve_run, which also handles this case.
+                size = sizes_in[k]
+                start = ends[k] - size
+                pos = start - base
+                phy, flags = _FLAGS_PHY.unpack_from(part, pos + 28)
+                back, span = _BACK_SPAN.unpack_from(part, pos + _BACK_AT)
+                stop = start + span - back
+                j = bisect_left(ends, stop, k) + 1
+                entry = (
+                    cache_get((phy - back, bytes(part[pos + _TAG_AT : pos + _TAG_AT + 16])))
+                    if flags & _GROUP == _GROUP and stop <= part_end and j <= n
+                    else None
+                )
+                if entry is not None and ends[j - 1] == stop:
+                    where = entry.where
+                    first = where.get(phy)
+                    last_at = ends[j - 1] - sizes_in[j - 1]
+                    last = where.get(phy + last_at - start)
+                    if (
+                        first is not None
+                        and last is not None
+                        and last[2] - first[2] == j - 1 - k
+                        and last_at - start == last[0] - first[0] + (j - 1 - k) * (size - first[1])
+                    ):
+                        out.add_slice(entry.plain, first[0], last[0] + last[1])
+                        out.sizes += entry.sizes[first[2] : last[2] + 1]
+                        out.offsets += offsets[k:j]
+                        k = j
+                        continue
+                k = self._serve_run(part, base, k, part_end, ends, res, out)
+            base = part_end
+        for r in range(k, n):  # sizes beyond the parts (never, unless res was inconsistent)
+            skipped.append(offsets[r])
         res.body_parts, res.sizes, res.queue_offsets = out.parts, out.sizes, out.offsets
         res._messages = None
         if not out.sizes and res.status == GetStatus.FOUND:
             res.status = GetStatus.NO_MATCHED_MESSAGE
         return res
 
-
-def _header_fields(part: memoryview, starts: list[int], phys: list[int], g_phys: list[int]) -> None:
-    """Append the physical offset and the group start (-1: not in a format-2 group) of the
-    records at ``starts`` of ``part``: numpy for many, struct for a few."""
-    if len(starts) < 8:
-        for start in starts:
-            phy = _U64.unpack_from(part, start + 28)[0]
-            phys.append(phy)
-            grouped = U32.unpack_from(part, start + 36)[0] & _GROUP == _GROUP
-            g_phys.append(phy - U32.unpack_from(part, start + _BACK_AT)[0] if grouped else -1)
-        return
-    raw = np.frombuffer(part, dtype=np.uint8)
-    at = np.array(starts, dtype=np.int64)[:, None]
-    flags = raw[at + _COLS4 + 36].copy().view(">u4").reshape(-1)
-    p = raw[at + _COLS8 + 28].copy().view(">u8").reshape(-1).astype(np.int64)
-    back = raw[at + _COLS4 + _BACK_AT].copy().view(">u4").reshape(-1).astype(np.int64)
-    phys.extend(p.tolist())
-    g_phys.extend(np.where((flags & _GROUP) == _GROUP, p - back, -1).tolist())
+    def _serve_run(
+        self,
+        part: memoryview,
+        base: int,
+        k: int,
+        part_end: int,
+        ends: list[int],
+        res: GetResult,
+        out: _Served,
+    ) -> int:
+        """Serve the records of ``part`` from record ``k`` (``part`` starts at ``base`` of the
+        parts laid end to end) that belong to the same group; returns the next record."""
+        size = res.sizes[k]
+        pos = ends[k] - size - base
+        if U32.unpack_from(part, pos + 36)[0] & _GROUP != _GROUP:  # format 1 or plaintext
+            out.add_one(self.plain(part[pos : pos + size]), res.queue_offsets[k], res.skipped)
+            return k + 1
+        back, span = _BACK_SPAN.unpack_from(part, pos + _BACK_AT)
+        stop = min(part_end, ends[k] - size + span - back)  # where the group's records end
+        j = bisect_left(ends, stop, k) + 1
+        if j > len(ends) or ends[j - 1] != stop:  # the span cuts a record: one by one
+            j = k + 1
+        try:
+            phy, (plain, where, sizes) = self._entry_of(part[pos : pos + size])
+        except IntegrityError as exc:
+            log.warning("%s: not served", exc)
+            res.skipped.extend(res.queue_offsets[k:j])
+            return j
+        first = where.get(phy)
+        last_at = ends[j - 1] - res.sizes[j - 1]  # the run's last record, in the parts
+        last = where.get(phy + last_at - ends[k] + size)
+        extra = size - first[1] if first is not None else 0
+        if (
+            first is None
+            or last is None
+            or last[2] - first[2] != j - 1 - k
+            or last_at - (ends[k] - size) != last[0] - first[0] + (j - 1 - k) * extra
+        ):  # not the group's records in order: each one is looked up (or not served)
+            for r in range(k, j):
+                at = ends[r] - res.sizes[r] - base
+                rec = self.plain(part[at : at + res.sizes[r]])
+                out.add_one(rec, res.queue_offsets[r], res.skipped)
+            return j
+        out.add_slice(plain, first[0], last[0] + last[1])
+        out.sizes += sizes[first[2] : last[2] + 1]
+        out.offsets += res.queue_offsets[k:j]
+        return j
 
 
 class _Served:
-    """What ``open_result`` serves: body parts, and each record's size and queue offset."""
+    """What ``open_result`` serves: body parts, and each record's size and queue offset.
+    Slices of one plaintext that meet become one part (a read of a few records gets one
+    part per record from the reader, as a plaintext store's back-to-back records would be
+    one)."""
 
-    __slots__ = ("offsets", "parts", "sizes")
+    __slots__ = ("_hi", "_lo", "_plain", "offsets", "parts", "sizes")
 
     def __init__(self) -> None:
         self.parts: list[memoryview] = []
         self.sizes: list[int] = []
         self.offsets: list[int] = []
+        self._plain: bytes | None = None
+        self._lo = self._hi = 0
 
     def add_one(self, view: memoryview | None, offset: int, skipped: list[int]) -> None:
         if view is None:
             skipped.append(offset)
             return
         self.parts.append(view)
+        self._plain = None
         self.sizes.append(len(view))
         self.offsets.append(offset)
 
-    def add_run(
-        self,
-        plain: memoryview,
-        places: list[tuple[int, int] | None],
-        offsets: list[int],
-        skipped: list[int],
-    ) -> None:
-        """Records of one opened group: one slice for each stretch that lies back to back."""
-        lo = hi = -1
-        for place, offset in zip(places, offsets, strict=True):
-            if place is None:  # its header names no record of the group: never served
-                skipped.append(offset)
-                continue
-            p, size = place
-            if p != hi:
-                if hi > lo:
-                    self.parts.append(plain[lo:hi])
-                lo = p
-            hi = p + size
-            self.sizes.append(size)
-            self.offsets.append(offset)
-        if hi > lo:
-            self.parts.append(plain[lo:hi])
+    def add_slice(self, plain: bytes, lo: int, hi: int) -> None:
+        if plain is self._plain and lo == self._hi:
+            self.parts[-1] = memoryview(plain)[self._lo : hi]
+        else:
+            self.parts.append(memoryview(plain)[lo:hi])
+            self._plain, self._lo = plain, lo
+        self._hi = hi
 
 
 def make_sealer(
