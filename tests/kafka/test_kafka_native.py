@@ -1,0 +1,141 @@
+"""The C Produce mapping (orbitmq._kafka_native.send_body) against the Python reference
+(orbitmq.kafka.mapping.to_send_body): the same send body, byte for byte, for every batch it
+serves; None (the Python path decides) for every other batch and for malformed records. Also
+`with_first`, which adds the idempotent producer's numbers to a built body."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterator
+from types import ModuleType
+
+import pytest
+
+from orbitmq.common.message import decode_properties, encode_properties
+from orbitmq.kafka import mapping
+from orbitmq.kafka.native import KAFKA_NATIVE
+from orbitmq.protocol.kafka.primitives import KafkaCodecError
+from orbitmq.protocol.kafka.records import (
+    GZIP,
+    Batch,
+    Record,
+    build_batch,
+    parse_records,
+    read_batches,
+)
+from orbitmq.protocol.messages import decode_send_body
+
+needs_c = pytest.mark.skipif(KAFKA_NATIVE is None, reason="orbitmq._kafka_native not built")
+
+
+class _Ids:
+    """Deterministic message ids, so both paths can be compared byte for byte."""
+
+    def __init__(self) -> None:
+        self.n = 0
+
+    def next_ids(self, count: int) -> list[str]:
+        self.n += count
+        return [f"7F00000100002A9F{i:016X}" for i in range(self.n - count, self.n)]
+
+
+@pytest.fixture
+def ids(monkeypatch: pytest.MonkeyPatch) -> Iterator[_Ids]:
+    gen = _Ids()
+    monkeypatch.setattr(mapping, "default_generator", gen)
+    yield gen
+
+
+def _plain(rng: random.Random, i: int) -> Record:
+    key = None if rng.random() < 0.5 else b"key-%d" % rng.randrange(10**9)
+    value = rng.randbytes(rng.choice((1, 5, 200, 3000)))
+    return Record(i, rng.randrange(-3, 10**7), key, value)
+
+
+def _odd(rng: random.Random, i: int) -> Record:
+    kind = rng.randrange(6)
+    if kind == 0:
+        return Record(i, 0, b"k", b"v", [("h", b"1")])
+    if kind == 1:
+        return Record(i, 0, b"has space", b"v")
+    if kind == 2:
+        return Record(i, 0, b"\xc3\xa9t\xc3\xa9", b"v")
+    if kind == 3:
+        return Record(i, 0, b"", b"v")
+    if kind == 4:
+        return Record(i, 0, b"k", None)
+    return Record(i, 0, None, b"")
+
+
+def _c() -> ModuleType:
+    assert KAFKA_NATIVE is not None
+    return KAFKA_NATIVE
+
+
+def _batch(recs: list[Record], base_ts: int, codec: int = 0) -> Batch:
+    return next(read_batches(build_batch(recs, base_timestamp=base_ts, codec=codec)))
+
+
+@needs_c
+def test_c_body_equals_the_python_body(ids: _Ids) -> None:
+    seed = random.randrange(1 << 30)
+    print("seed", seed)
+    rng = random.Random(seed)
+    for _ in range(40):
+        n = rng.randrange(1, 80)
+        base_ts = rng.choice((0, 1_700_000_000_000, -5))
+        recs = [_plain(rng, i) for i in range(n)]
+        batch = _batch(recs, base_ts, rng.choice((0, GZIP)))
+        payload = batch.payload()
+        id_list = ids.next_ids(n)
+        got = _c().send_body(payload, n, base_ts, id_list)
+        ids.n -= n  # the Python path draws the same ids
+        assert got == mapping.to_send_body("T", batch.records(), base_ts)
+        # the whole entry point, with and without C, gives the same bytes
+        ids.n -= n
+        via_c = mapping.batch_send_body("T", batch)
+        assert via_c == got
+
+
+@needs_c
+def test_c_declines_odd_and_malformed_records(ids: _Ids) -> None:
+    rng = random.Random(11)
+    for i in range(30):
+        recs = [_plain(rng, j) for j in range(5)]
+        recs.insert(rng.randrange(6), _odd(rng, i))
+        recs = [Record(j, r.timestamp_delta, r.key, r.value, r.headers) for j, r in enumerate(recs)]
+        payload = _batch(recs, 1000).payload()
+        assert _c().send_body(payload, 6, 1000, ids.next_ids(6)) is None
+    payload = _batch([_plain(rng, j) for j in range(4)], 1000).payload()
+    native = _c()
+    for cut in (payload[:-1], payload + b"\x00", payload[:3]):
+        assert native.send_body(cut, 4, 1000, ids.next_ids(4)) is None
+    assert native.send_body(payload, 5, 1000, ids.next_ids(5)) is None  # count too high
+    assert native.send_body(payload, 3, 1000, ids.next_ids(3)) is None  # bytes left over
+    assert native.send_body(payload, 4, 2**63 - 1, ids.next_ids(4)) is None  # ts overflow
+    with pytest.raises(KafkaCodecError):
+        parse_records(payload[:-1], 4)
+
+
+def test_python_path_alone_serves_every_batch(ids: _Ids, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(mapping, "KAFKA_NATIVE", None)
+    rng = random.Random(3)
+    recs = [_plain(rng, i) for i in range(10)] + [_odd(rng, 10)]
+    batch = _batch(recs, 42)
+    body = decode_send_body(mapping.batch_send_body("T", batch))
+    assert len(body.bodies) == 11
+    assert bytes(body.bodies[0]) == recs[0].value
+
+
+def test_with_first_appends_to_the_first_message_only(ids: _Ids) -> None:
+    rng = random.Random(5)
+    recs = [_plain(rng, i) for i in range(7)]
+    plain = mapping.to_send_body("T", recs, 10)
+    first = {"KAFKA_PID": "9", "PRODUCER_SEQ": "12"}
+    ids.n -= 7
+    assert mapping.with_first(plain, first) == mapping.to_send_body("T", recs, 10, first)
+    a, b = decode_send_body(plain), decode_send_body(mapping.with_first(plain, first))
+    assert b.properties[0] == a.properties[0] + encode_properties(first)
+    assert b.properties[1:] == a.properties[1:]
+    assert [bytes(x) for x in b.bodies] == [bytes(x) for x in a.bodies]
+    assert decode_properties(b.properties[0])["KAFKA_PID"] == "9"
