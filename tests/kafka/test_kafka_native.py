@@ -139,3 +139,81 @@ def test_with_first_appends_to_the_first_message_only(ids: _Ids) -> None:
     assert b.properties[1:] == a.properties[1:]
     assert [bytes(x) for x in b.bodies] == [bytes(x) for x in a.bodies]
     assert decode_properties(b.properties[0])["KAFKA_PID"] == "9"
+
+
+# -- Fetch: stored records -> Kafka batches ---------------------------------------------------
+
+_USUAL = [
+    b"KAFKA_TS\x011700000000123\x02KEYS\x01k1\x02UNIQ_CLIENT_MESSAGE_ID_KEYIDX\x01AB\x02",
+    b"KAFKA_TS\x01007\x02UNIQ_CLIENT_MESSAGE_ID_KEYIDX\x01AB\x02",
+    b"KEYS\x01a b c\x02",  # the first key; no KAFKA_TS: the born time
+    b"KEYS\x01\x02",  # an empty key
+    b"UNIQ_CLIENT_MESSAGE_ID_KEYIDX\x02",  # a part without a value
+    b"",
+    b"KAFKA_TS\x011\x02KAFKA_TS\x012\x02KEYS\x01x\x02KEYS\x01y\x02",  # the last ones count
+]
+_ODD = [
+    b"KAFKA_TS\x01-5\x02",
+    b"KAFKA_TS\x01\x02",
+    b"TAGS\x01t\x02",
+    b"unit\x01C\x02",
+    b"KAFKA_NULL_VALUE\x011\x02",
+    b"KAFKA_TS\x0112345678901234567890\x02",
+]
+
+
+def _stored(rng: random.Random, runs: int, props: list[bytes], sys_flag: int = 0) -> bytes:
+    from orbitmq.common.record import BatchHeader, encode_batch_py
+
+    out = bytearray()
+    offset = rng.randrange(0, 1000)
+    for _ in range(runs):
+        n = rng.randrange(1, 6)
+        head = BatchHeader(b"T", 0, offset, len(out), 0, sys_flag, 1_600_000_000_000 + offset,
+                           bytes(8), 1_600_000_000_999, bytes(8), 0, 0)  # fmt: skip
+        bodies = [rng.randbytes(rng.choice((1, 20, 300))) for _ in range(n)]
+        out += encode_batch_py(head, bodies, [rng.choice(props) for _ in range(n)])
+        offset += n + rng.choice((0, 0, 1, 7))  # some gaps: a batch per run of offsets
+    return bytes(out)
+
+
+@needs_c
+def test_c_fetch_equals_the_python_encoder() -> None:
+    from orbitmq.kafka.fetch_encode import encode_pull_py
+
+    seed = random.randrange(1 << 30)
+    print("seed", seed)
+    rng = random.Random(seed)
+    for _ in range(30):
+        data = _stored(rng, rng.randrange(1, 5), _USUAL)
+        first = decode_records_offsets(data)
+        for start in (0, *first, first[-1] + 1):
+            got = _c().fetch_batches(data, start)
+            assert got == encode_pull_py(data, start), start
+        assert _c().fetch_batches(memoryview(data), first[0]) == encode_pull_py(data, 0)
+
+
+@needs_c
+def test_c_fetch_declines_odd_and_damaged_records() -> None:
+    from orbitmq.common.message import SYSFLAG_COMPRESSED
+
+    rng = random.Random(9)
+    for odd in _ODD:
+        data = _stored(rng, 1, [odd]) + _stored(rng, 1, _USUAL)
+        assert _c().fetch_batches(data, 0) is None, odd
+        assert _c().fetch_batches(data, 10**9) == b""  # only skipped: served
+    data = _stored(rng, 1, _USUAL[:1], SYSFLAG_COMPRESSED)
+    assert _c().fetch_batches(data, 0) is None
+    data = _stored(rng, 2, _USUAL)
+    for at in (0, 5, 9, 30, len(data) - 1):  # size, magic, CRC, header, properties
+        bad = bytearray(data)
+        bad[at] ^= 0x40
+        assert _c().fetch_batches(bytes(bad), 0) is None, at
+    assert _c().fetch_batches(data[:-3], 0) is None
+    assert _c().fetch_batches(b"", 0) == b""
+
+
+def decode_records_offsets(data: bytes) -> list[int]:
+    from orbitmq.protocol.messages import decode_records
+
+    return [m.queue_offset for m in decode_records(data)]

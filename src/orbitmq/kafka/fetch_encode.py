@@ -9,7 +9,8 @@ send carries), is written from the raw bytes: its key is the first of ``KEYS``, 
 ``KAFKA_TS`` (else the born time), no headers. Every other record (compressed bodies, tags,
 user properties, Kafka headers kept as JSON, null values, base64 keys) is decoded and mapped
 by :func:`orbitmq.kafka.mapping.to_record`, so both paths give the records
-:func:`orbitmq.kafka.data.encode_messages` gives (a test compares them).
+:func:`orbitmq.kafka.data.encode_messages` gives (a test compares them). A body of usual
+records only is encoded in C when orbitmq._kafka_native is built (the same bytes, tested).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from orbitmq.common.record import (
     decode,
 )
 from orbitmq.kafka.mapping import timestamp_of, to_record
+from orbitmq.kafka.native import KAFKA_NATIVE
 from orbitmq.protocol.kafka.primitives import Writer
 from orbitmq.protocol.kafka.records import batch_of, build_batch, write_record
 from orbitmq.protocol.messages import decode_records
@@ -59,7 +61,18 @@ def _zz(n: int) -> bytes:
 
 
 def encode_pull(data: bytes, from_offset: int) -> bytes:
-    """Kafka batches of the records of ``data`` at or after ``from_offset``."""
+    """Kafka batches of the records of ``data`` at or after ``from_offset``: in C
+    (orbitmq.kafka.native) when built and every record is the usual one, else
+    :func:`encode_pull_py`; both give the same bytes."""
+    if KAFKA_NATIVE is not None:
+        out: bytes | None = KAFKA_NATIVE.fetch_batches(data, from_offset)
+        if out is not None:
+            return out
+    return encode_pull_py(data, from_offset)
+
+
+def encode_pull_py(data: bytes, from_offset: int) -> bytes:
+    """:func:`encode_pull` in Python: the reference, and the path for every record."""
     out = bytearray()
     run = bytearray()
     count = 0
