@@ -14,7 +14,8 @@
  *
  * fetch_batches is Fetch's side: a pull body (stored records back to back) into uncompressed
  * v2 batches, one per run of consecutive queue offsets, each stored record's CRC checked, for
- * the usual stored record (uncompressed, properties only the unique id, KAFKA_TS and KEYS). It
+ * the usual stored record (uncompressed, properties only the unique id, KAFKA_TS, KEYS and an
+ * idempotent producer's numbers). It
  * declines (None) a body with any other record or anything malformed, and
  * orbitmq.kafka.fetch_encode.encode_pull_py, the reference (same bytes, tested), serves it.
  */
@@ -248,8 +249,19 @@ static int name_is(const unsigned char *p, Py_ssize_t n, const char *name) {
     return (size_t)n == len && memcmp(p, name, len) == 0;
 }
 
-/* The usual record's properties: only the unique id, KAFKA_TS (digits) and KEYS (the record
- * key is the first key). 1: served (ts, key set), 0: not (the Python path maps it). */
+/* orbitmq.kafka.fetch_encode._NOT_HEADERS: an idempotent batch's first message's numbers */
+static const char *const NOT_HEADERS[] = {"KAFKA_PID", "KAFKA_EPOCH", "KAFKA_SEQ", "KAFKA_COUNT",
+                                          "PRODUCER_ID", "PRODUCER_SEQ", "PRODUCER_COUNT"};
+
+static int not_header(const unsigned char *name, Py_ssize_t n) {
+    for (size_t i = 0; i < sizeof NOT_HEADERS / sizeof NOT_HEADERS[0]; i++)
+        if (name_is(name, n, NOT_HEADERS[i])) return 1;
+    return 0;
+}
+
+/* The usual record's properties: only the unique id, KAFKA_TS (digits), KEYS (the record
+ * key is the first key) and NOT_HEADERS. 1: served (ts, key set), 0: not (the Python path
+ * maps it). */
 static int scan_props(const unsigned char *p, Py_ssize_t n, long long *ts,
                       const unsigned char **key, Py_ssize_t *key_len) {
     Py_ssize_t at = 0;
@@ -261,8 +273,8 @@ static int scan_props(const unsigned char *p, Py_ssize_t n, long long *ts,
             Py_ssize_t name_end = sep ? sep - p : e, v_at = sep ? name_end + 1 : e;
             const unsigned char *name = p + at;
             Py_ssize_t name_len = name_end - at;
-            if (name_is(name, name_len, "UNIQ_CLIENT_MESSAGE_ID_KEYIDX")) {
-                /* the SDK's unique id: not a header */
+            if (name_is(name, name_len, "UNIQ_CLIENT_MESSAGE_ID_KEYIDX") || not_header(name, name_len)) {
+                /* the SDK's unique id, an idempotent producer's numbers: not headers */
             } else if (name_is(name, name_len, "KAFKA_TS") && e > v_at && e - v_at <= 18) {
                 long long v = 0;
                 for (Py_ssize_t k = v_at; k < e; k++) {

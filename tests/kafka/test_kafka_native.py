@@ -11,6 +11,7 @@ from types import ModuleType
 
 import pytest
 
+from orbitmq.client import _codec
 from orbitmq.common.message import decode_properties, encode_properties
 from orbitmq.kafka import mapping
 from orbitmq.kafka.native import KAFKA_NATIVE
@@ -151,6 +152,10 @@ _USUAL = [
     b"UNIQ_CLIENT_MESSAGE_ID_KEYIDX\x02",  # a part without a value
     b"",
     b"KAFKA_TS\x011\x02KAFKA_TS\x012\x02KEYS\x01x\x02KEYS\x01y\x02",  # the last ones count
+    # an idempotent batch's first message: its numbers are no headers
+    b"KAFKA_TS\x015\x02UNIQ_CLIENT_MESSAGE_ID_KEYIDX\x01AB\x02KAFKA_PID\x017\x02KAFKA_EPOCH\x010"
+    b"\x02KAFKA_SEQ\x010\x02KAFKA_COUNT\x013\x02PRODUCER_ID\x0199\x02PRODUCER_SEQ\x010\x02"
+    b"PRODUCER_COUNT\x013\x02",
 ]
 _ODD = [
     b"KAFKA_TS\x01-5\x02",
@@ -191,6 +196,17 @@ def test_c_fetch_equals_the_python_encoder() -> None:
             got = _c().fetch_batches(data, start)
             assert got == encode_pull_py(data, start), start
         assert _c().fetch_batches(memoryview(data), first[0]) == encode_pull_py(data, 0)
+
+
+def test_python_fast_path_equals_the_decoded_path() -> None:
+    from orbitmq.kafka.fetch_encode import encode_messages, encode_pull_py
+    from orbitmq.protocol.messages import decode_records
+
+    rng = random.Random(4)
+    for _ in range(10):
+        data = _stored(rng, 3, _USUAL[:2] + _USUAL[-1:])
+        plain = [_codec.plain(m) for m in decode_records(data)]
+        assert encode_pull_py(data, 0) == encode_messages(plain)
 
 
 @needs_c
