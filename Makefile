@@ -55,7 +55,7 @@ test-s3: ## install Debian's Swift (s3api) and run the tier's S3 tests against i
 vendor: ## refresh the console's vendored htmx and uPlot (npm pack; see its static/VENDOR.md)
 	cd $$(mktemp -d) && npm pack -q htmx.org@2.0.8 htmx-ext-sse@2.2.4 uplot@1.6.32 && \
 		for f in *.tgz; do tar xzf $$f; cp package/dist/htmx.min.js package/dist/sse.min.js package/dist/uPlot.iife.min.js package/dist/uPlot.min.css $(CURDIR)/src/orbitmq/console/static/ 2>/dev/null; rm -rf package; done
-native: $(STAMP) ## rebuild the optional C codec orbitmq._native in place (after editing _native.c)
+native: $(STAMP) ## rebuild the optional C extensions orbitmq._native and orbitmq._kafka_native in place (after editing a .c)
 	$(PY) setup.py -q build_ext --inplace
 
 test-crash: $(STAMP) ## only the crash tests (ORBITMQ_CRASH_ITERATIONS=N for longer runs)

@@ -1,4 +1,5 @@
-"""Builds the optional C extension ``orbitmq._native`` (everything else is in pyproject.toml).
+"""Builds the optional C extensions ``orbitmq._native`` and ``orbitmq._kafka_native`` (everything
+else is in pyproject.toml).
 
 ``optional=True``: on a machine without a working C compiler the build of the extension is
 skipped with a warning and the install still succeeds; OrbitMQ then uses its pure-Python codec
@@ -16,6 +17,14 @@ if os.environ.get("ORBITMQ_NATIVE", "1") != "0":
         Extension(
             "orbitmq._native",
             ["src/orbitmq/_native.c"],
+            extra_compile_args=["-O3"],
+            optional=True,
+        )
+    )
+    extensions.append(
+        Extension(
+            "orbitmq._kafka_native",
+            ["src/orbitmq/_kafka_native.c"],
             extra_compile_args=["-O3"],
             optional=True,
         )

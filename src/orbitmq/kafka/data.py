@@ -3,8 +3,9 @@
 Produce validates every batch (magic 2, CRC-32C, counts) before anything is stored, refuses
 transactional batches (transactions are not served: TRANSACTIONAL_ID_AUTHORIZATION_FAILED, as
 the brief recommends, so clients fail fast), applies the idempotent-producer rules, and stores
-each batch's records as one SEND_BATCH_MESSAGE to the partition's queue: the records get
-consecutive queue offsets and the batch's base offset is the first. acks 1 and -1 both answer
+each batch's records as one SEND_BATCH_MESSAGE to the partition's queue (built in one pass by
+orbitmq.kafka.mapping.batch_send_body, in C when built): the records get consecutive queue
+offsets and the batch's base offset is the first. acks 1 and -1 both answer
 after the broker's answer, which in a replicated `sync` group means every in-sync replica has
 the bytes; acks 0 gets no response.
 
@@ -33,7 +34,7 @@ from orbitmq.common.record import StoredMessage
 from orbitmq.kafka import errors as E
 from orbitmq.kafka.config import KafkaConfig
 from orbitmq.kafka.fetch_encode import encode_pull
-from orbitmq.kafka.mapping import timestamp_of, to_send_body
+from orbitmq.kafka.mapping import batch_send_body, timestamp_of, with_first
 from orbitmq.kafka.ordering import PartitionOrder, Ticket
 from orbitmq.kafka.partitions import Partitions
 from orbitmq.kafka.producer_state import (
@@ -49,7 +50,7 @@ from orbitmq.kafka.producer_state import (
     broker_producer_id,
 )
 from orbitmq.protocol.kafka.primitives import KafkaCodecError
-from orbitmq.protocol.kafka.records import Batch, Record, read_batches
+from orbitmq.protocol.kafka.records import Batch, read_batches
 
 Body = dict[str, Any]
 MAX_PULL = 512
@@ -109,7 +110,7 @@ class DataPlane:
         if not records:
             return E.CORRUPT_MESSAGE, -1
         try:
-            batches = [(b, b.records()) for b in read_batches(records)]
+            batches = [(b, batch_send_body(topic, b)) for b in read_batches(records)]
         except KafkaCodecError as e:
             return (
                 E.UNSUPPORTED_FOR_MESSAGE_FORMAT if "magic" in str(e) else E.CORRUPT_MESSAGE
@@ -123,9 +124,9 @@ class DataPlane:
             return E.UNKNOWN_TOPIC_OR_PARTITION, -1
         await ticket.wait()
         first_base = -1
-        for batch, recs in batches:
+        for batch, body in batches:
             try:
-                code, base = await self._store_batch(topic, index, mq, batch, recs)
+                code, base = await self._store_batch(topic, index, mq, batch, body)
             except MessageTooLargeError:
                 return E.MESSAGE_TOO_LARGE, -1
             except KafkaCodecError:
@@ -139,7 +140,7 @@ class DataPlane:
         return E.NONE, first_base
 
     async def _store_batch(
-        self, topic: str, index: int, mq: MessageQueue, batch: Batch, records: list[Record]
+        self, topic: str, index: int, mq: MessageQueue, batch: Batch, body: bytes
     ) -> tuple[int, int]:
         pid, epoch, seq = batch.producer_id, batch.producer_epoch, batch.base_sequence
         idempotent = pid >= 0
@@ -154,7 +155,6 @@ class DataPlane:
                 return E.OUT_OF_ORDER_SEQUENCE_NUMBER, -1
             if verdict == FENCED:
                 return E.INVALID_PRODUCER_EPOCH, -1
-        first = None
         broker_seq = 0
         if idempotent:
             # the producer's numbers on the first message, for `rebuild`, and the broker's
@@ -166,8 +166,8 @@ class DataPlane:
                      PROPERTY_PRODUCER_ID: str(broker_producer_id(pid, epoch)),
                      PROPERTY_PRODUCER_SEQ: str(broker_seq),
                      PROPERTY_PRODUCER_COUNT: str(batch.record_count)}  # fmt: skip
-        body = to_send_body(topic, records, batch.base_timestamp, first)
-        result = await self.producer.send_packed(topic, body, len(records), queue=mq)
+            body = with_first(body, first)
+        result = await self.producer.send_packed(topic, body, batch.record_count, queue=mq)
         if idempotent:
             self.states.record(pid, topic, index, epoch, seq, last_seq, result.queue_offset,
                                broker_seq // SEQ_SPAN)  # fmt: skip

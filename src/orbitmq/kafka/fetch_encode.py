@@ -5,11 +5,12 @@ record.
 Each stored record is checked as the client's decoder checks it (magic, sizes, CRC-32C). The
 usual record, whose properties are only the unique id, ``KAFKA_TS`` and ``KEYS`` (what the
 gateway stores for a Kafka record with a text key, value and no headers, and what a plain SDK
-send carries), is written from the raw bytes: its key is the first of ``KEYS``, its timestamp
+send carries) and the idempotent producer's reserved numbers (``_NOT_HEADERS``), is written from the raw bytes: its key is the first of ``KEYS``, its timestamp
 ``KAFKA_TS`` (else the born time), no headers. Every other record (compressed bodies, tags,
 user properties, Kafka headers kept as JSON, null values, base64 keys) is decoded and mapped
 by :func:`orbitmq.kafka.mapping.to_record`, so both paths give the records
-:func:`orbitmq.kafka.data.encode_messages` gives (a test compares them).
+:func:`orbitmq.kafka.data.encode_messages` gives (a test compares them). A body of usual
+records only is encoded in C when orbitmq._kafka_native is built (the same bytes, tested).
 """
 
 from __future__ import annotations
@@ -17,7 +18,12 @@ from __future__ import annotations
 import crc32c
 
 from orbitmq.client import _codec
-from orbitmq.common.message import SYSFLAG_COMPRESSED
+from orbitmq.common.message import (
+    PROPERTY_PRODUCER_COUNT,
+    PROPERTY_PRODUCER_ID,
+    PROPERTY_PRODUCER_SEQ,
+    SYSFLAG_COMPRESSED,
+)
 from orbitmq.common.record import (
     CRC_START,
     HEADER,
@@ -28,6 +34,8 @@ from orbitmq.common.record import (
     decode,
 )
 from orbitmq.kafka.mapping import timestamp_of, to_record
+from orbitmq.kafka.native import KAFKA_NATIVE
+from orbitmq.kafka.producer_state import PROP_COUNT, PROP_EPOCH, PROP_PID, PROP_SEQ
 from orbitmq.protocol.kafka.primitives import Writer
 from orbitmq.protocol.kafka.records import batch_of, build_batch, write_record
 from orbitmq.protocol.messages import decode_records
@@ -35,6 +43,13 @@ from orbitmq.protocol.messages import decode_records
 _UNIQ = b"UNIQ_CLIENT_MESSAGE_ID_KEYIDX"
 _TS = b"KAFKA_TS"
 _KEYS = b"KEYS"
+_NOT_HEADERS = frozenset(
+    n.encode()
+    for n in (PROP_PID, PROP_EPOCH, PROP_SEQ, PROP_COUNT, PROPERTY_PRODUCER_ID,
+              PROPERTY_PRODUCER_SEQ, PROPERTY_PRODUCER_COUNT)
+)  # fmt: skip
+"""What an idempotent batch's first message carries besides: reserved, never a header, so the
+record is still the usual one (to_record skips them too)."""
 _ZZ = []
 for _z in range(1 << 14):  # zig-zag varints of the small values: lengths, deltas
     _out = bytearray()
@@ -59,7 +74,18 @@ def _zz(n: int) -> bytes:
 
 
 def encode_pull(data: bytes, from_offset: int) -> bytes:
-    """Kafka batches of the records of ``data`` at or after ``from_offset``."""
+    """Kafka batches of the records of ``data`` at or after ``from_offset``: in C
+    (orbitmq.kafka.native) when built and every record is the usual one, else
+    :func:`encode_pull_py`; both give the same bytes."""
+    if KAFKA_NATIVE is not None:
+        out: bytes | None = KAFKA_NATIVE.fetch_batches(data, from_offset)
+        if out is not None:
+            return out
+    return encode_pull_py(data, from_offset)
+
+
+def encode_pull_py(data: bytes, from_offset: int) -> bytes:
+    """:func:`encode_pull` in Python: the reference, and the path for every record."""
     out = bytearray()
     run = bytearray()
     count = 0
@@ -93,7 +119,7 @@ def encode_pull(data: bytes, from_offset: int) -> bytes:
         if fast:
             for part in data[p_at + 2 : end].split(b"\x02"):
                 name, _, value = part.partition(b"\x01")
-                if name == _UNIQ or not part:
+                if name == _UNIQ or not part or name in _NOT_HEADERS:
                     continue
                 if name == _TS and value.isdigit():
                     ts = int(value)

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import base64
 import json
+import struct
 
 from orbitmq.common.ids import default_generator
 from orbitmq.common.message import (
@@ -39,7 +40,8 @@ from orbitmq.common.message import (
     encode_properties,
 )
 from orbitmq.common.record import StoredMessage
-from orbitmq.protocol.kafka.records import Record
+from orbitmq.kafka.native import KAFKA_NATIVE
+from orbitmq.protocol.kafka.records import Batch, Record, parse_records
 from orbitmq.protocol.messages import encode_send_body
 
 PROP_TS = "KAFKA_TS"
@@ -109,6 +111,22 @@ def to_message(topic: str, rec: Record, timestamp_ms: int) -> Message:
 
 _UNIQ = PROPERTY_UNIQ_KEY.encode() + NAME_VALUE_SEPARATOR.encode()
 _FAST = b"KAFKA_TS\x01%d\x02KEYS\x01%b\x02" + _UNIQ + b"%b\x02"
+_FAST_NO_KEY = b"KAFKA_TS\x01%d\x02" + _UNIQ + b"%b\x02"
+_U16 = struct.Struct(">H")
+
+
+def batch_send_body(topic: str, batch: Batch) -> bytes:
+    """A produced batch as one OrbitMQ send body, one message per record: the C mapping
+    (orbitmq.kafka.native) when built and the records are the usual ones, else
+    :func:`to_send_body`; both give the same bytes. KafkaCodecError for malformed records."""
+    payload = batch.payload()
+    count = batch.record_count
+    if KAFKA_NATIVE is not None:
+        ids = default_generator.next_ids(count)
+        body: bytes | None = KAFKA_NATIVE.send_body(payload, count, batch.base_timestamp, ids)
+        if body is not None:
+            return body
+    return to_send_body(topic, parse_records(payload, count), batch.base_timestamp)
 
 
 def to_send_body(
@@ -116,34 +134,53 @@ def to_send_body(
 ) -> bytes:
     """A batch's records as one OrbitMQ send body (``encode_send_body``), the properties of
     each message what :func:`to_message` gives plus its unique id, and ``first`` added to the
-    first message's. The usual record (a text key, a value, no headers) is encoded with one
-    bytes format and no Message object; the others go through :func:`to_message`."""
+    first message's (:func:`with_first`). The usual record (a null or text key, a value, no
+    headers) is encoded with one bytes format and no Message object; the others go through
+    :func:`to_message`."""
     ids = default_generator.next_ids(len(records))
     bodies: list[bytes] = []
     props: list[bytes] = []
     for rec, msg_id in zip(records, ids, strict=True):
         key, value = rec.key, rec.value
-        if (
-            value
-            and not rec.headers
-            and key
-            and b" " not in key
-            and b"\x01" not in key
-            and b"\x02" not in key
-            and key.isascii()
-            and (first is None or bodies)
-        ):
-            bodies.append(value)
-            props.append(_FAST % (base_timestamp + rec.timestamp_delta, key, msg_id.encode()))
-            continue
+        if value and not rec.headers:
+            if key is None:
+                bodies.append(value)
+                props.append(_FAST_NO_KEY % (base_timestamp + rec.timestamp_delta, msg_id.encode()))
+                continue
+            if (
+                key
+                and b" " not in key
+                and b"\x01" not in key
+                and b"\x02" not in key
+                and key.isascii()
+            ):
+                bodies.append(value)
+                props.append(_FAST % (base_timestamp + rec.timestamp_delta, key, msg_id.encode()))
+                continue
         msg = to_message(topic, rec, base_timestamp + rec.timestamp_delta)
         system = msg.system_properties()
         system[PROPERTY_UNIQ_KEY] = msg_id
-        if first is not None and not bodies:
-            system.update(first)
         bodies.append(msg.body)
         props.append(encode_properties(system))
-    return encode_send_body(bodies, props)
+    body = encode_send_body(bodies, props)
+    return body if first is None else with_first(body, first)
+
+
+def with_first(body: bytes, first: dict[str, str]) -> bytes:
+    """``body`` (a send body) with ``first`` appended to its first message's properties: what
+    the gateway adds to an idempotent batch once its turn to be stored has come. Names in
+    ``first`` are reserved (never a record's own property), so appending equals updating."""
+    extra = encode_properties(first)
+    n = int.from_bytes(body[:4], "big")
+    plen_at = 4 + 4 * n
+    if n == 0 or 4 + 6 * n > len(body):
+        raise ValueError("a send body without messages")
+    first_len = _U16.unpack_from(body, plen_at)[0]
+    first_end = len(body) - sum(struct.unpack_from(f">{n}H", body, plen_at)) + first_len
+    return b"".join((
+        body[:plen_at], _U16.pack(first_len + len(extra)),
+        body[plen_at + 2 : first_end], extra, body[first_end:],
+    ))  # fmt: skip
 
 
 def to_record(msg: StoredMessage, base_offset: int, base_ts: int) -> Record:

@@ -98,13 +98,22 @@ class Batch:
     def crc_ok(self) -> bool:
         return crc32c.crc32c(self.data[CRC_START:]) == self.crc
 
+    def payload(self) -> bytes:
+        """The records' bytes, decompressed when the batch is compressed."""
+        return decompress(self.codec, self.data[HEADER_SIZE:])
+
     def records(self) -> list[Record]:
         """Decompress (when needed) and parse every record; checks count and lengths."""
-        payload = decompress(self.codec, self.data[HEADER_SIZE:])
-        try:
-            return _parse_records(payload, self.record_count)
-        except (IndexError, UnicodeDecodeError, ValueError) as e:
-            raise KafkaCodecError(f"malformed records: {e}") from None
+        return parse_records(self.payload(), self.record_count)
+
+
+def parse_records(payload: bytes, count: int) -> list[Record]:
+    """The ``count`` records of a batch's (decompressed) payload; KafkaCodecError if they do
+    not tile it exactly."""
+    try:
+        return _parse_records(payload, count)
+    except (IndexError, UnicodeDecodeError, ValueError) as e:
+        raise KafkaCodecError(f"malformed records: {e}") from None
 
 
 def read_batches(buf: bytes | bytearray | memoryview, *, verify: bool = True) -> Iterator[Batch]:
