@@ -290,7 +290,8 @@ _SAFE = re.compile(r"[^A-Za-z0-9._%@+-]")
 
 
 def _safe_name(name: str) -> str:
-    return _SAFE.sub("_", name) or "_"
+    safe = _SAFE.sub("_", name)
+    return safe if safe not in ("", ".", "..") else "_" + safe  # never this or the parent dir
 
 
 class _FileTable(msgspec.Struct):

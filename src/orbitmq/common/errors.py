@@ -182,7 +182,7 @@ class MessageIllegalError(MQError, ValueError):
 
 
 class InvalidTopicError(MessageIllegalError):
-    """The topic name is empty, longer than 127 characters or uses characters outside [A-Za-z0-9%|_+-]."""
+    """The topic name is empty, longer than 127 characters, uses characters outside [A-Za-z0-9%|_+.-] or is . or ..."""
 
 
 class EmptyBodyError(MessageIllegalError):

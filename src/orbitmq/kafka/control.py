@@ -13,7 +13,6 @@ group` shows a Kafka group's lag like any other.
 from __future__ import annotations
 
 import asyncio
-import re
 import zlib
 from typing import Any
 
@@ -22,11 +21,11 @@ from orbitmq.client.route import MessageQueue
 from orbitmq.kafka import errors as E
 from orbitmq.kafka.config import KafkaConfig
 from orbitmq.kafka.groups import Coordinator
+from orbitmq.kafka.names import legal_group, legal_topic
 from orbitmq.kafka.partitions import Partitions
 from orbitmq.kafka.producer_state import ProducerStates
 
 Body = dict[str, Any]
-_LEGAL = re.compile(r"^[a-zA-Z0-9._-]{1,249}$")
 _INTERNAL_PREFIXES = ("rmq_sys_", "%RETRY%", "%DLQ%", "%LMQ%", "SCHEDULE_TOPIC", "TBW102",
                       "RMQ_SYS_", "OFFSET_MOVED_EVENT", "TRANS_CHECK_MAX_TIME_TOPIC")  # fmt: skip
 NO_AUTH_OPS = -2147483648
@@ -77,7 +76,7 @@ class ControlPlane:
         node = self.config.node_id
         out: Body = {"error_code": E.NONE, "name": name, "topic_id": bytes(16), "is_internal": False,
                      "partitions": [], "topic_authorized_operations": NO_AUTH_OPS}  # fmt: skip
-        if not _LEGAL.match(name) or is_internal(name):
+        if not legal_topic(name) or is_internal(name):
             out["error_code"] = E.INVALID_TOPIC_EXCEPTION
             return out
         parts = await self.partitions.of(name, fresh=True)
@@ -116,7 +115,7 @@ class ControlPlane:
             n = self.config.default_partitions if n == -1 else n
             res: Body = {"name": name, "topic_id": bytes(16), "error_code": E.NONE, "error_message": None,
                          "num_partitions": n, "replication_factor": 1, "configs": []}  # fmt: skip
-            if not _LEGAL.match(name) or is_internal(name):
+            if not legal_topic(name) or is_internal(name):
                 res["error_code"], res["error_message"] = (
                     E.INVALID_TOPIC_EXCEPTION,
                     "illegal topic name",
@@ -192,8 +191,12 @@ class ControlPlane:
     async def offset_commit(self, body: Body) -> Body:
         gid = body["group_id"]
         member = body.get("member_id") or ""
-        check = self.coordinator.generation_ok(
-            gid, member, body.get("generation_id_or_member_epoch", -1)
+        check = (
+            self.coordinator.generation_ok(
+                gid, member, body.get("generation_id_or_member_epoch", -1)
+            )
+            if legal_group(gid)
+            else E.INVALID_GROUP_ID
         )
         commits: dict[MessageQueue, int] = {}
         where: dict[MessageQueue, tuple[str, int]] = {}
@@ -227,9 +230,15 @@ class ControlPlane:
         if version >= 8:
             groups = []
             for g in body["groups"]:
-                topics = await self._fetch_group(g["group_id"], g["topics"])
-                groups.append({"group_id": g["group_id"], "topics": topics, "error_code": E.NONE})
+                gid = g["group_id"]
+                if not legal_group(gid):
+                    groups.append({"group_id": gid, "topics": [], "error_code": E.INVALID_GROUP_ID})
+                    continue
+                topics = await self._fetch_group(gid, g["topics"])
+                groups.append({"group_id": gid, "topics": topics, "error_code": E.NONE})
             return {"throttle_time_ms": 0, "groups": groups}
+        if not legal_group(body["group_id"]):
+            return {"throttle_time_ms": 0, "topics": [], "error_code": E.INVALID_GROUP_ID}
         topics = await self._fetch_group(body["group_id"], body["topics"])
         return {"throttle_time_ms": 0, "topics": topics, "error_code": E.NONE}
 

@@ -22,6 +22,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from orbitmq.kafka.names import legal_group
+
 EMPTY, PREPARING, COMPLETING, STABLE = (
     "Empty",
     "PreparingRebalance",
@@ -32,6 +34,7 @@ EMPTY, PREPARING, COMPLETING, STABLE = (
 NONE = 0
 ILLEGAL_GENERATION = 22
 INCONSISTENT_GROUP_PROTOCOL = 23
+INVALID_GROUP_ID = 24
 UNKNOWN_MEMBER_ID = 25
 INVALID_SESSION_TIMEOUT = 26
 REBALANCE_IN_PROGRESS = 27
@@ -93,6 +96,8 @@ class Coordinator:
         rebalance = int(body.get("rebalance_timeout_ms") or -1)
         if rebalance < 0:
             rebalance = session
+        if not legal_group(gid):  # kafka/names.py: no escaping, Kafka's own refusal
+            return _join_error(INVALID_GROUP_ID, member_id)
         if not self.min_session_ms <= session <= self.max_session_ms:
             return _join_error(INVALID_SESSION_TIMEOUT, member_id)
         group = self.groups.setdefault(gid, Group(gid))

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
-from orbitmq.store.layout import fsync_dir, offset_name, parse_offset_name
+from orbitmq.store.layout import fsync_dir, offset_name, parse_offset_name, topic_dir
 from orbitmq.store.segment import FileOps, OpenFiles, Segment, SegmentQueue
 
 log = logging.getLogger(__name__)
@@ -57,7 +57,7 @@ class ConsumeQueue:
         # Sparse: a queue with one entry takes one block, not 5.7 MiB (pwrite, never the map,
         # writes it, so a hole on a full disk is an ENOSPC error, not a SIGBUS).
         self.files = SegmentQueue(
-            root / topic / str(queue_id),
+            topic_dir(root, topic) / str(queue_id),
             self.file_size,
             fs,
             reserve=False,

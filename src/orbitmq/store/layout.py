@@ -9,9 +9,14 @@
   abort                              present while the store is open: its presence at start
                                      means the last run did not close cleanly
   lock                               flock'ed by the process that has the store open
+
+A topic name becomes a directory name (:func:`topic_dir`): entry points validate names
+(orbitmq.common.validation), and the store checks again that one can never leave its directory.
 """
 
 from __future__ import annotations
+
+from pathlib import Path
 
 from orbitmq.common.files import TMP_SUFFIX as TMP_SUFFIX
 from orbitmq.common.files import fsync_dir as fsync_dir
@@ -35,3 +40,10 @@ def parse_offset_name(name: str) -> int | None:
     if len(name) == OFFSET_NAME_DIGITS and name.isdigit():
         return int(name)
     return None
+
+
+def topic_dir(root: Path, topic: str) -> Path:
+    """``root/topic``; raises ValueError for a name that is not one plain path component."""
+    if topic in ("", ".", "..") or any(c in topic for c in "/\\\0"):
+        raise ValueError(f"topic {topic[:60]!r} cannot be a directory name")
+    return root / topic

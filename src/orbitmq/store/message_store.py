@@ -560,7 +560,7 @@ class MessageStore:
             self.commit_log.queue_offsets.pop(key, None)
         self.retention.set_topic(topic, None)
         with contextlib.suppress(OSError):
-            os.rmdir(self.queues.root / topic)
+            os.rmdir(layout.topic_dir(self.queues.root, topic))
         return len(doomed)
 
     def offset_for_timestamp(self, topic: str, queue_id: int, timestamp_ms: int) -> int:
