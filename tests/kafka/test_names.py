@@ -140,3 +140,39 @@ async def test_topic_names_orbitmq_cannot_hold_get_invalid_topic(stack: Stack) -
             c.close()
 
     await asyncio.to_thread(run)
+
+
+async def test_produce_fetch_commit_on_a_name_orbitmq_cannot_hold_answer_unknown_topic(
+    stack: Stack,
+) -> None:
+    """A Kafka-legal name longer than OrbitMQ's 127 characters (or any name the NameServer
+    refuses) is a topic that does not exist: UNKNOWN_TOPIC_OR_PARTITION, the connection lives."""
+    from orbitmq.protocol.kafka.records import Record, build_batch
+
+    long_name = "t." + "a" * 130
+    batch = build_batch([Record(0, 0, None, b"v")], base_timestamp=1_700_000_000_000)
+
+    def run() -> None:
+        c = RawClient(stack.bootstrap)
+        try:
+            for name in (long_name, "a b"):
+                body = {"acks": -1, "timeout_ms": 5000, "topic_data": [
+                    {"name": name, "partition_data": [{"index": 0, "records": batch}]}]}  # fmt: skip
+                res = c.call(0, 8, body)["responses"][0]["partition_responses"][0]
+                assert res["error_code"] == 3
+                fetch = {"replica_id": -1, "max_wait_ms": 0, "min_bytes": 1, "max_bytes": 1 << 20,
+                         "isolation_level": 0, "session_id": 0, "session_epoch": -1, "topics": [
+                             {"topic": name, "partitions": [{"partition": 0, "current_leader_epoch": -1,
+                              "fetch_offset": 0, "log_start_offset": -1, "partition_max_bytes": 1 << 20}]}],
+                         "forgotten_topics_data": [], "rack_id": ""}  # fmt: skip
+                assert c.call(1, 11, fetch)["responses"][0]["partitions"][0]["error_code"] == 3
+                part = {"partition_index": 0, "committed_offset": 1, "committed_leader_epoch": -1,
+                        "committed_metadata": ""}  # fmt: skip
+                commit = c.call(8, 8, {"group_id": "my.app", "generation_id_or_member_epoch": -1,
+                                       "member_id": "", "group_instance_id": None,
+                                       "topics": [{"name": name, "partitions": [part]}]})  # fmt: skip
+                assert commit["topics"][0]["partitions"][0]["error_code"] == 3
+        finally:
+            c.close()
+
+    await asyncio.to_thread(run)

@@ -2,7 +2,9 @@
 
 Partition p of topic T is the p-th queue of T's route in that order, so every gateway of a
 cluster numbers them the same way. Routes are cached for `ttl_s` (a NameServer round trip per
-request would dominate Produce) and re-read at once when a call finds them stale.
+request would dominate Produce) and re-read at once when a call finds them stale. A name that is
+not a valid OrbitMQ topic (kafka/names.py) is a topic that does not exist: it is never sent to a
+NameServer, which would refuse it with an error the Kafka answer has no place for.
 """
 
 from __future__ import annotations
@@ -11,6 +13,8 @@ import time
 
 from orbitmq.client.admin.client import AsyncAdminClient
 from orbitmq.client.route import MessageQueue, TopicRouteNotFoundError
+from orbitmq.common.errors import InvalidTopicError
+from orbitmq.common.validation import validate_topic
 
 
 class Partitions:
@@ -26,10 +30,11 @@ class Partitions:
         if hit is not None and not fresh and now - hit[0] < self.ttl_s:
             return hit[1]
         try:
+            validate_topic(topic)
             queues = sorted(
                 await self.admin.queues(topic), key=lambda q: (q.broker_name, q.queue_id)
             )
-        except TopicRouteNotFoundError:
+        except (TopicRouteNotFoundError, InvalidTopicError):
             self._cache.pop(topic, None)
             return None
         if not queues:
