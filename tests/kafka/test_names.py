@@ -5,11 +5,14 @@ restarted consumer resumes from and that `orbitmq group describe` shows (with th
 from __future__ import annotations
 
 import asyncio
+import re
 import time
 from typing import Any
 
 import pytest
+from typer.testing import CliRunner
 
+from orbitmq.cli.main import app
 from orbitmq.client.admin.client import AsyncAdminClient
 from tests.kafka.conftest import Stack
 from tests.kafka.raw import RawClient
@@ -21,6 +24,13 @@ pytestmark = pytest.mark.timeout(120)
 
 TOPIC = "orders.v1"
 GROUP = "my.app"
+
+
+def _cli(stack: Stack, *args: str) -> str:
+    result = CliRunner().invoke(app, list(args), env={"ORBITMQ_NAMESRV": stack.namesrv,
+                                                      "COLUMNS": "250"})  # fmt: skip
+    assert result.exit_code == 0, (args, result.output)
+    return result.stdout
 
 
 def _produce(bootstrap: str, start: int, count: int) -> None:
@@ -74,6 +84,10 @@ async def test_dotted_topic_and_group_resume_from_committed_offsets(stack: Stack
         mine = [q for q in desc.queues if q.topic == TOPIC]
         assert [(q.consumer_offset, q.lag) for q in mine] == [(5, 3), (5, 3)]
         assert desc.total_lag == 6
+        out = await asyncio.to_thread(_cli, stack, "group", "describe", GROUP)
+        assert re.search(r"^total lag 6$", out, re.M), out
+        assert GROUP in out and TOPIC in out
+        assert TOPIC in (await asyncio.to_thread(_cli, stack, "topic", "list")).split()
 
         # a restarted consumer resumes from the committed offsets: only the 6 new records
         second = await asyncio.to_thread(_consume_and_commit, stack.bootstrap, 6)
