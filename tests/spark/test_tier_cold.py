@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -81,3 +82,16 @@ def test_spark_batch_read_of_tiered_data(spark: Any, tiered: tuple[str, str]) ->
     )  # fmt: skip
     got = sorted((r.queue_id, r.queue_offset, bytes(r.value)) for r in rows)
     assert got == [(q, i, body(q, i)) for q in range(QUEUES) for i in range(PER_QUEUE)]
+
+
+def test_the_tier_benchmark_reads_through_spark(spark: Any, tmp_path: Path) -> None:
+    """``python -m orbitmq.bench tier``'s Spark half on a tiny count: the batch read of the
+    topic, hot and then from the tier, each checked to return every row (the bench raises
+    otherwise)."""
+    from orbitmq.bench.tier_broker import run_broker_tier_bench
+
+    r = run_broker_tier_bench(
+        tmp_path, count=400, size=100, queues=2, runs=1, segment=256 * 1024, session=spark
+    )
+    assert not r.spark_skipped and len(r.spark_hot_s) == len(r.spark_cold_s) == 1
+    assert r.rate(r.spark_cold_s) > 0 and r.chunks >= 2
