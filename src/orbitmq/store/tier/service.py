@@ -45,6 +45,7 @@ from orbitmq.store.reader import GetResult, store_time
 from orbitmq.store.supervise import ServiceHealth
 from orbitmq.store.tier.backend import TierBackend
 from orbitmq.store.tier.cold import ChunkCache, find_record, read_cold, time_to_offset
+from orbitmq.store.tier.identity import check_identity
 from orbitmq.store.tier.keys import find_by_key, index_missing
 from orbitmq.store.tier.layout import MANIFEST, QueueManifest
 from orbitmq.store.tier.uploader import build_chunk, expire_chunks, remove_orphans, upload_chunk
@@ -74,6 +75,7 @@ class TierService:
         self.health = ServiceHealth("tier")
         self.manifests: dict[tuple[str, int], QueueManifest] = {}
         self.loaded = False
+        self.tier_id: str | None = None  # identity.py: set by the first load that works
         self.topic_ttl: dict[str, int] = {}
         self.allow_gaps = config.tier_allow_unuploaded_delete
         self._reconciled: set[tuple[str, int]] = set()
@@ -147,6 +149,8 @@ class TierService:
     def load(self) -> None:
         """Read every queue's manifest from the backend (once; retried while it fails)."""
         self.backend.probe()
+        # An unmounted folder or a wrong bucket lists as an empty tier: never load it as one.
+        self.tier_id = check_identity(self.backend, self.config.store_path)
         found: dict[tuple[str, int], QueueManifest] = {}
         for key in self.backend.list(""):
             if key.endswith("/" + MANIFEST):
