@@ -28,7 +28,7 @@ from orbitmq.broker.controller import BrokerController
 from orbitmq.client import AsyncAdminClient, AsyncProducer, Message, MessageQueue
 from orbitmq.client.admin.types import PullStatus
 from orbitmq.client.consumer.simple import AsyncSimpleConsumer
-from orbitmq.client.consumer_types import ConsumeFromWhere
+from orbitmq.client.consumer_types import ConsumeFromWhere, ReceivedMessage
 from orbitmq.client.producer.config import ProducerConfig
 from orbitmq.common.errors import MQError
 from orbitmq.store.tier.service import TierService
@@ -132,10 +132,16 @@ async def read_all_by_pull(admin: AsyncAdminClient, maxes: dict[int, int]) -> No
     for q in range(QUEUES):
         mq = MessageQueue(TOPIC, "broker-a", q)
         offset, seen = 0, 0
-        for _ in range(maxes[q] + 10):
+        for _ in range(maxes[q] + 1000):
             if offset >= maxes[q]:
                 break
-            res = await admin.pull(mq, offset, max_nums=256, max_bytes=1024 * 1024)
+            try:
+                res = await admin.pull(mq, offset, max_nums=256, max_bytes=1024 * 1024)
+            except MQError as exc:  # the object store asked us to slow down: retry, as
+                assert exc.retriable, exc  # a consumer does; the offset does not move
+                RETRIED[0] += 1
+                await asyncio.sleep(0.5)
+                continue
             assert res.status is PullStatus.FOUND, (q, offset, res.status)
             for m in res.messages:
                 assert m.queue_offset == seen, (q, m.queue_offset, seen)  # no gap, no duplicate
@@ -143,6 +149,21 @@ async def read_all_by_pull(admin: AsyncAdminClient, maxes: dict[int, int]) -> No
                 seen += 1
             offset = res.next_begin_offset
         assert seen == maxes[q], (q, seen)
+
+
+RETRIED = [0]
+"""Retryable errors met by the read-backs (an S3 store throttling: Swift answers 503 "reduce
+your request rate" under load); printed by the tests, which retry as a consumer does."""
+
+
+async def receive_retrying(consumer: AsyncSimpleConsumer) -> list[ReceivedMessage]:
+    try:
+        return await consumer.receive(32, invisible_duration_s=60)
+    except MQError as exc:
+        assert exc.retriable, exc
+        RETRIED[0] += 1
+        await asyncio.sleep(0.5)
+        return []
 
 
 async def pop_all(addr: str, group: str, maxes: dict[int, int], timeout: float) -> None:
@@ -155,7 +176,7 @@ async def pop_all(addr: str, group: str, maxes: dict[int, int], timeout: float) 
     try:
         while sum(len(v) for v in popped.values()) < total:
             assert time.monotonic() < deadline, {q: len(v) for q, v in popped.items()}
-            for rm in await consumer.receive(32, invisible_duration_s=60):
+            for rm in await receive_retrying(consumer):
                 m = rm.message
                 assert m.queue_offset not in popped[m.queue_id], "delivered twice"
                 assert m.body == body(m.queue_id, m.queue_offset)
@@ -196,7 +217,8 @@ async def test_tiered_messages_read_back_exactly(
             await admin.commit_offsets(group, dict.fromkeys(mqs, 0))
         t0 = time.monotonic()
         await pop_all(addr, group, maxes, 900 if SCALE else 60)
-        print(f"read back by Pop + ack in {time.monotonic() - t0:.1f} s")
+        print(f"read back by Pop + ack in {time.monotonic() - t0:.1f} s; "
+              f"{RETRIED[0]} retryable errors retried")  # fmt: skip
 
 
 @pytest.mark.timeout(3600 if SCALE else 120)
@@ -284,13 +306,14 @@ async def test_backend_outage_under_load(tmp_path: Path, tier_settings: TierSett
             deadline = time.monotonic() + (600 if SCALE else 60)
             while sum(len(v) for v in popped.values()) < total:
                 assert time.monotonic() < deadline, {q: len(v) for q, v in popped.items()}
-                for rm in await consumer.receive(32, invisible_duration_s=60):
+                for rm in await receive_retrying(consumer):
                     m = rm.message
                     assert m.queue_offset not in popped[m.queue_id], "delivered twice"
                     assert m.body == body(m.queue_id, m.queue_offset)
                     popped[m.queue_id].add(m.queue_offset)
                     await consumer.ack(rm)
             assert {q: len(v) for q, v in popped.items()} == counts
+            print(f"read back by pull and Pop + ack; {RETRIED[0]} retryable errors retried")
         finally:
             await consumer.close()
             await admin.close()
