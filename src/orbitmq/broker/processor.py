@@ -319,13 +319,16 @@ class BrokerProcessor:
                 if self.trace is not None:
                     self.trace.on_commit(group, topic, queue_id, commit)
         deadline = time.monotonic() + suspend_ms / 1000
+        floor = self.store.retention.floor  # a topic's local retention: older may be the tier's
         while True:
             parts: list[memoryview] | None = None
             tier = self.store.tier  # a read of the tier never runs on the loop
             if (
                 sql is None
                 and self.store.max_offset(topic, queue_id) - offset <= TAIL_READ
-                and (tier is None or not tier.wants(topic, queue_id, offset))
+                and (
+                    tier is None or not tier.wants(topic, queue_id, offset, floor(topic, queue_id))
+                )
             ):
                 # A read at the tail: a few records this process just wrote, in the page cache
                 # and trusted (no CRC re-check). Doing it here saves two thread hand-offs, which
@@ -383,7 +386,9 @@ class BrokerProcessor:
                 if self.store.max_offset(topic, queue_id) - offset > TAIL_READ:
                     return False
                 now_tier = self.store.tier
-                if now_tier is not None and now_tier.wants(topic, queue_id, offset):
+                if now_tier is not None and now_tier.wants(
+                    topic, queue_id, offset, floor(topic, queue_id)
+                ):
                     return False
                 if group:
                     try:

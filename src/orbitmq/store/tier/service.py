@@ -288,15 +288,21 @@ class TierService:
         cq = self.queues.get(topic, queue_id)
         return cq.min_offset if cq is not None else None
 
-    def wants(self, topic: str, queue_id: int, offset: int) -> bool:
+    def wants(self, topic: str, queue_id: int, offset: int, floor: int = 0) -> bool:
         """Whether a read of ``offset`` is the tier's: below the local data, with the tier
-        holding (or possibly holding: catalog not loaded yet) this queue's older offsets."""
+        holding (or possibly holding: catalog not loaded yet) this queue's older offsets; or
+        below the topic's retention ``floor`` (its local retention: what the local data no
+        longer serves) and held by the tier, which keeps it until the tier TTL."""
         local = self._local_min(topic, queue_id)
         m = self.manifests.get((topic, queue_id))
         if local is None:
             return m is not None and m.held
         if offset >= local:
-            return False
+            if offset >= floor:
+                return False
+            if not self.loaded:
+                return True  # maybe held: a retryable error, never a silent skip
+            return m is not None and m.held and m.min_offset <= offset < m.watermark
         if not self.loaded:
             return True  # unknown yet: a retryable error, never a silent skip
         return m is not None and (m.held or m.gaps > 0)
