@@ -1,12 +1,17 @@
-"""Cold-read benchmark: `python -m orbitmq.bench tier [--count N] [--size B] [--queues Q]`.
+"""Cold-read benchmark: `python -m orbitmq.bench tier [--count N] [--size B] [--queues Q]
+[--runs R] [--no-spark] [--no-broker]`: everything issue #19's benchmark asks for, in one run.
 
-One run, same data, same process: N messages of B bytes on Q queues go into a store whose
-tier is a directory; every queue is read sequentially by queue offset while the data is local
-(hot), then the tier uploads it, retention deletes the local segments, and the same reads are
-served from the tier (cold, the chunk cache cleared first). The report gives both rates and
-their ratio (the issue's bar: cold >= 0.5x hot and >= 50,000 msgs/s from the directory tier).
-Reads are ``MessageStore.get_messages`` calls of 256 messages, what a pull serves; uploading and
-deleting are outside the timed windows.
+1. Store reads, one process: N messages of B bytes on Q queues go into a store whose tier is a
+   directory; every queue is read sequentially by queue offset while the data is local (hot),
+   then the tier uploads it, retention deletes the local segments, and the same reads are
+   served from the tier (cold, the chunk cache cleared first). Reads are
+   ``MessageStore.get_messages`` calls of 256 messages, what a pull serves; uploading and
+   deleting are outside the timed windows.
+2. Pull and a Spark batch read through a broker process, hot and then from the directory tier
+   (:mod:`orbitmq.bench.tier_broker`), with the broker's CPU per pulled message.
+
+The report gives every rate, the ratios and whether the issue's targets are met (cold pull
+>= 0.5x hot and >= 50,000 msgs/s; the Spark read from the tier >= 0.5x the hot one).
 """
 
 from __future__ import annotations
