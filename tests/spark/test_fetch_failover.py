@@ -16,7 +16,8 @@ pytest.importorskip("pyspark")
 pytest.importorskip("pyarrow")
 
 from orbitmq.client.route import MessageQueue
-from orbitmq.common.errors import ClientError
+from orbitmq.common.codes import ResponseCode
+from orbitmq.common.errors import ClientError, MQError, error_for
 from orbitmq.spark import fetch
 from orbitmq.spark.fetch import Connection
 
@@ -61,3 +62,27 @@ def test_but_not_for_ever(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(fetch, "FAILOVER_WAIT_S", 0.05)
     with pytest.raises(ClientError, match="no master address known"):
         asyncio.run(conn._pull(MessageQueue("T", "broker-a", 0), 0, 1, None))
+
+
+def test_a_retryable_answer_is_retried(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The tier's store unreachable (SERVICE_NOT_AVAILABLE, retryable): the pull is asked
+    again rather than failing the task; any other answer that is not a lost master still fails at once."""
+    conn = conn_with(Requester(masterless=0), monkeypatch)
+    answers: list[Any] = [
+        error_for(ResponseCode.SERVICE_NOT_AVAILABLE, "tier read failed"),
+        error_for(ResponseCode.SERVICE_NOT_AVAILABLE, "tier read failed"),
+        "answer",
+    ]
+
+    async def pull_from(addr: str, pull: Any) -> str:
+        answer = answers.pop(0)
+        if isinstance(answer, Exception):
+            raise answer
+        return str(answer)
+
+    monkeypatch.setattr(conn, "_pull_from", pull_from)
+    assert asyncio.run(conn._pull(MessageQueue("T", "broker-a", 0), 0, 1, None)) == "answer"
+    answers[:] = [error_for(ResponseCode.NO_PERMISSION, "denied"), "never"]
+    with pytest.raises(MQError):
+        asyncio.run(conn._pull(MessageQueue("T", "broker-a", 0), 0, 1, None))
+    assert answers == ["never"]

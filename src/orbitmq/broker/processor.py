@@ -72,7 +72,7 @@ from orbitmq.protocol.requests import (
     ViewMessageRequest,
 )
 from orbitmq.store.commit_log import AppendResult
-from orbitmq.store.message_store import GetResult, GetStatus
+from orbitmq.store.message_store import GetResult, GetStatus, MessageStore
 
 if TYPE_CHECKING:
     from orbitmq.net.connection import Connection, Reply
@@ -319,13 +319,16 @@ class BrokerProcessor:
                 if self.trace is not None:
                     self.trace.on_commit(group, topic, queue_id, commit)
         deadline = time.monotonic() + suspend_ms / 1000
+        floor = self.store.retention.floor  # a topic's local retention: older may be the tier's
         while True:
             parts: list[memoryview] | None = None
             tier = self.store.tier  # a read of the tier never runs on the loop
             if (
                 sql is None
                 and self.store.max_offset(topic, queue_id) - offset <= TAIL_READ
-                and (tier is None or not tier.wants(topic, queue_id, offset))
+                and (
+                    tier is None or not tier.wants(topic, queue_id, offset, floor(topic, queue_id))
+                )
             ):
                 # A read at the tail: a few records this process just wrote, in the page cache
                 # and trusted (no CRC re-check). Doing it here saves two thread hand-offs, which
@@ -383,7 +386,9 @@ class BrokerProcessor:
                 if self.store.max_offset(topic, queue_id) - offset > TAIL_READ:
                     return False
                 now_tier = self.store.tier
-                if now_tier is not None and now_tier.wants(topic, queue_id, offset):
+                if now_tier is not None and now_tier.wants(
+                    topic, queue_id, offset, floor(topic, queue_id)
+                ):
                     return False
                 if group:
                     try:
@@ -453,11 +458,10 @@ class BrokerProcessor:
         req = QueryMessageRequest.decode(frame)
         _not_metadata_log(req.topic)
         key = req.key
-        found = await self.bridge.read(
-            self.store.query_by_key, req.topic, key, req.max_num, req.begin_ts, req.end_ts
+        # Lookup and records on a reader thread: a record only the tier holds is a GET.
+        parts = await self.bridge.read(
+            _records_by_key, self.store, req.topic, key, req.max_num, req.begin_ts, req.end_ts
         )
-        records = [self.store.read_record(m.physical_offset) for m in found]
-        parts = [r for r in records if r is not None]
         if not parts:
             return frame.reply(ResponseCode.QUERY_NOT_FOUND, f"no message with key {key}")
         return frame.reply(ResponseCode.SUCCESS), parts
@@ -469,9 +473,7 @@ class BrokerProcessor:
         else:
             assert req.topic is not None and req.msg_id is not None  # validate() requires them
             msg_id = req.msg_id
-            found = await self.bridge.read(self.store.query_by_key, req.topic, msg_id, 8)
-            match = [m for m in found if m.msg_id == msg_id]
-            record = self.store.read_record(match[0].physical_offset) if match else None
+            record = await self.bridge.read(_record_by_id, self.store, req.topic, msg_id)
         if record is None or decode(record).topic == METADATA_TOPIC:  # it holds the Pop secret
             return frame.reply(ResponseCode.QUERY_NOT_FOUND, "no such message")
         return frame.reply(ResponseCode.SUCCESS), [record]
@@ -557,3 +559,17 @@ def _not_metadata_log(topic: str) -> None:
     sends, pulls and pops away) or reads it by key (it holds the Pop secret)."""
     if topic == METADATA_TOPIC:
         raise NoPermissionError(f"{METADATA_TOPIC} is the broker's own system topic")
+
+
+def _records_by_key(
+    store: MessageStore, topic: str, key: str, max_num: int, begin_ts: int, end_ts: int
+) -> list[memoryview]:
+    """On a reader thread: the records of a key query (maybe cold: tier GETs)."""
+    found = store.query_by_key(topic, key, max_num, begin_ts, end_ts)
+    return [r for m in found if (r := store.read_record(m.physical_offset)) is not None]
+
+
+def _record_by_id(store: MessageStore, topic: str, msg_id: str) -> memoryview | None:
+    """On a reader thread: the record of a unique id (maybe cold: tier GETs)."""
+    match = [m for m in store.query_by_key(topic, msg_id, 8) if m.msg_id == msg_id]
+    return store.read_record(match[0].physical_offset) if match else None

@@ -30,7 +30,7 @@ from orbitmq.client.admin.config import AdminConfig
 from orbitmq.client.offset_store import BrokerRequester, RemoteOffsetStore
 from orbitmq.client.route import MessageQueue, TopicRouteNotFoundError, master_gone
 from orbitmq.common.codes import ResponseCode
-from orbitmq.common.errors import ClientError, MQError
+from orbitmq.common.errors import ClientError, MQError, ServiceNotAvailableError
 from orbitmq.protocol.requests import PullMessageRequest
 
 log = logging.getLogger(__name__)
@@ -193,9 +193,14 @@ class Connection:
             try:
                 return await self._pull_from(addr, pull)
             except MQError as exc:
-                if not master_gone(exc) or asyncio.get_running_loop().time() > deadline:
+                # SERVICE_NOT_AVAILABLE (the tier's object store unreachable or throttling:
+                # docs/tiered-storage.md) is retried too, as a consumer does, within the bound.
+                gone = master_gone(exc)
+                unavailable = isinstance(exc, ServiceNotAvailableError)
+                if not (gone or unavailable) or asyncio.get_running_loop().time() > deadline:
                     raise
-                log.info("pull of %s from %s: %s; waiting for the group's master", mq, addr, exc)
+                why = "waiting for the group's master" if gone else "retrying"
+                log.info("pull of %s from %s: %s; %s", mq, addr, exc, why)
             await asyncio.sleep(FAILOVER_RETRY_S)
             with contextlib.suppress(MQError):
                 await self.requester.routes.refresh(mq.topic)

@@ -511,7 +511,8 @@ class MessageStore:
             check = self.fs.read_check
             if check is not None:
                 check(topic, queue_id, offset)
-            if self.tier is not None and self.tier.wants(topic, queue_id, offset):
+            floor = self.retention.floor(topic, queue_id)  # a topic's local retention
+            if self.tier is not None and self.tier.wants(topic, queue_id, offset, floor):
                 hi = self.max_offset(topic, queue_id)
                 res = self.tier.read(topic, queue_id, offset, max_count, max_bytes, tags, hi)
             else:

@@ -14,15 +14,18 @@ from __future__ import annotations
 
 import contextlib
 import getpass
+import os
 import shutil
 import socket
 import subprocess
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+
+import pytest
 
 BINARIES = ("swift-proxy-server", "swift-account-server", "swift-container-server",
             "swift-object-server", "swift-ring-builder", "memcached")  # fmt: skip
@@ -147,3 +150,64 @@ def _create_bucket(
         if time.monotonic() > deadline:
             raise RuntimeError("Swift did not come up in time (see swift.log)")
         time.sleep(0.2)
+
+
+@contextlib.contextmanager
+def real_s3_or_skip(base: Path) -> Iterator[tuple[SwiftS3, bool]]:
+    """A real S3 endpoint: ``ORBITMQ_TEST_S3_ENDPOINT`` (with _BUCKET, _ACCESS_KEY,
+    _SECRET_KEY) when set, else Swift's s3api started under ``base`` when Debian's Swift
+    packages are installed and ``ORBITMQ_TEST_SWIFT=1`` (``make test-s3``); otherwise the test
+    is skipped, saying which. The bool: it is Swift (no conditional puts)."""
+    env = os.environ
+    if env.get("ORBITMQ_TEST_S3_ENDPOINT"):
+        yield SwiftS3(
+            env["ORBITMQ_TEST_S3_ENDPOINT"], env.get("ORBITMQ_TEST_S3_BUCKET", "orbitmq"),
+            env.get("ORBITMQ_TEST_S3_ACCESS_KEY", ""), env.get("ORBITMQ_TEST_S3_SECRET_KEY", ""),
+        ), False  # fmt: skip
+        return
+    lacking = missing()
+    if lacking:
+        pytest.skip(
+            f"no S3-compatible server: Swift is not installed ({', '.join(lacking)} missing; "
+            "`make test-s3` installs Debian's swift-* and memcached and runs these tests), and "
+            "ORBITMQ_TEST_S3_ENDPOINT is not set"
+        )
+    if env.get("ORBITMQ_TEST_SWIFT") != "1":
+        pytest.skip(
+            "Swift is installed but starting it takes 15-50 s on a loaded 2-core machine: "
+            "`make test-s3` (or ORBITMQ_TEST_SWIFT=1) runs these tests against it"
+        )
+    with swift_s3(base) as server:
+        yield server, True
+
+
+def s3_settings(s3: SwiftS3, prefix: str) -> dict[str, object]:
+    """The ``[store]`` settings of a tier on ``s3``, its objects under ``prefix``."""
+    return {
+        "tier_backend": "s3",
+        "tier_s3_endpoint": s3.endpoint,
+        "tier_s3_bucket": s3.bucket,
+        "tier_s3_access_key": s3.access_key,
+        "tier_s3_secret_key": s3.secret_key,
+        "tier_s3_prefix": prefix,
+        "tier_s3_allow_http": s3.endpoint.startswith("http:"),
+    }
+
+
+TierSettings = Callable[[Path], dict[str, object]]
+"""The ``[store]`` tier settings of one broker, given a folder of its own (for the directory
+backend's root, or the S3 prefix's name)."""
+
+BACKENDS = ("directory", "s3")
+
+
+@contextlib.contextmanager
+def tier_backend(kind: str, base: Path) -> Iterator[TierSettings]:
+    """The tier settings for ``kind``: a directory always; S3 on a real endpoint
+    (:func:`real_s3_or_skip`, so the test is skipped, saying why, where there is none)."""
+    if kind == "directory":
+        yield lambda folder: {"tier_backend": "directory", "tier_path": str(folder / "tier")}
+        return
+    pytest.importorskip("obstore", reason="the tier-s3 extra (obstore) is not installed")
+    with real_s3_or_skip(base) as (s3, _is_swift):
+        yield lambda folder: s3_settings(s3, f"t-{os.getpid()}-{folder.name}")

@@ -22,8 +22,7 @@ from orbitmq.store.config import StoreConfig  # noqa: E402
 from orbitmq.store.message_store import MessageStore  # noqa: E402
 from orbitmq.store.tier.s3 import S3Backend  # noqa: E402
 from tests.store.conftest import small_config  # noqa: E402
-from tests.store.tier.swift import SwiftS3, swift_s3  # noqa: E402
-from tests.store.tier.swift import missing as swift_missing  # noqa: E402
+from tests.store.tier.swift import SwiftS3, real_s3_or_skip, s3_settings  # noqa: E402
 
 
 def memory_backend() -> S3Backend:
@@ -94,44 +93,16 @@ def _body(view: memoryview) -> bytes:
 
 @pytest.fixture(scope="module")
 def real_s3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[SwiftS3, bool]]:
-    """A real S3 endpoint: ``ORBITMQ_TEST_S3_ENDPOINT`` (with _BUCKET, _ACCESS_KEY,
-    _SECRET_KEY) when set, else Swift's s3api started here (tests/store/tier/swift.py) when
-    Debian's Swift packages are installed and ``ORBITMQ_TEST_SWIFT=1`` (``make test-s3``).
-    The bool: it is Swift (no conditional puts)."""
-    env = os.environ
-    if env.get("ORBITMQ_TEST_S3_ENDPOINT"):
-        yield SwiftS3(
-            env["ORBITMQ_TEST_S3_ENDPOINT"], env.get("ORBITMQ_TEST_S3_BUCKET", "orbitmq"),
-            env.get("ORBITMQ_TEST_S3_ACCESS_KEY", ""), env.get("ORBITMQ_TEST_S3_SECRET_KEY", ""),
-        ), False  # fmt: skip
-        return
-    lacking = swift_missing()
-    if lacking:
-        pytest.skip(
-            f"no S3-compatible server: Swift is not installed ({', '.join(lacking)} missing; "
-            "`make test-s3` installs Debian's swift-* and memcached and runs these tests), and "
-            "ORBITMQ_TEST_S3_ENDPOINT is not set"
-        )
-    if env.get("ORBITMQ_TEST_SWIFT") != "1":
-        pytest.skip(
-            "Swift is installed but starting it takes 15-50 s on a loaded 2-core machine: "
-            "`make test-s3` (or ORBITMQ_TEST_SWIFT=1) runs these tests against it"
-        )
-    with swift_s3(tmp_path_factory.mktemp("swift")) as server:
-        yield server, True
+    """A real S3 endpoint, or the test skipped saying why (tests/store/tier/swift.py)."""
+    with real_s3_or_skip(tmp_path_factory.mktemp("swift")) as server:
+        yield server
 
 
 def s3_config(tmp_path: Path, s3: SwiftS3, **over: object) -> StoreConfig:
     options: dict[str, object] = {
         "mapped_file_size_commit_log": 72 * 1024,
         "max_message_size": 4096,
-        "tier_backend": "s3",
-        "tier_s3_endpoint": s3.endpoint,
-        "tier_s3_bucket": s3.bucket,
-        "tier_s3_access_key": s3.access_key,
-        "tier_s3_secret_key": s3.secret_key,
-        "tier_s3_prefix": f"test-{os.getpid()}-{tmp_path.name}",
-        "tier_s3_allow_http": s3.endpoint.startswith("http:"),
+        **s3_settings(s3, f"test-{os.getpid()}-{tmp_path.name}"),
         "tier_upload_interval_ms": 3_600_000,
         "tier_local_retention_ms": 0,
         "delete_when": ";".join(str(h) for h in range(24)),

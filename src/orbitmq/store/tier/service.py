@@ -45,6 +45,7 @@ from orbitmq.store.reader import GetResult, store_time
 from orbitmq.store.supervise import ServiceHealth
 from orbitmq.store.tier.backend import TierBackend
 from orbitmq.store.tier.cold import ChunkCache, find_record, read_cold, time_to_offset
+from orbitmq.store.tier.identity import check_identity
 from orbitmq.store.tier.keys import find_by_key, index_missing
 from orbitmq.store.tier.layout import MANIFEST, QueueManifest
 from orbitmq.store.tier.uploader import build_chunk, expire_chunks, remove_orphans, upload_chunk
@@ -77,6 +78,7 @@ class TierService:
         self.health = ServiceHealth("tier")
         self.manifests: dict[tuple[str, int], QueueManifest] = {}
         self.loaded = False
+        self.tier_id: str | None = None  # identity.py: set by the first load that works
         self.topic_ttl: dict[str, int] = {}
         self.allow_gaps = config.tier_allow_unuploaded_delete
         self._reconciled: set[tuple[str, int]] = set()
@@ -150,6 +152,8 @@ class TierService:
     def load(self) -> None:
         """Read every queue's manifest from the backend (once; retried while it fails)."""
         self.backend.probe()
+        # An unmounted folder or a wrong bucket lists as an empty tier: never load it as one.
+        self.tier_id = check_identity(self.backend, self.config.store_path)
         found: dict[tuple[str, int], QueueManifest] = {}
         for key in self.backend.list(""):
             if key.endswith("/" + MANIFEST):
@@ -293,15 +297,21 @@ class TierService:
         cq = self.queues.get(topic, queue_id)
         return cq.min_offset if cq is not None else None
 
-    def wants(self, topic: str, queue_id: int, offset: int) -> bool:
+    def wants(self, topic: str, queue_id: int, offset: int, floor: int = 0) -> bool:
         """Whether a read of ``offset`` is the tier's: below the local data, with the tier
-        holding (or possibly holding: catalog not loaded yet) this queue's older offsets."""
+        holding (or possibly holding: catalog not loaded yet) this queue's older offsets; or
+        below the topic's retention ``floor`` (its local retention: what the local data no
+        longer serves) and held by the tier, which keeps it until the tier TTL."""
         local = self._local_min(topic, queue_id)
         m = self.manifests.get((topic, queue_id))
         if local is None:
             return m is not None and m.held
         if offset >= local:
-            return False
+            if offset >= floor:
+                return False
+            if not self.loaded:
+                return True  # maybe held: a retryable error, never a silent skip
+            return m is not None and m.held and m.min_offset <= offset < m.watermark
         if not self.loaded:
             return True  # unknown yet: a retryable error, never a silent skip
         return m is not None and (m.held or m.gaps > 0)
