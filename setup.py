@@ -16,7 +16,7 @@ if os.environ.get("ORBITMQ_NATIVE", "1") != "0":
     extensions.append(
         Extension(
             "orbitmq._native",
-            ["src/orbitmq/_native.c"],
+            ["src/orbitmq/_native.c", "src/orbitmq/_native_columns.c"],
             extra_compile_args=["-O3"],
             optional=True,
         )

@@ -347,6 +347,7 @@ done:
     if (PyErr_Occurred()) { Py_XDECREF(out); return NULL; }
     return out;
 }
+PyObject *orbitmq_record_columns(PyObject *self, PyObject *args); /* _native_columns.c */
 
 static PyMethodDef methods[] = {
     {"crc32c", py_crc32c, METH_VARARGS, "crc32c(data, value=0) -> int: CRC-32C, continuing value."},
@@ -363,6 +364,9 @@ static PyMethodDef methods[] = {
     {"split_records", py_split_records, METH_VARARGS,
      "split_records(data: bytes, verify_crc) -> list of record tuples, or the position of the "
      "first bad record."},
+    {"record_columns", orbitmq_record_columns, METH_VARARGS,
+     "record_columns(data) -> the Spark source's Arrow column buffers of a pull body, or None "
+     "when the Python conversion must do it."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -39,6 +39,8 @@ PREFIX = struct.Struct(">IBBHII")
 PREFIX_SIZE = PREFIX.size  # 16
 DEFAULT_MAX_FRAME_SIZE = 16 * 1024 * 1024 + 64 * 1024
 MAX_HEADER_SIZE = 64 * 1024
+BIG_BODY = 256 * 1024
+"""A frame with this much body or more is gathered in pieces (see :class:`FrameDecoder`)."""
 
 Buffer = bytes | bytearray | memoryview
 
@@ -107,20 +109,37 @@ class FrameDecoder:
     Raises ProtocolError on a length outside [12, max_frame_size], a header that is not a
     msgpack map with string keys, or a header longer than the frame. After an error the
     connection must be closed: the stream has lost its framing.
+
+    A frame of :data:`BIG_BODY` bytes or more of body (a large pull answer, a large send
+    batch) is not grown in the buffer: once its header is in, the body's pieces are kept as
+    they come and joined once when the last arrives. Growing a bytearray by 64 KiB reads
+    re-copies it as it grows and slicing the body out copies it again; a pull client spent
+    ~30 % of its loop thread in those copies.
     """
 
     def __init__(self, max_frame_size: int = DEFAULT_MAX_FRAME_SIZE) -> None:
         self.max_frame_size = max_frame_size
         self._buf = bytearray()
+        self._big: Frame | None = None
+        """The frame whose body is being gathered in ``_pieces`` (body still empty)."""
+        self._pieces: list[Buffer] = []
+        self._missing = 0
+        self._head = 0  # the big frame's prefix and header, already decoded
 
     @property
     def buffered(self) -> int:
-        return len(self._buf)
+        """Bytes fed that are not in a returned frame yet."""
+        big = self._head + sum(len(p) for p in self._pieces) if self._big is not None else 0
+        return len(self._buf) + big
 
     def feed(self, data: Buffer) -> list[Frame]:
+        frames: list[Frame] = []
+        if self._big is not None:
+            data = self._gather(data, frames)
+            if not data:
+                return frames
         buf = self._buf
         buf += data
-        frames: list[Frame] = []
         pos = 0
         end = len(buf)
         with memoryview(buf) as view:  # slices of a view copy once; slices of buf copy twice
@@ -128,6 +147,21 @@ class FrameDecoder:
         if pos:
             del buf[:pos]
         return frames
+
+    def _gather(self, data: Buffer, frames: list[Frame]) -> Buffer:
+        """Add ``data`` to the big frame's body; what is left after its end."""
+        big = self._big
+        assert big is not None
+        take = min(len(data), self._missing)
+        self._pieces.append(data if take == len(data) else memoryview(data)[:take])
+        self._missing -= take
+        if self._missing:
+            return b""
+        big.body = b"".join(self._pieces)
+        frames.append(big)
+        self._big = None
+        self._pieces = []
+        return memoryview(data)[take:] if take < len(data) else b""
 
     def _frames(self, buf: memoryview, end: int, frames: list[Frame]) -> int:
         pos = 0
@@ -137,11 +171,13 @@ class FrameDecoder:
                 raise ProtocolError(f"frame length {length} outside [12, {self.max_frame_size}]")
             if header_len > length - (PREFIX_SIZE - 4) or header_len > MAX_HEADER_SIZE:
                 raise ProtocolError(f"header length {header_len} does not fit the frame")
-            if end - pos < 4 + length:
-                break
             h_at = pos + PREFIX_SIZE
             b_at = h_at + header_len
             stop = pos + 4 + length
+            complete = end - pos >= 4 + length
+            big = not complete and stop - b_at >= BIG_BODY and end >= b_at
+            if not complete and not big:
+                break
             try:
                 fields = _decode_header(bytes(buf[h_at:b_at])) if header_len else {}
             except (
@@ -151,6 +187,12 @@ class FrameDecoder:
                 RecursionError,  # a header of deeply nested arrays (found by fuzzing)
             ) as exc:
                 raise ProtocolError(f"bad frame header: {exc}") from exc
+            if big:  # the rest of the buffer is the start of its body: gathered from now on
+                self._big = Frame(code, opaque, flags, fields, b"", version)
+                self._pieces = [bytes(buf[b_at:end])]
+                self._missing = stop - end
+                self._head = b_at - pos
+                return end
             frames.append(Frame(code, opaque, flags, fields, bytes(buf[b_at:stop]), version))
             pos = stop
         return pos
