@@ -30,6 +30,7 @@ import subprocess
 import sys
 import threading
 import time
+import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Annotated, Any
@@ -166,6 +167,29 @@ class Plan:
         return [*self.namesrvs, *self.brokers]
 
 
+SET_TABLES = {"namesrv": "namesrv", "controller": "namesrv", "broker": "broker", "store": "broker"}
+"""``--set`` tables, and which processes' config files take them."""
+
+
+def parse_sets(items: list[str]) -> dict[str, dict[str, Any]]:
+    """``--set TABLE.FIELD=VALUE`` items -> tables (VALUE as TOML: ``800``, ``true``,
+    ``"text"``; anything that is not TOML is a string). ValueError naming a bad item."""
+    tables: dict[str, dict[str, Any]] = {}
+    for item in items:
+        key, eq, text = item.partition("=")
+        table, dot, name = key.strip().partition(".")
+        if not eq or not dot or not name or table not in SET_TABLES:
+            raise ValueError(
+                f"--set {item!r}: TABLE.FIELD=VALUE, TABLE one of {', '.join(SET_TABLES)}"
+            )
+        try:
+            value = tomllib.loads(f"v = {text}")["v"]
+        except tomllib.TOMLDecodeError:
+            value = text
+        tables.setdefault(table, {})[name] = value
+    return tables
+
+
 DEFAULT_PORTS = (9876, 9878, 9880, 10911)
 """NameServer, controller, Raft and broker ports of a replica in a namespace of its own."""
 
@@ -178,10 +202,14 @@ def plan(
     min_in_sync: int,
     flush: str,
     netns: list[str] | None = None,
+    sets: dict[str, dict[str, Any]] | None = None,
 ) -> Plan:
     """The processes, their ports and config files (written under ``data_dir``). With
     ``netns``, replica i runs in namespace i on the default ports (free there, and not
-    checkable from here)."""
+    checkable from here). ``sets``: more settings per table (:func:`parse_sets`), in every
+    NameServer's (``namesrv``, ``controller``) or broker's (``broker``, ``store``) file; the
+    cluster's own choices (addresses, ports, paths, mode) win."""
+    sets = sets or {}
     logs = data_dir / "logs"
     logs.mkdir(parents=True, exist_ok=True)
     taken: set[int] = set()
@@ -198,8 +226,12 @@ def plan(
     namesrvs: list[Child] = []
     brokers: list[Child] = []
     for i, host in enumerate(hosts, 1):
+        ns_config = data_dir / f"namesrv-{i}.toml"
+        ns_config.write_text(
+            settings_toml({t: dict(sets.get(t, {})) for t in ("namesrv", "controller")})
+        )
         args = [
-            "namesrv", "--host", host, "--port", str(ns_ports[i - 1]), "--controller",
+            "namesrv", "--config", str(ns_config), "--host", host, "--port", str(ns_ports[i - 1]), "--controller",
             "--controller-port", str(ctl_ports[i - 1]),
             "--controller-raft-port", str(raft_ports[i - 1]),
             "--controller-peers", peers,
@@ -211,6 +243,7 @@ def plan(
         config = data_dir / f"{broker_name}-{i}.toml"
         tables: dict[str, dict[str, Any]] = {
             "broker": {
+                **sets.get("broker", {}),
                 "broker_name": broker_name,
                 "host": host,
                 "port": broker_port,
@@ -222,9 +255,10 @@ def plan(
                 "register_interval_s": 1.0,
             },
             "store": {
+                **CLUSTER_STORE,
+                **sets.get("store", {}),
                 "store_path": str(data_dir / f"{broker_name}-{i}"),
                 "flush_disk_type": flush,
-                **CLUSTER_STORE,
             },
         }
         config.write_text(settings_toml(tables))
@@ -292,7 +326,7 @@ def supervise(
 ) -> None:
     """Report (and, with ``restart_after_s``, restart) processes that exit, until stopped;
     ``state_file`` is rewritten with the new PID after each restart."""
-    while not stopping.wait(0.2):
+    while not stopping.wait(0.1):
         for child in p.children:
             if child.running or child.proc is None:
                 continue
@@ -341,6 +375,14 @@ def cluster_up(
             "made beforehand, with --hosts their addresses) on the default ports."
         ),
     ] = None,
+    set_: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--set",
+            help="TABLE.FIELD=VALUE (repeatable): a setting of every NameServer (namesrv, "
+            "controller tables) or broker (broker, store), e.g. controller.master_lease_ms=800.",
+        ),
+    ] = None,
 ) -> None:
     """Start a local replicated cluster: N NameServers with controllers and one broker group
     of N in controller mode, as separate processes on 127.0.0.1..N. Ctrl-C stops them all.
@@ -358,13 +400,17 @@ def cluster_up(
     if replication_mode not in ("sync", "async"):
         fail("--replication-mode is sync or async")
     min_isr = min_in_sync_replicas or (2 if replicas >= 3 else 1)
+    try:
+        sets = parse_sets(set_ or [])
+    except ValueError as exc:
+        fail(str(exc))
     stopping = threading.Event()
 
     def on_signal(_sig: int, _frame: Any) -> None:
         stopping.set()
 
     previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
-    p = plan(host_list, data_dir, broker_name, replication_mode, min_isr, flush, ns_list)
+    p = plan(host_list, data_dir, broker_name, replication_mode, min_isr, flush, ns_list, sets)
     try:
         try:
             start(p.namesrvs)
