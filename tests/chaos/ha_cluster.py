@@ -93,10 +93,11 @@ class HaCluster:
         self.ctl: ControllerClient | None = None
         self.state: dict[str, Any] = {}
 
-    def start(self) -> HaCluster:
+    def start(self, access_key: str | None = None, secret_key: str | None = None) -> HaCluster:
+        """Start it; the controller client signs as ``access_key`` (``--auth``)."""
         self.proc.start(timeout=90)
         self.reload()
-        self.ctl = ControllerClient(self.controllers)
+        self.ctl = ControllerClient(self.controllers, access_key=access_key, secret_key=secret_key)
         return self
 
     def reload(self) -> dict[str, Any]:

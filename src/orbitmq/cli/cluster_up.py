@@ -37,6 +37,7 @@ from typing import IO, Annotated, Any
 
 import typer
 
+from orbitmq.cli.cluster_auth import ADMIN_USER, ClusterAuth, prepare_auth
 from orbitmq.cli.common import fail
 from orbitmq.cli.runner import parse_ready_line, ready_line
 from orbitmq.testing.config import settings_toml
@@ -94,6 +95,8 @@ class Child:
     log_path: Path
     netns: str | None = None
     """A network namespace to run in (``ip netns exec``), or None."""
+    env: dict[str, str] = field(default_factory=dict)
+    """Variables for this process only (the brokers' inner secret with ``--auth``)."""
     proc: subprocess.Popen[bytes] | None = None
     endpoints: dict[str, str] = field(default_factory=dict)
     reported: bool = False
@@ -108,6 +111,7 @@ class Child:
         # (each process has its own, written here).
         env = {k: v for k, v in os.environ.items() if k != "ORBITMQ_CONFIG"}
         env["PYTHONUNBUFFERED"] = "1"
+        env.update(self.env)
         where = ["ip", "netns", "exec", self.netns] if self.netns else []
         self.proc = subprocess.Popen(  # ip netns exec execs the command: the PID is Python's
             [*where, sys.executable, "-m", "orbitmq", *self.args],
@@ -203,12 +207,14 @@ def plan(
     flush: str,
     netns: list[str] | None = None,
     sets: dict[str, dict[str, Any]] | None = None,
+    auth: ClusterAuth | None = None,
 ) -> Plan:
     """The processes, their ports and config files (written under ``data_dir``). With
     ``netns``, replica i runs in namespace i on the default ports (free there, and not
     checkable from here). ``sets``: more settings per table (:func:`parse_sets`), in every
     NameServer's (``namesrv``, ``controller``) or broker's (``broker``, ``store``) file; the
-    cluster's own choices (addresses, ports, paths, mode) win."""
+    cluster's own choices (addresses, ports, paths, mode) win. ``auth``: authentication on
+    everywhere (:mod:`orbitmq.cli.cluster_auth`)."""
     sets = sets or {}
     logs = data_dir / "logs"
     logs.mkdir(parents=True, exist_ok=True)
@@ -228,7 +234,15 @@ def plan(
     for i, host in enumerate(hosts, 1):
         ns_config = data_dir / f"namesrv-{i}.toml"
         ns_config.write_text(
-            settings_toml({t: dict(sets.get(t, {})) for t in ("namesrv", "controller")})
+            settings_toml(
+                {
+                    "namesrv": {
+                        **sets.get("namesrv", {}),
+                        **(auth.namesrv_table() if auth else {}),
+                    },
+                    "controller": dict(sets.get("controller", {})),
+                }
+            )
         )
         args = [
             "namesrv", "--config", str(ns_config), "--host", host, "--port", str(ns_ports[i - 1]), "--controller",
@@ -253,6 +267,7 @@ def plan(
                 "min_in_sync_replicas": min_in_sync,
                 "auto_create_topic": True,
                 "register_interval_s": 1.0,
+                **(auth.broker_table() if auth else {}),
             },
             "store": {
                 **CLUSTER_STORE,
@@ -269,6 +284,7 @@ def plan(
                 ["broker", "--config", str(config)],
                 logs / f"{broker_name}-{i}.log",
                 ns,
+                auth.broker_env() if auth else {},
             )
         )
     return Plan(namesrvs, brokers)
@@ -375,6 +391,15 @@ def cluster_up(
             "made beforehand, with --hosts their addresses) on the default ports."
         ),
     ] = None,
+    auth: Annotated[
+        bool,
+        typer.Option(
+            "--auth",
+            help="Authentication and ACLs on in every process (one auth file in the data "
+            "folder; 'admin' bootstrapped: ORBITMQ_AUTH_ADMIN_SECRET, else a generated secret "
+            "printed once).",
+        ),
+    ] = False,
     set_: Annotated[
         list[str] | None,
         typer.Option(
@@ -410,7 +435,11 @@ def cluster_up(
         stopping.set()
 
     previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
-    p = plan(host_list, data_dir, broker_name, replication_mode, min_isr, flush, ns_list, sets)
+    cluster_auth = prepare_auth(data_dir, broker_name) if auth else None
+    p = plan(
+        host_list, data_dir, broker_name, replication_mode, min_isr, flush, ns_list, sets,
+        cluster_auth,
+    )  # fmt: skip
     try:
         try:
             start(p.namesrvs)
@@ -425,10 +454,15 @@ def cluster_up(
                   f"log {child.log_path}")  # fmt: skip
         print(f"export ORBITMQ_NAMESRV='{info['namesrv']}'")
         print(f"export ORBITMQ_CONTROLLER='{info['controller']}'")
+        if cluster_auth is not None:
+            print(f"authentication is on (users and ACLs: {cluster_auth.auth_file}); sign as "
+                  f"{ADMIN_USER}: export ORBITMQ_ACCESS_KEY={ADMIN_USER} ORBITMQ_SECRET_KEY=<its "
+                  "secret>")  # fmt: skip
         print("Ctrl-C stops every process.", flush=True)
         brokers = ";".join(c.address for c in p.brokers)
         endpoints = {"namesrv": info["namesrv"], "controller": info["controller"],
-                     "brokers": brokers, "state": str(data_dir / "cluster.json")}  # fmt: skip
+                     "brokers": brokers, "state": str(data_dir / "cluster.json"),
+                     "auth": "on" if cluster_auth else "off"}  # fmt: skip
         print(ready_line("cluster", endpoints), flush=True)
         supervise(p, restart_after, stopping, data_dir / "cluster.json")
     finally:
