@@ -49,10 +49,12 @@ FAST_FAILOVER: dict[str, int] = {
     "broker.controller_heartbeat_interval_ms": 100,
     "broker.replica_info_poll_ms": 500,
     "broker.ha_heartbeat_interval_ms": 200,
+    "broker.ha_link_timeout_ms": 2000,
 }
 """Timings for a test that fails over many times (``--set``): a dead master replaced about
 0.75 s after its last heartbeat instead of 2.5 s (lease 0.6 s + margin 0.15 s, a 0.1 s
-scan), a new Raft leader's tenure delay 1.25 s instead of 4 s. The same rules, shorter: a master
+scan), a new Raft leader's tenure delay 1.25 s instead of 4 s, a silent HA link (a paused
+or cut-off slave) dropped after 2 s instead of 10 s. The same rules, shorter: a master
 still stops acknowledging (lease) before anyone else may be elected (lease + margin). The
 failover figures with the default timings come from the long runs (docs/ha.md)."""
 
