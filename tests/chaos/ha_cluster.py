@@ -39,6 +39,29 @@ from tests.harness import ProcessCluster, ServerProcess
 
 GROUP = "broker-a"
 
+FAST_FAILOVER: dict[str, int] = {
+    "controller.master_lease_ms": 600,
+    "broker.master_lease_ms": 600,
+    "controller.election_margin_ms": 150,
+    "controller.leader_fallback_ms": 500,
+    "controller.broker_heartbeat_timeout_ms": 900,
+    "controller.scan_interval_ms": 100,
+    "broker.controller_heartbeat_interval_ms": 100,
+    "broker.replica_info_poll_ms": 500,
+    "broker.ha_heartbeat_interval_ms": 200,
+    "broker.ha_link_timeout_ms": 2000,
+}
+"""Timings for a test that fails over many times (``--set``): a dead master replaced about
+0.75 s after its last heartbeat instead of 2.5 s (lease 0.6 s + margin 0.15 s, a 0.1 s
+scan), a new Raft leader's tenure delay 1.25 s instead of 4 s, a silent HA link (a paused
+or cut-off slave) dropped after 2 s instead of 10 s. The same rules, shorter: a master
+still stops acknowledging (lease) before anyone else may be elected (lease + margin). The
+failover figures with the default timings come from the long runs (docs/ha.md)."""
+
+
+def fast_failover_args() -> list[str]:
+    return [arg for k, v in FAST_FAILOVER.items() for arg in ("--set", f"{k}={v}")]
+
 
 def chaos_seed() -> int:
     env = os.environ.get("ORBITMQ_SEED")
@@ -72,10 +95,11 @@ class HaCluster:
         self.ctl: ControllerClient | None = None
         self.state: dict[str, Any] = {}
 
-    def start(self) -> HaCluster:
+    def start(self, access_key: str | None = None, secret_key: str | None = None) -> HaCluster:
+        """Start it; the controller client signs as ``access_key`` (``--auth``)."""
         self.proc.start(timeout=90)
         self.reload()
-        self.ctl = ControllerClient(self.controllers)
+        self.ctl = ControllerClient(self.controllers, access_key=access_key, secret_key=secret_key)
         return self
 
     def reload(self) -> dict[str, Any]:
@@ -191,6 +215,18 @@ class HaCluster:
                 return
             await asyncio.sleep(0.1)
         raise AssertionError(f"{name} was not restarted\n{self.logs()}")
+
+    async def wait_all_running(self, timeout_s: float = 30.0) -> None:
+        """Until every process of ``cluster.json`` runs (a restarted one under its new PID)."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            self.reload()
+            down = [p["name"] for p in self.processes() if not self._ours(int(p["pid"]))]
+            if not down:
+                return
+            if time.monotonic() > deadline:
+                raise AssertionError(f"not running: {down}\n{self.logs()}")
+            await asyncio.sleep(0.05)
 
     def logs(self, limit: int = 1500) -> str:
         out = []

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 from pathlib import Path
 
 import pytest
@@ -20,13 +21,16 @@ from orbitmq.cli.cluster_up import CLUSTER_STORE
 from orbitmq.client import AsyncAdminClient
 from orbitmq.testing.checker import History, check, now_ms, read_back
 from orbitmq.testing.replicas import compare_replicas, opened, read_store
-from tests.chaos.ha_cluster import GROUP, HaCluster, Load, chaos_seed
+from tests.chaos.ha_cluster import GROUP, HaCluster, Load, chaos_seed, fast_failover_args
 from tests.chaos.netns import NetLab
 from tests.harness import ProcessCluster
 
 pytestmark = [pytest.mark.chaos, pytest.mark.integration, pytest.mark.timeout(300)]
 TOPIC = "HaBridge"
-CUT_S = 15.0
+LONG = "ORBITMQ_CHAOS_ITERATIONS" in os.environ
+CUT_S = 15.0 if LONG else 6.0
+"""Long: the default timings (the HA link timeout, 10 s, drops the slave). Short: the short
+failover timings (2 s link timeout), so 6 s still cut well past the drop."""
 
 
 async def test_master_and_a_slave_cut_from_each_other_lose_nothing(
@@ -34,6 +38,8 @@ async def test_master_and_a_slave_cut_from_each_other_lose_nothing(
 ) -> None:
     chaos_seed()
     extra = ["--hosts", ",".join(lab.hosts), "--netns", ",".join(lab.netns)]
+    if not LONG:
+        extra += fast_failover_args()
     ha = HaCluster(cluster, tmp_path, extra=extra)
     history = History()
     load: Load | None = None

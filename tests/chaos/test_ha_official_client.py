@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import random
 import time
 from pathlib import Path
@@ -44,7 +45,7 @@ from orbitmq.testing.checker import (
     percentile,
     read_back,
 )
-from tests.chaos.ha_cluster import HaCluster, chaos_seed, iterations
+from tests.chaos.ha_cluster import HaCluster, chaos_seed, fast_failover_args, iterations
 from tests.compat.conftest import ClientRun, Orbit, need_official_client
 from tests.harness import ProcessCluster
 
@@ -58,7 +59,11 @@ pytestmark = [
 TOPIC = "HaOfficial"
 GROUP = "HaOfficialConsumers"
 CLIENT = "oc"
+LONG = "ORBITMQ_CHAOS_ITERATIONS" in os.environ
 RESTART_AFTER_S = 6.0
+TIMINGS = [] if LONG else fast_failover_args()
+"""The short set (one kill, no restart waited for) on the short failover timings; the long
+run's recovery figures on the defaults."""
 MAX_RECOVERY_MS = 15_000
 """The official client backs off between attempts and learns routes through the proxy, so its
 bound is looser than the native SDK's (test_ha_master_kill.py: 10 s); the figures are printed."""
@@ -113,7 +118,7 @@ async def test_official_client_through_the_proxy_survives_master_kills(
 ) -> None:
     need_official_client()
     rng = random.Random(chaos_seed())
-    ha = HaCluster(cluster, tmp_path, restart_after_s=RESTART_AFTER_S)
+    ha = HaCluster(cluster, tmp_path, restart_after_s=RESTART_AFTER_S, extra=TIMINGS)
     sends, receives = tmp_path / "sends.jsonl", tmp_path / "receives.jsonl"
     stop_sending, stop_receiving = tmp_path / "stop-sending", tmp_path / "stop-receiving"
     runs: list[ClientRun] = []

@@ -18,7 +18,7 @@ from orbitmq.client import AsyncAdminClient
 from orbitmq.proxy.grpc_v2 import definition_pb2 as pb
 from orbitmq.proxy.grpc_v2 import service_pb2_grpc
 from orbitmq.testing.checker import History, Outcome, SendRecord, check, now_ms, read_back
-from tests.chaos.ha_cluster import HaCluster
+from tests.chaos.ha_cluster import HaCluster, fast_failover_args
 from tests.harness import ProcessCluster
 from tests.proxy.test_producer_rpcs import message, send
 
@@ -47,7 +47,7 @@ async def sender(stub: service_pb2_grpc.MessagingServiceStub, n: int, history: H
 async def test_sends_through_the_proxy_survive_a_master_kill(
     cluster: ProcessCluster, tmp_path: Path
 ) -> None:
-    ha = HaCluster(cluster, tmp_path)
+    ha = HaCluster(cluster, tmp_path, extra=fast_failover_args())  # the proxy is under test
     history = History()
     stop = asyncio.Event()
     tasks: list[asyncio.Task[None]] = []

@@ -4,10 +4,11 @@ lost, and the group comes back when a member does.
 
 A slave is paused (SIGSTOP) until the master drops it from the SyncStateSet; then the master and
 the other slave are SIGKILLed and the paused one resumed: the only live replica is behind and
-outside the set. For the next ten seconds the controller must elect nobody (it is never master)
-and no send may be acknowledged; the killed two come back (``--restart-after``), a master is
-elected among them, the stale replica catches up, and the checker finds every acknowledged
-message, on every replica, the CommitLogs byte-identical.
+outside the set. Until the killed two are restarted (7 s later; short failover timings) the
+controller must elect nobody (it is never master) and no send may be acknowledged; the
+killed two come back (``--restart-after``), a master is elected among them, the stale replica
+catches up, and the checker finds every acknowledged message, on every replica, the CommitLogs
+byte-identical.
 """
 
 from __future__ import annotations
@@ -25,20 +26,31 @@ from orbitmq.cli.cluster_up import CLUSTER_STORE
 from orbitmq.client import AsyncAdminClient
 from orbitmq.testing.checker import History, check, now_ms, read_back
 from orbitmq.testing.replicas import compare_replicas, opened, read_store
-from tests.chaos.ha_cluster import GROUP, HaCluster, Load, chaos_seed
+from tests.chaos.ha_cluster import (
+    FAST_FAILOVER,
+    GROUP,
+    HaCluster,
+    Load,
+    chaos_seed,
+    fast_failover_args,
+)
 from tests.harness import ProcessCluster
 
 pytestmark = [pytest.mark.chaos, pytest.mark.integration, pytest.mark.timeout(240)]
 TOPIC = "HaUnclean"
-RESTART_AFTER_S = 12.0
-LEASE_MS = 2000
+RESTART_AFTER_S = 7.0
+LEASE_MS = FAST_FAILOVER["broker.master_lease_ms"]
+CLEARED_MS = 3000
+"""By then the dead master is cleared (lease + margin + heartbeat timeout + a scan and a commit,
+about 1 s with the short timings) and nobody else may be master."""
 
 
 async def test_no_master_outside_the_sync_state_set(
     cluster: ProcessCluster, tmp_path: Path
 ) -> None:
     chaos_seed()
-    ha = HaCluster(cluster, tmp_path, restart_after_s=RESTART_AFTER_S)
+    # Short timings: the paused slave leaves the set 2 s after its last frame (HA link timeout).
+    ha = HaCluster(cluster, tmp_path, restart_after_s=RESTART_AFTER_S, extra=fast_failover_args())
     history = History()
     load: Load | None = None
     paused = 0
@@ -84,7 +96,7 @@ async def test_no_master_outside_the_sync_state_set(
         await ha.close()
 
     window = [r for r in history.ok() if killed_at + LEASE_MS + 500 < r.done_ms < refused_until]
-    late = [m for at, m in masters if at > 6000]  # past the dead master's lease, margin, scan
+    late = [m for at, m in masters if at > CLEARED_MS]
     print(f"{(refused_until - killed_at) / 1000:.1f}s watched: masters seen {masters[-3:]}; "
           f"acked in the window {len(window)}; {report.summary()}; errors {load.errors}")  # fmt: skip
     assert stale.broker_id not in {m for _at, m in masters}, masters

@@ -7,9 +7,10 @@ import socket
 import tomllib
 from pathlib import Path
 
+import pytest
 from typer.testing import CliRunner
 
-from orbitmq.cli.cluster_up import DEFAULT_PORTS, _ephemeral_low, free_port, plan
+from orbitmq.cli.cluster_up import DEFAULT_PORTS, _ephemeral_low, free_port, parse_sets, plan
 from orbitmq.cli.main import app
 
 
@@ -61,3 +62,24 @@ def test_bad_arguments_are_refused_before_anything_starts(tmp_path: Path) -> Non
         assert result.exit_code != 0, args
         assert says in result.output, (args, result.output)
     assert not (tmp_path / "logs").exists()  # nothing planned, nothing started
+
+
+def test_set_reaches_every_process_and_the_cluster_keeps_its_own_choices(tmp_path: Path) -> None:
+    sets = parse_sets(
+        ["controller.master_lease_ms=600", "broker.master_lease_ms=600", "broker.port=1",
+         "store.max_index_num=100", 'namesrv.metrics_port=0']
+    )  # fmt: skip
+    p = plan(["127.0.0.1", "127.0.0.2"], tmp_path, "g", "sync", 1, "ASYNC_FLUSH", None, sets)
+    for i, ns in enumerate(p.namesrvs, 1):
+        config = tomllib.loads((tmp_path / f"namesrv-{i}.toml").read_text())
+        assert config["controller"] == {"master_lease_ms": 600}
+        assert config["namesrv"] == {"metrics_port": 0}
+        assert ns.args[ns.args.index("--config") + 1] == str(tmp_path / f"namesrv-{i}.toml")
+    broker = tomllib.loads((tmp_path / "g-1.toml").read_text())
+    assert broker["broker"]["master_lease_ms"] == 600
+    assert broker["broker"]["port"] != 1  # the cluster picks ports
+    assert broker["store"]["max_index_num"] == 100
+    for bad in ["master_lease_ms=1", "kafka.port=1", "controller.x"]:
+        with pytest.raises(ValueError, match=r"TABLE\.FIELD=VALUE"):
+            parse_sets([bad])
+    assert parse_sets(["broker.broker_name=abc"]) == {"broker": {"broker_name": "abc"}}

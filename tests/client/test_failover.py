@@ -269,6 +269,27 @@ async def test_a_try_timeout_leaves_time_to_follow_a_silent_master(
     assert standby.bodies("T") == [b"after"]
 
 
+async def test_a_silent_master_still_routed_is_not_tried_again_at_once(
+    cluster: FakeCluster, standby: FakeBroker, make_producer: MakeProducer
+) -> None:
+    """A partitioned master answers nothing, and the NameServers go on naming it until its
+    successor registers: after a try times out there, the send re-reads the route (up to
+    try_timeout_s) instead of spending a second whole try on the same silent address."""
+    only_a(cluster)
+    producer = await make_producer(send_timeout_s=6.0, try_timeout_s=1.0)
+    await producer.send(Message("T", b"before"))
+    cluster.a.hang = True
+    sends_before = len(cluster.a.sends)
+    loop = asyncio.get_running_loop()
+    loop.call_later(1.4, cluster.namesrv.register, [standby])  # the successor, 0.4 s after
+    started = time.monotonic()
+    await producer.send(Message("T", b"after"))
+    took = time.monotonic() - started
+    assert standby.bodies("T") == [b"after"]
+    assert len(cluster.a.sends) - sends_before == 1, "the silent master was tried again"
+    assert 1.3 < took < 1.95, took  # one try timeout, then the new route; not two timeouts
+
+
 def test_a_group_without_master_keeps_its_queues_for_ordered_sends() -> None:
     from orbitmq.client.route import TopicPublishInfo
     from orbitmq.protocol.bodies import PERM_READ_WRITE, QueueData, TopicRouteData

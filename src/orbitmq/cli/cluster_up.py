@@ -30,12 +30,14 @@ import subprocess
 import sys
 import threading
 import time
+import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Annotated, Any
 
 import typer
 
+from orbitmq.cli.cluster_auth import ADMIN_USER, ClusterAuth, prepare_auth
 from orbitmq.cli.common import fail
 from orbitmq.cli.runner import parse_ready_line, ready_line
 from orbitmq.testing.config import settings_toml
@@ -93,6 +95,8 @@ class Child:
     log_path: Path
     netns: str | None = None
     """A network namespace to run in (``ip netns exec``), or None."""
+    env: dict[str, str] = field(default_factory=dict)
+    """Variables for this process only (the brokers' inner secret with ``--auth``)."""
     proc: subprocess.Popen[bytes] | None = None
     endpoints: dict[str, str] = field(default_factory=dict)
     reported: bool = False
@@ -107,6 +111,7 @@ class Child:
         # (each process has its own, written here).
         env = {k: v for k, v in os.environ.items() if k != "ORBITMQ_CONFIG"}
         env["PYTHONUNBUFFERED"] = "1"
+        env.update(self.env)
         where = ["ip", "netns", "exec", self.netns] if self.netns else []
         self.proc = subprocess.Popen(  # ip netns exec execs the command: the PID is Python's
             [*where, sys.executable, "-m", "orbitmq", *self.args],
@@ -166,6 +171,29 @@ class Plan:
         return [*self.namesrvs, *self.brokers]
 
 
+SET_TABLES = {"namesrv": "namesrv", "controller": "namesrv", "broker": "broker", "store": "broker"}
+"""``--set`` tables, and which processes' config files take them."""
+
+
+def parse_sets(items: list[str]) -> dict[str, dict[str, Any]]:
+    """``--set TABLE.FIELD=VALUE`` items -> tables (VALUE as TOML: ``800``, ``true``,
+    ``"text"``; anything that is not TOML is a string). ValueError naming a bad item."""
+    tables: dict[str, dict[str, Any]] = {}
+    for item in items:
+        key, eq, text = item.partition("=")
+        table, dot, name = key.strip().partition(".")
+        if not eq or not dot or not name or table not in SET_TABLES:
+            raise ValueError(
+                f"--set {item!r}: TABLE.FIELD=VALUE, TABLE one of {', '.join(SET_TABLES)}"
+            )
+        try:
+            value = tomllib.loads(f"v = {text}")["v"]
+        except tomllib.TOMLDecodeError:
+            value = text
+        tables.setdefault(table, {})[name] = value
+    return tables
+
+
 DEFAULT_PORTS = (9876, 9878, 9880, 10911)
 """NameServer, controller, Raft and broker ports of a replica in a namespace of its own."""
 
@@ -178,10 +206,16 @@ def plan(
     min_in_sync: int,
     flush: str,
     netns: list[str] | None = None,
+    sets: dict[str, dict[str, Any]] | None = None,
+    auth: ClusterAuth | None = None,
 ) -> Plan:
     """The processes, their ports and config files (written under ``data_dir``). With
     ``netns``, replica i runs in namespace i on the default ports (free there, and not
-    checkable from here)."""
+    checkable from here). ``sets``: more settings per table (:func:`parse_sets`), in every
+    NameServer's (``namesrv``, ``controller``) or broker's (``broker``, ``store``) file; the
+    cluster's own choices (addresses, ports, paths, mode) win. ``auth``: authentication on
+    everywhere (:mod:`orbitmq.cli.cluster_auth`)."""
+    sets = sets or {}
     logs = data_dir / "logs"
     logs.mkdir(parents=True, exist_ok=True)
     taken: set[int] = set()
@@ -198,8 +232,20 @@ def plan(
     namesrvs: list[Child] = []
     brokers: list[Child] = []
     for i, host in enumerate(hosts, 1):
+        ns_config = data_dir / f"namesrv-{i}.toml"
+        ns_config.write_text(
+            settings_toml(
+                {
+                    "namesrv": {
+                        **sets.get("namesrv", {}),
+                        **(auth.namesrv_table() if auth else {}),
+                    },
+                    "controller": dict(sets.get("controller", {})),
+                }
+            )
+        )
         args = [
-            "namesrv", "--host", host, "--port", str(ns_ports[i - 1]), "--controller",
+            "namesrv", "--config", str(ns_config), "--host", host, "--port", str(ns_ports[i - 1]), "--controller",
             "--controller-port", str(ctl_ports[i - 1]),
             "--controller-raft-port", str(raft_ports[i - 1]),
             "--controller-peers", peers,
@@ -211,6 +257,7 @@ def plan(
         config = data_dir / f"{broker_name}-{i}.toml"
         tables: dict[str, dict[str, Any]] = {
             "broker": {
+                **sets.get("broker", {}),
                 "broker_name": broker_name,
                 "host": host,
                 "port": broker_port,
@@ -220,11 +267,13 @@ def plan(
                 "min_in_sync_replicas": min_in_sync,
                 "auto_create_topic": True,
                 "register_interval_s": 1.0,
+                **(auth.broker_table() if auth else {}),
             },
             "store": {
+                **CLUSTER_STORE,
+                **sets.get("store", {}),
                 "store_path": str(data_dir / f"{broker_name}-{i}"),
                 "flush_disk_type": flush,
-                **CLUSTER_STORE,
             },
         }
         config.write_text(settings_toml(tables))
@@ -235,6 +284,7 @@ def plan(
                 ["broker", "--config", str(config)],
                 logs / f"{broker_name}-{i}.log",
                 ns,
+                auth.broker_env() if auth else {},
             )
         )
     return Plan(namesrvs, brokers)
@@ -292,7 +342,7 @@ def supervise(
 ) -> None:
     """Report (and, with ``restart_after_s``, restart) processes that exit, until stopped;
     ``state_file`` is rewritten with the new PID after each restart."""
-    while not stopping.wait(0.2):
+    while not stopping.wait(0.1):
         for child in p.children:
             if child.running or child.proc is None:
                 continue
@@ -341,6 +391,23 @@ def cluster_up(
             "made beforehand, with --hosts their addresses) on the default ports."
         ),
     ] = None,
+    auth: Annotated[
+        bool,
+        typer.Option(
+            "--auth",
+            help="Authentication and ACLs on in every process (one auth file in the data "
+            "folder; 'admin' bootstrapped: ORBITMQ_AUTH_ADMIN_SECRET, else a generated secret "
+            "printed once).",
+        ),
+    ] = False,
+    set_: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--set",
+            help="TABLE.FIELD=VALUE (repeatable): a setting of every NameServer (namesrv, "
+            "controller tables) or broker (broker, store), e.g. controller.master_lease_ms=800.",
+        ),
+    ] = None,
 ) -> None:
     """Start a local replicated cluster: N NameServers with controllers and one broker group
     of N in controller mode, as separate processes on 127.0.0.1..N. Ctrl-C stops them all.
@@ -358,13 +425,21 @@ def cluster_up(
     if replication_mode not in ("sync", "async"):
         fail("--replication-mode is sync or async")
     min_isr = min_in_sync_replicas or (2 if replicas >= 3 else 1)
+    try:
+        sets = parse_sets(set_ or [])
+    except ValueError as exc:
+        fail(str(exc))
     stopping = threading.Event()
 
     def on_signal(_sig: int, _frame: Any) -> None:
         stopping.set()
 
     previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
-    p = plan(host_list, data_dir, broker_name, replication_mode, min_isr, flush, ns_list)
+    cluster_auth = prepare_auth(data_dir, broker_name) if auth else None
+    p = plan(
+        host_list, data_dir, broker_name, replication_mode, min_isr, flush, ns_list, sets,
+        cluster_auth,
+    )  # fmt: skip
     try:
         try:
             start(p.namesrvs)
@@ -379,10 +454,15 @@ def cluster_up(
                   f"log {child.log_path}")  # fmt: skip
         print(f"export ORBITMQ_NAMESRV='{info['namesrv']}'")
         print(f"export ORBITMQ_CONTROLLER='{info['controller']}'")
+        if cluster_auth is not None:
+            print(f"authentication is on (users and ACLs: {cluster_auth.auth_file}); sign as "
+                  f"{ADMIN_USER}: export ORBITMQ_ACCESS_KEY={ADMIN_USER} ORBITMQ_SECRET_KEY=<its "
+                  "secret>")  # fmt: skip
         print("Ctrl-C stops every process.", flush=True)
         brokers = ";".join(c.address for c in p.brokers)
         endpoints = {"namesrv": info["namesrv"], "controller": info["controller"],
-                     "brokers": brokers, "state": str(data_dir / "cluster.json")}  # fmt: skip
+                     "brokers": brokers, "state": str(data_dir / "cluster.json"),
+                     "auth": "on" if cluster_auth else "off"}  # fmt: skip
         print(ready_line("cluster", endpoints), flush=True)
         supervise(p, restart_after, stopping, data_dir / "cluster.json")
     finally:

@@ -212,8 +212,9 @@ class Sender:
                 self.fault.update(mq.broker_name, (loop.time() - started) * 1000, failed=True)
                 last_exc, last_broker = _as_mq_error(exc, mq), mq.broker_name
                 tries.append(f"{mq} at {addr}: {last_exc}")
+                silent = isinstance(exc, TimeoutError | RequestTimeoutError)
                 if master_gone(exc) and await self._follow(
-                    topic, info, queue, mq.broker_name, deadline
+                    topic, info, queue, mq.broker_name, deadline, addr if silent else None
                 ):
                     follows += 1
                     continue
@@ -290,16 +291,31 @@ class Sender:
         fixed: MessageQueue | None,
         failed: str | None,
         deadline: float,
+        silent: str | None = None,
     ) -> bool:
         """After the master of group ``failed`` failed (or a group had none): whether to try
         that group again after re-reading the route (at most every 200 ms), without counting a
         retry. Yes for a send that must stay on its group (``fixed`` queue) and for one with
         no other group to go to; no when another group has writable queues, or no time is
-        left."""
+        left.
+
+        ``silent``: the master address that just let a try time out (a partition, a hung
+        process). While the route still names it (the NameServers keep a partitioned master
+        until its successor registers), the route is re-read again, up to ``try_timeout_s``,
+        before that address is tried again: another try there would most likely cost a whole
+        ``try_timeout_s`` more (partition failovers took 2 try timeouts instead of 1)."""
         if fixed is None and any(q.broker_name != failed for q in info.write_queues):
             return False
-        remaining = deadline - asyncio.get_running_loop().time()
-        return await self.routes.reread(topic, remaining) is not None
+        loop = asyncio.get_running_loop()
+        if await self.routes.reread(topic, deadline - loop.time()) is None:
+            return False
+        if silent is None or failed is None:
+            return True
+        until = min(deadline, loop.time() + (self.config.try_timeout_s or 0.0))
+        while self.routes.master_addr(failed) == silent and loop.time() < until:
+            if await self.routes.reread(topic, until - loop.time()) is None:
+                break
+        return deadline > loop.time()
 
 
 def _results(
