@@ -216,6 +216,15 @@ async def test_permissive_mode_certificate_or_signature(
         assert await _send(proxy, pki.app, "MtlsB") == Code.FORBIDDEN
         assert await _send(proxy, None, "MtlsA") == Code.UNAUTHORIZED  # plaintext, unsigned
         assert await _send(proxy, None, "MtlsA", signer="app-1") == Code.OK  # plaintext, signed
+        # Source ranges apply to certificate users too (matched against PortMux.peer_of).
+        entry = PolicyEntry.make("Topic:MtlsB", ["Pub"], "Allow", source_ips=["127.0.0.1/32"])
+        AuthStore(auth_file).put_entries("app-1", [entry], create=False)
+        for _ in range(40):
+            if await _send(proxy, pki.app, "MtlsB") == Code.OK:
+                break
+            await asyncio.sleep(0.05)
+        else:
+            raise AssertionError("a new Allow from 127.0.0.1 not applied after 2 s")
 
 
 async def test_without_mutual_tls_a_certificate_is_ignored(
