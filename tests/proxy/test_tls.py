@@ -6,7 +6,9 @@ from __future__ import annotations
 import asyncio
 import datetime
 import socket
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import grpc
 import pytest
@@ -148,8 +150,9 @@ def test_self_signed_names_its_hosts() -> None:
     assert b"PRIVATE KEY" in ident.key_pem
 
 
-def _issue(ca: TlsIdentity, common_name: str) -> TlsIdentity:
-    """A client certificate for ``common_name`` signed by ``ca`` (a self_signed identity)."""
+def _issue(ca: TlsIdentity, common_name: str, names: Sequence[Any] = ()) -> TlsIdentity:
+    """A client certificate for ``common_name`` signed by ``ca`` (a self_signed identity), with
+    ``names`` (``cryptography`` GeneralNames) as its subjectAltName when given."""
     from cryptography import x509
     from cryptography.hazmat.primitives import hashes, serialization
     from cryptography.hazmat.primitives.asymmetric import ec
@@ -169,9 +172,10 @@ def _issue(ca: TlsIdentity, common_name: str) -> TlsIdentity:
         .not_valid_before(now - datetime.timedelta(minutes=5))
         .not_valid_after(now + datetime.timedelta(days=1))
         .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.CLIENT_AUTH]), critical=False)
-        .sign(ca_key, hashes.SHA256())
     )
-    return TlsIdentity.of(cert, key)
+    if names:
+        cert = cert.add_extension(x509.SubjectAlternativeName(list(names)), critical=False)
+    return TlsIdentity.of(cert.sign(ca_key, hashes.SHA256()), key)
 
 
 async def test_mutual_tls_admits_only_clients_with_a_certificate_of_the_ca(

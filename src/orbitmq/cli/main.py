@@ -140,8 +140,8 @@ ProxyTlsKey = Annotated[Path | None, typer.Option(help="PEM key of --proxy-tls-c
 ProxyTlsClientCa = Annotated[
     Path | None,
     typer.Option(
-        help="Mutual TLS: proxy clients must present a certificate signed by this PEM CA "
-        "(needs --proxy-tls required)."
+        help="Mutual TLS: proxy TLS clients must present a certificate signed by this PEM CA "
+        "(needs --proxy-tls required, or permissive with the proxy's ACL on)."
     ),
 ]
 

@@ -54,8 +54,9 @@ def proxy(
     tls_client_ca: Annotated[
         str | None,
         typer.Option(
-            help="Mutual TLS: clients must present a certificate signed by this PEM CA "
-            "(needs --tls required)."
+            help="Mutual TLS: TLS clients must present a certificate signed by this PEM CA; "
+            "with --acl it names the user of calls without a signature (needs --tls required, "
+            "or permissive with --acl)."
         ),
     ] = None,
     workers: Annotated[

@@ -9,6 +9,15 @@ second) or, without one, from the proxy's own ``access_keys`` table. An unknown 
 disabled user and a wrong signature get the same answer. No clock-skew check, on purpose: the Python client stamps local time labelled as UTC, and the
 Telemetry stream is signed once and lives for a year (the Java proxy does not check skew either).
 
+**Client certificates.** With mutual TLS on (``tls_client_ca_file``), a call that carries no
+signature (no Authorization header, or one naming no access key, as clients without
+credentials send) but a verified client certificate is made by the user the certificate names
+(``check(..., certificate=name)``; the name comes from :mod:`orbitmq.proxy.mtls`, Remoting's
+rule). That user must exist and be enabled (in the store, or be a key of ``access_keys``).
+A call that carries a signature is judged by it alone, as on Remoting (``Guard.principal``): a
+wrong signature is refused even when the certificate names a valid user, and a right one
+counts as its access key even when the certificate names someone else.
+
 Verified headers are remembered: clients stamp ``x-mq-date-time`` to the second, so the calls of
 one client within a second carry the same (Authorization, date-time) pair, and its verdict
 depends only on that pair and the secrets. A remembered pass holds only for the store version
@@ -70,6 +79,24 @@ def parse_authorization(value: str) -> Credential:
     return Credential(access_key, signature, items.get("SignedHeaders", HEADER_DATE_TIME))
 
 
+def unsigned(value: str) -> bool:
+    """True when the Authorization header ``value`` carries no signature: it is absent, or is
+    our scheme naming no access key (``Credential=``, what clients without credentials send).
+    Anything else is a signature, checked (and refused if malformed)."""
+    if not value:
+        return True
+    if len(value) > MAX_HEADER_CHARS:
+        return False
+    algorithm, _, rest = value.strip().partition(" ")
+    if algorithm != ALGORITHM:
+        return False
+    for part in rest.split(","):
+        key, sep, val = part.strip().partition("=")
+        if sep and key.strip() == "Credential":
+            return not val.strip().split("/", 1)[0]
+    return True
+
+
 def sign(secret_key: str, date_time: str) -> str:
     """What a client puts in ``Signature=``: lowercase hex of HMAC-SHA1(sk, date-time)."""
     return hmac.new(secret_key.encode(), date_time.encode(), hashlib.sha1).hexdigest()
@@ -115,7 +142,24 @@ class Authenticator:
             return None
         return self.store.secret(access_key)
 
-    def check(self, metadata: Iterable[tuple[str, str | bytes]] | None) -> str:
+    def _certified(self, name: str) -> str:
+        """The user a verified client certificate names, if it may authenticate."""
+        if self.store is None:
+            known = name in self._keys
+        else:
+            user = self.store.user(name)
+            known = user is not None and user.enabled
+        if not known:
+            raise ProxyError(pb.Code.UNAUTHORIZED, BAD_CREDENTIAL)
+        return name
+
+    def check(
+        self,
+        metadata: Iterable[tuple[str, str | bytes]] | None,
+        certificate: str | None = None,
+    ) -> str:
+        """The call's user. ``certificate``: the user its verified client certificate names
+        (mutual TLS), used when the call carries no signature."""
         if not self.enabled:
             return ""
         auth = date_time = ""
@@ -124,12 +168,14 @@ class Authenticator:
                 auth = value if isinstance(value, str) else value.decode("latin-1")
             elif key == HEADER_DATE_TIME:
                 date_time = value if isinstance(value, str) else value.decode("latin-1")
-        if not auth:
-            raise ProxyError(pb.Code.UNAUTHORIZED, "ACL is on: the call carries no authorization")
         snapshot: object = None
         if self.store is not None:
             self.refresh()
             snapshot = self.store.snapshot
+        if certificate and unsigned(auth):
+            return self._certified(certificate)
+        if not auth:
+            raise ProxyError(pb.Code.UNAUTHORIZED, "ACL is on: the call carries no authorization")
         known = self._verified.get((auth, date_time))
         if known is not None and known[0] is snapshot:
             return known[1]

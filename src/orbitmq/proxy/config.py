@@ -83,8 +83,10 @@ class ProxyConfig:
     )
     tls_client_ca_file: str | None = setting(
         None,
-        "Mutual TLS: PEM CA certificate(s); every client must present a certificate they signed."
-        ' Needs ``tls_mode="required"`` (a plaintext client would bypass it). None: no client '
+        "Mutual TLS: PEM CA certificate(s); every TLS client must present a certificate they "
+        "signed, and with acl_enabled a call without a signature is made by the user the "
+        'certificate names (docs/security.md). Needs ``tls_mode="required"``, or '
+        "``permissive`` with acl_enabled (plaintext clients must then sign). None: no client "
         "certificate is asked for.",
     )
     acl_enabled: bool = setting(
@@ -270,10 +272,19 @@ class ProxyConfig:
                 "proxy invisible times must satisfy min <= default <= max "
                 "(invisible_min_s, invisible_default_s, invisible_max_s)"
             )
-        if self.tls_client_ca_file is not None and self.tls_mode != "required":
+        if self.tls_client_ca_file is not None and self.tls_mode == "off":
             raise ConfigError(
-                "tls_client_ca_file (mutual TLS) needs tls_mode=required: "
-                "plaintext clients would bypass the client certificate check"
+                "tls_client_ca_file (mutual TLS) needs tls_mode=required or permissive"
+            )
+        if (
+            self.tls_client_ca_file is not None
+            and self.tls_mode == "permissive"
+            and not self.acl_enabled
+        ):
+            # With ACL on, a plaintext client must sign every call instead.
+            raise ConfigError(
+                "tls_client_ca_file (mutual TLS) needs tls_mode=required, or permissive with "
+                "acl_enabled: plaintext clients would bypass the client certificate check"
             )
         if self.acl_enabled and not self.access_keys and not self.auth_file:
             raise ConfigError("acl_enabled needs an auth_file or at least one access key")

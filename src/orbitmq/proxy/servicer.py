@@ -1,10 +1,11 @@
 """The MessagingService servicer: authentication, then delegation to the RPC groups.
 
-Every RPC goes through the same frame: authentication and authorization (when enabled; the
-per-RPC resource checks are :mod:`orbitmq.proxy.authz`), the client id, and a last
-line of defence that turns an unexpected exception into INTERNAL_ERROR *in the response body*
-(the clients expect a Status in every answer; a bare gRPC error reaches the user only after the
-producer's retries). A request whose bytes do not parse is answered BAD_REQUEST the same way, so
+Every RPC goes through the same frame: authentication (a signature, :mod:`orbitmq.proxy.auth`,
+or with mutual TLS a verified client certificate, :mod:`orbitmq.proxy.mtls`) and
+authorization (when enabled; the per-RPC resource checks are :mod:`orbitmq.proxy.authz`), the
+client id, and a last line of defence that turns an unexpected exception into INTERNAL_ERROR
+*in the response body* (the clients expect a Status in every answer; a bare gRPC error reaches
+the user only after the producer's retries). A request whose bytes do not parse is answered BAD_REQUEST the same way, so
 a broken client gets a clear message and the proxy stays up.
 
 Producer, route and session RPCs are this package's; the consumer RPCs (receive, ack, change
@@ -30,6 +31,7 @@ from orbitmq.proxy.grpc_v2 import definition_pb2 as pb
 from orbitmq.proxy.grpc_v2 import service_pb2 as svc
 from orbitmq.proxy.membership import ConsumerMembership
 from orbitmq.proxy.metrics import ProxyMetrics
+from orbitmq.proxy.mtls import CertPrincipals
 from orbitmq.proxy.producer_service import ProducerRpcs
 from orbitmq.proxy.quotas import ProxyQuotas, message_bytes, peer_address
 from orbitmq.proxy.route_service import RouteRpcs
@@ -124,6 +126,10 @@ class MessagingServicer:
         connections come through it (gRPC sees them from loopback), for ACL source ranges
         and per-address quotas."""
         cfg = ctx.config
+        self.cert_principals = (
+            CertPrincipals() if cfg.tls_client_ca_file and cfg.tls_mode != "off" else None
+        )
+        """Client certificates name users only with mutual TLS configured (mtls.py)."""
         self.quotas = ProxyQuotas(cfg.produce_quota_bytes_per_s, cfg.fetch_quota_bytes_per_s)
         """Byte-rate quotas per client (quotas.py)."""
 
@@ -153,6 +159,14 @@ class MessagingServicer:
 
     # ------------------------------------------------------------------ the common frame
 
+    def _authenticate(self, context: Ctx) -> str:
+        """The call's user: its signature's, else its verified client certificate's (mutual
+        TLS); raises ProxyError(UNAUTHORIZED)."""
+        certificate = None
+        if self.cert_principals is not None:
+            certificate = self.cert_principals.principal(context.auth_context())
+        return self.ctx.auth.check(context.invocation_metadata(), certificate)
+
     def _refusal(self, request: object, context: Ctx) -> pb.Status | None:
         """Why the call is refused (malformed bytes, ACL), or None."""
         if isinstance(request, _Malformed):
@@ -160,7 +174,7 @@ class MessagingServicer:
         if not self.ctx.auth.enabled:
             return None
         try:
-            principal = self.ctx.auth.check(context.invocation_metadata())
+            principal = self._authenticate(context)
             if self.authorizer is not None and request is not None:
                 self.authorizer.check(principal, request, self.peer_of(context.peer()))
         except ProxyError as exc:
@@ -219,7 +233,7 @@ class MessagingServicer:
         if self.authorizer is not None:
             # Each settings command is authorized (its publishing topics, or its group and
             # subscriptions) before the session sees it; a refused first one is answered.
-            principal = self.ctx.auth.check(context.invocation_metadata())
+            principal = self._authenticate(context)
             first = await anext(commands, None)
             if first is None:
                 return
@@ -250,7 +264,7 @@ class MessagingServicer:
         """Whom a quota counts against: the access key with ACL on, else the IP address."""
         if self.ctx.auth.enabled:
             try:
-                return self.ctx.auth.check(context.invocation_metadata())
+                return self._authenticate(context)
             except ProxyError:
                 pass
         return peer_address(self.peer_of(context.peer()))
