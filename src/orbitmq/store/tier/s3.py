@@ -72,10 +72,19 @@ class S3Backend(TierBackend):
         return obstore.get_range(self.store, check_key(key), start=start, length=length).to_bytes()
 
     def list(self, prefix: str) -> list[str]:
-        out: list[str] = []
-        for batch in obstore.list(self.store, prefix or None):
-            out.extend(meta["path"] for meta in batch)
-        return sorted(k for k in out if k.startswith(prefix))
+        """Every key starting with ``prefix`` as a string. obstore lists by whole path
+        segments (``a/b`` finds ``a/b/c``, never the key ``a/b`` itself nor ``a/bc``), so a
+        prefix that ends inside a segment (the identity marker ``orbitmq-tier.json``) is
+        listed one level up, without recursion, and only the matching folders are walked."""
+        if not prefix or prefix.endswith("/"):
+            return sorted(_walk(self.store, prefix))
+        folder = prefix[: prefix.rfind("/") + 1]
+        level = obstore.list_with_delimiter(self.store, folder or None)
+        out = [meta["path"] for meta in level["objects"] if meta["path"].startswith(prefix)]
+        for sub in level["common_prefixes"]:
+            if sub.startswith(prefix):
+                out.extend(_walk(self.store, sub.rstrip("/") + "/"))
+        return sorted(out)
 
     def delete(self, key: str) -> None:
         with contextlib.suppress(NotFoundError):
@@ -101,6 +110,14 @@ class S3Backend(TierBackend):
             self.conditional_puts = False
         finally:
             self.delete(key)
+
+
+def _walk(store: S3Store, folder: str) -> list[str]:
+    """Every key under ``folder`` ("" or ending in "/"), recursively."""
+    out: list[str] = []
+    for batch in obstore.list(store, folder or None):
+        out.extend(meta["path"] for meta in batch)
+    return [k for k in out if k.startswith(folder)]
 
 
 def _not_implemented(exc: Exception) -> bool:
