@@ -50,7 +50,7 @@ test-s3: ## install Debian's Swift (s3api) and run the tier's S3 tests against i
 		{ apt-get install -y -q --no-install-recommends swift-proxy swift-account swift-container swift-object memcached >/dev/null 2>&1 || \
 		  { apt-get update -q >/dev/null 2>&1 && \
 		    apt-get install -y -q --no-install-recommends swift-proxy swift-account swift-container swift-object memcached >/dev/null; }; }; }
-	ORBITMQ_TEST_SWIFT=1 $(PY) -m pytest -p no:cacheprovider -q -rs tests/store/tier/test_s3_backend.py \
+	ORBITMQ_TEST_SWIFT=1 $(PY) -m pytest -p no:cacheprovider -q -rs tests/store/tier/test_s3_backend.py tests/store/tier/test_s3_tls.py \
 		tests/integration/test_tier_acceptance.py tests/compat/test_tier_cold.py tests/spark/test_tier_cold.py -k 's3 or real_s3'
 
 vendor: ## refresh the console's vendored htmx and uPlot (npm pack; see its static/VENDOR.md)

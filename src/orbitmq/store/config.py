@@ -136,13 +136,39 @@ class StoreConfig:
         "wiped store rebuilt from the bucket; waits for the tier). orbitmq broker --tier-restore.",
     )
     tier_cache_bytes: int = setting(64 * MiB, "Cold reads: fetched chunks kept.", at_least(0))
-    tier_s3_endpoint: str = setting("", "S3 backend: endpoint URL (empty: AWS).")
+    tier_s3_endpoint: str = setting(
+        "",
+        "S3 backend: endpoint URL, https://host[:port] (TLS, the certificate verified) or "
+        "http://host[:port] (plain, needs tier_s3_allow_http). Empty: AWS over https.",
+    )
     tier_s3_bucket: str = setting("", "S3 backend: bucket.")
     tier_s3_prefix: str = setting("", "S3 backend: key prefix inside the bucket.")
     tier_s3_region: str = setting("us-east-1", "S3 backend: region.")
     tier_s3_access_key: str = setting("", "S3 backend: access key id (empty: environment).")
-    tier_s3_secret_key: str = setting("", "S3 backend: secret access key.")
-    tier_s3_allow_http: bool = setting(False, "S3 backend: allow a plain-HTTP endpoint.")
+    tier_s3_secret_key: str = setting("", "S3 backend: secret access key.", secret=True)
+    tier_s3_allow_http: bool = setting(
+        False,
+        "S3 backend: accept an http:// endpoint (no TLS: keys and data in clear). An https:// "
+        "endpoint never falls back to plain HTTP, whatever this says.",
+    )
+    tier_s3_ca_file: str = setting(
+        "",
+        "S3 backend: PEM file of CA certificates trusted for the https endpoint in addition to "
+        "the system's roots (a private CA); read at start. Empty: the system's roots only.",
+    )
+    tier_s3_allow_invalid_certificates: bool = setting(
+        False,
+        "S3 backend: do NOT verify the https endpoint's certificate (any certificate for any "
+        "name is accepted, so anyone on the path can read and change the tier). Tests only; "
+        "use tier_s3_ca_file for a private CA.",
+    )
+    tier_s3_max_retries: int = setting(
+        10,
+        "S3 backend: retries of one failed request (connection errors, 5xx) before the call "
+        "fails, with obstore's backoff (0.1 s doubling to 15 s, 3 min at most); the tier "
+        "thread then backs off and retries on its own.",
+        at_least(0),
+    )
     check_crc_on_read: bool = setting(
         True,
         "OrbitMQ: verify the CRC of records written before this start when reading them, so a "

@@ -38,6 +38,17 @@ def test_the_backend_calls() -> None:
     assert b.get_range("T/0/data/a", 6, 5) == b"world"
     assert b.list("T/0/") == ["T/0/data/a", "T/0/index/a"]
     assert b.list("") == ["T/0/data/a", "T/0/index/a", "T/1/manifest.json"]
+    # A prefix is a string prefix, not obstore's whole path segments: a key itself, a
+    # partial name and a partial folder name all match (the identity marker is listed so).
+    b.put("marker.json", b"{}")
+    assert b.list("marker.json") == ["marker.json"]
+    assert b.list("mark") == ["marker.json"]
+    assert b.list("T/0/data/a") == ["T/0/data/a"]
+    assert b.list("T/0/d") == ["T/0/data/a"]
+    assert b.list("T/0/data") == ["T/0/data/a"]
+    assert b.list("T/") == ["T/0/data/a", "T/0/index/a", "T/1/manifest.json"]
+    assert b.list("T/0/x") == [] and b.list("nothing") == []
+    b.delete("marker.json")
     b.delete("T/0/data/a")
     b.delete("T/0/data/a")  # absent: not an error
     assert b.list("T/0/data/") == []
@@ -130,7 +141,7 @@ def test_a_real_s3_endpoint(tmp_path: Path, real_s3: tuple[SwiftS3, bool]) -> No
 def test_a_store_tiers_to_a_real_s3_and_restores_from_it(
     tmp_path: Path, real_s3: tuple[SwiftS3, bool]
 ) -> None:
-    """Upload, local deletion, cold reads, a key query, then disaster recovery from the
+    """Upload, local deletion, cold reads, a restart, a key query, then disaster recovery from the
     bucket's manifests, all against the real server."""
     s3, _ = real_s3
     store = MessageStore(s3_config(tmp_path, s3))
@@ -149,6 +160,15 @@ def test_a_store_tiers_to_a_real_s3_and_restores_from_it(
         store.retention.run()
         assert store.queues.get("T", 0).min_offset > 0  # type: ignore[union-attr]
         assert read_queue(store) == sent
+    finally:
+        store.close()
+    # A plain restart finds its identity marker (orbitmq-tier.json) in the bucket again.
+    store = MessageStore(s3_config(tmp_path, s3))
+    store.open()
+    try:
+        assert store.tier is not None
+        store.tier.run_once()
+        assert store.tier.loaded and read_queue(store) == sent
     finally:
         store.close()
     shutil.rmtree(tmp_path / "store")  # the local disk is lost

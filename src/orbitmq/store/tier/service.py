@@ -135,16 +135,16 @@ class TierService:
             try:
                 self.run_once()
             except Exception as exc:  # noqa: BLE001 - supervised: reported and retried
-                self.turns += 1
-                self.health.failed(exc)
                 self.last_error = f"{type(exc).__name__}: {exc}"
+                self.health.failed(exc)
+                self.turns += 1  # last: a reader seeing the turn counted sees its outcome
                 streak += 1
                 wait = min(BACKOFF_MAX_S, BACKOFF_MIN_S * 2 ** min(streak - 1, 8))
                 wait *= 1 + random.uniform(-0.2, 0.2)
                 continue
             streak = 0
-            self.turns += 1
             self.health.ok()
+            self.turns += 1
             wait = interval
 
     # ------------------------------------------------------------------ one turn
