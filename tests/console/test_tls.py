@@ -5,6 +5,8 @@ a client CA a client without a certificate of that CA is refused in the handshak
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import http.client
 import socket
 import ssl
 import urllib.error
@@ -15,6 +17,7 @@ import pytest
 from cryptography import x509
 
 from orbitmq.common.errors import ConfigError
+from orbitmq.console.auth import hash_password
 from orbitmq.console.config import ConsoleConfig
 from orbitmq.console.serve import serve_console
 from tests.net.pki import Ca
@@ -43,6 +46,25 @@ def _plain_request(port: int) -> bytes:
         return got
 
 
+def _login_cookie(port: int, ctx: ssl.SSLContext | None) -> str:
+    """The Set-Cookie header of a successful console login (no redirect followed)."""
+    conn: http.client.HTTPConnection
+    if ctx is None:
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+    else:
+        conn = http.client.HTTPSConnection("127.0.0.1", port, timeout=5, context=ctx)
+    try:
+        conn.request(
+            "POST", "/login", body="user=ann&password=pw",
+            headers={"Content-Type": "application/x-www-form-urlencoded"},
+        )  # fmt: skip
+        resp = conn.getresponse()
+        assert resp.status == 303, resp.status
+        return str(resp.getheader("set-cookie"))
+    finally:
+        conn.close()
+
+
 def _served_cert(port: int, ctx: ssl.SSLContext) -> x509.Certificate:
     with (
         socket.create_connection(("127.0.0.1", port), timeout=5) as raw,
@@ -62,6 +84,7 @@ async def test_console_serves_https_with_its_certificate_and_refuses_plaintext(
     cfg = ConsoleConfig(
         namesrv_addrs=NOWHERE, port=0, audit_log=str(tmp_path / "a.jsonl"),
         tls_cert_file=str(cert), tls_key_file=str(key),
+        users={"ann": "admin:" + hash_password("pw", iterations=1000)},
     )  # fmt: skip
     async with serve_console(cfg) as url:
         assert url.startswith("https://127.0.0.1:")
@@ -76,6 +99,14 @@ async def test_console_serves_https_with_its_certificate_and_refuses_plaintext(
             await asyncio.to_thread(_get, f"{url}/static/htmx.min.js", ssl.create_default_context())
         answer = await asyncio.to_thread(_plain_request, port)
         assert b"HTTP/" not in answer and b"htmx" not in answer
+        # the session cookie is marked Secure: never sent back over plain HTTP
+        cookie = await asyncio.to_thread(_login_cookie, port, trusting)
+        assert "orbitmq_console=" in cookie and "secure" in cookie.lower()
+    plain = dataclasses.replace(cfg, tls_cert_file=None, tls_key_file=None)
+    async with serve_console(plain) as url:
+        assert url.startswith("http://")
+        cookie = await asyncio.to_thread(_login_cookie, int(url.rsplit(":", 1)[1]), None)
+        assert "orbitmq_console=" in cookie and "secure" not in cookie.lower()
 
 
 async def test_console_with_a_client_ca_requires_a_client_certificate(tmp_path: Path) -> None:
