@@ -73,3 +73,41 @@ async def test_ha_port_reloads_certificate_and_client_ca(tmp_path: Path) -> None
         assert not await asyncio.to_thread(_handshake, port, old_ca_trusting_new)
         assert reload_all() >= 1  # SIGHUP's path rebuilds the HA port's source too
         assert await asyncio.to_thread(_handshake, port, new)
+
+
+async def test_sighup_reloads_the_ha_context_at_once(tmp_path: Path) -> None:
+    """With a poll interval of an hour, only SIGHUP's path (reload_all) can apply the change."""
+    first, second = tmp_path / "first", tmp_path / "second"
+    first.mkdir()
+    second.mkdir()
+    ca1, ca2 = Ca.make(first, "ca-one"), Ca.make(second, "ca-two")
+    cert1, key1 = ca1.issue(first, "localhost", ip="127.0.0.1")
+    cert2, key2 = ca2.issue(second, "localhost", ip="127.0.0.1")
+    cert, key = tmp_path / "broker.crt", tmp_path / "broker.key"
+    shutil.copyfile(cert1, cert)
+    shutil.copyfile(key1, key)
+    cfg = small_broker_config(
+        tmp_path / "m", ha_enable=True, tls_mode="required", tls_cert_file=str(cert),
+        tls_key_file=str(key), tls_reload_interval_s=3600.0,
+    )  # fmt: skip
+    ctx = cfg.ha_server_ssl()
+    assert ctx is not None
+
+    async def idle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.read()
+        writer.close()
+
+    server = await asyncio.start_server(idle, "127.0.0.1", 0, ssl=ctx)
+    port = server.sockets[0].getsockname()[1]
+    old, new = client_context(ca_file=str(ca1.file)), client_context(ca_file=str(ca2.file))
+    try:
+        assert await asyncio.to_thread(_handshake, port, old)
+        shutil.copyfile(cert2, cert)
+        shutil.copyfile(key2, key)
+        assert not await asyncio.to_thread(_handshake, port, new)  # not polled for an hour
+        assert reload_all() >= 1
+        assert await asyncio.to_thread(_handshake, port, new)
+        assert not await asyncio.to_thread(_handshake, port, old)
+    finally:
+        server.close()
+        await server.wait_closed()
