@@ -9,6 +9,12 @@ whether authentication is on or not. With
 authentication off there is no Guard; the admin codes still work on the store when one is
 configured (to prepare users before turning authentication on), answered to anyone who can
 reach the port, as every other request then is: `make up`'s development mode, on loopback.
+
+An admitted request's user (its verified access key, or the certificate's principal) becomes
+the connection's ``attributes["principal"]``, the key its byte-rate quotas are charged to
+(``net/quota.py``): Kafka's user quotas, so two users behind one address (one NAT, one host)
+each get their own quota. A connection carries one client's credentials in practice; were two
+users to interleave requests on one, each response is charged to the last user admitted.
 """
 
 from __future__ import annotations
@@ -160,6 +166,9 @@ class ServerAuth:
             if isinstance(admitted, Frame):
                 return admitted
             principal = admitted
+            attributes = getattr(conn, "attributes", None)
+            if isinstance(attributes, dict):
+                attributes["principal"] = principal  # the quota key (net/quota.py)
         if self.admin is not None and frame.code in self.codes:
             return self.admin.handle(frame, principal, peer_ip(conn)[1])
         return None

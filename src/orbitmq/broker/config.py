@@ -227,7 +227,7 @@ class BrokerConfig(ListenerSettings):
     )
     produce_quota_bytes_per_s: float | None = setting(
         None,
-        "Byte-rate quota per client (its certificate principal or user, else its IP address) "
+        "Byte-rate quota per client (its authenticated user or certificate, else its IP) "
         "for sends; over it, responses are delayed with throttle_time_ms (Kafka's model). "
         "None: no quota.",
         optional(above(0)),

@@ -26,9 +26,19 @@ def console(
     hide_bodies: Annotated[
         bool, typer.Option("--hide-bodies", help="Never send message bodies to the browser.")
     ] = False,
+    tls_cert: Annotated[
+        str | None, typer.Option("--tls-cert", help="Serve HTTPS with this PEM certificate chain.")
+    ] = None,
+    tls_key: Annotated[
+        str | None, typer.Option("--tls-key", help="PEM key of --tls-cert (if not in it).")
+    ] = None,
+    tls_ca: Annotated[
+        str | None,
+        typer.Option("--tls-ca", help="Require client certificates of this PEM CA (mutual TLS)."),
+    ] = None,
     log_level: LogLevel = "INFO",
 ) -> None:
-    """Run the web console."""
+    """Run the web console (HTTPS with --tls-cert)."""
     if ctx.invoked_subcommand is not None:
         return
     from orbitmq.cli.runner import run_server
@@ -44,6 +54,9 @@ def console(
                 "port": port,
                 "allow_writes": False if read_only else None,
                 "allow_message_bodies": False if hide_bodies else None,
+                "tls_cert_file": tls_cert,
+                "tls_key_file": tls_key,
+                "tls_ca_file": tls_ca,
             }
         },
     )

@@ -4,14 +4,22 @@ Loopback by default; writes (topic create/delete, test sends, offset resets, DLQ
 message bodies can each be switched off; users are optional, the console's own
 (``[console.users]``) or the cluster's ACL users (``acl_login``); with neither, anyone who
 reaches the port is an admin, which is why the default bind is 127.0.0.1.
+
+HTTPS (issue #16, "TLS on every listener"): off by default, since the default bind is loopback;
+with ``tls_cert_file`` the port speaks HTTPS only (TLS 1.2+; a plaintext request gets no
+answer), and with ``tls_ca_file`` too it asks every browser or tool for a client certificate
+chaining to that CA (mutual TLS: none, no connection).
 """
 
 from __future__ import annotations
 
+import ssl
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from orbitmq.common.config import PORT, at_least, non_empty, setting
+from orbitmq.common.errors import ConfigError
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,5 +56,31 @@ class ConsoleConfig:
     audit_log: str | None = setting(
         None, "JSON-lines file of every write (None: orbitmq-console-audit.jsonl in the cwd)."
     )
+    tls_cert_file: str | None = setting(
+        None, "PEM certificate chain to serve HTTPS with (None: plain HTTP, for loopback)."
+    )
+    tls_key_file: str | None = setting(
+        None, "PEM private key of tls_cert_file (None: the key is in tls_cert_file)."
+    )
+    tls_ca_file: str | None = setting(
+        None,
+        "PEM CA certificate(s): with it, HTTPS requires a client certificate chaining to them "
+        "(mutual TLS); needs tls_cert_file.",
+    )
     poll_interval_ms: int = setting(1000, "How often lag and rates are sampled.", at_least(100))
     history_s: int = setting(900, "Seconds of samples kept for the charts.", at_least(10))
+
+    def __post_init__(self) -> None:
+        if (self.tls_key_file or self.tls_ca_file) and not self.tls_cert_file:
+            raise ConfigError("console.tls_key_file and console.tls_ca_file need tls_cert_file")
+
+    def uvicorn_ssl(self) -> dict[str, Any]:
+        """uvicorn.Config's ssl keyword arguments (empty: plain HTTP)."""
+        if not self.tls_cert_file:
+            return {}
+        return {
+            "ssl_certfile": self.tls_cert_file,
+            "ssl_keyfile": self.tls_key_file,
+            "ssl_ca_certs": self.tls_ca_file,
+            "ssl_cert_reqs": ssl.CERT_REQUIRED if self.tls_ca_file else ssl.CERT_NONE,
+        }

@@ -2,6 +2,9 @@
 
 uvicorn runs as a task of the running loop; its own signal handling is switched off because
 the process that embeds it (the CLI runner) owns SIGINT/SIGTERM and stops it in order.
+HTTPS goes through uvicorn's own ssl options (``ConsoleConfig.uvicorn_ssl``); the URL yielded
+says ``https`` then. Certificates are read at start (a new one needs a console restart: the
+console is stateless, unlike the broker ports, which reload).
 """
 
 from __future__ import annotations
@@ -30,7 +33,10 @@ async def serve_console(config: ConsoleConfig) -> AsyncIterator[str]:
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind((config.host, config.port))
     port = sock.getsockname()[1]
-    server = _EmbeddedServer(uvicorn.Config(create_app(config), log_level="warning", lifespan="on"))
+    tls = config.uvicorn_ssl()
+    server = _EmbeddedServer(
+        uvicorn.Config(create_app(config), log_level="warning", lifespan="on", **tls)
+    )
     task = asyncio.get_running_loop().create_task(server.serve(sockets=[sock]), name="console")
     try:
         for _ in range(400):  # bounded: 20 s
@@ -39,7 +45,9 @@ async def serve_console(config: ConsoleConfig) -> AsyncIterator[str]:
             await asyncio.sleep(0.05)
         if task.done():
             task.result()  # raises why it could not start
-        yield f"http://{config.host}:{port}"
+        scheme = "https" if tls else "http"
+        host = f"[{config.host}]" if ":" in config.host else config.host
+        yield f"{scheme}://{host}:{port}"
     finally:
         server.should_exit = True
         with contextlib.suppress(asyncio.CancelledError, Exception):

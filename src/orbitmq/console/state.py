@@ -73,7 +73,11 @@ class Console:
         return response
 
     def _keep(self, response: Response, session: Session) -> None:
-        response.set_cookie(COOKIE, self.signer.cookie(session), httponly=True, samesite="strict")
+        # over HTTPS the browser must never send the session back over plain HTTP
+        secure = bool(self.config.tls_cert_file)
+        response.set_cookie(
+            COOKIE, self.signer.cookie(session), httponly=True, samesite="strict", secure=secure
+        )
 
     def bodies_shown(self, request: Request) -> bool:
         """Bodies go to this page: allowed by the config (``allow_message_bodies``) and not

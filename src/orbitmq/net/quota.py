@@ -14,8 +14,9 @@ longer than a few seconds it gets its quota, whatever it sends. A delay is cappe
 ``max_delay_s`` (Kafka's ``quota.window.size`` times samples, here 30 s) so a single huge
 request cannot block a connection for minutes.
 
-The key is the connection's principal (a verified client certificate, or the authenticated user
-once authentication sets ``Connection.attributes["principal"]``), else the client's IP address.
+The key is the connection's authenticated user (``Connection.attributes["principal"]``, set by
+``auth/server.py`` from a verified signature's access key or certificate), else its verified
+client certificate's principal, else the client's IP address.
 """
 
 from __future__ import annotations

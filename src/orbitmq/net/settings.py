@@ -186,15 +186,10 @@ class ListenerSettings:
 
     def ha_server_ssl(self) -> ssl.SSLContext | None:
         """The HA replication port's context: TLS whenever tls_mode is not off (the link has
-        no legacy peers, so no permissive mode), mutual with tls_client_auth."""
-        if self.tls_mode == "off" or not self.tls_cert_file:
-            return None
-        return server_context(
-            self.tls_cert_file,
-            self.tls_key_file,
-            ca_file=self.tls_ca_file,
-            client_auth=self.tls_client_auth,
-        )
+        no legacy peers, so no permissive mode), mutual with tls_client_auth; a changed
+        certificate, key or CA file (or SIGHUP) applies to the next handshake."""
+        source = self.tls_source()
+        return None if source is None else source.handshake_context()
 
     def ha_client_ssl(self) -> ssl.SSLContext | None:
         """A slave's context for its master's HA port (None: tls_mode off): verifies the

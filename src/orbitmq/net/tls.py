@@ -15,6 +15,13 @@ Contract:
   a reload drops nothing. A rebuild that fails (a half-written file) keeps the old context and
   logs why; the next poll tries again.
 
+- :meth:`ContextSource.handshake_context` serves servers that take one ``ssl=`` context at
+  start (``asyncio.start_server``, the broker's HA replication port): its SNI callback, which
+  OpenSSL calls on every ClientHello (with or without a server name), checks the files at most
+  every ``interval_s`` and switches the handshake to the current context. The switch replaces
+  the certificate, key and CA store (OpenSSL's ``SSL_set_SSL_CTX``); the verify mode stays the
+  front context's, which is built by the same function and so asks the same.
+
 Why not ``load_cert_chain`` again on the same context: a CA change needs a fresh verify store,
 and a fresh context is the only way to replace one.
 """
@@ -25,6 +32,7 @@ import asyncio
 import hashlib
 import logging
 import ssl
+import time
 import weakref
 from collections.abc import Callable
 from pathlib import Path
@@ -181,6 +189,22 @@ class ContextSource:
         self.reloads += 1
         log.info("TLS certificate reloaded from %s", ", ".join(self.files))
         return True
+
+    def handshake_context(self) -> ssl.SSLContext:
+        """A context to give ``ssl=`` once that serves each new handshake with the current
+        context (files checked at most every ``interval_s``; SIGHUP applies at once)."""
+        front = self._build()
+        last = [time.monotonic()]
+
+        def switch(conn: ssl.SSLObject | ssl.SSLSocket, _name: str | None, _ctx: Any) -> None:
+            now = time.monotonic()
+            if now - last[0] >= self.interval_s:
+                last[0] = now
+                self.check()
+            conn.context = self.current
+
+        front.sni_callback = switch
+        return front
 
     async def watch(self) -> None:
         while True:
