@@ -31,7 +31,7 @@ from typing import Any
 
 from orbitmq.client import AsyncAdminClient, AsyncProducer, Message, MessageQueue, SendResult
 from orbitmq.client.producer.config import ProducerConfig
-from orbitmq.common.errors import MQError
+from orbitmq.common.errors import ClientError, MQError
 from orbitmq.controller.client import ControllerClient
 from orbitmq.protocol.controller import ReplicaInfo
 from orbitmq.testing.checker import History, now_ms, stamp
@@ -156,10 +156,19 @@ class HaCluster:
     async def create_topic(self, topic: str, queues: int = 4) -> None:
         """The topic, created on the group's master: the master answers once the change is
         logged and on its in-sync slaves (metadata replication, docs/ha.md), so a new master
-        knows it; a slave refuses a direct creation, as it refuses a send."""
-        async with AsyncAdminClient(self.namesrv) as admin:
-            await admin.create_topic(topic, read_queue_nums=queues, write_queue_nums=queues)
+        knows it; a slave refuses a direct creation, as it refuses a send. The controller names
+        a master before the master's next registration tells the NameServers, so "no master
+        broker" is retried until they know it."""
         deadline = time.monotonic() + 20
+        async with AsyncAdminClient(self.namesrv) as admin:
+            while True:
+                try:
+                    await admin.create_topic(topic, read_queue_nums=queues, write_queue_nums=queues)
+                    break
+                except ClientError as e:
+                    if "no master broker" not in str(e) or time.monotonic() > deadline:
+                        raise
+                await asyncio.sleep(0.2)
         async with AsyncAdminClient(self.namesrv) as admin:
             while True:
                 with contextlib.suppress(MQError):
