@@ -11,7 +11,9 @@ gateway's log holds no traceback: a handler that raised would have closed the co
 (allowed) but is a bug all the same.
 
 ORBITMQ_FUZZ_KAFKA_FRAMES sets the count (default 300; the long run uses more); the seed is
-printed and ORBITMQ_SEED replays it.
+printed and ORBITMQ_SEED replays the same frames (the connections of a batch run at once, so a
+failure that depends on their timing may need a few runs; each bug found has its own
+deterministic test beside the code).
 """
 
 from __future__ import annotations
