@@ -92,7 +92,7 @@ bench: $(STAMP) ## peer comparison: installs the peer brokers (Debian packages) 
 bench-store: $(STAMP) ## storage benchmark
 	$(PY) -m orbitmq.bench store
 
-FUZZ_TARGETS := frame header record send_body sql92 grpc_message toml_config mqtt ha
+FUZZ_TARGETS := frame header record send_body sql92 grpc_message toml_config mqtt ha kafka
 FUZZ_TIMEOUT ?= 5
 FUZZ_RSS_MB ?= 2048
 FUZZ_NICE ?=

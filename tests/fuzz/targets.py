@@ -27,6 +27,7 @@ from orbitmq.common.record import BatchHeader, RecordError, decode_batch, encode
 from orbitmq.protocol.frame import Frame, FrameDecoder, encode_bytes
 from orbitmq.protocol.ha import Ack, HaDecoder, HaError, Handshake, Heartbeat, Transfer
 from orbitmq.protocol.ha import encode as ha_encode
+from orbitmq.protocol.kafka.primitives import KafkaCodecError
 from orbitmq.protocol.messages import decode_send_body, encode_send_body
 from orbitmq.protocol.mqtt.codec import MQTT_5, MQTT_311, MqttDecoder, MqttProtocolError, encode
 from orbitmq.protocol.mqtt.connection import ServerConnection, State
@@ -34,6 +35,8 @@ from orbitmq.protocol.mqtt.packets import Connect, Publish
 from orbitmq.protocol.requests import REQUESTS, FieldError
 from orbitmq.proxy.convert import from_pb_message
 from orbitmq.proxy.grpc_v2 import definition_pb2 as pb
+from tests.fuzz.kafka_frames import SEEDS as KAFKA_SEEDS
+from tests.fuzz.kafka_frames import decode_like_the_gateway
 
 
 @dataclass(frozen=True)
@@ -211,6 +214,8 @@ TARGETS: dict[str, Target] = {
         Target("toml_config", _toml, (ConfigError, tomllib.TOMLDecodeError), _SEEDS_TOML),
         Target("mqtt", _mqtt, (MqttProtocolError,), _seed_mqtt()),
         Target("ha", _ha, (ProtocolError,), _seed_ha()),
+        # the Kafka listener's framing, request decoding and record batches (issue #17)
+        Target("kafka", decode_like_the_gateway, (KafkaCodecError,), KAFKA_SEEDS),
     )
 }
 

@@ -175,3 +175,27 @@ async def test_malformed_frames_close_one_connection_only(stack: Stack) -> None:
             c.close()
 
     await asyncio.to_thread(run)
+
+
+async def test_metadata_by_topic_id_is_an_unknown_id(stack: Stack) -> None:
+    """Metadata v10+ may name a topic by id only (name null): this gateway has no topic ids, so
+    the answer is UNKNOWN_TOPIC_ID (100) and the connection keeps serving (found by fuzzing:
+    the null name raised in the handler and closed the connection)."""
+
+    def run() -> None:
+        c = RawClient(stack.bootstrap)
+        try:
+            for version, name in ((12, None), (10, "")):
+                out = c.call(
+                    METADATA, version, {"topics": [{"name": None, "topic_id": b"\x01" * 16}]}
+                )
+                (topic,) = out["topics"]
+                assert (topic["error_code"], topic["name"]) == (100, name), out
+            ok = c.call(
+                METADATA, 12, {"topics": [{"name": "by-name"}], "allow_auto_topic_creation": True}
+            )
+            assert ok["topics"][0]["error_code"] == 0, ok
+        finally:
+            c.close()
+
+    await asyncio.to_thread(run)

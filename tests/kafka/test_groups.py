@@ -83,6 +83,26 @@ async def test_two_members_rebalance_assign_and_expire() -> None:
     assert co.heartbeat({"group_id": "g", "generation_id": 2, "member_id": a}) == UNKNOWN_MEMBER_ID
 
 
+async def test_a_join_must_share_one_protocol_with_every_member() -> None:
+    """{x,y} and {y,z} share y; {x,z} shares a protocol with each but none with both, so it is
+    refused (INCONSISTENT_GROUP_PROTOCOL, 23) and the rebalance completes on y."""
+
+    async def join(member: str, names: tuple[str, ...]) -> dict[str, Any]:
+        body = {**_join("p", member), "protocols": [{"name": n, "metadata": b""} for n in names]}
+        return await co.join(body, 5, "client", "/h")
+
+    co = Coordinator(min_session_ms=1000, max_session_ms=60_000, initial_delay_ms=100)
+    a = (await join("", ("x", "y")))["member_id"]
+    ja = asyncio.ensure_future(join(a, ("x", "y")))
+    b = (await join("", ("y", "z")))["member_id"]
+    jb = asyncio.ensure_future(join(b, ("y", "z")))
+    await asyncio.sleep(0)
+    assert (await join("", ("x", "z")))["error_code"] == 23
+    ra, rb = await asyncio.wait_for(asyncio.gather(ja, jb), 5)
+    assert ra["protocol_name"] == rb["protocol_name"] == "y"
+    assert (await join("", ("y",)))["error_code"] == MEMBER_ID_REQUIRED  # y alone is welcome
+
+
 async def test_unknown_member_and_bad_session() -> None:
     co = Coordinator(min_session_ms=1000, max_session_ms=60_000, initial_delay_ms=0)
     assert (await co.join(_join("g", "nobody"), 5, "c", "/h"))["error_code"] == UNKNOWN_MEMBER_ID

@@ -104,7 +104,7 @@ class Coordinator:
         protocols = [(p["name"], bytes(p["metadata"] or b"")) for p in body["protocols"]]
         ptype = body["protocol_type"]
         if group.members and (
-            ptype != group.protocol_type or not self._compatible(group, protocols)
+            ptype != group.protocol_type or not self._compatible(group, member_id, protocols)
         ):
             return _join_error(INCONSISTENT_GROUP_PROTOCOL, member_id)
         if not member_id:
@@ -135,9 +135,15 @@ class Coordinator:
         self._maybe_complete(group)
         return await fut
 
-    def _compatible(self, group: Group, protocols: list[tuple[str, bytes]]) -> bool:
-        names = {n for n, _ in protocols}
-        return all(names & {n for n, _ in m.protocols} for m in group.members.values())
+    def _compatible(self, group: Group, member_id: str, protocols: list[tuple[str, bytes]]) -> bool:
+        """Kafka's rule: one protocol every member supports, this one (as it now joins) and the
+        others. Sharing one with each member pairwise is not enough ({x,y}, {y,z}, {x,z} have no
+        common protocol: the rebalance then had none to choose; found by fuzzing)."""
+        common = {n for n, _ in protocols}
+        for m in group.members.values():
+            if m.member_id != member_id:
+                common &= {n for n, _ in m.protocols}
+        return bool(common)
 
     def _prepare(self, group: Group, *, first: bool = False) -> None:
         """Start a rebalance: members must rejoin; parked syncs are told to."""

@@ -77,6 +77,7 @@ class KafkaGateway:
         self.tasks = TaskSet("kafka-gateway", logger=log)
         self._server: asyncio.Server | None = None
         self._conns: set[asyncio.StreamWriter] = set()
+        self._handlers: set[asyncio.Task[None]] = set()
         self.admin: AsyncAdminClient | None = None
         self.producer: AsyncProducer | None = None
         self.port = 0
@@ -117,6 +118,13 @@ class KafkaGateway:
             self._server.close()
         for w in list(self._conns):
             w.close()
+        # a connection parked in a handler (a rebalance, a long poll) sees no close: end it here
+        # rather than leave it to the loop's shutdown
+        handlers = list(self._handlers)
+        for t in handlers:
+            t.cancel()
+        if handlers:
+            await asyncio.wait(handlers, timeout=5)
         self.tasks.cancel()
         await self.tasks.close(timeout=5)
         if self._server is not None:
@@ -133,6 +141,22 @@ class KafkaGateway:
             self.coordinator.expire()
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        # asyncio.start_server's callback on Python 3.11 calls task.exception() on this task,
+        # which raises (and logs a traceback) if the task ends cancelled: a cancel from stop()
+        # ends it normally instead
+        task = asyncio.current_task()
+        assert task is not None
+        self._handlers.add(task)
+        try:
+            await self._serve_connection(reader, writer)
+        except asyncio.CancelledError:
+            pass
+        finally:
+            self._handlers.discard(task)
+
+    async def _serve_connection(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> None:
         self._conns.add(writer)
         peer = writer.get_extra_info("peername")
         host = f"/{peer[0]}" if peer else "/unknown"
