@@ -1,6 +1,8 @@
 """One consumer-group member as a process: `python group_member.py LIB BOOTSTRAP GROUP TOPIC`.
 
 LIB is kafka-python, confluent or aiokafka. Prints one JSON line per event on stdout:
+{"ready": LIB} once the library is imported, the consumer built and subscribed, before its first
+poll (so a test can time the group's assignment apart from the process start);
 {"assigned": [partitions]} whenever its assignment changes, {"p": partition, "o": offset}
 per record (then its offset is committed synchronously; a commit refused during a rebalance is
 ignored, as the record may come again to the partition's next owner). Runs until killed."""
@@ -25,6 +27,7 @@ def kafka_python(bootstrap: str, group: str, topic: str) -> None:
                             enable_auto_commit=False, session_timeout_ms=6000,
                             heartbeat_interval_ms=500, client_id="kafka-python")  # fmt: skip
     c.subscribe([topic])
+    say({"ready": "kafka-python"})
     last: list[int] = []
     while True:
         polled = c.poll(timeout_ms=200)
@@ -47,6 +50,7 @@ def confluent(bootstrap: str, group: str, topic: str) -> None:
                                   "session.timeout.ms": 6000, "heartbeat.interval.ms": 500,
                                   "client.id": "confluent"})  # fmt: skip
     c.subscribe([topic])
+    say({"ready": "confluent"})
     last: list[int] = []
     while True:
         m = c.poll(0.2)
@@ -64,11 +68,14 @@ async def aiokafka_member(bootstrap: str, group: str, topic: str) -> None:
     import aiokafka
     import aiokafka.errors
 
-    c = aiokafka.AIOKafkaConsumer(topic, bootstrap_servers=bootstrap, group_id=group,
+    c = aiokafka.AIOKafkaConsumer(bootstrap_servers=bootstrap, group_id=group,
                                   auto_offset_reset="earliest", enable_auto_commit=False,
                                   session_timeout_ms=6000, heartbeat_interval_ms=500,
                                   client_id="aiokafka")  # fmt: skip
     await c.start()
+    # Subscribed only once started, so its join cannot begin before it says "ready".
+    c.subscribe([topic])
+    say({"ready": "aiokafka"})
     last: list[int] = []
     while True:
         batch = await c.getmany(timeout_ms=200)
