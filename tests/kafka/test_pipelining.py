@@ -40,8 +40,14 @@ def _seed() -> int:
 class StandIn:
     """The gateway's real producer behind delays and injected failures; counts concurrency."""
 
-    def __init__(self, real: AsyncProducer, rng: random.Random, lose: float = 0.0) -> None:
-        self.real, self.rng, self.lose = real, rng, lose
+    def __init__(
+        self, real: AsyncProducer, rng: random.Random, lose: float = 0.0, *, always: int = 0
+    ) -> None:
+        """``lose``: the chance of each injected failure; ``always`` > 0 also loses forward
+        number ``always`` before its append and the one after it after its append, so a run of
+        few (large) batches still meets both failures."""
+        self.real, self.rng, self.lose, self.always = real, rng, lose, always
+        self.forwards = 0
         self.per_queue: dict[int, int] = {}
         self.total = self.max_total = self.max_per_queue = 0
         self.lost_before = self.lost_after = 0
@@ -57,13 +63,15 @@ class StandIn:
         tag = m.group(1) if (m := re.search(rb"(r\d+)p\d-", body)) else b""
         self.requests[tag] = self.requests.get(tag, 0) + 1
         self.max_requests = max(self.max_requests, sum(1 for v in self.requests.values() if v))
+        self.forwards += 1
+        nth = self.forwards
         try:
             await asyncio.sleep((0.03 if q == 0 else 0.002) * self.rng.random())
-            if self.rng.random() < self.lose:
+            if self.rng.random() < self.lose or (self.always and nth == self.always):
                 self.lost_before += 1
                 raise RequestTimeoutError("lost before the append (test)")
             result = await self.real.send_packed(topic, body, count, queue=queue)
-            if self.rng.random() < self.lose:
+            if self.rng.random() < self.lose or (self.always and nth == self.always + 1):
                 self.lost_after += 1
                 raise RequestTimeoutError("answer lost after the append (test)")
             return result
@@ -161,7 +169,7 @@ async def test_idempotent_confluent_five_in_flight_with_retries(stack: Stack) ->
     rng = random.Random(_seed())
     data = stack.gateway.data
     real = data.producer
-    stand_in = StandIn(real, rng, lose=0.04)
+    stand_in = StandIn(real, rng, lose=0.04, always=3)
     data.producer = stand_in  # type: ignore[assignment]  # a stand-in for one test
     n = int(os.environ.get("ORBITMQ_KAFKA_PIPE_RECORDS", "1500"))
     produce = data.produce
@@ -214,4 +222,4 @@ async def test_idempotent_confluent_five_in_flight_with_retries(stack: Stack) ->
     assert busy[1] >= 2  # librdkafka's requests were pipelined
     for q in (0, 1):  # every record once, in produce order
         assert got[q] == [f"{q}-{i}".encode() for i in range(q, n, 2)]
-    assert stand_in.lost_before + stand_in.lost_after > 0
+    assert stand_in.lost_before > 0 and stand_in.lost_after > 0  # both failures were met
