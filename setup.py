@@ -17,6 +17,7 @@ if os.environ.get("ORBITMQ_NATIVE", "1") != "0":
         Extension(
             "orbitmq._native",
             ["src/orbitmq/_native.c", "src/orbitmq/_native_columns.c"],
+            depends=["src/orbitmq/_crc32c.h"],
             extra_compile_args=["-O3"],
             optional=True,
         )
@@ -25,6 +26,7 @@ if os.environ.get("ORBITMQ_NATIVE", "1") != "0":
         Extension(
             "orbitmq._kafka_native",
             ["src/orbitmq/_kafka_native.c"],
+            depends=["src/orbitmq/_crc32c.h"],
             extra_compile_args=["-O3"],
             optional=True,
         )

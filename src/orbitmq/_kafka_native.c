@@ -57,34 +57,10 @@ static inline void be32(unsigned char *p, uint32_t v) {
     p[0] = v >> 24; p[1] = v >> 16; p[2] = v >> 8; p[3] = v;
 }
 
-/* CRC-32C (Castagnoli): the SSE4.2 instruction when the CPU has it, else a table. The same
- * function as orbitmq._native's, kept here so this module builds and loads on its own. */
-static uint32_t crc_table[256];
-static int have_sse42 = 0;
+/* CRC-32C of a buffer: the shared implementation (_crc32c.h), from 0. */
+#include "_crc32c.h"
 
-static uint32_t crc_soft(uint32_t crc, const unsigned char *p, size_t n) {
-    crc = ~crc;
-    while (n--) crc = (crc >> 8) ^ crc_table[(crc ^ *p++) & 0xFF];
-    return ~crc;
-}
-
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
-__attribute__((target("sse4.2"))) static uint32_t crc_hw(uint32_t crc, const unsigned char *p, size_t n) {
-    uint64_t c = ~crc;
-    while (n && ((uintptr_t)p & 7)) { c = __builtin_ia32_crc32qi((uint32_t)c, *p++); n--; }
-    while (n >= 8) { uint64_t w; memcpy(&w, p, 8); c = __builtin_ia32_crc32di(c, w); p += 8; n -= 8; }
-    while (n--) c = __builtin_ia32_crc32qi((uint32_t)c, *p++);
-    return ~(uint32_t)c;
-}
-#define HAVE_HW 1
-#endif
-
-static uint32_t crc32c(const unsigned char *p, size_t n) {
-#ifdef HAVE_HW
-    if (have_sse42) return crc_hw(0, p, n);
-#endif
-    return crc_soft(0, p, n);
-}
+static uint32_t crc32c_of(const unsigned char *p, size_t n) { return crc32c(0, p, n); }
 
 /* 0 = not served here (the caller's Python path decides), 1 = parsed into recs */
 static int parse(const unsigned char *buf, Py_ssize_t end, Py_ssize_t count, long long base_ts,
@@ -310,7 +286,7 @@ static void close_run(unsigned char *run, unsigned char *end, long long base, lo
     be16(run + 51, 0xFFFF);
     be32(run + 53, 0xFFFFFFFFu);
     be32(run + 57, (uint32_t)count);
-    be32(run + 17, crc32c(run + 21, (size_t)(end - run - 21)));
+    be32(run + 17, crc32c_of(run + 21, (size_t)(end - run - 21)));
 }
 
 static PyObject *py_fetch_batches(PyObject *self, PyObject *args) {
@@ -337,7 +313,7 @@ static PyObject *py_fetch_batches(PyObject *self, PyObject *args) {
         Py_ssize_t end = pos + total, t_at = pos + S_HEADER + body_len;
         Py_ssize_t p_at = t_at + 2 + rd16(buf + t_at);
         if (p_at + 2 > end || p_at + 2 + (Py_ssize_t)rd16(buf + p_at) != end) goto decline;
-        if (crc32c(r + 12, (size_t)total - 12) != rd32(r + 8)) goto decline;
+        if (crc32c_of(r + 12, (size_t)total - 12) != rd32(r + 8)) goto decline;
         if (qoff < from) {
             pos = end;
             continue;
@@ -413,14 +389,9 @@ static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "orbitmq._kafka_nativ
                                     -1, methods};
 
 PyMODINIT_FUNC PyInit__kafka_native(void) {
-    for (uint32_t i = 0; i < 256; i++) {
-        uint32_t c = i;
-        for (int k = 0; k < 8; k++) c = (c >> 1) ^ (0x82F63B78u & (0u - (c & 1u)));
-        crc_table[i] = c;
+    if (!crc_init()) {
+        PyErr_SetString(PyExc_ImportError, "orbitmq._kafka_native supports little-endian hosts only");
+        return NULL;
     }
-#ifdef HAVE_HW
-    __builtin_cpu_init();
-    have_sse42 = __builtin_cpu_supports("sse4.2") ? 1 : 0;
-#endif
     return PyModule_Create(&module);
 }
