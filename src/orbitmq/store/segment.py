@@ -159,7 +159,12 @@ class Segment:
         os.close(self.fd)
 
     def destroy(self) -> None:
-        self.close()
+        """Delete the file (retention). A reader that found this segment just before keeps a
+        working ``view``: the mapping is not released here but goes with the last reference
+        to the segment, as the file's blocks go with the mapping."""
+        if not self.closed:
+            self.closed = True
+            os.close(self.fd)
         self.path.unlink(missing_ok=True)
 
 
@@ -300,6 +305,10 @@ class SparseSegment(Segment):
             self.closed = True
             self._release()
         self._open_files.forget(self)
+
+    def destroy(self) -> None:
+        self.close()  # each view is its own: the ones readers hold stay mapped
+        self.path.unlink(missing_ok=True)
 
 
 class SegmentQueue:

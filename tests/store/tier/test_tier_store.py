@@ -221,12 +221,18 @@ def test_restart_resumes_at_the_watermark_and_removes_orphans(tmp_path: Path) ->
     backend = DirectoryBackend(tmp_path / "tier")
     orphan = data_key("T", 2, wm, wm + 3)
     backend.put(orphan, b"half an upload")
+    # Puts the killed process had started: temporary files no listing shows.
+    partial = [tmp_path / "tier" / "T" / "2" / "data" / f".{wm:020d}-{wm + 3:020d}.dead-0001.tmp",
+               tmp_path / "tier" / "T" / "2" / ".manifest.json.dead-0002.tmp"]  # fmt: skip
+    for path in partial:
+        path.write_bytes(b"half a put")
     store, _ = open_store(tmp_path)
     assert store.tier is not None
     try:
         sent |= produce(store, 20, start=20)
         store.tier.run_once()
         assert not os.path.exists(tmp_path / "tier" / orphan)
+        assert not any(path.exists() for path in partial)
         m = QueueManifest.decode(backend.get(manifest_key("T", 2)))
         spans = [(c.base, c.end) for c in m.chunks]
         assert spans[0][0] == 0 and all(a[1] == b[0] for a, b in itertools.pairwise(spans))
@@ -237,6 +243,20 @@ def test_restart_resumes_at_the_watermark_and_removes_orphans(tmp_path: Path) ->
         assert read_all(store) == sent
     finally:
         store.close()
+
+
+def test_partial_puts_of_this_process_are_left_alone(tmp_path: Path) -> None:
+    """Only a dead writer's temporary files go: one this backend is writing stays."""
+    backend = DirectoryBackend(tmp_path)
+    backend.put("T/0/data/x", b"whole")
+    folder = tmp_path / "T" / "0" / "data"
+    ours = folder / f".y.{backend._token}-0001.tmp"
+    theirs = folder / ".y.other-0001.tmp"
+    for path in (ours, theirs):
+        path.write_bytes(b"half")
+    assert backend.remove_partial("T/0/data/") == 1
+    assert ours.exists() and not theirs.exists() and backend.list("T/0/") == ["T/0/data/x"]
+    assert backend.remove_partial("absent/") == 0
 
 
 def test_startup_does_not_wait_for_the_tier(tmp_path: Path) -> None:

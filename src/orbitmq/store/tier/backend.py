@@ -56,6 +56,11 @@ class TierBackend(abc.ABC):
         """Find out, once the store is reachable, what it supports (the S3 backend: conditional
         puts). Called by the tier thread before it loads the catalog."""
 
+    def remove_partial(self, prefix: str) -> int:
+        """Remove what puts interrupted by another process's death left under ``prefix``
+        (objects no listing shows). Returns how many went. An S3 put is atomic: nothing."""
+        return 0
+
 
 class PrefixedBackend(TierBackend):
     """Another backend's keys under ``prefix/``: one store's objects beside other stores'."""
@@ -87,6 +92,9 @@ class PrefixedBackend(TierBackend):
     def probe(self) -> None:
         self.inner.probe()
 
+    def remove_partial(self, prefix: str) -> int:
+        return self.inner.remove_partial(self.prefix + prefix)
+
 
 def check_key(key: str) -> str:
     parts = key.split("/")
@@ -104,6 +112,8 @@ class DirectoryBackend(TierBackend):
         if not str(root):
             raise ConfigError("store.tier_path: the directory backend needs a path")
         self.root = Path(root)
+        # Temporary files carry the writing process's token: those of a dead one are swept.
+        self._token = secrets.token_hex(4)
 
     def describe(self) -> str:
         return f"directory {self.root}"
@@ -116,7 +126,7 @@ class DirectoryBackend(TierBackend):
         folder = path.parent
         made = not folder.exists()
         folder.mkdir(parents=True, exist_ok=True)
-        tmp = folder / f".{path.name}.{secrets.token_hex(4)}.tmp"
+        tmp = folder / f".{path.name}.{self._token}-{secrets.token_hex(4)}.tmp"
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
         try:
             view = memoryview(data)
@@ -168,6 +178,19 @@ class DirectoryBackend(TierBackend):
     def delete(self, key: str) -> None:
         with contextlib.suppress(FileNotFoundError):
             self._path(key).unlink()
+
+    def remove_partial(self, prefix: str) -> int:
+        """Temporary files under the folder ``prefix`` names that another process (a killed
+        broker) started and never renamed into place."""
+        folder = self.root / check_key(prefix.rstrip("/"))
+        gone = 0
+        with contextlib.suppress(FileNotFoundError, NotADirectoryError):
+            for name in os.listdir(folder):
+                if name.startswith(".") and name.endswith(".tmp") and self._token not in name:
+                    with contextlib.suppress(FileNotFoundError):
+                        (folder / name).unlink()
+                        gone += 1
+        return gone
 
 
 def _fsync_dir(path: Path) -> None:

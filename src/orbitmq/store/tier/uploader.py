@@ -137,13 +137,16 @@ def upload_chunk(
 
 def remove_orphans(backend: TierBackend, manifest: QueueManifest) -> int:
     """Delete the queue's chunk objects its manifest does not name (an upload interrupted after
-    its data or index was put, or a TTL deletion interrupted after the manifest was). Returns
-    how many objects went. Run before the queue's first upload in a process, so a chunk cut
-    again from the same watermark never overlaps a leftover."""
+        its data or index was put, or a TTL deletion interrupted after the manifest was) and what
+    half-written puts left. Returns
+        how many objects went. Run before the queue's first upload in a process, so a chunk cut
+        again from the same watermark never overlaps a leftover."""
     named = {(c.base, c.end) for c in manifest.chunks}
     gone = 0
     prefix = queue_prefix(manifest.topic, manifest.queue_id)
+    gone += backend.remove_partial(prefix)  # a half-written manifest
     for kind in ("data/", "index/", "keys/"):
+        gone += backend.remove_partial(prefix + kind)
         for key in backend.list(prefix + kind):
             span = parse_chunk_name(key)
             if span is not None and span not in named:
