@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import time
 import zlib
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from orbitmq.client import _codec
@@ -195,46 +196,23 @@ def from_pb_message(
     (ILLEGAL_DELIVERY_TIME).
     """
     sp = m.system_properties
-    topic = resource_name(m.topic)
-    if not m.topic.name:
-        raise ProxyError(Code.ILLEGAL_TOPIC, "message has no topic")
-    if topic not in _valid_topics:
-        validate_topic(topic)  # InvalidTopicError -> ILLEGAL_TOPIC
-        if len(_valid_topics) < MAX_VALID_TOPICS_KEPT:
-            _valid_topics.add(topic)
+    topic = checked_topic(m.topic.resource_namespace, m.topic.name)
     message_id = sp.message_id
-    if not message_id or len(message_id) > 128 or not message_id.isprintable():
-        raise ProxyError(Code.ILLEGAL_MESSAGE_ID, "message id is blank or malformed")
+    check_message_id(message_id)
     body = m.body
     if sp.body_encoding == GZIP:
         try:
             body = zlib.decompress(body, 47)  # gzip or zlib header
         except zlib.error as exc:
             raise ProxyError(Code.MESSAGE_CORRUPTED, f"body is not gzip: {exc}") from None
-    if not body:
-        raise ProxyError(Code.MESSAGE_BODY_EMPTY, "message body is empty")
-    if len(body) > max_body:
-        raise ProxyError(
-            Code.MESSAGE_BODY_TOO_LARGE, f"body is {len(body)} bytes, limit {max_body}"
-        )
-    props: dict[str, str] = {}
-    for key, value in m.user_properties.items():
-        if not key or key in SYSTEM_PROPERTIES:
-            raise ProxyError(
-                Code.ILLEGAL_MESSAGE_PROPERTY_KEY, f"property key {key[:64]!r} is reserved"
-            )
-        if any(c in key or c in value for c in "\x01\x02"):
-            raise ProxyError(Code.ILLEGAL_MESSAGE_PROPERTY_KEY, "property contains \\x01 or \\x02")
-        props[key] = value
+    check_body(body, max_body)
+    props = checked_properties(m.user_properties)
     tags: str | None = None
     if sp.HasField("tag"):
         tags = sp.tag
-        if not tags.strip() or "|" in tags or len(tags) > MAX_TAG_CHARS or not tags.isprintable():
-            raise ProxyError(Code.ILLEGAL_MESSAGE_TAG, f"illegal tag {tags[:64]!r}")
+        check_tag(tags)
     keys = list(sp.keys)
-    for key in keys:
-        if not key.strip() or KEY_SEPARATOR in key or len(key) > MAX_KEY_CHARS:
-            raise ProxyError(Code.ILLEGAL_MESSAGE_KEY, f"illegal key {key[:64]!r}")
+    check_keys(keys)
     props[PROPERTY_UNIQ_KEY] = message_id
     kind = sp.message_type or NORMAL
     has_group = sp.HasField("message_group")
@@ -270,3 +248,58 @@ def from_pb_message(
         )
     msg = Message(topic, body, tags=tags, keys=keys, properties=props)
     return SendSpec(msg, message_id, kind)
+
+
+# The checks of a client's message, shared by from_pb_message and the raw SendMessage path
+# (fast_send.py) so that both refuse the same messages with the same codes.
+
+
+def checked_topic(namespace: str, name: str) -> str:
+    """OrbitMQ's topic name (``namespace%name``), validated once per name (ILLEGAL_TOPIC)."""
+    if not name:
+        raise ProxyError(Code.ILLEGAL_TOPIC, "message has no topic")
+    topic = f"{namespace}%{name}" if namespace else name
+    if topic not in _valid_topics:
+        validate_topic(topic)  # InvalidTopicError -> ILLEGAL_TOPIC
+        if len(_valid_topics) < MAX_VALID_TOPICS_KEPT:
+            _valid_topics.add(topic)
+    return topic
+
+
+def check_message_id(message_id: str) -> None:
+    if not message_id or len(message_id) > 128 or not message_id.isprintable():
+        raise ProxyError(Code.ILLEGAL_MESSAGE_ID, "message id is blank or malformed")
+
+
+def check_body(body: bytes, max_body: int) -> None:
+    if not body:
+        raise ProxyError(Code.MESSAGE_BODY_EMPTY, "message body is empty")
+    if len(body) > max_body:
+        raise ProxyError(
+            Code.MESSAGE_BODY_TOO_LARGE, f"body is {len(body)} bytes, limit {max_body}"
+        )
+
+
+def checked_properties(user: Mapping[str, str]) -> dict[str, str]:
+    """The user's properties, none of them reserved or holding the separators."""
+    props: dict[str, str] = {}
+    for key, value in user.items():
+        if not key or key in SYSTEM_PROPERTIES:
+            raise ProxyError(
+                Code.ILLEGAL_MESSAGE_PROPERTY_KEY, f"property key {key[:64]!r} is reserved"
+            )
+        if any(c in key or c in value for c in "\x01\x02"):
+            raise ProxyError(Code.ILLEGAL_MESSAGE_PROPERTY_KEY, "property contains \\x01 or \\x02")
+        props[key] = value
+    return props
+
+
+def check_tag(tag: str) -> None:
+    if not tag.strip() or "|" in tag or len(tag) > MAX_TAG_CHARS or not tag.isprintable():
+        raise ProxyError(Code.ILLEGAL_MESSAGE_TAG, f"illegal tag {tag[:64]!r}")
+
+
+def check_keys(keys: list[str]) -> None:
+    for key in keys:
+        if not key.strip() or KEY_SEPARATOR in key or len(key) > MAX_KEY_CHARS:
+            raise ProxyError(Code.ILLEGAL_MESSAGE_KEY, f"illegal key {key[:64]!r}")

@@ -156,6 +156,10 @@ class ProxyMetrics(Collector):
         yield fam
 
 
+_CODE_NAMES = {int(number): name for name, number in pb.Code.items()}
+"""Code names by number, built once: ``pb.Code.values()`` builds a list on every call."""
+
+
 def _code_of(resp: Any) -> str:
     code = int(resp.status.code)
-    return pb.Code.Name(code) if code in pb.Code.values() else str(code)
+    return _CODE_NAMES.get(code) or str(code)

@@ -132,7 +132,7 @@ class ProducerRpcs:
             return
         mq: MessageQueue = result.message_queue
         name = result.status.name
-        entry.status.CopyFrom(_OK if name == "SEND_OK" else _send_status(name))
+        entry.status.CopyFrom(_OK if name == "SEND_OK" else send_status(name))
         entry.message_id = spec.message_id
         entry.offset = result.queue_offset
         if spec.kind == TRANSACTION:
@@ -190,7 +190,7 @@ def _check_type(topic: str, declared: str, spec: SendSpec) -> None:
         )
 
 
-def _send_status(name: str) -> pb.Status:
+def send_status(name: str) -> pb.Status:
     if name == "SEND_OK":
         return status.ok()
     return status.from_response_code(ResponseCode[name], f"stored, but {name}")

@@ -15,6 +15,7 @@ invisible duration, DLQ, assignment, pull and offsets) live in :mod:`orbitmq.pro
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, Protocol, TypeVar
 
@@ -27,6 +28,7 @@ from orbitmq.proxy import status
 from orbitmq.proxy.authz import Authorizer
 from orbitmq.proxy.client_service import ClientRpcs
 from orbitmq.proxy.context import ProxyContext
+from orbitmq.proxy.fast_send import RawSend
 from orbitmq.proxy.grpc_v2 import definition_pb2 as pb
 from orbitmq.proxy.grpc_v2 import service_pb2 as svc
 from orbitmq.proxy.membership import ConsumerMembership
@@ -278,6 +280,39 @@ class MessagingServicer:
             await self.quotas.produce(nbytes, self._client_key(context))
         return response
 
+    def _raw_send(
+        self,
+        full: Callable[[Any, Ctx], Awaitable[svc.SendMessageResponse]],
+        metrics: ProxyMetrics | None,
+    ) -> Callable[[bytes, Ctx], Awaitable[bytes]]:
+        """SendMessage on the request's bytes: a plain send through fast_send.py, anything
+        else (and every send with ACL or quotas on) parsed and given to ``full``."""
+        parse = _deserializer(svc.SendMessageRequest)
+        raw = RawSend(self.ctx)
+        on_rpc = metrics.on_rpc if metrics is not None else None
+
+        async def call(data: bytes, context: Ctx) -> bytes:
+            if not self.ctx.auth.enabled and not self.quotas.active:
+                began = time.perf_counter()
+                try:
+                    answered = await raw.send(data)
+                except Exception as exc:  # the last line of defence, as in unary()
+                    log.exception("SendMessage failed")
+                    answered = (
+                        svc.SendMessageResponse(
+                            status=status.make(Code.INTERNAL_ERROR, f"proxy error: {exc}")
+                        ).SerializeToString(),
+                        "INTERNAL_ERROR",
+                    )
+                if answered is not None:
+                    if on_rpc is not None:
+                        on_rpc("SendMessage", answered[1], (time.perf_counter() - began) * 1000)
+                    return answered[0]
+            response = await full(parse(data), context)
+            return response.SerializeToString()
+
+        return call
+
     def fetch_limited(
         self, handler: Callable[[Any, Ctx], AsyncIterator[_Resp]]
     ) -> Callable[[Any, Ctx], AsyncIterator[_Resp]]:
@@ -373,6 +408,7 @@ class MessagingServicer:
             "PullMessage": (svc.PullMessageRequest, svc.PullMessageResponse, c.pull_message),
         }
         handlers: dict[str, grpc.RpcMethodHandler[Any, Any]] = {}
+        send = unary.pop("SendMessage")  # registered below, on raw bytes
         for name, (req, resp, fn) in unary.items():
             call = self.unary(resp, fn)
             handlers[name] = grpc.unary_unary_rpc_method_handler(
@@ -380,6 +416,12 @@ class MessagingServicer:
                 request_deserializer=_deserializer(req),
                 response_serializer=resp.SerializeToString,
             )
+        # SendMessage takes and gives bytes: plain sends never become protobuf objects.
+        full = self.unary(svc.SendMessageResponse, send[2])
+        timed = metrics.unary("SendMessage", full) if metrics is not None else full
+        handlers["SendMessage"] = grpc.unary_unary_rpc_method_handler(
+            self._raw_send(timed, metrics)
+        )
         for name, (req, resp, fn) in streaming.items():
             stream = self.streaming(resp, self.fetch_limited(fn))
             handlers[name] = grpc.unary_stream_rpc_method_handler(
