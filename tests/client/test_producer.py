@@ -345,6 +345,32 @@ async def test_sends_held_while_every_slot_is_busy_leave_as_one_batch(
     assert p.frames_sent == len(sends) <= 20, [s.count for s in sends]
 
 
+async def test_linger_only_in_flight_lone_send_goes_at_once_later_ones_linger(
+    cluster: FakeCluster, make_producer: MakeProducer
+) -> None:
+    for b in cluster.brokers:
+        b.delay_s = 0.3  # the first batch stays in flight for 0.3 s
+    p = await make_producer(linger_ms=100, linger_only_in_flight=True, max_in_flight_per_key=2)
+    await p.publish_queues("T")
+    loop = asyncio.get_running_loop()
+
+    def frames() -> int:
+        return len(cluster.a.sends + cluster.b.sends)
+
+    began = loop.time()
+    first = p.send_async(Message("T", b"first"))
+    while frames() == 0 and loop.time() - began < 0.09:
+        await asyncio.sleep(0.005)
+    assert frames() == 1, "a send with nothing in flight must not linger"
+    later = []
+    for i in range(5):  # while the first is in flight: they linger and leave together
+        later.append(p.send_async(Message("T", f"m{i}".encode())))
+        await asyncio.sleep(0.01)
+    results = await asyncio.gather(first, *later)
+    assert len({r.msg_id for r in results}) == 6
+    assert [s.count for s in cluster.a.sends + cluster.b.sends] == [1, 5]
+
+
 async def test_per_key_bound_holds_only_its_own_topic(
     cluster: FakeCluster, make_producer: MakeProducer
 ) -> None:

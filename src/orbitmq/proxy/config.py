@@ -141,6 +141,14 @@ class ProxyConfig:
         "larger requests under load, no wait for a lone send.",
         at_least(1),
     )
+    send_linger_ms: float = setting(
+        3.0,
+        "While a batch of a topic's sends awaits the brokers' answer, how long the next sends "
+        "of that topic wait to leave together (0: only until an answer comes). A send while "
+        "none of its topic is in flight never waits. Larger broker requests under load: "
+        "fewer frames per message for the proxy and the broker (docs/benchmarks.md).",
+        at_least(0),
+    )
     send_max_attempts: int = setting(
         3,
         "Advertised in the settings as the clients' send retry policy (Java proxy: 3).",

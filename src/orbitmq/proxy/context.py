@@ -53,7 +53,10 @@ class ProxyContext:
                 # proxy's time (the send path is latency-bound), and receive never has to undo it.
                 compress_over_bytes=-1,
                 max_message_size=config.max_message_size,
-                linger_ms=0.0,  # no timer: batches grow only while others are in flight
+                # Under load sends of a topic wait up to send_linger_ms to share a broker
+                # request; a lone send (nothing of its topic in flight) leaves at once.
+                linger_ms=config.send_linger_ms,
+                linger_only_in_flight=True,
                 max_in_flight_per_key=config.send_batches_in_flight,
                 # A topic no NameServer knows is TOPIC_NOT_FOUND for gRPC clients (as in
                 # RocketMQ 5), not a guess at brokers that might auto-create it.

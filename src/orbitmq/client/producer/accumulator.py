@@ -12,7 +12,8 @@ queue; a selector waiting for its topic's route parks the message until the rout
 
 While ``max_in_flight_batches`` batches await their answer (or ``max_in_flight_per_key`` of its
 own topic or queue), a batch whose linger is over stays open and keeps growing instead of
-queueing behind them; the next answer sends it (Nagle's rule). Under load, sends then leave in fewer, larger frames without
+queueing behind them; the next answer sends it (Nagle's rule). With ``linger_only_in_flight``
+a batch lingers only while a batch of its own key is in flight: a lone send leaves at once. Under load, sends then leave in fewer, larger frames without
 waiting longer than they would have waited for a slot anyway; a lone send still leaves at once.
 
 Everything here runs on the producer's event loop.
@@ -184,7 +185,7 @@ class RecordAccumulator:
             loop = self._loop
             assert loop is not None
             batch = self._batches[key] = _Batch(key)
-            if cfg.linger_ms <= 0:
+            if cfg.linger_ms <= 0 or (cfg.linger_only_in_flight and key not in self._key_in_flight):
                 batch.timer = loop.call_soon(self._linger_over, batch)
             else:
                 batch.timer = loop.call_later(cfg.linger_ms / 1000.0, self._linger_over, batch)

@@ -65,6 +65,12 @@ class ProducerConfig:
         "Automatic batches awaiting an answer at once; beyond it batches queue up (and grow).",
         at_least(1),
     )
+    linger_only_in_flight: bool = setting(
+        False,
+        "linger_ms applies only to a batch whose topic (queue) already has a batch awaiting "
+        "its answer; a send while none is in flight leaves in the same loop iteration. Larger "
+        "batches under load, no wait for a lone send (the gRPC proxy sets it).",
+    )
     max_in_flight_per_key: int = setting(
         0,
         "Automatic batches of one topic (one queue, for sends to a queue) awaiting an answer "
