@@ -246,3 +246,27 @@ async def _routed(admin: AsyncAdminClient) -> bool:
         return bool(await admin.queues(TOPIC))
     except Exception:  # noqa: BLE001 - not registered yet
         return False
+
+
+def test_mqtt_login_with_an_inner_users_secret_needs_its_certificate(tmp_path: Path) -> None:
+    """The MQTT gateway takes the brokers' users too: an inner user's password (its secret)
+    is refused without a client certificate naming it, and SCRAM never gets its secret."""
+    from orbitmq.auth.server import ServerAuth
+    from orbitmq.mqtt.auth import Authenticator as MqttAuth
+
+    _store(tmp_path / "auth.json")
+    acl = ServerAuth.open(
+        enabled=True, auth_file=tmp_path / "auth.json", audit_file=tmp_path / "audit.jsonl",
+        cluster="DefaultCluster", node="t",
+    )  # fmt: skip
+    mqtt = MqttAuth(False, None, acl)
+    secret = INNER_SECRET.encode()
+    assert mqtt.login(INNER, secret, None, "10.0.0.9:1883") is None
+    assert mqtt.login(INNER, secret, "alice", "10.0.0.9:1883") is None
+    assert mqtt.login(INNER, secret, INNER, "10.0.0.9:1883") == INNER
+    assert mqtt.login("inner-local", b"inner-local-secret", None, "127.0.0.1:5") == "inner-local"
+    assert mqtt.login("inner-local", b"inner-local-secret", None, "10.0.0.9:5") is None
+    assert mqtt.login("alice", b"alice-secret-1", None, "10.0.0.9:5") == "alice"
+    assert mqtt.scram_secret(INNER) is None and mqtt.scram_secret("alice") == "alice-secret-1"
+    reasons = [json.loads(x)["reason"] for x in (tmp_path / "audit.jsonl").read_text().splitlines()]
+    assert any("mutual TLS" in r for r in reasons)
