@@ -20,6 +20,7 @@ import statistics
 import subprocess
 import sys
 import time
+import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -73,7 +74,8 @@ def up(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Up]:
     config = base / "orbitmq.toml"
     config.write_text(settings_toml({"broker": dict(LIMITS)}))
     record = base / "exec.txt"
-    ports = ("--namesrv-port", "--broker-port", "--proxy-port", "--kafka-port", "--console-port")
+    ports = ("--namesrv-port", "--broker-port", "--proxy-port", "--kafka-port", "--console-port",
+             "--metrics-port")  # fmt: skip
     args = [str(record), "up", "--config", str(config), "--data-dir", str(base / "data")]
     args += [item for flag in ports for item in (flag, "0")]
     proc = ServerProcess("up", args, base / "up.log", module=HOOK)
@@ -135,6 +137,7 @@ def test_up_says_auth_is_off_and_listens_on_loopback_only(up: Up) -> None:
     assert "only loopback (127.0.0.1) is listened on" in log
     named = [v for k, v in up.endpoints.items() if k not in ("store", "flush")]
     assert len(named) >= 6, up.proc.ready_line  # namesrv broker mqtt proxy kafka console ...
+    assert "metrics" in up.endpoints, up.proc.ready_line
     for value in named:
         assert value.removeprefix("http://").startswith("127.0.0.1:"), value
     listening = _listening(up.proc.pid)
@@ -152,6 +155,18 @@ async def _polite(addr: str) -> Connection:
         host, int(port), local_addr=("127.0.0.2", 0),
     )  # fmt: skip
     return conn
+
+
+def _refusals(url: str) -> dict[str, int]:
+    """orbitmq_net_refused_total of the broker listener, by reason, from its metrics page."""
+    with urllib.request.urlopen(url, timeout=10) as resp:
+        text = resp.read().decode()
+    found: dict[str, int] = {}
+    for line in text.splitlines():
+        if line.startswith('orbitmq_net_refused_total{listener="broker",reason="'):
+            reason = line.split('reason="', 1)[1].split('"', 1)[0]
+            found[reason] = int(float(line.rsplit(" ", 1)[1]))
+    return found
 
 
 def _rss_kib(pid: int) -> int:
@@ -202,11 +217,13 @@ async def test_t15_abuse_leaves_a_polite_client_p99_and_the_rss_bounded(up: Up) 
     finally:
         conn.close()
     stats = json.loads(done.decode().removeprefix("abuser done "))
+    refused = await asyncio.to_thread(_refusals, up.endpoints["metrics"])
     growth_mib = (max(rss) - rss[0]) / 1024
     print(
         f"T15: polite p99 (median of {WINDOW_S} s windows) {base * 1e3:.1f} ms before, "
         f"{during * 1e3:.1f} ms under abuse ({during / base:.2f}x); RSS {rss[0] / 1024:.0f} MiB "
-        f"-> max {max(rss) / 1024:.0f} MiB (+{growth_mib:.1f}); abusers {stats}; windows (ms) "
+        f"-> max {max(rss) / 1024:.0f} MiB (+{growth_mib:.1f}); abusers {stats}; broker refusals "
+        f"{refused}; windows (ms) "
         f"{[round(w * 1e3, 1) for w in base_w]} then {[round(w * 1e3, 1) for w in during_w]}"
     )
     # < 2x, with 30 ms of slack for the scheduling noise of a loaded 2-core machine
@@ -217,6 +234,12 @@ async def test_t15_abuse_leaves_a_polite_client_p99_and_the_rss_bounded(up: Up) 
     assert stats["prefix_closed"] == stats["prefix_sent"] > 0
     held_to = QUOTA * (ABUSE_S + 1.0) + 8 * 20_000  # one second of burst, 8 in flight
     assert stats["greedy_acked"] * 20_000 <= held_to, stats
+    # the broker's own counts (its Prometheus metrics): each abuse met its limit
+    assert refused.get("frame_timeout", 0) >= 20, refused  # the slowloris connections
+    assert refused.get("protocol_error", 0) >= stats["prefix_sent"], refused
+    flood_refused = refused.get("max_connections_per_ip", 0) + refused.get("connection_rate", 0)
+    assert flood_refused >= stats["flood_open"] - 100, refused  # at most 100 held
+    assert refused.get("quota_throttled", 0) > 0, refused  # the 10x producer
 
 
 # --------------------------------------------------------------------------------- T14
