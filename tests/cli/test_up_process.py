@@ -169,6 +169,12 @@ def _refusals(url: str) -> dict[str, int]:
     return found
 
 
+def _cpu_s(pid: int) -> float:
+    """CPU time (user + system) of process ``pid`` so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def _rss_kib(pid: int) -> int:
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith("VmRSS:"):
@@ -211,7 +217,9 @@ async def test_t15_abuse_leaves_a_polite_client_p99_and_the_rss_bounded(up: Up) 
         up.abuser.stdin.write(b"go\n")
         up.abuser.stdin.flush()
         await asyncio.sleep(0.5)  # the flood and the pipelines under way
+        cpu0, wall0 = _cpu_s(up.proc.pid), time.monotonic()
         during_w = await _windows(conn, 3, up.proc.pid, rss)
+        busy = (_cpu_s(up.proc.pid) - cpu0) / (time.monotonic() - wall0)
         during = statistics.median(during_w)
         done = await asyncio.to_thread(up.abuser.stdout.readline)
     finally:
@@ -223,7 +231,7 @@ async def test_t15_abuse_leaves_a_polite_client_p99_and_the_rss_bounded(up: Up) 
         f"T15: polite p99 (median of {WINDOW_S} s windows) {base * 1e3:.1f} ms before, "
         f"{during * 1e3:.1f} ms under abuse ({during / base:.2f}x); RSS {rss[0] / 1024:.0f} MiB "
         f"-> max {max(rss) / 1024:.0f} MiB (+{growth_mib:.1f}); abusers {stats}; broker refusals "
-        f"{refused}; windows (ms) "
+        f"{refused}; up's CPU under abuse {busy:.0%} of a core; windows (ms) "
         f"{[round(w * 1e3, 1) for w in base_w]} then {[round(w * 1e3, 1) for w in during_w]}"
     )
     # < 2x, with 30 ms of slack for the scheduling noise of a loaded 2-core machine
