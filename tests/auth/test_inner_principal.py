@@ -21,11 +21,12 @@ import pytest
 
 from orbitmq.auth.audit import AuditLog
 from orbitmq.auth.guard import AUTH_FAILED, Guard
-from orbitmq.auth.model import UserType, inner_refusal
+from orbitmq.auth.model import User, UserType, inner_refusal
 from orbitmq.auth.store import AuthStore
 from orbitmq.broker.controller import BrokerController
 from orbitmq.client import AdminConfig, AsyncAdminClient
 from orbitmq.common.codes import ResponseCode
+from orbitmq.common.errors import MQError
 from orbitmq.namesrv.config import NamesrvConfig
 from orbitmq.namesrv.controller import NamesrvController
 from orbitmq.net.client import RemotingClient, set_default_ssl_context
@@ -40,6 +41,7 @@ from orbitmq.proxy.grpc_v2 import service_pb2_grpc
 from orbitmq.proxy.server import ProxyServer
 from orbitmq.proxy.status import ProxyError
 from orbitmq.testing import small_broker_config
+from tests.auth.conftest import SECRETS, Cluster
 from tests.net.pki import Ca
 from tests.proxy.conftest import metadata
 from tests.proxy.test_broker_tls import TOPIC, _message
@@ -270,3 +272,21 @@ def test_mqtt_login_with_an_inner_users_secret_needs_its_certificate(tmp_path: P
     assert mqtt.scram_secret(INNER) is None and mqtt.scram_secret("alice") == "alice-secret-1"
     reasons = [json.loads(x)["reason"] for x in (tmp_path / "audit.jsonl").read_text().splitlines()]
     assert any("mutual TLS" in r for r in reasons)
+
+
+async def test_user_commands_set_and_clear_the_inner_mark(cluster: Cluster) -> None:
+    """Over the wire (AUTH_CREATE_USER / AUTH_UPDATE_USER ``inner``), as ``orbitmq user create
+    --inner mtls`` sends it; a bad value is refused and changes nothing."""
+    cfg = AdminConfig(access_key="admin", secret_key=SECRETS["admin"])
+    async with AsyncAdminClient([cluster.namesrv.address], cfg) as admin:
+        await admin.create_user("inner-p2", "inner-p2-secret", "Super", inner="mtls")
+        assert (await admin.get_user("inner-p2"))["inner"] == "mtls"
+        with pytest.raises(MQError):
+            await admin.update_user("inner-p2", inner="sometimes")
+        assert (await admin.get_user("inner-p2"))["inner"] == "mtls"
+        await admin.update_user("inner-p2", inner="none")
+        assert "inner" not in await admin.get_user("inner-p2")
+        await admin.update_user("inner-p2", inner="loopback")
+        assert AuthStore(cluster.auth_file).user("inner-p2") == User(
+            "inner-p2", UserType.SUPER, True, "loopback"
+        )
