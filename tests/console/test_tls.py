@@ -9,12 +9,14 @@ import dataclasses
 import http.client
 import socket
 import ssl
+import time
 import urllib.error
 import urllib.request
 from pathlib import Path
 
 import pytest
 from cryptography import x509
+from cryptography.hazmat.primitives import serialization
 
 from orbitmq.common.errors import ConfigError
 from orbitmq.console.auth import hash_password
@@ -63,6 +65,14 @@ def _login_cookie(port: int, ctx: ssl.SSLContext | None) -> str:
         return str(resp.getheader("set-cookie"))
     finally:
         conn.close()
+
+
+def _fetch(conn: http.client.HTTPConnection) -> int:
+    """One request on a kept-alive connection (request and answer in one thread)."""
+    conn.request("GET", "/static/htmx.min.js")
+    resp = conn.getresponse()
+    assert resp.read()
+    return int(resp.status)
 
 
 def _served_cert(port: int, ctx: ssl.SSLContext) -> x509.Certificate:
@@ -138,4 +148,50 @@ async def test_console_with_a_client_ca_requires_a_client_certificate(tmp_path: 
 def test_a_client_ca_without_a_certificate_is_a_config_error() -> None:
     with pytest.raises(ConfigError):
         ConsoleConfig(tls_ca_file="ca.pem")
-    assert ConsoleConfig().uvicorn_ssl() == {}  # off by default (loopback)
+    assert ConsoleConfig().tls_source() is None  # off by default (loopback)
+
+
+async def test_console_serves_a_replaced_certificate_without_a_restart(tmp_path: Path) -> None:
+    """Files replaced in place: new handshakes get the new certificate within 2 s (brief T9),
+    same port, same server; a connection opened before keeps working."""
+    ca = Ca.make(tmp_path)
+    first, second = tmp_path / "first", tmp_path / "second"
+    first.mkdir()
+    second.mkdir()
+    old_cert, old_key = ca.issue(first, "console", ip="127.0.0.1")
+    new_cert, new_key = ca.issue(second, "console", ip="127.0.0.1")
+    live_cert, live_key = tmp_path / "console.crt", tmp_path / "console.key"
+    live_cert.write_bytes(old_cert.read_bytes())
+    live_key.write_bytes(old_key.read_bytes())
+    cfg = ConsoleConfig(
+        namesrv_addrs=NOWHERE, port=0, audit_log=str(tmp_path / "a.jsonl"),
+        tls_cert_file=str(live_cert), tls_key_file=str(live_key),
+    )  # fmt: skip
+    trusting = ssl.create_default_context(cafile=str(ca.file))
+    wanted = x509.load_pem_x509_certificate(new_cert.read_bytes())
+    async with serve_console(cfg) as url:
+        port = int(url.rsplit(":", 1)[1])
+        served = await asyncio.to_thread(_served_cert, port, trusting)
+        assert served == x509.load_pem_x509_certificate(old_cert.read_bytes())
+        before = http.client.HTTPSConnection("127.0.0.1", port, timeout=5, context=trusting)
+        try:
+            assert await asyncio.to_thread(_fetch, before) == 200
+            kept = before.sock
+            # replaced in place, certificate then key (a reader may see the pair half-written)
+            live_cert.write_bytes(new_cert.read_bytes())
+            live_key.write_bytes(new_key.read_bytes())
+            start = time.monotonic()
+            while served != wanted:
+                assert time.monotonic() - start < 2.0, "the new certificate was not served in 2 s"
+                await asyncio.sleep(0.1)
+                served = await asyncio.to_thread(_served_cert, port, trusting)
+            print(f"new certificate served after {time.monotonic() - start:.2f} s")
+            assert url.endswith(f":{port}")
+            # the connection made with the old certificate still works, on the same socket
+            assert await asyncio.to_thread(_fetch, before) == 200
+            assert before.sock is kept and isinstance(kept, ssl.SSLSocket)
+            assert kept.getpeercert(binary_form=True) == x509.load_pem_x509_certificate(
+                old_cert.read_bytes()
+            ).public_bytes(serialization.Encoding.DER)
+        finally:
+            before.close()

@@ -27,11 +27,14 @@ ANONYMOUS = ""
 
 
 def user_view(user: User) -> dict[str, str]:
-    return {
+    view = {
         "username": user.name,
         "user_type": user.type.value,
         "user_status": "enable" if user.enabled else "disable",
     }
+    if user.inner:
+        view["inner"] = user.inner
+    return view
 
 
 def subject_user(subject: str) -> str:
@@ -118,7 +121,7 @@ class AuthAdmin:
         utype = UserType.parse(req.user_type)
         if utype is UserType.SUPER and not self._may_touch_super(who):
             return self._denied(frame)
-        user = self.store.create_user(req.username, req.password, utype)
+        user = self.store.create_user(req.username, req.password, utype, inner=req.inner or "")
         return frame.reply(ResponseCode.SUCCESS), None, user_view(user), "done"
 
     def _update_user(self, frame: Frame, who: str) -> tuple[Frame, Any, Any, str]:
@@ -136,7 +139,7 @@ class AuthAdmin:
                 raise ConfigurationError("user_status must be enable or disable")
             enabled = req.user_status == "enable"
         before, after = self.store.update_user(
-            req.username, secret=req.password, utype=utype, enabled=enabled
+            req.username, secret=req.password, utype=utype, enabled=enabled, inner=req.inner
         )
         view_after = user_view(after) | ({"secret": "changed"} if req.password else {})
         return frame.reply(ResponseCode.SUCCESS), user_view(before), view_after, "done"

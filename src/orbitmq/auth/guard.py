@@ -7,8 +7,11 @@ and returns the authenticated user's name (go on) or the refusal Frame to send b
 1. **Authentication.** The request's ``AccessKey``/``Signature`` (v1 RocketMQ, v2 OrbitMQ with a
    replay window; ``orbitmq.protocol.signature``) is checked against the user's secret in
    constant time; or, without an AccessKey, a verified client certificate (mTLS) names the user
-   by its first DNS/URI subjectAltName, else its CN. No credentials, an unknown user, a wrong
-   signature and a disabled user all get the same answer, NO_PERMISSION (16), as RocketMQ's
+   by its first DNS/URI subjectAltName, else its CN. An inner user (``User.inner``: the
+   proxy's, a broker's own, Super) is admitted only when a verified certificate names it too
+   (or, ``loopback``, from a loopback address): its secret alone is not enough. No
+   credentials, an unknown user, a wrong signature, a disabled user and an inner user
+   without its transport all get the same answer, NO_PERMISSION (16), as RocketMQ's
    "check signature failed", so a caller cannot probe for user names.
 2. **Authorization.** ``orbitmq.auth.actions`` maps the code to its checks (an unmapped code,
    or a request whose resource names cannot be read, is refused) and ``orbitmq.auth.model.decide`` applies the user's ACL from the source IP.
@@ -26,7 +29,7 @@ from typing import Any
 
 from orbitmq.auth.actions import ADMIN_CODES, Unmapped, checks_for
 from orbitmq.auth.audit import AuditLog
-from orbitmq.auth.model import decide
+from orbitmq.auth.model import decide, inner_refusal
 from orbitmq.auth.store import AuthStore
 from orbitmq.common.codes import ResponseCode
 from orbitmq.protocol.fields import FieldError
@@ -150,6 +153,11 @@ class Guard:
         if user is None or not user.enabled:
             self._failed(conn)
             return self._refuse(frame, name, source, "-", "-", AUTH_FAILED)
+        if user.inner:
+            why = inner_refusal(user, cert_principal(conn), ip)
+            if why is not None:  # audited with why, answered as any failed authentication
+                self._failed(conn)
+                return self._refuse(frame, name, source, "-", "-", why, answer=AUTH_FAILED)
         try:
             checks = checks_for(frame, self.cluster)
         except Unmapped:
@@ -189,7 +197,14 @@ class Guard:
             attributes["auth_failures"] = int(attributes.get("auth_failures", 0)) + 1
 
     def _refuse(
-        self, frame: Frame, principal: str, source: str, resource: str, action: str, reason: str
+        self,
+        frame: Frame,
+        principal: str,
+        source: str,
+        resource: str,
+        action: str,
+        reason: str,
+        answer: str | None = None,
     ) -> Frame:
         self.refused += 1
         self.audit.deny(
@@ -200,4 +215,4 @@ class Guard:
             action=action,
             reason=reason,
         )
-        return frame.reply(ResponseCode.NO_PERMISSION, reason)
+        return frame.reply(ResponseCode.NO_PERMISSION, answer or reason)

@@ -217,11 +217,49 @@ class PolicyEntry:
         )
 
 
+INNER_TRANSPORTS = ("mtls", "loopback")
+"""What an inner user (the proxy's, a broker's own) needs besides its secret: ``mtls``, a
+verified client certificate naming it; ``loopback``, that or a loopback source address (the
+single-host ``up`` commands, whose inner secret is made fresh at each start and never written)."""
+
+
 @dataclass(frozen=True, slots=True)
 class User:
     name: str
     type: UserType = UserType.NORMAL
     enabled: bool = True
+    inner: str = ""
+    """"" (any transport), or one of INNER_TRANSPORTS."""
+
+
+def parse_inner(text: str | None) -> str:
+    """An inner-transport value ("", "none" -> ""), checked."""
+    value = (text or "").strip().lower()
+    if value in ("", "none"):
+        return ""
+    if value not in INNER_TRANSPORTS:
+        raise ConfigurationError(f"inner must be mtls, loopback or none, not {value[:40]!r}")
+    return value
+
+
+def inner_refusal(user: User, certified: str | None, ip: str) -> str | None:
+    """Why ``user`` may not authenticate on this connection (None: it may). ``certified``: the
+    user a verified client certificate of the connection names; ``ip``: its source. An inner
+    principal has Super rights: its secret alone, from any host, must not be enough (brief
+    section 10, bootstrap)."""
+    if not user.inner or certified == user.name:
+        return None
+    if user.inner == "loopback":
+        try:
+            if ipaddress.ip_address(ip).is_loopback:
+                return None
+        except ValueError:
+            pass
+        return (
+            f"inner user {user.name} authenticates only from loopback or over mutual TLS "
+            f"with a certificate naming it"
+        )
+    return f"inner user {user.name} authenticates only over mutual TLS with a certificate naming it"
 
 
 @dataclass(frozen=True, slots=True)

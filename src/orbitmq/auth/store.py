@@ -32,7 +32,14 @@ from typing import Any
 
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
-from orbitmq.auth.model import ConfigurationError, PolicyEntry, Resource, User, UserType
+from orbitmq.auth.model import (
+    ConfigurationError,
+    PolicyEntry,
+    Resource,
+    User,
+    UserType,
+    parse_inner,
+)
 
 KEY_ENV = "ORBITMQ_AUTH_KEY"
 MAX_SECRET_CHARS = 256
@@ -95,6 +102,13 @@ def _load_key(path: Path) -> bytes:
     return key
 
 
+def user_of(name: str, u: dict[str, Any]) -> User:
+    """The User of one ``users`` entry of the document."""
+    return User(
+        name, UserType.parse(u["type"]), bool(u.get("enabled", True)), str(u.get("inner", ""))
+    )
+
+
 def validate_username(name: str) -> str:
     if not name or len(name) > 64 or not all(c.isalnum() or c in "_-." for c in name):
         raise ConfigurationError(f"user name {name[:70]!r} is not 1..64 of [A-Za-z0-9_.-]")
@@ -149,7 +163,7 @@ class AuthStore:
         """The Snapshot of one version of the document (secrets unsealed)."""
         snap = Snapshot(version=int(data.get("version", 0)))
         for name, u in data.get("users", {}).items():
-            snap.users[name] = User(name, UserType.parse(u["type"]), bool(u.get("enabled", True)))
+            snap.users[name] = user_of(name, u)
             snap.secrets[name] = self._open(name, u["secret"])
         for name, entries in data.get("acls", {}).items():
             snap.acls[name] = tuple(PolicyEntry.from_json(e) for e in entries)
@@ -214,18 +228,24 @@ class AuthStore:
         self.refresh()
         return result
 
-    def create_user(self, name: str, secret: str, utype: UserType = UserType.NORMAL) -> User:
+    def create_user(
+        self, name: str, secret: str, utype: UserType = UserType.NORMAL, *, inner: str = ""
+    ) -> User:
+        """``inner``: see model.INNER_TRANSPORTS ("" for an ordinary user)."""
         validate_username(name)
         validate_secret(secret)
+        inner = parse_inner(inner)
         sealed = self._seal(name, secret)
 
         def change(data: dict[str, Any]) -> None:
             if name in data["users"]:
                 raise ExistsError(f"user {name} already exists")
             data["users"][name] = {"type": utype.value, "enabled": True, "secret": sealed}
+            if inner:
+                data["users"][name]["inner"] = inner
 
         self._mutate(change)
-        return User(name, utype)
+        return User(name, utype, inner=inner)
 
     def update_user(
         self,
@@ -234,22 +254,28 @@ class AuthStore:
         secret: str | None = None,
         utype: UserType | None = None,
         enabled: bool | None = None,
+        inner: str | None = None,
     ) -> tuple[User, User]:
         """Change what is given; returns (before, after)."""
         sealed = None if secret is None else self._seal(name, validate_secret(secret))
+        inner = None if inner is None else parse_inner(inner)
 
         def change(data: dict[str, Any]) -> tuple[User, User]:
             u = data["users"].get(name)
             if u is None:
                 raise NotFoundError(name)
-            before = User(name, UserType.parse(u["type"]), bool(u.get("enabled", True)))
+            before = user_of(name, u)
             if sealed is not None:
                 u["secret"] = sealed
             if utype is not None:
                 u["type"] = utype.value
             if enabled is not None:
                 u["enabled"] = enabled
-            return before, User(name, UserType.parse(u["type"]), bool(u["enabled"]))
+            if inner is not None:
+                u.pop("inner", None)
+                if inner:
+                    u["inner"] = inner
+            return before, user_of(name, u)
 
         result: tuple[User, User] = self._mutate(change)
         return result
@@ -262,7 +288,7 @@ class AuthStore:
             if u is None:
                 raise NotFoundError(name)
             data["acls"].pop(name, None)
-            return User(name, UserType.parse(u["type"]), bool(u.get("enabled", True)))
+            return user_of(name, u)
 
         result: User = self._mutate(change)
         return result

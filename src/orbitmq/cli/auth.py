@@ -44,6 +44,14 @@ SecretOpt = Annotated[
     str | None, typer.Option("--password", "-p", help="Secret key ('-': read from stdin).")
 ]
 TypeOpt = Annotated[str | None, typer.Option("--user-type", "-t", help="Super or Normal.")]
+InnerOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--inner",
+        help="mtls (or loopback, or none): an inner user, e.g. the proxy's; its secret alone is "
+        "not enough, a client certificate must name it (docs/security.md).",
+    ),
+]
 SubjectOpt = Annotated[str, typer.Option("--subject", "-s", help="User:<name>.")]
 ResourcesOpt = Annotated[
     str, typer.Option("--resources", "-r", help="*, Topic:a, Group:g*, Cluster:c; ',' separated.")
@@ -76,6 +84,7 @@ def user_create(
     username: UserOpt,
     password: SecretOpt = None,
     user_type: TypeOpt = "Normal",
+    inner: InnerOpt = None,
     namesrv: NamesrvOpt = DEFAULT_NAMESRV,
 ) -> None:
     """Create a user (mqadmin createUser)."""
@@ -85,7 +94,7 @@ def user_create(
 
     async def go() -> None:
         async with _admin(namesrv) as admin:
-            await admin.create_user(username, secret, user_type or "Normal")
+            await admin.create_user(username, secret, user_type or "Normal", inner=inner)
 
     run(go())
     out().print(f"created user {escape(username)}")
@@ -97,6 +106,7 @@ def user_update(
     password: SecretOpt = None,
     user_type: TypeOpt = None,
     status: Annotated[str | None, typer.Option("--status", help="enable or disable.")] = None,
+    inner: InnerOpt = None,
     namesrv: NamesrvOpt = DEFAULT_NAMESRV,
 ) -> None:
     """Change a user's secret, type or status (mqadmin updateUser)."""
@@ -105,7 +115,7 @@ def user_update(
     async def go() -> None:
         async with _admin(namesrv) as admin:
             await admin.update_user(
-                username, secret=secret, user_type=user_type, user_status=status
+                username, secret=secret, user_type=user_type, user_status=status, inner=inner
             )
 
     run(go())

@@ -58,7 +58,9 @@ def prepare_auth(data_dir: Path, broker_name: str) -> ClusterAuth:
     bootstrap_admin(store, ADMIN_USER)
     inner, secret = f"inner-{broker_name}", secrets.token_urlsafe(24)
     try:
-        store.create_user(inner, secret, UserType.SUPER)
+        store.create_user(inner, secret, UserType.SUPER, inner="loopback")
     except ExistsError:
-        store.update_user(inner, secret=secret, utype=UserType.SUPER, enabled=True)
+        store.update_user(
+            inner, secret=secret, utype=UserType.SUPER, enabled=True, inner="loopback"
+        )
     return ClusterAuth(auth_file, inner, secret)

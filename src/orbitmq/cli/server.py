@@ -345,9 +345,11 @@ def shared_auth(settings: Settings) -> Settings:
         bootstrap_admin(store)
         inner, secret = f"inner-{broker.broker_name}", secrets.token_urlsafe(24)
         try:
-            store.create_user(inner, secret, UserType.SUPER)
+            store.create_user(inner, secret, UserType.SUPER, inner="loopback")
         except ExistsError:
-            store.update_user(inner, secret=secret, utype=UserType.SUPER, enabled=True)
+            store.update_user(
+                inner, secret=secret, utype=UserType.SUPER, enabled=True, inner="loopback"
+            )
         broker = dataclasses.replace(
             broker, auth_file=auth_file, access_key=inner, secret_key=secret
         )

@@ -8,18 +8,18 @@ reaches the port is an admin, which is why the default bind is 127.0.0.1.
 HTTPS (issue #16, "TLS on every listener"): off by default, since the default bind is loopback;
 with ``tls_cert_file`` the port speaks HTTPS only (TLS 1.2+; a plaintext request gets no
 answer), and with ``tls_ca_file`` too it asks every browser or tool for a client certificate
-chaining to that CA (mutual TLS: none, no connection).
+chaining to that CA (mutual TLS: none, no connection). A replaced certificate, key or CA file
+is used by the next handshake, without a restart (``tls_source``).
 """
 
 from __future__ import annotations
 
-import ssl
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
 
 from orbitmq.common.config import PORT, at_least, non_empty, setting
 from orbitmq.common.errors import ConfigError
+from orbitmq.net.tls import ContextSource, server_context
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,13 +74,16 @@ class ConsoleConfig:
         if (self.tls_key_file or self.tls_ca_file) and not self.tls_cert_file:
             raise ConfigError("console.tls_key_file and console.tls_ca_file need tls_cert_file")
 
-    def uvicorn_ssl(self) -> dict[str, Any]:
-        """uvicorn.Config's ssl keyword arguments (empty: plain HTTP)."""
-        if not self.tls_cert_file:
-            return {}
-        return {
-            "ssl_certfile": self.tls_cert_file,
-            "ssl_keyfile": self.tls_key_file,
-            "ssl_ca_certs": self.tls_ca_file,
-            "ssl_cert_reqs": ssl.CERT_REQUIRED if self.tls_ca_file else ssl.CERT_NONE,
-        }
+    def tls_source(self) -> ContextSource | None:
+        """The HTTPS server context (None: plain HTTP), rebuilt when the certificate, key or
+        CA file changes: the same ``ContextSource`` the broker, NameServer and HA ports
+        reload with (polled every 0.5 s by hash, and at once on SIGHUP)."""
+        cert = self.tls_cert_file
+        if not cert:
+            return None
+        key, ca = self.tls_key_file, self.tls_ca_file
+        auth = "required" if ca else "none"
+        return ContextSource(
+            lambda: server_context(cert, key, ca_file=ca, client_auth=auth),
+            [cert, key or "", ca or ""],
+        )

@@ -2,9 +2,11 @@
 
 uvicorn runs as a task of the running loop; its own signal handling is switched off because
 the process that embeds it (the CLI runner) owns SIGINT/SIGTERM and stops it in order.
-HTTPS goes through uvicorn's own ssl options (``ConsoleConfig.uvicorn_ssl``); the URL yielded
-says ``https`` then. Certificates are read at start (a new one needs a console restart: the
-console is stateless, unlike the broker ports, which reload).
+HTTPS: uvicorn is given one SSL context at start (``loop.create_server(ssl=...)``), so, as on
+the broker's HA port, that context's SNI callback (OpenSSL calls it on every ClientHello) puts
+the current context of ``ConsoleConfig.tls_source`` on each new handshake: a replaced
+certificate, key or CA file is served within 0.5 s (or at once on SIGHUP), established
+connections keep theirs, and no restart is needed. The URL yielded says ``https`` then.
 """
 
 from __future__ import annotations
@@ -33,10 +35,11 @@ async def serve_console(config: ConsoleConfig) -> AsyncIterator[str]:
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind((config.host, config.port))
     port = sock.getsockname()[1]
-    tls = config.uvicorn_ssl()
-    server = _EmbeddedServer(
-        uvicorn.Config(create_app(config), log_level="warning", lifespan="on", **tls)
-    )
+    source = config.tls_source()
+    uv_config = uvicorn.Config(create_app(config), log_level="warning", lifespan="on")
+    uv_config.load()
+    uv_config.ssl = None if source is None else source.handshake_context()
+    server = _EmbeddedServer(uv_config)
     task = asyncio.get_running_loop().create_task(server.serve(sockets=[sock]), name="console")
     try:
         for _ in range(400):  # bounded: 20 s
@@ -45,7 +48,7 @@ async def serve_console(config: ConsoleConfig) -> AsyncIterator[str]:
             await asyncio.sleep(0.05)
         if task.done():
             task.result()  # raises why it could not start
-        scheme = "https" if tls else "http"
+        scheme = "https" if source is not None else "http"
         host = f"[{config.host}]" if ":" in config.host else config.host
         yield f"{scheme}://{host}:{port}"
     finally:

@@ -31,7 +31,7 @@ import logging
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from orbitmq.auth.model import Action, Decision, ResourceType, check, decide
+from orbitmq.auth.model import Action, Decision, ResourceType, check, decide, inner_refusal
 from orbitmq.common.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -105,14 +105,26 @@ class Authenticator:
         if not self.enabled:
             return username or principal or ""
         user = self._authenticate(username, password, principal)
+        reason = AUTH_FAILED
+        if user is not None:
+            why = self._inner_refusal(user, principal, source)
+            if why is not None:  # an inner user's secret alone is not enough (docs/security.md)
+                user, reason = None, why
         if user is None:
             self.refused += 1
             if self.guard is not None and self.audit is not None:
                 self.audit.deny(
                     principal=(username or principal or "-")[:64], source=source,
-                    code=AUDIT_CODE_CONNECT, resource="-", action="-", reason=AUTH_FAILED,
+                    code=AUDIT_CODE_CONNECT, resource="-", action="-", reason=reason,
                 )  # fmt: skip
         return user
+
+    def _inner_refusal(self, name: str, principal: str | None, source: str) -> str | None:
+        """Why inner user ``name`` may not log in so (None: not inner, or it may)."""
+        user = None if self.guard is None else self.guard.store.user(name)
+        if user is None or not user.inner:
+            return None
+        return inner_refusal(user, principal, source.rpartition(":")[0].strip("[]"))
 
     def _authenticate(
         self, username: str | None, password: bytes | None, principal: str | None
@@ -148,6 +160,9 @@ class Authenticator:
             return None
         self.guard.refresh()
         secret = self.guard.store.secret(username)
+        user = self.guard.store.user(username)
+        if user is not None and user.inner:  # SCRAM proves the shared secret only
+            return None
         return secret if secret is not None and self._enabled_user(username) else None
 
     def scram_failed(self, username: str, source: str) -> None:

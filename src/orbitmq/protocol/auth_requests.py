@@ -18,6 +18,17 @@ from orbitmq.protocol.header import Header
 AUTH = "auth"
 
 UserName = Annotated[str, Meta(min_length=1, max_length=64, description="user name")]
+InnerOpt = (
+    Annotated[
+        str,
+        Meta(
+            max_length=16,
+            description="OrbitMQ: mtls, loopback or none: an inner user's secret alone is not "
+            "enough (docs/security.md)",
+        ),
+    ]
+    | None
+)
 Secret = Annotated[str, Meta(min_length=8, max_length=256, description="secret key (write-only)")]
 
 
@@ -28,6 +39,7 @@ class CreateUserRequest(Header):
     username: UserName
     password: Secret
     user_type: Annotated[str, Meta(description="Super or Normal")] = "Normal"
+    inner: InnerOpt = None
 
 
 class UpdateUserRequest(Header):
@@ -38,6 +50,7 @@ class UpdateUserRequest(Header):
     password: Secret | None = None
     user_type: Annotated[str, Meta(description="Super or Normal")] | None = None
     user_status: Annotated[str, Meta(description="enable or disable")] | None = None
+    inner: InnerOpt = None
 
 
 class DeleteUserRequest(Header):

@@ -34,6 +34,7 @@ import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
+from orbitmq.auth.model import inner_refusal
 from orbitmq.auth.store import AuthStore
 from orbitmq.proxy.grpc_v2 import definition_pb2 as pb
 from orbitmq.proxy.status import ProxyError
@@ -157,9 +158,12 @@ class Authenticator:
         self,
         metadata: Iterable[tuple[str, str | bytes]] | None,
         certificate: str | None = None,
+        peer_ip: str = "",
     ) -> str:
         """The call's user. ``certificate``: the user its verified client certificate names
-        (mutual TLS), used when the call carries no signature."""
+        (mutual TLS), used when the call carries no signature. ``peer_ip``: the caller's
+        address; an inner user (``User.inner``) signing without a certificate naming it is
+        admitted only from loopback, and only when its ``inner`` is ``loopback``."""
         if not self.enabled:
             return ""
         auth = date_time = ""
@@ -178,7 +182,7 @@ class Authenticator:
             raise ProxyError(pb.Code.UNAUTHORIZED, "ACL is on: the call carries no authorization")
         known = self._verified.get((auth, date_time))
         if known is not None and known[0] is snapshot:
-            return known[1]
+            return self._inner_checked(known[1], certificate, peer_ip)
         cred = parse_authorization(auth)
         secret = self._secret(cred.access_key)
         if secret is None:
@@ -192,4 +196,11 @@ class Authenticator:
         if len(self._verified) >= MAX_REMEMBERED:
             self._verified.clear()
         self._verified[(auth, date_time)] = (snapshot, cred.access_key)
-        return cred.access_key
+        return self._inner_checked(cred.access_key, certificate, peer_ip)
+
+    def _inner_checked(self, name: str, certificate: str | None, peer_ip: str) -> str:
+        """``name``, unless it is an inner user whose transport this call does not have."""
+        user = None if self.store is None else self.store.user(name)
+        if user is not None and user.inner and inner_refusal(user, certificate, peer_ip):
+            raise ProxyError(pb.Code.UNAUTHORIZED, BAD_CREDENTIAL)
+        return name

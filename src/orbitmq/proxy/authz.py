@@ -75,7 +75,7 @@ class Authorizer:
 
     def check(self, principal: str, request: Any, peer: str) -> None:
         """``peer``: gRPC's ``context.peer()`` (``ipv4:1.2.3.4:5678``)."""
-        ip = _peer_ip(peer)
+        ip = peer_ip(peer)
         if type(request) is svc.SendMessageRequest:
             snapshot = self.store.snapshot
             key = (principal, ip, tuple(m.topic.name for m in request.messages))
@@ -114,7 +114,7 @@ class Authorizer:
         if settings.HasField("subscription"):
             checks += _group(sub.group, SUB) + [_topic(e.topic, SUB) for e in sub.subscriptions]
         user, entries = self.store.user(principal), self.store.acl(principal)
-        verdict = decide(user, entries, checks, _peer_ip(peer))
+        verdict = decide(user, entries, checks, peer_ip(peer))
         if not verdict.allowed:
             failed = verdict.failed
             self._refuse(
@@ -128,7 +128,8 @@ class Authorizer:
         raise ProxyError(pb.Code.FORBIDDEN, reason)
 
 
-def _peer_ip(peer: str) -> str:
+def peer_ip(peer: str) -> str:
+    """The address of a gRPC peer string (``ipv4:1.2.3.4:5``, ``ipv6:[::1]:5``)."""
     kind, _, rest = peer.partition(":")
     if kind == "ipv6":
         return rest.rpartition(":")[0].strip("[]").replace("%5B", "").replace("%5D", "")

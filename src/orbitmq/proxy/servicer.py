@@ -25,7 +25,7 @@ from google.protobuf.message import Message as PbMessage
 
 from orbitmq.auth.audit import AuditLog
 from orbitmq.proxy import status
-from orbitmq.proxy.authz import Authorizer
+from orbitmq.proxy.authz import Authorizer, peer_ip
 from orbitmq.proxy.client_service import ClientRpcs
 from orbitmq.proxy.context import ProxyContext
 from orbitmq.proxy.fast_send import RawSend
@@ -167,7 +167,9 @@ class MessagingServicer:
         certificate = None
         if self.cert_principals is not None:
             certificate = self.cert_principals.principal(context.auth_context())
-        return self.ctx.auth.check(context.invocation_metadata(), certificate)
+        return self.ctx.auth.check(
+            context.invocation_metadata(), certificate, peer_ip(context.peer() or "")
+        )
 
     def _refusal(self, request: object, context: Ctx) -> pb.Status | None:
         """Why the call is refused (malformed bytes, ACL), or None."""

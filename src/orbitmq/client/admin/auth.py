@@ -23,9 +23,14 @@ def _decoded(body: Any) -> Any:
 
 
 class AuthAdminOps(AdminBase):
-    async def create_user(self, username: str, secret: str, user_type: str = "Normal") -> None:
+    async def create_user(
+        self, username: str, secret: str, user_type: str = "Normal", *, inner: str | None = None
+    ) -> None:
+        """``inner``: mtls or loopback for an inner user (docs/security.md)."""
         await self._namesrv(
-            rq.CreateUserRequest(username=username, password=secret, user_type=user_type)
+            rq.CreateUserRequest(
+                username=username, password=secret, user_type=user_type, inner=inner
+            )
         )
 
     async def update_user(
@@ -35,10 +40,15 @@ class AuthAdminOps(AdminBase):
         secret: str | None = None,
         user_type: str | None = None,
         user_status: str | None = None,
+        inner: str | None = None,
     ) -> None:
         await self._namesrv(
             rq.UpdateUserRequest(
-                username=username, password=secret, user_type=user_type, user_status=user_status
+                username=username,
+                password=secret,
+                user_type=user_type,
+                user_status=user_status,
+                inner=inner,
             )
         )
 
