@@ -432,3 +432,64 @@ def test_the_c_sealed_bodies_are_the_python_ones() -> None:
         NATIVE.seal_bodies(sealed, [len(sealed) + 1], 1, 141, bytes(24))
     with pytest.raises(ValueError):
         NATIVE.seal_bodies(sealed, [1], 1, 141, bytes(23))
+
+
+def test_the_c_sealed_records_are_the_python_ones(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The store's seal (one C pass from the plaintext records and the ciphertext to the
+    final records) writes the bytes of the Python reference (seal_group's bodies encoded with
+    the batch's header), which open to the same group; bad input raises, never writes."""
+    from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+
+    from orbitmq.common import record as record_codec
+    from orbitmq.common.native import NATIVE
+    from orbitmq.common.record import BatchHeader, encode_batch
+    from orbitmq.store import seal_group as sg
+
+    if NATIVE is None or not hasattr(NATIVE, "seal_records"):
+        pytest.skip("the C extension is not built here")
+    seed = int(os.environ.get("ORBITMQ_TEST_SEED", random.randrange(1 << 30)))
+    print(f"seed {seed}")
+    rng = random.Random(seed)
+    aead = AESGCM(rng.randbytes(32))
+
+    def head(values: tuple[Any, ...]) -> BatchHeader:
+        return BatchHeader(*values)
+
+    for _ in range(40):
+        topic = rng.choice([b"T", "Tópico".encode(), b"t" * 300])
+        n = rng.choice([1, 2, rng.randint(1, 40)])
+        bodies = [rng.randbytes(rng.choice([0, 1, rng.randint(0, 3000)])) for _ in range(n)]
+        props = [rng.randbytes(rng.choice([0, rng.randint(1, 60)])) for _ in range(n)]
+        values = (
+            topic, rng.randint(0, 1 << 31), rng.randint(0, 1 << 40), rng.randint(0, 1 << 40),
+            rng.randint(0, 1 << 31), rng.getrandbits(32) >> 1, rng.getrandbits(63),
+            rng.randbytes(8), rng.getrandbits(63), rng.randbytes(8), rng.randint(0, 16),
+            rng.getrandbits(63),
+        )  # fmt: skip
+        epoch, seg_start = rng.getrandbits(32), max(0, values[3] - rng.randint(0, 4096))
+        c_head, py_head, ref_head = head(values), head(values), head(values)
+        c_out, c_key, c_opened = sg.seal_records(aead, epoch, c_head, seg_start, bodies, props)
+        monkeypatch.setattr(record_codec, "NATIVE", None)
+        py_out, py_key, py_opened = sg.seal_records(aead, epoch, py_head, seg_start, bodies, props)
+        monkeypatch.setattr(record_codec, "NATIVE", NATIVE)
+        ref_bodies, _k, _o = sg.seal_group(aead, epoch, ref_head, seg_start, bodies, props)
+        assert c_out == py_out == encode_batch(ref_head, ref_bodies, [b""] * n)
+        assert (c_key, c_opened) == (py_key, py_opened)
+        assert c_head.sys_flag == py_head.sys_flag == ref_head.sys_flag
+        g_at = values[3] - seg_start  # opens where it would lie in its segment
+        view = memoryview(bytes(g_at) + bytes(c_out))
+        assert sg.open_group(aead, view, g_at, seg_start) == c_opened
+    plain = encode_batch(BatchHeader(b"T", 0, 0, 0, 0, 0, 1, bytes(8), 2, bytes(8), 0, 0),
+                         [b"ab", b"c"], [b"", b"p"], phy_stride=sg.extra_bytes(1))  # fmt: skip
+    sealed = aead.encrypt(bytes(12), plain, None)
+    extra = sg.extra_bytes(1)
+    assert len(NATIVE.seal_records(plain, sealed, 1, extra)) == len(plain) + 2 * extra
+    for args in (
+        (plain, sealed[:-1], 1, extra),  # no room for the tag
+        (plain, sealed, 1, extra + 1),  # extra not the topic's
+        (plain[:-1], sealed[:-1], 1, extra),  # the last record cut short
+        (bytes(len(plain)), bytes(len(plain) + 16), 1, extra),  # sizes of 0
+        (b"", bytes(16), 1, extra),
+    ):
+        with pytest.raises(ValueError):
+            NATIVE.seal_records(*args)

@@ -163,7 +163,7 @@ class Dispatcher:
                       pos, floor)  # fmt: skip
             pos = self.reput_offset = floor
         count = 0
-        told = self.appended if self.fast and self.opener is None else None
+        told = self.appended if self.fast else None
         items: list[Appended] = []
         while pos < end:
             item = told.take(pos, end) if told is not None else None

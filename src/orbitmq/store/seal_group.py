@@ -43,6 +43,7 @@ import numpy as np
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
+from orbitmq.common import record as record_codec
 from orbitmq.common.native import NATIVE
 from orbitmq.common.record import (
     CRC_START,
@@ -103,17 +104,16 @@ def _aad(seg_start: int, group_phy: int, span: int, count: int, topic: bytes) ->
     return _AAD.pack(b"ORS2", seg_start, group_phy, span, count, len(topic)) + topic
 
 
-def seal_group(
+def _seal(
     aead: AESGCM,
     epoch: int,
     head: BatchHeader,
     seg_start: int,
     bodies: Sequence[bytes],
     props: Sequence[bytes],
-) -> tuple[list[bytes], tuple[int, bytes], Opened]:
-    """The sealed bodies of records laid out from ``head``'s first offsets (properties are
-    empty), and the group already opened (with its cache key: the dispatcher and hot reads
-    then need no decrypt); sets SEALED|GROUP in ``head.sys_flag``."""
+) -> tuple[bytearray, bytes, list[int], int, tuple[int, bytes], Opened]:
+    """A group's plaintext records, their ciphertext (tag appended), the plaintext sizes,
+    ``extra``, the cache key and the opened group; sets SEALED|GROUP in ``head.sys_flag``."""
     plain_head = BatchHeader(
         head.topic, head.queue_id, head.first_queue_offset, head.first_physical_offset,
         head.flag, head.sys_flag & ~SEAL_BITS, head.born_timestamp_ms, head.born_host,
@@ -131,16 +131,60 @@ def seal_group(
     sealed = aead.encrypt(
         _NONCE.pack(epoch, group_phy), plain, _aad(seg_start, group_phy, span, n, head.topic)
     )
-    tail = _PREFIX_TAIL.pack(span, n, sealed[-16:])
-    out = (_NATIVE_SEAL or _seal_bodies)(sealed, sizes, epoch, extra, tail)
     phys = accumulate((size + extra for size in sizes[:-1]), initial=group_phy)
     places = zip(accumulate(sizes[:-1], initial=0), sizes, range(n), strict=True)
     head.sys_flag |= SEAL_BITS
-    return (
-        out,
-        (group_phy, sealed[-16:]),
-        Opened(bytes(plain), dict(zip(phys, places, strict=True)), sizes),
-    )
+    opened = Opened(bytes(plain), dict(zip(phys, places, strict=True)), sizes)
+    return plain, sealed, sizes, extra, (group_phy, sealed[-16:]), opened
+
+
+def seal_group(
+    aead: AESGCM,
+    epoch: int,
+    head: BatchHeader,
+    seg_start: int,
+    bodies: Sequence[bytes],
+    props: Sequence[bytes],
+) -> tuple[list[bytes], tuple[int, bytes], Opened]:
+    """The sealed bodies of records laid out from ``head``'s first offsets (properties are
+    empty), and the group already opened (with its cache key: the dispatcher and hot reads
+    then need no decrypt); sets SEALED|GROUP in ``head.sys_flag``. The store writes
+    :func:`seal_records` (the same records, built in one pass)."""
+    plain, sealed, sizes, extra, key, opened = _seal(aead, epoch, head, seg_start, bodies, props)
+    tail = _PREFIX_TAIL.pack(len(plain) + len(sizes) * extra, len(sizes), sealed[-16:])
+    return (_NATIVE_SEAL or _seal_bodies)(sealed, sizes, epoch, extra, tail), key, opened
+
+
+def seal_records(
+    aead: AESGCM,
+    epoch: int,
+    head: BatchHeader,
+    seg_start: int,
+    bodies: Sequence[bytes],
+    props: Sequence[bytes],
+) -> tuple[bytearray, tuple[int, bytes], Opened]:
+    """:func:`seal_group`'s records as the log stores them (the bodies of
+    :func:`seal_group` encoded with ``head``), the cache key and the opened group. With the
+    C codec (the record codec's ``NATIVE``, so tests switching codecs switch this too) the
+    records are built from the plaintext records and the ciphertext in one C call:
+    headers copied and patched, prefixes, ciphertext slices, topics and CRCs, with no
+    per-record Python objects and no second encode of the batch."""
+    plain, sealed, sizes, extra, key, opened = _seal(aead, epoch, head, seg_start, bodies, props)
+    native = getattr(record_codec.NATIVE, "seal_records", None)
+    if native is not None:
+        return native(plain, sealed, epoch, extra), key, opened
+    return seal_records_py(head, sealed, sizes, epoch, extra), key, opened
+
+
+def seal_records_py(
+    head: BatchHeader, sealed: bytes, sizes: list[int], epoch: int, extra: int
+) -> bytearray:
+    """The reference of ``_native.seal_records``: the sealed bodies (:func:`_seal_bodies`)
+    encoded as records of ``head`` (its seal bits set), with empty properties."""
+    n = len(sizes)
+    tail = _PREFIX_TAIL.pack(sum(sizes) + n * extra, n, sealed[-16:])
+    bodies = _seal_bodies(sealed, sizes, epoch, extra, tail)
+    return encode_batch(head, bodies, [b""] * n, None, None)
 
 
 def _seal_bodies(
