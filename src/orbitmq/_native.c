@@ -376,6 +376,64 @@ done:
     PyBuffer_Release(&ct);
     return result;
 }
+
+/* gather_group(view, g_at, count, span, extra) -> (bytes, list[int]) or None: a format-2
+ * sealed group's ciphertext with its tag appended, ready for one AES-GCM decrypt, and the
+ * plaintext size of each record (orbitmq.store.seal_group.open_group's walk is the
+ * reference). The count records lie back to back from g_at and fill exactly span bytes,
+ * each larger than extra; record k's slice of the ciphertext follows its 32-byte prefix
+ * (at 88); the tag is the first record's (prefix bytes 16..32). None when the clear sizes
+ * do not frame the group that way. Only the clear sizes are read: what the caller must
+ * still check (tag, headers against the plaintext) is as for the Python walk. */
+static PyObject *py_gather_group(PyObject *self, PyObject *args) {
+    Py_buffer v;
+    Py_ssize_t g_at, count, span, extra;
+    if (!PyArg_ParseTuple(args, "y*nnnn", &v, &g_at, &count, &span, &extra)) return NULL;
+    PyObject *data = NULL, *sizes = NULL, *result = NULL;
+    const unsigned char *d = v.buf;
+    size_t vlen = (size_t)v.len, ct = 0;
+    if (g_at < 0 || count < 1 || span < 1 || extra < HEADER_SIZE + 32 + 4 ||
+        (size_t)g_at > vlen || (size_t)span > vlen - (size_t)g_at || count > span) {
+        Py_INCREF(Py_None);
+        result = Py_None;
+        goto done;
+    }
+    size_t end = (size_t)g_at + (size_t)span, r = (size_t)g_at, x = (size_t)extra;
+    Py_ssize_t k = 0;
+    for (; k < count; k++) {
+        if (r + HEADER_SIZE > end) break;
+        size_t total = rd32(d + r);
+        if (total <= x || total > end - r) break;
+        ct += total - x;
+        r += total;
+    }
+    if (k != count || r != end) { /* fewer records than counted, overrun, or not filled */
+        Py_INCREF(Py_None);
+        result = Py_None;
+        goto done;
+    }
+    data = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)(ct + 16));
+    sizes = data ? PyList_New(count) : NULL;
+    if (!sizes) goto done;
+    unsigned char *w = (unsigned char *)PyBytes_AS_STRING(data);
+    r = (size_t)g_at;
+    for (k = 0; k < count; k++) {
+        size_t size = rd32(d + r) - x;
+        PyObject *n = PyLong_FromSize_t(size);
+        if (!n) goto done;
+        PyList_SET_ITEM(sizes, k, n);
+        memcpy(w, d + r + HEADER_SIZE + 32, size);
+        w += size;
+        r += size + x;
+    }
+    memcpy(w, d + (size_t)g_at + HEADER_SIZE + 16, 16);
+    result = PyTuple_Pack(2, data, sizes);
+done:
+    Py_XDECREF(data);
+    Py_XDECREF(sizes);
+    PyBuffer_Release(&v);
+    return result;
+}
 PyObject *orbitmq_record_columns(PyObject *self, PyObject *args); /* _native_columns.c */
 
 static PyMethodDef methods[] = {
@@ -390,6 +448,9 @@ static PyMethodDef methods[] = {
     {"seal_bodies", py_seal_bodies, METH_VARARGS,
      "seal_bodies(sealed, sizes, epoch, extra, tail) -> list[bytes]: a sealed group's record "
      "bodies (orbitmq.store.seal_group)."},
+    {"gather_group", py_gather_group, METH_VARARGS,
+     "gather_group(view, g_at, count, span, extra) -> (ciphertext + tag, sizes) of a sealed "
+     "group, or None when its clear sizes do not frame it (orbitmq.store.seal_group)."},
     {"seal_records", py_seal_records, METH_VARARGS,
      "seal_records(plain, sealed, epoch, extra) -> bytearray: a sealed group's final records "
      "from its plaintext records and ciphertext (orbitmq.store.seal_group)."},

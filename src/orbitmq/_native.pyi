@@ -28,6 +28,9 @@ def check_group(
 def seal_bodies(
     sealed: bytes, sizes: list[int], epoch: int, extra: int, tail: bytes, /
 ) -> list[bytes]: ...
+def gather_group(
+    view: memoryview, g_at: int, count: int, span: int, extra: int, /
+) -> tuple[bytes, list[int]] | None: ...
 def seal_records(
     plain: bytes | bytearray, sealed: bytes, epoch: int, extra: int, /
 ) -> bytearray: ...

@@ -78,6 +78,8 @@ SEAL_BITS = SYSFLAG_SEALED | SYSFLAG_SEALED_GROUP
 _NATIVE_CHECK = getattr(NATIVE, "check_group", None)
 _NATIVE_SEAL = getattr(NATIVE, "seal_bodies", None)
 """The C extension's :func:`_check_clear` (an extension built before it lacks it: numpy)."""
+_NATIVE_GATHER = getattr(NATIVE, "gather_group", None)
+"""The C extension's walk of :func:`open_group` (with ``check_group``: one path for all)."""
 
 
 class Opened(NamedTuple):
@@ -253,6 +255,8 @@ def open_group(aead: AESGCM, view: memoryview, g_at: int, seg_start: int) -> Ope
     if back or g_at + span > len(view) or not count:
         raise GroupError("not the start of a complete group")
     extra = extra_bytes(tlen)
+    if _NATIVE_GATHER is not None and _NATIVE_CHECK is not None:
+        return _open_native(aead, view, g_at, seg_start, (epoch, span, count, extra), topic_part)
     total = U32.unpack_from(view, g_at)[0]
     if total > extra and total * count == span:  # records of one size: rows of a matrix
         return _open_uniform(aead, view, g_at, seg_start, total - extra, tag, topic_part)
@@ -300,6 +304,37 @@ def open_group(aead: AESGCM, view: memoryview, g_at: int, seg_start: int) -> Ope
     return Opened(plain, dict(zip(phys, places, strict=True)), sizes)
 
 
+def _open_native(
+    aead: AESGCM,
+    view: memoryview,
+    g_at: int,
+    seg_start: int,
+    framing: tuple[int, int, int, int],
+    topic_part: bytes,
+) -> Opened:
+    """:func:`open_group` in three calls, for any group: the C extension gathers the
+    ciphertext and tag in one copy from the clear sizes (``gather_group``: the walk below),
+    one decrypt, and the C check of every clear record against the plaintext."""
+    assert _NATIVE_GATHER is not None and _NATIVE_CHECK is not None
+    epoch, span, count, extra = framing
+    got = _NATIVE_GATHER(view, g_at, count, span, extra)
+    if got is None:
+        raise GroupError("records do not frame the group")
+    data, sizes = got
+    phy0 = seg_start + g_at
+    try:
+        plain = aead.decrypt(
+            _NONCE.pack(epoch, phy0), data, _aad(seg_start, phy0, span, count, topic_part[2:])
+        )
+    except InvalidTag:
+        raise GroupError("does not authenticate") from None
+    if not _NATIVE_CHECK(view, g_at, plain, sizes, extra, topic_part):  # sizes sum to plain
+        raise GroupError("a clear record does not match its group")
+    phys = accumulate((size + extra for size in sizes[:-1]), initial=phy0)
+    places = zip(accumulate(sizes[:-1], initial=0), sizes, range(count), strict=True)
+    return Opened(plain, dict(zip(phys, places, strict=True)), sizes)
+
+
 def _open_uniform(
     aead: AESGCM,
     view: memoryview,
@@ -316,6 +351,8 @@ def _open_uniform(
     column, or the prefix and topic columns it would shift)."""
     span, count = _PREFIX_TAIL.unpack_from(view, g_at + HEADER_SIZE + 8)[:2]
     total = size + extra_bytes(len(topic_part) - 2)
+    if total * count != span:  # the topic length (from a changed body length) disagrees
+        raise GroupError("records do not fill the group")
     rows = np.frombuffer(view, np.uint8, span, g_at).reshape(count, total)
     cipher_at = HEADER_SIZE + PREFIX_SIZE
     phy0 = seg_start + g_at
