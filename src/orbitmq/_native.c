@@ -303,8 +303,8 @@ done:
     return out;
 }
 
-/* seal_records(plain, sealed, epoch, extra) -> bytearray: a format-2 sealed group's final
- * records in one pass (orbitmq.store.seal_group.seal_records_py is the reference: the
+/* seal_records(plain, sealed, epoch, extra) -> (bytearray, list[int]): a format-2 sealed
+ * group's final records in one pass, and the plaintext size of each record (orbitmq.store.seal_group.seal_records_py is the reference: the
  * seal_bodies bodies encoded as records of the batch's header). plain holds the group's
  * plaintext records back to back (their physical offsets already those of the sealed
  * records), sealed is AES-GCM of plain with its 16-byte tag appended. Record k's clear
@@ -317,7 +317,7 @@ static PyObject *py_seal_records(PyObject *self, PyObject *args) {
     unsigned long epoch;
     Py_ssize_t extra;
     if (!PyArg_ParseTuple(args, "y*y*kn", &pl, &ct, &epoch, &extra)) return NULL;
-    PyObject *result = NULL;
+    PyObject *result = NULL, *records = NULL, *sizes = NULL;
     const unsigned char *p = pl.buf, *c = ct.buf;
     size_t plen = (size_t)pl.len, n = 0, r = 0, tlen = 0;
     const unsigned char *topic = NULL;
@@ -343,9 +343,18 @@ static PyObject *py_seal_records(PyObject *self, PyObject *args) {
         goto done;
     }
     size_t span = plen + n * (size_t)extra;
-    result = PyByteArray_FromStringAndSize(NULL, (Py_ssize_t)span);
-    if (!result) goto done;
-    unsigned char *out = (unsigned char *)PyByteArray_AS_STRING(result);
+    sizes = PyList_New((Py_ssize_t)n);
+    records = sizes ? PyByteArray_FromStringAndSize(NULL, (Py_ssize_t)span) : NULL;
+    if (!records) goto done;
+    r = 0;
+    for (size_t k = 0; k < n; k++) {
+        size_t size = rd32(p + r);
+        PyObject *z = PyLong_FromSize_t(size);
+        if (!z) goto done;
+        PyList_SET_ITEM(sizes, (Py_ssize_t)k, z);
+        r += size;
+    }
+    unsigned char *out = (unsigned char *)PyByteArray_AS_STRING(records);
     const unsigned char *tag = c + plen;
     Py_BEGIN_ALLOW_THREADS
     size_t w = 0;
@@ -371,7 +380,10 @@ static PyObject *py_seal_records(PyObject *self, PyObject *args) {
         w += total;
     }
     Py_END_ALLOW_THREADS
+    result = PyTuple_Pack(2, records, sizes);
 done:
+    Py_XDECREF(records);
+    Py_XDECREF(sizes);
     PyBuffer_Release(&pl);
     PyBuffer_Release(&ct);
     return result;
@@ -452,8 +464,8 @@ static PyMethodDef methods[] = {
      "gather_group(view, g_at, count, span, extra) -> (ciphertext + tag, sizes) of a sealed "
      "group, or None when its clear sizes do not frame it (orbitmq.store.seal_group)."},
     {"seal_records", py_seal_records, METH_VARARGS,
-     "seal_records(plain, sealed, epoch, extra) -> bytearray: a sealed group's final records "
-     "from its plaintext records and ciphertext (orbitmq.store.seal_group)."},
+     "seal_records(plain, sealed, epoch, extra) -> (bytearray, sizes): a sealed group's final "
+     "records from its plaintext records and ciphertext (orbitmq.store.seal_group)."},
     {"split_records", py_split_records, METH_VARARGS,
      "split_records(data: bytes, verify_crc) -> list of record tuples, or the position of the "
      "first bad record."},

@@ -477,6 +477,13 @@ def test_the_c_sealed_records_are_the_python_ones(monkeypatch: pytest.MonkeyPatc
         assert c_out == py_out == encode_batch(ref_head, ref_bodies, [b""] * n)
         assert (c_key, c_opened) == (py_key, py_opened)
         assert c_head.sys_flag == py_head.sys_flag == ref_head.sys_flag
+        phy, at, extra = values[3], 0, sg.extra_bytes(len(topic))  # where each record is
+        for k, z in enumerate(c_opened.sizes):
+            assert c_opened.where.get(phy) == c_opened.where[phy] == (at, z, k)
+            assert c_opened.where.get(phy + 1) is None
+            phy, at = phy + z + extra, at + z
+        assert c_opened.where.get(phy) is None and c_opened.where.get(values[3] - 1) is None
+        assert at == len(c_opened.plain)
         g_at = values[3] - seg_start  # opens where it would lie in its segment
         view = memoryview(bytes(g_at) + bytes(c_out))
         assert sg.open_group(aead, view, g_at, seg_start) == c_opened
@@ -484,7 +491,11 @@ def test_the_c_sealed_records_are_the_python_ones(monkeypatch: pytest.MonkeyPatc
                          [b"ab", b"c"], [b"", b"p"], phy_stride=sg.extra_bytes(1))  # fmt: skip
     sealed = aead.encrypt(bytes(12), plain, None)
     extra = sg.extra_bytes(1)
-    assert len(NATIVE.seal_records(plain, sealed, 1, extra)) == len(plain) + 2 * extra
+    records, sizes = NATIVE.seal_records(plain, sealed, 1, extra)
+    assert len(records) == len(plain) + 2 * extra and sizes == [
+        93 + 2,
+        93 + 1 + 1,
+    ]  # 93: header, topic and lengths
     for args in (
         (plain, sealed[:-1], 1, extra),  # no room for the tag
         (plain, sealed, 1, extra + 1),  # extra not the topic's

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import struct
 import threading
+from bisect import bisect_left
 from collections import OrderedDict
 from collections.abc import Sequence
 from itertools import accumulate
@@ -82,13 +83,58 @@ _NATIVE_GATHER = getattr(NATIVE, "gather_group", None)
 """The C extension's walk of :func:`open_group` (with ``check_group``: one path for all)."""
 
 
+class Places:
+    """Where each record of an opened group is: ``get(phy)`` maps the physical offset of a
+    sealed record to (start, size, index) of its plaintext, as a dict would. Built from the
+    plaintext sizes, and only when first asked (two running sums and a bisect per lookup):
+    a dict of one tuple per record cost more than the seal's AES-GCM call, and a group
+    sealed on append may never be read while in the cache."""
+
+    __slots__ = ("_lists", "extra", "phy0", "sizes")
+
+    def __init__(self, phy0: int, sizes: list[int], extra: int) -> None:
+        self.phy0, self.sizes, self.extra = phy0, sizes, extra
+        self._lists: tuple[list[int], list[int]] | None = None
+
+    def get(self, phy: int) -> tuple[int, int, int] | None:
+        lists = self._lists
+        if lists is None:  # two threads may both build it: the same lists
+            sizes, extra = self.sizes, self.extra
+            lists = self._lists = (
+                list(accumulate((z + extra for z in sizes[:-1]), initial=self.phy0)),
+                list(accumulate(sizes[:-1], initial=0)),
+            )
+        phys = lists[0]
+        i = bisect_left(phys, phy)
+        if i < len(phys) and phys[i] == phy:
+            return lists[1][i], self.sizes[i], i
+        return None
+
+    def __getitem__(self, phy: int) -> tuple[int, int, int]:
+        got = self.get(phy)
+        if got is None:
+            raise KeyError(phy)
+        return got
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Places):
+            return NotImplemented
+        return (self.phy0, self.sizes, self.extra) == (other.phy0, other.sizes, other.extra)
+
+    def __hash__(self) -> int:
+        return hash((self.phy0, self.extra, len(self.sizes)))
+
+    def __repr__(self) -> str:
+        return f"Places({self.phy0}, {self.sizes}, {self.extra})"
+
+
 class Opened(NamedTuple):
     """An opened group. ``where``: physical offset of a sealed record -> (start, size, index)
     of its plaintext in ``plain``; ``sizes``: the plaintext sizes in group order (a read
     serves a run of records as one slice and these sizes, with no per-record lookup)."""
 
     plain: bytes
-    where: dict[int, tuple[int, int, int]]
+    where: Places
     sizes: list[int]
 
 
@@ -113,9 +159,9 @@ def _seal(
     seg_start: int,
     bodies: Sequence[bytes],
     props: Sequence[bytes],
-) -> tuple[bytearray, bytes, list[int], int, tuple[int, bytes], Opened]:
-    """A group's plaintext records, their ciphertext (tag appended), the plaintext sizes,
-    ``extra``, the cache key and the opened group; sets SEALED|GROUP in ``head.sys_flag``."""
+) -> tuple[bytearray, bytes, int]:
+    """A group's plaintext records, their ciphertext (tag appended) and ``extra``; sets
+    SEALED|GROUP in ``head.sys_flag``."""
     plain_head = BatchHeader(
         head.topic, head.queue_id, head.first_queue_offset, head.first_physical_offset,
         head.flag, head.sys_flag & ~SEAL_BITS, head.born_timestamp_ms, head.born_host,
@@ -126,18 +172,22 @@ def _seal(
     # Each plaintext record carries the physical offset its sealed record has in the log.
     plain = encode_batch(plain_head, list(bodies), list(props), phy_stride=extra)
     n = len(bodies)
-    fixed = record_overhead(len(head.topic))
-    sizes = [fixed + len(b) + len(q) for b, q in zip(bodies, props, strict=True)]
     span = len(plain) + n * extra
     group_phy = head.first_physical_offset
     sealed = aead.encrypt(
         _NONCE.pack(epoch, group_phy), plain, _aad(seg_start, group_phy, span, n, head.topic)
     )
-    phys = accumulate((size + extra for size in sizes[:-1]), initial=group_phy)
-    places = zip(accumulate(sizes[:-1], initial=0), sizes, range(n), strict=True)
     head.sys_flag |= SEAL_BITS
-    opened = Opened(bytes(plain), dict(zip(phys, places, strict=True)), sizes)
-    return plain, sealed, sizes, extra, (group_phy, sealed[-16:]), opened
+    return plain, sealed, extra
+
+
+def _sizes(head: BatchHeader, bodies: Sequence[bytes], props: Sequence[bytes]) -> list[int]:
+    fixed = record_overhead(len(head.topic))
+    return [fixed + len(b) + len(q) for b, q in zip(bodies, props, strict=True)]
+
+
+def _opened(head: BatchHeader, plain: bytearray, sizes: list[int], extra: int) -> Opened:
+    return Opened(bytes(plain), Places(head.first_physical_offset, sizes, extra), sizes)
 
 
 def seal_group(
@@ -152,9 +202,12 @@ def seal_group(
     empty), and the group already opened (with its cache key: the dispatcher and hot reads
     then need no decrypt); sets SEALED|GROUP in ``head.sys_flag``. The store writes
     :func:`seal_records` (the same records, built in one pass)."""
-    plain, sealed, sizes, extra, key, opened = _seal(aead, epoch, head, seg_start, bodies, props)
+    plain, sealed, extra = _seal(aead, epoch, head, seg_start, bodies, props)
+    sizes = _sizes(head, bodies, props)
     tail = _PREFIX_TAIL.pack(len(plain) + len(sizes) * extra, len(sizes), sealed[-16:])
-    return (_NATIVE_SEAL or _seal_bodies)(sealed, sizes, epoch, extra, tail), key, opened
+    out = (_NATIVE_SEAL or _seal_bodies)(sealed, sizes, epoch, extra, tail)
+    key = (head.first_physical_offset, sealed[-16:])
+    return out, key, _opened(head, plain, sizes, extra)
 
 
 def seal_records(
@@ -168,14 +221,21 @@ def seal_records(
     """:func:`seal_group`'s records as the log stores them (the bodies of
     :func:`seal_group` encoded with ``head``), the cache key and the opened group. With the
     C codec (the record codec's ``NATIVE``, so tests switching codecs switch this too) the
-    records are built from the plaintext records and the ciphertext in one C call:
-    headers copied and patched, prefixes, ciphertext slices, topics and CRCs, with no
-    per-record Python objects and no second encode of the batch."""
-    plain, sealed, sizes, extra, key, opened = _seal(aead, epoch, head, seg_start, bodies, props)
+    records and the plaintext sizes come from the plaintext records and the ciphertext in
+    one C call: headers copied and patched, prefixes, ciphertext slices, topics and CRCs,
+    with no per-record Python objects but the sizes and no second encode of the batch."""
+    plain, sealed, extra = _seal(aead, epoch, head, seg_start, bodies, props)
+    key = (head.first_physical_offset, sealed[-16:])
     native = getattr(record_codec.NATIVE, "seal_records", None)
     if native is not None:
-        return native(plain, sealed, epoch, extra), key, opened
-    return seal_records_py(head, sealed, sizes, epoch, extra), key, opened
+        records, sizes = native(plain, sealed, epoch, extra)
+        return records, key, _opened(head, plain, sizes, extra)
+    sizes = _sizes(head, bodies, props)
+    return (
+        seal_records_py(head, sealed, sizes, epoch, extra),
+        key,
+        _opened(head, plain, sizes, extra),
+    )
 
 
 def seal_records_py(
@@ -207,7 +267,7 @@ def _seal_bodies(
 
 
 def group_run(
-    where: dict[int, tuple[int, int, int]],
+    where: Places,
     sizes: list[int],
     starts: list[int],
     i: int,
@@ -299,9 +359,7 @@ def open_group(aead: AESGCM, view: memoryview, g_at: int, seg_start: int) -> Ope
             raise GroupError("a clear record does not match its group")
     else:
         _check_clear(view, plain, g_at, starts, ps, sizes, topic_part)
-    phys = [seg_start + x for x in starts]
-    places = zip(ps, sizes, range(count), strict=True)
-    return Opened(plain, dict(zip(phys, places, strict=True)), sizes)
+    return Opened(plain, Places(phy0, sizes, extra), sizes)
 
 
 def _open_native(
@@ -330,9 +388,7 @@ def _open_native(
         raise GroupError("does not authenticate") from None
     if not _NATIVE_CHECK(view, g_at, plain, sizes, extra, topic_part):  # sizes sum to plain
         raise GroupError("a clear record does not match its group")
-    phys = accumulate((size + extra for size in sizes[:-1]), initial=phy0)
-    places = zip(accumulate(sizes[:-1], initial=0), sizes, range(count), strict=True)
-    return Opened(plain, dict(zip(phys, places, strict=True)), sizes)
+    return Opened(plain, Places(phy0, sizes, extra), sizes)
 
 
 def _open_uniform(
@@ -371,9 +427,8 @@ def _open_uniform(
             raise GroupError("a clear record does not match its group")
     elif not _uniform_ok(rows, plain, count, size, total, topic_part):
         raise GroupError("a clear record does not match its group")
-    starts = range(phy0, phy0 + span, total)
-    places = zip(range(0, count * size, size), [size] * count, range(count), strict=True)
-    return Opened(plain, dict(zip(starts, places, strict=True)), [size] * count)
+    sizes = [size] * count
+    return Opened(plain, Places(phy0, sizes, total - size), sizes)
 
 
 def _uniform_ok(

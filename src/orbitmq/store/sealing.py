@@ -234,7 +234,7 @@ class RecordSealer:
 
     def group_of(
         self, view: memoryview, at: int
-    ) -> tuple[memoryview, dict[int, tuple[int, int, int]], int, list[int]] | None:
+    ) -> tuple[memoryview, seal_group.Places, int, list[int]] | None:
         """The dispatcher's view of a format-2 record's group: its plaintext, where each
         record is in it, and how much larger sealed records are (None: not format 2, or it
         does not authenticate)."""
