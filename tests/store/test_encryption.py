@@ -550,6 +550,10 @@ def test_the_c_group_open_is_the_python_one_on_every_changed_byte(
         starts = list(accumulate((z + sg.extra_bytes(5) for z in opened.sizes), initial=g_at))
         unchecked = {s + k for s in starts[:-1] for k in (*range(4, 12), *range(36, 40))}
         unchecked |= {s + k for s in starts[1:-1] for k in range(84, 88)}
+        for k, (at, z) in enumerate(zip(starts, opened.sizes, strict=False)):  # equal sizes too
+            assert opened.where.get(seg_start + at) == (sum(opened.sizes[:k]), z, k)
+            assert opened.where.get(seg_start + at + 1) is None
+        assert opened.where.get(seg_start + starts[-1]) is None
         for i in range(g_at, g_at + len(good)):
             bad = bytearray(data)
             bad[i] ^= 1 << rng.randrange(8)

@@ -38,6 +38,7 @@ from bisect import bisect_left
 from collections import OrderedDict
 from collections.abc import Sequence
 from itertools import accumulate
+from operator import add
 from typing import NamedTuple
 
 import numpy as np
@@ -94,21 +95,30 @@ class Places:
 
     def __init__(self, phy0: int, sizes: list[int], extra: int) -> None:
         self.phy0, self.sizes, self.extra = phy0, sizes, extra
-        self._lists: tuple[list[int], list[int]] | None = None
+        self._lists: tuple[list[int], list[int]] | tuple[()] | None = None
 
     def get(self, phy: int) -> tuple[int, int, int] | None:
         lists = self._lists
         if lists is None:  # two threads may both build it: the same lists
-            sizes, extra = self.sizes, self.extra
-            lists = self._lists = (
-                list(accumulate((z + extra for z in sizes[:-1]), initial=self.phy0)),
-                list(accumulate(sizes[:-1], initial=0)),
-            )
+            lists = self._lists = self._build()
+        if not lists:  # records of one size (a producer's batch of equal messages)
+            size = self.sizes[0]
+            i, off = divmod(phy - self.phy0, size + self.extra)
+            return None if off or not 0 <= i < len(self.sizes) else (i * size, size, i)
         phys = lists[0]
         i = bisect_left(phys, phy)
         if i < len(phys) and phys[i] == phy:
             return lists[1][i], self.sizes[i], i
         return None
+
+    def _build(self) -> tuple[list[int], list[int]] | tuple[()]:
+        """() for records of one size, else each record's physical offset and plaintext
+        start (C-level loops: no generator)."""
+        sizes, extra, phy0 = self.sizes, self.extra, self.phy0
+        if sizes.count(sizes[0]) == len(sizes):
+            return ()
+        starts = list(accumulate(sizes[:-1], initial=0))
+        return list(map(add, starts, range(phy0, phy0 + len(sizes) * extra, extra))), starts
 
     def __getitem__(self, phy: int) -> tuple[int, int, int]:
         got = self.get(phy)
