@@ -86,39 +86,40 @@ _NATIVE_GATHER = getattr(NATIVE, "gather_group", None)
 
 class Places:
     """Where each record of an opened group is: ``get(phy)`` maps the physical offset of a
-    sealed record to (start, size, index) of its plaintext, as a dict would. Built from the
-    plaintext sizes, and only when first asked (two running sums and a bisect per lookup):
-    a dict of one tuple per record cost more than the seal's AES-GCM call, and a group
-    sealed on append may never be read while in the cache."""
+    sealed record to (start, size, index) of its plaintext, as a dict would, from the
+    plaintext sizes: arithmetic when the records are of one size, else two running sums
+    built when first asked and a bisect per lookup. A dict of one tuple per record, built on
+    every seal and open, cost more than the seal's AES-GCM call (docs/security.md)."""
 
-    __slots__ = ("_lists", "extra", "phy0", "sizes")
+    __slots__ = ("_lists", "_size", "_stride", "extra", "phy0", "sizes")
 
     def __init__(self, phy0: int, sizes: list[int], extra: int) -> None:
         self.phy0, self.sizes, self.extra = phy0, sizes, extra
-        self._lists: tuple[list[int], list[int]] | tuple[()] | None = None
+        self._lists: tuple[list[int], list[int]] | None = None
+        # Records of one size (a producer's batch of equal messages): found by arithmetic.
+        uniform = bool(sizes) and sizes.count(sizes[0]) == len(sizes)
+        self._size = sizes[0] if uniform else 0
+        self._stride = self._size + extra if uniform else 0
 
     def get(self, phy: int) -> tuple[int, int, int] | None:
+        stride = self._stride
+        if stride:
+            i, off = divmod(phy - self.phy0, stride)
+            if off or i < 0 or i >= len(self.sizes):
+                return None
+            size = self._size
+            return i * size, size, i
         lists = self._lists
         if lists is None:  # two threads may both build it: the same lists
-            lists = self._lists = self._build()
-        if not lists:  # records of one size (a producer's batch of equal messages)
-            size = self.sizes[0]
-            i, off = divmod(phy - self.phy0, size + self.extra)
-            return None if off or not 0 <= i < len(self.sizes) else (i * size, size, i)
+            sizes, extra, phy0 = self.sizes, self.extra, self.phy0
+            starts = list(accumulate(sizes[:-1], initial=0))  # C-level loops, no generator
+            phys = list(map(add, starts, range(phy0, phy0 + len(sizes) * extra, extra)))
+            lists = self._lists = (phys, starts)
         phys = lists[0]
         i = bisect_left(phys, phy)
         if i < len(phys) and phys[i] == phy:
             return lists[1][i], self.sizes[i], i
         return None
-
-    def _build(self) -> tuple[list[int], list[int]] | tuple[()]:
-        """() for records of one size, else each record's physical offset and plaintext
-        start (C-level loops: no generator)."""
-        sizes, extra, phy0 = self.sizes, self.extra, self.phy0
-        if sizes.count(sizes[0]) == len(sizes):
-            return ()
-        starts = list(accumulate(sizes[:-1], initial=0))
-        return list(map(add, starts, range(phy0, phy0 + len(sizes) * extra, extra))), starts
 
     def __getitem__(self, phy: int) -> tuple[int, int, int]:
         got = self.get(phy)
