@@ -144,7 +144,9 @@ class Opened(NamedTuple):
     of its plaintext in ``plain``; ``sizes``: the plaintext sizes in group order (a read
     serves a run of records as one slice and these sizes, with no per-record lookup)."""
 
-    plain: bytes
+    plain: bytes | bytearray
+    """bytes when opened; on seal, the encoder's bytearray itself (a copy into fresh memory
+    cost more than the encode: nothing writes to it once sealed)."""
     where: Places
     sizes: list[int]
 
@@ -198,7 +200,7 @@ def _sizes(head: BatchHeader, bodies: Sequence[bytes], props: Sequence[bytes]) -
 
 
 def _opened(head: BatchHeader, plain: bytearray, sizes: list[int], extra: int) -> Opened:
-    return Opened(bytes(plain), Places(head.first_physical_offset, sizes, extra), sizes)
+    return Opened(plain, Places(head.first_physical_offset, sizes, extra), sizes)
 
 
 def seal_group(

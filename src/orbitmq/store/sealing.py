@@ -449,7 +449,7 @@ class _Served:
         self.parts: list[memoryview] = []
         self.sizes: list[int] = []
         self.offsets: list[int] = []
-        self._plain: bytes | None = None
+        self._plain: bytes | bytearray | None = None
         self._lo = self._hi = 0
 
     def add_one(self, view: memoryview | None, offset: int, skipped: list[int]) -> None:
@@ -461,7 +461,7 @@ class _Served:
         self.sizes.append(len(view))
         self.offsets.append(offset)
 
-    def add_slice(self, plain: bytes, lo: int, hi: int) -> None:
+    def add_slice(self, plain: bytes | bytearray, lo: int, hi: int) -> None:
         if plain is self._plain and lo == self._hi:
             self.parts[-1] = memoryview(plain)[self._lo : hi]
         else:
