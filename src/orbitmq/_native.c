@@ -302,6 +302,150 @@ done:
     if (PyErr_Occurred()) { Py_XDECREF(out); return NULL; }
     return out;
 }
+
+/* seal_records(plain, sealed, epoch, extra) -> (bytearray, list[int]): a format-2 sealed
+ * group's final records in one pass, and the plaintext size of each record (orbitmq.store.seal_group.seal_records_py is the reference: the
+ * seal_bodies bodies encoded as records of the batch's header). plain holds the group's
+ * plaintext records back to back (their physical offsets already those of the sealed
+ * records), sealed is AES-GCM of plain with its 16-byte tag appended. Record k's clear
+ * header is its plaintext header with the size (+ extra), SYS_FLAG (| SEALED | GROUP) and
+ * body length (32 + plaintext size) changed; its body is u32 epoch || u32 back || u32 span
+ * || u32 count || tag || its slice of the ciphertext; then the topic and no properties;
+ * the CRC over it all. The records are written and CRC'd with the GIL released. */
+static PyObject *py_seal_records(PyObject *self, PyObject *args) {
+    Py_buffer pl, ct;
+    unsigned long epoch;
+    Py_ssize_t extra;
+    if (!PyArg_ParseTuple(args, "y*y*kn", &pl, &ct, &epoch, &extra)) return NULL;
+    PyObject *result = NULL, *records = NULL, *sizes = NULL;
+    const unsigned char *p = pl.buf, *c = ct.buf;
+    size_t plen = (size_t)pl.len, n = 0, r = 0, tlen = 0;
+    const unsigned char *topic = NULL;
+    int ok = plen >= HEADER_SIZE + 4 && (size_t)ct.len == plen + 16;
+    if (ok) {
+        size_t first = rd32(p), body0 = rd32(p + 84);
+        ok = first <= plen && body0 <= first && HEADER_SIZE + body0 + 2 <= first;
+        if (ok) {
+            tlen = rd16(p + HEADER_SIZE + body0);
+            topic = p + HEADER_SIZE + body0 + 2;
+            ok = HEADER_SIZE + body0 + 2 + tlen <= first &&
+                 extra == (Py_ssize_t)(HEADER_SIZE + 32 + 2 + tlen + 2);
+        }
+    }
+    while (ok && r < plen) {
+        size_t size = rd32(p + r);
+        ok = size >= HEADER_SIZE + 4 && size <= plen - r;
+        r += size;
+        n++;
+    }
+    if (!ok || (uint64_t)plen + (uint64_t)n * (uint64_t)extra > 0xFFFFFFFFu) {
+        PyErr_SetString(PyExc_ValueError, "not a group's plaintext records and ciphertext");
+        goto done;
+    }
+    size_t span = plen + n * (size_t)extra;
+    sizes = PyList_New((Py_ssize_t)n);
+    records = sizes ? PyByteArray_FromStringAndSize(NULL, (Py_ssize_t)span) : NULL;
+    if (!records) goto done;
+    r = 0;
+    for (size_t k = 0; k < n; k++) {
+        size_t size = rd32(p + r);
+        PyObject *z = PyLong_FromSize_t(size);
+        if (!z) goto done;
+        PyList_SET_ITEM(sizes, (Py_ssize_t)k, z);
+        r += size;
+    }
+    unsigned char *out = (unsigned char *)PyByteArray_AS_STRING(records);
+    const unsigned char *tag = c + plen;
+    Py_BEGIN_ALLOW_THREADS
+    size_t w = 0;
+    for (r = 0; r < plen;) {
+        size_t size = rd32(p + r), total = size + (size_t)extra;
+        unsigned char *o = out + w;
+        memcpy(o, p + r, HEADER_SIZE);
+        be32(o, (uint32_t)total);
+        be32(o + 36, rd32(p + r + 36) | 0x30000u);
+        be32(o + 84, (uint32_t)(32 + size));
+        be32(o + 88, (uint32_t)epoch);
+        be32(o + 92, (uint32_t)w);
+        be32(o + 96, (uint32_t)span);
+        be32(o + 100, (uint32_t)n);
+        memcpy(o + 104, tag, 16);
+        memcpy(o + 120, c + r, size);
+        unsigned char *t = o + 120 + size;
+        t[0] = (unsigned char)(tlen >> 8); t[1] = (unsigned char)tlen;
+        memcpy(t + 2, topic, tlen);
+        t[2 + tlen] = 0; t[3 + tlen] = 0;
+        be32(o + 8, crc32c(0, o + CRC_START, total - CRC_START));
+        r += size;
+        w += total;
+    }
+    Py_END_ALLOW_THREADS
+    result = PyTuple_Pack(2, records, sizes);
+done:
+    Py_XDECREF(records);
+    Py_XDECREF(sizes);
+    PyBuffer_Release(&pl);
+    PyBuffer_Release(&ct);
+    return result;
+}
+
+/* gather_group(view, g_at, count, span, extra) -> (bytes, list[int]) or None: a format-2
+ * sealed group's ciphertext with its tag appended, ready for one AES-GCM decrypt, and the
+ * plaintext size of each record (orbitmq.store.seal_group.open_group's walk is the
+ * reference). The count records lie back to back from g_at and fill exactly span bytes,
+ * each larger than extra; record k's slice of the ciphertext follows its 32-byte prefix
+ * (at 88); the tag is the first record's (prefix bytes 16..32). None when the clear sizes
+ * do not frame the group that way. Only the clear sizes are read: what the caller must
+ * still check (tag, headers against the plaintext) is as for the Python walk. */
+static PyObject *py_gather_group(PyObject *self, PyObject *args) {
+    Py_buffer v;
+    Py_ssize_t g_at, count, span, extra;
+    if (!PyArg_ParseTuple(args, "y*nnnn", &v, &g_at, &count, &span, &extra)) return NULL;
+    PyObject *data = NULL, *sizes = NULL, *result = NULL;
+    const unsigned char *d = v.buf;
+    size_t vlen = (size_t)v.len, ct = 0;
+    if (g_at < 0 || count < 1 || span < 1 || extra < HEADER_SIZE + 32 + 4 ||
+        (size_t)g_at > vlen || (size_t)span > vlen - (size_t)g_at || count > span) {
+        Py_INCREF(Py_None);
+        result = Py_None;
+        goto done;
+    }
+    size_t end = (size_t)g_at + (size_t)span, r = (size_t)g_at, x = (size_t)extra;
+    Py_ssize_t k = 0;
+    for (; k < count; k++) {
+        if (r + HEADER_SIZE > end) break;
+        size_t total = rd32(d + r);
+        if (total <= x || total > end - r) break;
+        ct += total - x;
+        r += total;
+    }
+    if (k != count || r != end) { /* fewer records than counted, overrun, or not filled */
+        Py_INCREF(Py_None);
+        result = Py_None;
+        goto done;
+    }
+    data = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)(ct + 16));
+    sizes = data ? PyList_New(count) : NULL;
+    if (!sizes) goto done;
+    unsigned char *w = (unsigned char *)PyBytes_AS_STRING(data);
+    r = (size_t)g_at;
+    for (k = 0; k < count; k++) {
+        size_t size = rd32(d + r) - x;
+        PyObject *n = PyLong_FromSize_t(size);
+        if (!n) goto done;
+        PyList_SET_ITEM(sizes, k, n);
+        memcpy(w, d + r + HEADER_SIZE + 32, size);
+        w += size;
+        r += size + x;
+    }
+    memcpy(w, d + (size_t)g_at + HEADER_SIZE + 16, 16);
+    result = PyTuple_Pack(2, data, sizes);
+done:
+    Py_XDECREF(data);
+    Py_XDECREF(sizes);
+    PyBuffer_Release(&v);
+    return result;
+}
 PyObject *orbitmq_record_columns(PyObject *self, PyObject *args); /* _native_columns.c */
 
 static PyMethodDef methods[] = {
@@ -316,6 +460,12 @@ static PyMethodDef methods[] = {
     {"seal_bodies", py_seal_bodies, METH_VARARGS,
      "seal_bodies(sealed, sizes, epoch, extra, tail) -> list[bytes]: a sealed group's record "
      "bodies (orbitmq.store.seal_group)."},
+    {"gather_group", py_gather_group, METH_VARARGS,
+     "gather_group(view, g_at, count, span, extra) -> (ciphertext + tag, sizes) of a sealed "
+     "group, or None when its clear sizes do not frame it (orbitmq.store.seal_group)."},
+    {"seal_records", py_seal_records, METH_VARARGS,
+     "seal_records(plain, sealed, epoch, extra) -> (bytearray, sizes): a sealed group's final "
+     "records from its plaintext records and ciphertext (orbitmq.store.seal_group)."},
     {"split_records", py_split_records, METH_VARARGS,
      "split_records(data: bytes, verify_crc) -> list of record tuples, or the position of the "
      "first bad record."},

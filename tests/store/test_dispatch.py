@@ -16,6 +16,8 @@ from orbitmq.store.commit_log import CommitLog
 from orbitmq.store.consume_queue import ConsumeQueueTable
 from orbitmq.store.dispatch import Dispatcher
 from orbitmq.store.index_service import IndexService
+from orbitmq.store.keys import Keyring
+from orbitmq.store.sealing import RecordSealer
 from orbitmq.store.segment import FileOps
 from orbitmq.store.timer_index import TIMER_TOPIC
 
@@ -79,13 +81,25 @@ def test_small_and_vector_decoders_agree(
 
 
 def _told_and_decoded(
-    tmp: Path, seed: int, small: int, monkeypatch: pytest.MonkeyPatch, timer: bool = False
+    tmp: Path,
+    seed: int,
+    small: int,
+    monkeypatch: pytest.MonkeyPatch,
+    timer: bool = False,
+    sealed: bool = False,
 ) -> None:
     """Fill a log whose dispatcher is told every append, dispatch it from what it was told,
-    then decode the same log with a second dispatcher: the files must be the same bytes."""
+    then decode the same log with a second dispatcher: the files must be the same bytes.
+    ``sealed``: encryption at rest (the decoder opens the sealed groups)."""
     monkeypatch.setattr(dispatch_mod, "SMALL_BLOCK", small)
     log = CommitLog(tmp / "log", 128 * 1024, FileOps(), clock=lambda: 1_700_000_000_000)
     log.segments.load()
+    sealer = None
+    if sealed:
+        sealer = RecordSealer(tmp, Keyring(random.Random(seed).randbytes(32)), 128 * 1024)
+        sealer.start(tmp / "log")
+        sealer.view_at = log.view_at
+        log.sealer = sealer
     built: list[tuple[dict[str, bytes], dict[str, bytes]]] = []
     for name, told in (("told", True), ("decoded", False)):
         queues = ConsumeQueueTable(tmp / name / "cq", 64, FileOps())
@@ -94,6 +108,7 @@ def _told_and_decoded(
         index.load()
         d = Dispatcher(log, queues, index)
         d.fast = told
+        d.opener = sealer
         if told:
             rng = random.Random(seed)
             for _ in range(rng.randint(1, 4)):  # rounds of appends, some through append_many
@@ -101,6 +116,9 @@ def _told_and_decoded(
                 d.dispatch_until(log.max_offset)
             assert d.appended.used == _count(log)
         else:
+            if sealer is not None:  # decoded from the groups opened again, not from the seal
+                sealer.cache.clear()
+                sealer._last = None
             d.dispatch_until(log.max_offset)
             assert d.appended.used == 0
         queues.flush()
@@ -118,6 +136,8 @@ def _told_and_decoded(
     assert built[0][0] == built[1][0]
     assert built[0][1] == built[1][1]
     assert built[0][0] and built[0][1]
+    if sealer is not None:
+        assert sealer.cache.misses and not sealer.integrity_errors
     log.close()
 
 
@@ -173,6 +193,17 @@ def test_told_dispatch_writes_the_decoded_bytes(
     print("seed", seed)
     for small in (0, 16, 10**9):
         _told_and_decoded(tmp_path / f"s{small}", seed, small, monkeypatch, timer=seed % 2 == 0)
+
+
+@pytest.mark.parametrize("seed", [8])
+def test_told_dispatch_of_sealed_appends_writes_the_decoded_bytes(
+    tmp_path: Path, seed: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Encryption at rest: entries built from what the sealed appends told (sealed sizes and
+    offsets, plaintext properties) equal those decoded from the opened groups."""
+    print("seed", seed)
+    for small in (0, 10**9):
+        _told_and_decoded(tmp_path / f"s{small}", seed, small, monkeypatch, seed % 2 == 0, True)
 
 
 def test_told_list_takes_only_what_starts_at_the_round() -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import random
 import re
+from itertools import accumulate
 from pathlib import Path
 from typing import Any
 
@@ -432,3 +433,134 @@ def test_the_c_sealed_bodies_are_the_python_ones() -> None:
         NATIVE.seal_bodies(sealed, [len(sealed) + 1], 1, 141, bytes(24))
     with pytest.raises(ValueError):
         NATIVE.seal_bodies(sealed, [1], 1, 141, bytes(23))
+
+
+def test_the_c_sealed_records_are_the_python_ones(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The store's seal (one C pass from the plaintext records and the ciphertext to the
+    final records) writes the bytes of the Python reference (seal_group's bodies encoded with
+    the batch's header), which open to the same group; bad input raises, never writes."""
+    from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+
+    from orbitmq.common import record as record_codec
+    from orbitmq.common.native import NATIVE
+    from orbitmq.common.record import BatchHeader, encode_batch
+    from orbitmq.store import seal_group as sg
+
+    if NATIVE is None or not hasattr(NATIVE, "seal_records"):
+        pytest.skip("the C extension is not built here")
+    seed = int(os.environ.get("ORBITMQ_TEST_SEED", random.randrange(1 << 30)))
+    print(f"seed {seed}")
+    rng = random.Random(seed)
+    aead = AESGCM(rng.randbytes(32))
+
+    def head(values: tuple[Any, ...]) -> BatchHeader:
+        return BatchHeader(*values)
+
+    for _ in range(40):
+        topic = rng.choice([b"T", "Tópico".encode(), b"t" * 300])
+        n = rng.choice([1, 2, rng.randint(1, 40)])
+        bodies = [rng.randbytes(rng.choice([0, 1, rng.randint(0, 3000)])) for _ in range(n)]
+        props = [rng.randbytes(rng.choice([0, rng.randint(1, 60)])) for _ in range(n)]
+        values = (
+            topic, rng.randint(0, 1 << 31), rng.randint(0, 1 << 40), rng.randint(0, 1 << 40),
+            rng.randint(0, 1 << 31), rng.getrandbits(32) >> 1, rng.getrandbits(63),
+            rng.randbytes(8), rng.getrandbits(63), rng.randbytes(8), rng.randint(0, 16),
+            rng.getrandbits(63),
+        )  # fmt: skip
+        epoch, seg_start = rng.getrandbits(32), max(0, values[3] - rng.randint(0, 4096))
+        c_head, py_head, ref_head = head(values), head(values), head(values)
+        c_out, c_key, c_opened = sg.seal_records(aead, epoch, c_head, seg_start, bodies, props)
+        monkeypatch.setattr(record_codec, "NATIVE", None)
+        py_out, py_key, py_opened = sg.seal_records(aead, epoch, py_head, seg_start, bodies, props)
+        monkeypatch.setattr(record_codec, "NATIVE", NATIVE)
+        ref_bodies, _k, _o = sg.seal_group(aead, epoch, ref_head, seg_start, bodies, props)
+        assert c_out == py_out == encode_batch(ref_head, ref_bodies, [b""] * n)
+        assert (c_key, c_opened) == (py_key, py_opened)
+        assert c_head.sys_flag == py_head.sys_flag == ref_head.sys_flag
+        phy, at, extra = values[3], 0, sg.extra_bytes(len(topic))  # where each record is
+        for k, z in enumerate(c_opened.sizes):
+            assert c_opened.where.get(phy) == c_opened.where[phy] == (at, z, k)
+            assert c_opened.where.get(phy + 1) is None
+            phy, at = phy + z + extra, at + z
+        assert c_opened.where.get(phy) is None and c_opened.where.get(values[3] - 1) is None
+        assert at == len(c_opened.plain)
+        g_at = values[3] - seg_start  # opens where it would lie in its segment
+        view = memoryview(bytes(g_at) + bytes(c_out))
+        assert sg.open_group(aead, view, g_at, seg_start) == c_opened
+    plain = encode_batch(BatchHeader(b"T", 0, 0, 0, 0, 0, 1, bytes(8), 2, bytes(8), 0, 0),
+                         [b"ab", b"c"], [b"", b"p"], phy_stride=sg.extra_bytes(1))  # fmt: skip
+    sealed = aead.encrypt(bytes(12), plain, None)
+    extra = sg.extra_bytes(1)
+    records, sizes = NATIVE.seal_records(plain, sealed, 1, extra)
+    assert len(records) == len(plain) + 2 * extra and sizes == [
+        93 + 2,
+        93 + 1 + 1,
+    ]  # 93: header, topic and lengths
+    for args in (
+        (plain, sealed[:-1], 1, extra),  # no room for the tag
+        (plain, sealed, 1, extra + 1),  # extra not the topic's
+        (plain[:-1], sealed[:-1], 1, extra),  # the last record cut short
+        (bytes(len(plain)), bytes(len(plain) + 16), 1, extra),  # sizes of 0
+        (b"", bytes(16), 1, extra),
+    ):
+        with pytest.raises(ValueError):
+            NATIVE.seal_records(*args)
+
+
+def test_the_c_group_open_is_the_python_one_on_every_changed_byte(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """open_group through the C extension (gather_group, one decrypt, check_group) and
+    through Python (the numpy paths for equal sizes and for the walk) give the same opened
+    group for an intact group, and both refuse it with any one byte changed anywhere (the
+    ciphertext included), or a prefix whose count or span was changed."""
+    from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+
+    from orbitmq.common.native import NATIVE
+    from orbitmq.common.record import BatchHeader
+    from orbitmq.store import seal_group as sg
+
+    if NATIVE is None or not hasattr(NATIVE, "gather_group"):
+        pytest.skip("the C extension is not built here")
+    seed = int(os.environ.get("ORBITMQ_TEST_SEED", random.randrange(1 << 30)))
+    print(f"seed {seed}")
+    rng = random.Random(seed)
+    aead = AESGCM(rng.randbytes(32))
+
+    def both(data: bytes, g_at: int, seg_start: int) -> list[object]:
+        out: list[object] = []
+        for gather in (NATIVE.gather_group, None):
+            monkeypatch.setattr(sg, "_NATIVE_GATHER", gather)
+            try:
+                out.append(sg.open_group(aead, memoryview(data), g_at, seg_start))
+            except sg.GroupError:
+                out.append("refused")
+        return out
+
+    for bodies in ([b"a" * 40] * 3, [b"a", b"bb" * 30, b"c" * 7], [b""], [b"x" * 9] * 2):
+        g_at = rng.randint(0, 64)
+        seg_start = rng.randint(0, 1 << 30)
+        head = BatchHeader(b"Topic", 1, 5, seg_start + g_at, 0, 0, 1, bytes(8), 2, bytes(8), 0, 0)
+        good, _key, opened = sg.seal_records(aead, 9, head, seg_start, bodies, [b"p"] * len(bodies))
+        data = bytes(g_at) + bytes(good) + bytes(rng.randint(0, 40))
+        assert both(data, g_at, seg_start) == [opened, opened]
+        # Bytes open_group leaves to others: magic, CRC and, but for the first record, the
+        # body length (the reader and recovery check them: framing and CRC), and the clear
+        # SYS_FLAG (the caller reads the seal bits; the served header is the authenticated one).
+        starts = list(accumulate((z + sg.extra_bytes(5) for z in opened.sizes), initial=g_at))
+        unchecked = {s + k for s in starts[:-1] for k in (*range(4, 12), *range(36, 40))}
+        unchecked |= {s + k for s in starts[1:-1] for k in range(84, 88)}
+        for k, (at, z) in enumerate(zip(starts, opened.sizes, strict=False)):  # equal sizes too
+            assert opened.where.get(seg_start + at) == (sum(opened.sizes[:k]), z, k)
+            assert opened.where.get(seg_start + at + 1) is None
+        assert opened.where.get(seg_start + starts[-1]) is None
+        for i in range(g_at, g_at + len(good)):
+            bad = bytearray(data)
+            bad[i] ^= 1 << rng.randrange(8)
+            got = both(bytes(bad), g_at, seg_start)
+            want = [opened, opened] if i in unchecked else ["refused", "refused"]
+            assert got == want, (i, got)
+        for at, value in ((100, len(bodies) + 1), (100, 0), (96, len(good) - 1), (96, 1 << 31)):
+            bad = bytearray(data)
+            bad[g_at + at : g_at + at + 4] = value.to_bytes(4, "big")
+            assert both(bytes(bad), g_at, seg_start) == ["refused", "refused"], (at, value)

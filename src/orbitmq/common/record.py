@@ -51,7 +51,7 @@ import crc32c
 import numpy as np
 
 from orbitmq.common.message import decode_properties
-from orbitmq.common.native import NATIVE
+from orbitmq.common.native import NATIVE as NATIVE  # re-exported: seal_group follows a switch
 
 Buffer = bytes | bytearray | memoryview
 

@@ -8,8 +8,10 @@ the dispatcher as an :class:`Appended` (a few references, no copy of the bodies)
 dispatcher's next round over that range builds the entries from it without reading the log
 back (the brief's "inline dispatch from append metadata", docs/benchmarks.md).
 
-The decode path stays the reference and the fallback: recovery, a slave's replicated bytes,
-encrypted stores, and any range this list does not cover exactly are decoded as before. The
+The decode path stays the reference and the fallback: recovery, a slave's replicated bytes
+and any range this list does not cover exactly are decoded as before. Encrypted stores are told
+too (the sealed records' sizes and offsets with the plaintext properties: what the decoder gets
+from the opened groups), so their dispatch decrypts and decodes nothing either. The
 entries built here are byte-identical to the decoded ones (tests/store/test_dispatch.py): the
 same property search (``property_value``: a name counts at the start or after ``\\x02``), the
 same tag rule (CRC32C of TAGS; the timer topic's due time), the same key rows in the same order

@@ -44,7 +44,9 @@ class Sealer(Protocol):
 
     def seal(
         self, head: BatchHeader, seg_start: int, bodies: Sequence[bytes], props: Sequence[bytes]
-    ) -> tuple[list[bytes], list[bytes]]: ...
+    ) -> bytearray:
+        """The batch's records as stored (sealed), laid out from ``head``'s offsets."""
+        ...
 
     def overhead(self, topic_len: int) -> int:
         """Bytes a sealed record has more than its plaintext."""
@@ -122,8 +124,7 @@ class _Prepared:
         bodies = b.bodies if whole else b.bodies[lo:hi]
         props = b.properties if whole else b.properties[lo:hi]
         if self.sealer is not None:
-            sealed_b, sealed_p = self.sealer.seal(head, seg_start, bodies, props)
-            return encode_batch(head, sealed_b, sealed_p, None, None)
+            return self.sealer.seal(head, seg_start, bodies, props)
         return encode_batch(
             head,
             bodies,
@@ -160,7 +161,9 @@ class CommitLog:
         """Encryption at rest (:mod:`orbitmq.store.sealing`); set by the store, None: off."""
         self.on_append: Callable[[Appended], None] | None = None
         """Told each append's records, under the lock, in log order (the dispatcher builds
-        their entries from it, :mod:`orbitmq.store.appended`); not called when sealing."""
+        their entries from it, :mod:`orbitmq.store.appended`). Sealed appends too: what it is
+        told (sealed sizes and offsets, plaintext properties) is what the dispatcher would
+        decode from the opened groups."""
 
     @property
     def confirm_offset(self) -> int:
@@ -214,7 +217,7 @@ class CommitLog:
             result = AppendResult(
                 batch.topic, batch.queue_id, first_qoff, phys, sizes, end, store_ts
             )
-            if self.on_append is not None and self.sealer is None:
+            if self.on_append is not None:
                 self.on_append(Appended(start, end, store_ts, [_told(result, batch)]))
         return result
 
@@ -260,7 +263,7 @@ class CommitLog:
         self._write_locked([(seg, start - seg.start, buf)])
         self.queue_offsets.update(next_qoff)
         self.max_offset = pos
-        if self.on_append is not None and self.sealer is None:
+        if self.on_append is not None:
             told = [_told(r, p.batch) for r, p in zip(results, preps, strict=True)]
             self.on_append(Appended(start, pos, store_ts, told))
         return results

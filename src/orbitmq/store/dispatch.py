@@ -29,7 +29,7 @@ from orbitmq.store.appended import Appended, AppendedLog, add_appended, matches
 from orbitmq.store.commit_log import SYSFLAG_SEALED, CommitLog
 from orbitmq.store.consume_queue import ENTRY_DTYPE, ConsumeQueueTable
 from orbitmq.store.recent import RecentRound
-from orbitmq.store.seal_group import extra_bytes, group_run
+from orbitmq.store.seal_group import Places, extra_bytes, group_run
 from orbitmq.store.supervise import ServiceHealth
 from orbitmq.store.timer_index import TIMER_TOPIC, timer_tag
 
@@ -39,7 +39,7 @@ class PropertiesOpener(Protocol):
 
     def group_of(
         self, view: memoryview, at: int
-    ) -> tuple[memoryview, dict[int, tuple[int, int, int]], int, list[int]] | None:
+    ) -> tuple[memoryview, Places, int, list[int]] | None:
         """For a record of a sealed group (format 2): the group's plaintext records, where
         each is in it by physical offset (start, size, index), how many bytes larger each
         sealed record is, and the plaintext sizes in order; None for any other record or a
@@ -163,7 +163,7 @@ class Dispatcher:
                       pos, floor)  # fmt: skip
             pos = self.reput_offset = floor
         count = 0
-        told = self.appended if self.fast and self.opener is None else None
+        told = self.appended if self.fast else None
         items: list[Appended] = []
         while pos < end:
             item = told.take(pos, end) if told is not None else None

@@ -34,15 +34,18 @@ from __future__ import annotations
 
 import struct
 import threading
+from bisect import bisect_left
 from collections import OrderedDict
 from collections.abc import Sequence
 from itertools import accumulate
+from operator import add
 from typing import NamedTuple
 
 import numpy as np
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
+from orbitmq.common import record as record_codec
 from orbitmq.common.native import NATIVE
 from orbitmq.common.record import (
     CRC_START,
@@ -77,6 +80,63 @@ SEAL_BITS = SYSFLAG_SEALED | SYSFLAG_SEALED_GROUP
 _NATIVE_CHECK = getattr(NATIVE, "check_group", None)
 _NATIVE_SEAL = getattr(NATIVE, "seal_bodies", None)
 """The C extension's :func:`_check_clear` (an extension built before it lacks it: numpy)."""
+_NATIVE_GATHER = getattr(NATIVE, "gather_group", None)
+"""The C extension's walk of :func:`open_group` (with ``check_group``: one path for all)."""
+
+
+class Places:
+    """Where each record of an opened group is: ``get(phy)`` maps the physical offset of a
+    sealed record to (start, size, index) of its plaintext, as a dict would, from the
+    plaintext sizes: arithmetic when the records are of one size, else two running sums
+    built when first asked and a bisect per lookup. A dict of one tuple per record, built on
+    every seal and open, cost more than the seal's AES-GCM call (docs/security.md)."""
+
+    __slots__ = ("_lists", "_size", "_stride", "extra", "phy0", "sizes")
+
+    def __init__(self, phy0: int, sizes: list[int], extra: int) -> None:
+        self.phy0, self.sizes, self.extra = phy0, sizes, extra
+        self._lists: tuple[list[int], list[int]] | None = None
+        # Records of one size (a producer's batch of equal messages): found by arithmetic.
+        uniform = bool(sizes) and sizes.count(sizes[0]) == len(sizes)
+        self._size = sizes[0] if uniform else 0
+        self._stride = self._size + extra if uniform else 0
+
+    def get(self, phy: int) -> tuple[int, int, int] | None:
+        stride = self._stride
+        if stride:
+            i, off = divmod(phy - self.phy0, stride)
+            if off or i < 0 or i >= len(self.sizes):
+                return None
+            size = self._size
+            return i * size, size, i
+        lists = self._lists
+        if lists is None:  # two threads may both build it: the same lists
+            sizes, extra, phy0 = self.sizes, self.extra, self.phy0
+            starts = list(accumulate(sizes[:-1], initial=0))  # C-level loops, no generator
+            phys = list(map(add, starts, range(phy0, phy0 + len(sizes) * extra, extra)))
+            lists = self._lists = (phys, starts)
+        phys = lists[0]
+        i = bisect_left(phys, phy)
+        if i < len(phys) and phys[i] == phy:
+            return lists[1][i], self.sizes[i], i
+        return None
+
+    def __getitem__(self, phy: int) -> tuple[int, int, int]:
+        got = self.get(phy)
+        if got is None:
+            raise KeyError(phy)
+        return got
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Places):
+            return NotImplemented
+        return (self.phy0, self.sizes, self.extra) == (other.phy0, other.sizes, other.extra)
+
+    def __hash__(self) -> int:
+        return hash((self.phy0, self.extra, len(self.sizes)))
+
+    def __repr__(self) -> str:
+        return f"Places({self.phy0}, {self.sizes}, {self.extra})"
 
 
 class Opened(NamedTuple):
@@ -84,8 +144,10 @@ class Opened(NamedTuple):
     of its plaintext in ``plain``; ``sizes``: the plaintext sizes in group order (a read
     serves a run of records as one slice and these sizes, with no per-record lookup)."""
 
-    plain: bytes
-    where: dict[int, tuple[int, int, int]]
+    plain: bytes | bytearray
+    """bytes when opened; on seal, the encoder's bytearray itself (a copy into fresh memory
+    cost more than the encode: nothing writes to it once sealed)."""
+    where: Places
     sizes: list[int]
 
 
@@ -103,17 +165,16 @@ def _aad(seg_start: int, group_phy: int, span: int, count: int, topic: bytes) ->
     return _AAD.pack(b"ORS2", seg_start, group_phy, span, count, len(topic)) + topic
 
 
-def seal_group(
+def _seal(
     aead: AESGCM,
     epoch: int,
     head: BatchHeader,
     seg_start: int,
     bodies: Sequence[bytes],
     props: Sequence[bytes],
-) -> tuple[list[bytes], tuple[int, bytes], Opened]:
-    """The sealed bodies of records laid out from ``head``'s first offsets (properties are
-    empty), and the group already opened (with its cache key: the dispatcher and hot reads
-    then need no decrypt); sets SEALED|GROUP in ``head.sys_flag``."""
+) -> tuple[bytearray, bytes, int]:
+    """A group's plaintext records, their ciphertext (tag appended) and ``extra``; sets
+    SEALED|GROUP in ``head.sys_flag``."""
     plain_head = BatchHeader(
         head.topic, head.queue_id, head.first_queue_offset, head.first_physical_offset,
         head.flag, head.sys_flag & ~SEAL_BITS, head.born_timestamp_ms, head.born_host,
@@ -124,23 +185,81 @@ def seal_group(
     # Each plaintext record carries the physical offset its sealed record has in the log.
     plain = encode_batch(plain_head, list(bodies), list(props), phy_stride=extra)
     n = len(bodies)
-    fixed = record_overhead(len(head.topic))
-    sizes = [fixed + len(b) + len(q) for b, q in zip(bodies, props, strict=True)]
     span = len(plain) + n * extra
     group_phy = head.first_physical_offset
     sealed = aead.encrypt(
         _NONCE.pack(epoch, group_phy), plain, _aad(seg_start, group_phy, span, n, head.topic)
     )
-    tail = _PREFIX_TAIL.pack(span, n, sealed[-16:])
-    out = (_NATIVE_SEAL or _seal_bodies)(sealed, sizes, epoch, extra, tail)
-    phys = accumulate((size + extra for size in sizes[:-1]), initial=group_phy)
-    places = zip(accumulate(sizes[:-1], initial=0), sizes, range(n), strict=True)
     head.sys_flag |= SEAL_BITS
+    return plain, sealed, extra
+
+
+def _sizes(head: BatchHeader, bodies: Sequence[bytes], props: Sequence[bytes]) -> list[int]:
+    fixed = record_overhead(len(head.topic))
+    return [fixed + len(b) + len(q) for b, q in zip(bodies, props, strict=True)]
+
+
+def _opened(head: BatchHeader, plain: bytearray, sizes: list[int], extra: int) -> Opened:
+    return Opened(plain, Places(head.first_physical_offset, sizes, extra), sizes)
+
+
+def seal_group(
+    aead: AESGCM,
+    epoch: int,
+    head: BatchHeader,
+    seg_start: int,
+    bodies: Sequence[bytes],
+    props: Sequence[bytes],
+) -> tuple[list[bytes], tuple[int, bytes], Opened]:
+    """The sealed bodies of records laid out from ``head``'s first offsets (properties are
+    empty), and the group already opened (with its cache key: the dispatcher and hot reads
+    then need no decrypt); sets SEALED|GROUP in ``head.sys_flag``. The store writes
+    :func:`seal_records` (the same records, built in one pass)."""
+    plain, sealed, extra = _seal(aead, epoch, head, seg_start, bodies, props)
+    sizes = _sizes(head, bodies, props)
+    tail = _PREFIX_TAIL.pack(len(plain) + len(sizes) * extra, len(sizes), sealed[-16:])
+    out = (_NATIVE_SEAL or _seal_bodies)(sealed, sizes, epoch, extra, tail)
+    key = (head.first_physical_offset, sealed[-16:])
+    return out, key, _opened(head, plain, sizes, extra)
+
+
+def seal_records(
+    aead: AESGCM,
+    epoch: int,
+    head: BatchHeader,
+    seg_start: int,
+    bodies: Sequence[bytes],
+    props: Sequence[bytes],
+) -> tuple[bytearray, tuple[int, bytes], Opened]:
+    """:func:`seal_group`'s records as the log stores them (the bodies of
+    :func:`seal_group` encoded with ``head``), the cache key and the opened group. With the
+    C codec (the record codec's ``NATIVE``, so tests switching codecs switch this too) the
+    records and the plaintext sizes come from the plaintext records and the ciphertext in
+    one C call: headers copied and patched, prefixes, ciphertext slices, topics and CRCs,
+    with no per-record Python objects but the sizes and no second encode of the batch."""
+    plain, sealed, extra = _seal(aead, epoch, head, seg_start, bodies, props)
+    key = (head.first_physical_offset, sealed[-16:])
+    native = getattr(record_codec.NATIVE, "seal_records", None)
+    if native is not None:
+        records, sizes = native(plain, sealed, epoch, extra)
+        return records, key, _opened(head, plain, sizes, extra)
+    sizes = _sizes(head, bodies, props)
     return (
-        out,
-        (group_phy, sealed[-16:]),
-        Opened(bytes(plain), dict(zip(phys, places, strict=True)), sizes),
+        seal_records_py(head, sealed, sizes, epoch, extra),
+        key,
+        _opened(head, plain, sizes, extra),
     )
+
+
+def seal_records_py(
+    head: BatchHeader, sealed: bytes, sizes: list[int], epoch: int, extra: int
+) -> bytearray:
+    """The reference of ``_native.seal_records``: the sealed bodies (:func:`_seal_bodies`)
+    encoded as records of ``head`` (its seal bits set), with empty properties."""
+    n = len(sizes)
+    tail = _PREFIX_TAIL.pack(sum(sizes) + n * extra, n, sealed[-16:])
+    bodies = _seal_bodies(sealed, sizes, epoch, extra, tail)
+    return encode_batch(head, bodies, [b""] * n, None, None)
 
 
 def _seal_bodies(
@@ -161,7 +280,7 @@ def _seal_bodies(
 
 
 def group_run(
-    where: dict[int, tuple[int, int, int]],
+    where: Places,
     sizes: list[int],
     starts: list[int],
     i: int,
@@ -209,6 +328,8 @@ def open_group(aead: AESGCM, view: memoryview, g_at: int, seg_start: int) -> Ope
     if back or g_at + span > len(view) or not count:
         raise GroupError("not the start of a complete group")
     extra = extra_bytes(tlen)
+    if _NATIVE_GATHER is not None and _NATIVE_CHECK is not None:
+        return _open_native(aead, view, g_at, seg_start, (epoch, span, count, extra), topic_part)
     total = U32.unpack_from(view, g_at)[0]
     if total > extra and total * count == span:  # records of one size: rows of a matrix
         return _open_uniform(aead, view, g_at, seg_start, total - extra, tag, topic_part)
@@ -251,9 +372,36 @@ def open_group(aead: AESGCM, view: memoryview, g_at: int, seg_start: int) -> Ope
             raise GroupError("a clear record does not match its group")
     else:
         _check_clear(view, plain, g_at, starts, ps, sizes, topic_part)
-    phys = [seg_start + x for x in starts]
-    places = zip(ps, sizes, range(count), strict=True)
-    return Opened(plain, dict(zip(phys, places, strict=True)), sizes)
+    return Opened(plain, Places(phy0, sizes, extra), sizes)
+
+
+def _open_native(
+    aead: AESGCM,
+    view: memoryview,
+    g_at: int,
+    seg_start: int,
+    framing: tuple[int, int, int, int],
+    topic_part: bytes,
+) -> Opened:
+    """:func:`open_group` in three calls, for any group: the C extension gathers the
+    ciphertext and tag in one copy from the clear sizes (``gather_group``: the walk below),
+    one decrypt, and the C check of every clear record against the plaintext."""
+    assert _NATIVE_GATHER is not None and _NATIVE_CHECK is not None
+    epoch, span, count, extra = framing
+    got = _NATIVE_GATHER(view, g_at, count, span, extra)
+    if got is None:
+        raise GroupError("records do not frame the group")
+    data, sizes = got
+    phy0 = seg_start + g_at
+    try:
+        plain = aead.decrypt(
+            _NONCE.pack(epoch, phy0), data, _aad(seg_start, phy0, span, count, topic_part[2:])
+        )
+    except InvalidTag:
+        raise GroupError("does not authenticate") from None
+    if not _NATIVE_CHECK(view, g_at, plain, sizes, extra, topic_part):  # sizes sum to plain
+        raise GroupError("a clear record does not match its group")
+    return Opened(plain, Places(phy0, sizes, extra), sizes)
 
 
 def _open_uniform(
@@ -272,6 +420,8 @@ def _open_uniform(
     column, or the prefix and topic columns it would shift)."""
     span, count = _PREFIX_TAIL.unpack_from(view, g_at + HEADER_SIZE + 8)[:2]
     total = size + extra_bytes(len(topic_part) - 2)
+    if total * count != span:  # the topic length (from a changed body length) disagrees
+        raise GroupError("records do not fill the group")
     rows = np.frombuffer(view, np.uint8, span, g_at).reshape(count, total)
     cipher_at = HEADER_SIZE + PREFIX_SIZE
     phy0 = seg_start + g_at
@@ -290,9 +440,8 @@ def _open_uniform(
             raise GroupError("a clear record does not match its group")
     elif not _uniform_ok(rows, plain, count, size, total, topic_part):
         raise GroupError("a clear record does not match its group")
-    starts = range(phy0, phy0 + span, total)
-    places = zip(range(0, count * size, size), [size] * count, range(count), strict=True)
-    return Opened(plain, dict(zip(starts, places, strict=True)), [size] * count)
+    sizes = [size] * count
+    return Opened(plain, Places(phy0, sizes, total - size), sizes)
 
 
 def _uniform_ok(

@@ -55,6 +55,7 @@ from orbitmq.common.record import (
     U32,
     BatchHeader,
     RecordError,
+    encode_batch,
     properties_slice,
 )
 from orbitmq.store import seal_group
@@ -137,21 +138,20 @@ class RecordSealer:
 
     def seal(
         self, head: BatchHeader, seg_start: int, bodies: Sequence[bytes], props: Sequence[bytes]
-    ) -> tuple[list[bytes], list[bytes]]:
-        """The sealed bodies (and empty properties) of records laid out from ``head``'s first
-        offsets, as one format-2 group; sets the seal bits in ``head.sys_flag``. Called under
-        the CommitLog's append lock."""
+    ) -> bytearray:
+        """The sealed records laid out from ``head``'s first offsets, as one format-2 group;
+        sets the seal bits in ``head.sys_flag``. Called under the CommitLog's append lock."""
         aead = self._cipher(seg_start, create=True)
         assert aead is not None
-        out, key, opened = seal_group.seal_group(
+        out, key, opened = seal_group.seal_records(
             aead, self.epoch.value, head, seg_start, bodies, props
         )
-        self.cache.put(key, opened)  # the dispatcher reads it next
-        return out, [b""] * len(out)
+        self.cache.put(key, opened)  # hot reads serve it without a decrypt
+        return out
 
     def seal_v1(
         self, head: BatchHeader, seg_start: int, bodies: Sequence[bytes], props: Sequence[bytes]
-    ) -> tuple[list[bytes], list[bytes]]:
+    ) -> bytearray:
         """Format 1 (one AEAD per record), no longer written by the store; kept so tests can
         make the segments older stores wrote and check they still read."""
         aead = self._cipher(seg_start, create=True)
@@ -178,7 +178,7 @@ class RecordSealer:
             out.append(epoch_bytes + aead.encrypt(_NONCE.pack(epoch, phy), plain, aad))
             phy += total
             qoff += 1
-        return out, [b""] * len(out)
+        return encode_batch(head, out, [b""] * len(out), None, None)
 
     # ------------------------------------------------------------------ open
 
@@ -234,7 +234,7 @@ class RecordSealer:
 
     def group_of(
         self, view: memoryview, at: int
-    ) -> tuple[memoryview, dict[int, tuple[int, int, int]], int, list[int]] | None:
+    ) -> tuple[memoryview, seal_group.Places, int, list[int]] | None:
         """The dispatcher's view of a format-2 record's group: its plaintext, where each
         record is in it, and how much larger sealed records are (None: not format 2, or it
         does not authenticate)."""
@@ -449,7 +449,7 @@ class _Served:
         self.parts: list[memoryview] = []
         self.sizes: list[int] = []
         self.offsets: list[int] = []
-        self._plain: bytes | None = None
+        self._plain: bytes | bytearray | None = None
         self._lo = self._hi = 0
 
     def add_one(self, view: memoryview | None, offset: int, skipped: list[int]) -> None:
@@ -461,7 +461,7 @@ class _Served:
         self.sizes.append(len(view))
         self.offsets.append(offset)
 
-    def add_slice(self, plain: bytes, lo: int, hi: int) -> None:
+    def add_slice(self, plain: bytes | bytearray, lo: int, hi: int) -> None:
         if plain is self._plain and lo == self._hi:
             self.parts[-1] = memoryview(plain)[self._lo : hi]
         else:
