@@ -131,13 +131,25 @@ def local_kafka_config(
     settings: Settings, namesrv_addrs: tuple[str, ...], port: int
 ) -> KafkaConfig:
     """The Kafka gateway beside a broker: the ``[kafka]`` table, with the broker's NameServers
-    and host for what it does not set."""
+    and host for what it does not set, and, with the broker's authentication on, its users
+    (SASL and ACLs on, the same auth file: no open Kafka port beside an authenticating broker)
+    and its credentials for the gateway's own requests."""
     given = {key.partition(".")[2] for key in settings.sources if key.startswith("kafka.")}
     kafka = dataclasses.replace(settings.kafka, port=port)
     if "namesrv_addrs" not in given:
         kafka = dataclasses.replace(kafka, namesrv_addrs=namesrv_addrs)
     if "host" not in given:
         kafka = dataclasses.replace(kafka, host=settings.broker.host)
+    broker = settings.broker
+    if broker.auth_enabled and "auth_enabled" not in given:
+        default_file = str(broker.store.store_path / "config" / "auth.json")
+        kafka = dataclasses.replace(
+            kafka, auth_enabled=True, auth_file=kafka.auth_file or broker.auth_file or default_file
+        )
+        if kafka.access_key is None and broker.access_key:
+            kafka = dataclasses.replace(
+                kafka, access_key=broker.access_key, secret_key=broker.secret_key
+            )
     return kafka
 
 

@@ -13,6 +13,13 @@ serve closes the connection, except ApiVersions, which gets the supported ranges
 client asks first). A malformed frame closes that connection only. Handlers that park (Fetch
 long polls, JoinGroup and SyncGroup during a rebalance) await futures; the loop keeps serving
 other connections.
+
+Security (docs/kafka.md#security): with ``auth_enabled`` each connection has a
+:class:`~orbitmq.kafka.sasl.Session`; until it is authenticated (SASL, or a client certificate
+naming a user) only ApiVersions, SaslHandshake and SaslAuthenticate are served and anything
+else closes the connection; afterwards every request goes through
+:class:`~orbitmq.kafka.authz.Authorizer` before its handler. A failed authentication is answered
+with SASL_AUTHENTICATION_FAILED and the connection closed, as Kafka does.
 """
 
 from __future__ import annotations
@@ -22,10 +29,15 @@ import contextlib
 import logging
 from typing import Any
 
+from orbitmq.auth.guard import cert_principal
+from orbitmq.auth.model import Action, ResourceType
+from orbitmq.auth.server import AUTH_FAILURE_DELAY_S
 from orbitmq.client.admin.client import AsyncAdminClient
+from orbitmq.client.admin.config import AdminConfig
 from orbitmq.client.producer.config import ProducerConfig
 from orbitmq.client.producer.producer import AsyncProducer
 from orbitmq.common.tasks import TaskSet
+from orbitmq.kafka.authz import Authorizer
 from orbitmq.kafka.config import KafkaConfig
 from orbitmq.kafka.control import ControlPlane
 from orbitmq.kafka.data import DataPlane
@@ -33,6 +45,13 @@ from orbitmq.kafka.groups import Coordinator
 from orbitmq.kafka.ordering import PartitionOrder
 from orbitmq.kafka.partitions import Partitions
 from orbitmq.kafka.producer_state import ProducerStates
+from orbitmq.kafka.sasl import (
+    AUTH_FAILED_MESSAGE,
+    SASL_AUTHENTICATE,
+    SASL_HANDSHAKE,
+    KafkaAuth,
+    Session,
+)
 from orbitmq.protocol.kafka.connection import Rejected, Request, ServerConnection, encode_response
 from orbitmq.protocol.kafka.primitives import KafkaCodecError
 
@@ -54,6 +73,10 @@ SUPPORTED: dict[int, tuple[int, int]] = {
     DESCRIBE_GROUPS: (0, 5), LIST_GROUPS: (0, 4), API_VERSIONS: (0, 4),
     CREATE_TOPICS: (2, 7), DELETE_TOPICS: (1, 5), INIT_PRODUCER_ID: (0, 4),
 }  # fmt: skip
+SASL_APIS: dict[int, tuple[int, int]] = {SASL_HANDSHAKE: (1, 1), SASL_AUTHENTICATE: (0, 2)}
+"""Served when authentication is on. SaslHandshake v0 (tokens without Kafka framing) is not:
+Kafka 4 removed it (KIP-896) and clients use v1 when it is advertised."""
+BEFORE_AUTH = frozenset({API_VERSIONS, SASL_HANDSHAKE, SASL_AUTHENTICATE})
 
 Body = dict[str, Any]
 
@@ -81,6 +104,15 @@ class KafkaGateway:
         self.admin: AsyncAdminClient | None = None
         self.producer: AsyncProducer | None = None
         self.port = 0
+        self.auth: KafkaAuth | None = None
+        self.authz: Authorizer | None = None
+        if config.auth_enabled and config.auth_file:
+            self.auth = KafkaAuth.open(
+                config.auth_file, config.audit_file, config.sasl_mechanisms,
+                config.cluster_id, f"kafka-{config.node_id}",
+            )  # fmt: skip
+            self.authz = Authorizer(self.auth)
+        self.supported = {**SUPPORTED, **SASL_APIS} if self.auth is not None else SUPPORTED
 
     async def start(self) -> None:
         cfg = self.config
@@ -94,9 +126,13 @@ class KafkaGateway:
                 # failure goes back to it instead of being retried here, possibly twice
                 retry_times_when_send_failed=0,
                 auto_create_fallback=False,
+                access_key=cfg.access_key,
+                secret_key=cfg.secret_key,
             ),
         ).start()
-        self.admin = await AsyncAdminClient(cfg.namesrv_addrs).start()
+        self.admin = await AsyncAdminClient(
+            cfg.namesrv_addrs, AdminConfig(access_key=cfg.access_key, secret_key=cfg.secret_key)
+        ).start()
         self._server = await asyncio.start_server(self._serve, cfg.host, cfg.port)
         self.port = self._server.sockets[0].getsockname()[1]
         advertised = (cfg.advertised_host or cfg.host, cfg.advertised_port or self.port)
@@ -160,7 +196,10 @@ class KafkaGateway:
         self._conns.add(writer)
         peer = writer.get_extra_info("peername")
         host = f"/{peer[0]}" if peer else "/unknown"
-        conn = ServerConnection(SUPPORTED, max_frame=self.config.max_request_bytes)
+        session = Session(f"{peer[0]}:{peer[1]}" if peer else "unknown")
+        if self.auth is not None:
+            session.user = self.auth.certificate_user(cert_principal(writer))
+        conn = ServerConnection(self.supported, max_frame=self.config.max_request_bytes)
         order = PartitionOrder()
         slots: asyncio.Queue[asyncio.Future[bytes | _Close | None] | None] = asyncio.Queue()
         out = self.tasks.spawn(self._write_in_order(slots, writer), name="kafka-conn-writer")
@@ -177,13 +216,22 @@ class KafkaGateway:
                         if ev.reply is None:
                             return
                         continue
+                    if (
+                        self.auth is not None
+                        and session.user is None
+                        and ev.api_key not in BEFORE_AUTH
+                    ):
+                        # Kafka closes a connection that skips authentication
+                        self.auth.deny(session, ev.api_key, "-", "-", "not authenticated")
+                        slots.put_nowait(_ready(CLOSE))
+                        return
                     if ev.api_key == PRODUCE:
                         # pipelined: started now (tickets in arrival order), answered in order
                         produces = [f for f in produces if not f.done()]
                         if len(produces) >= limit:
                             await asyncio.wait(produces, return_when=asyncio.FIRST_COMPLETED)
                             produces = [f for f in produces if not f.done()]
-                        task = self.tasks.spawn(self._guarded(ev, host, order))
+                        task = self.tasks.spawn(self._guarded(ev, host, order, session))
                         produces.append(task)
                         slots.put_nowait(task)
                         continue
@@ -193,9 +241,12 @@ class KafkaGateway:
                     if produces:
                         await asyncio.wait(produces)
                         produces = []
-                    fut = _ready(await self._guarded(ev, host, order))
+                    fut = _ready(await self._guarded(ev, host, order, session))
                     slots.put_nowait(fut)
                     if isinstance(fut.result(), _Close):
+                        return
+                    if session.failed:  # the SASL failure is answered, then the end
+                        slots.put_nowait(_ready(CLOSE))
                         return
                 await writer.drain()  # a client that does not read its answers is not read
         except KafkaCodecError as e:
@@ -235,17 +286,25 @@ class KafkaGateway:
             writer.close()
 
     async def _guarded(
-        self, req: Request, host: str, order: PartitionOrder
+        self, req: Request, host: str, order: PartitionOrder, session: Session
     ) -> bytes | _Close | None:
         try:
-            return await self._answer(req, host, order)
+            return await self._answer(req, host, order, session)
         except KafkaCodecError as e:
             log.info("kafka %s: closing: %s", host, e)
             return CLOSE
 
-    async def _answer(self, req: Request, host: str, order: PartitionOrder) -> bytes | None:
+    async def _answer(
+        self, req: Request, host: str, order: PartitionOrder, session: Session
+    ) -> bytes | None:
         try:
-            body = await self._handle(req, host, order)
+            if self.authz is None or req.api_key in BEFORE_AUTH:
+                body = await self._handle(req, host, order, session, req.body)
+            else:
+                body = await self.authz.run(
+                    req.api_key, req.api_version, req.body, session,
+                    lambda b: self._handle(req, host, order, session, b),
+                )  # fmt: skip
         except KafkaCodecError:
             raise
         except Exception:
@@ -255,13 +314,17 @@ class KafkaGateway:
             return None
         return encode_response(req.api_key, req.api_version, req.correlation_id, body)
 
-    async def _handle(self, req: Request, host: str, order: PartitionOrder) -> Body | None:
-        key, v, body = req.api_key, req.api_version, req.body
+    async def _handle(
+        self, req: Request, host: str, order: PartitionOrder, session: Session, body: Body
+    ) -> Body | None:
+        key, v = req.api_key, req.api_version
         c = self.control
         if key == API_VERSIONS:
             return {"error_code": 0, "throttle_time_ms": 0, "api_keys": [
-                {"api_key": k, "min_version": lo, "max_version": hi} for k, (lo, hi) in sorted(SUPPORTED.items())
+                {"api_key": k, "min_version": lo, "max_version": hi} for k, (lo, hi) in sorted(self.supported.items())
             ]}  # fmt: skip
+        if key in (SASL_HANDSHAKE, SASL_AUTHENTICATE):
+            return await self._sasl(key, body, session)
         if key == PRODUCE:
             result = await self.data.produce(body, order)
             return None if body["acks"] == 0 else result
@@ -270,7 +333,15 @@ class KafkaGateway:
         if key == LIST_OFFSETS:
             return await self.data.list_offsets(body)
         if key == METADATA:
-            return await c.metadata(body, v)
+            authz = self.authz
+            if authz is None:
+                return await c.metadata(body, v)
+            return await c.metadata(
+                body, v,
+                lambda name: authz.may(session, METADATA, ResourceType.TOPIC, name, Action.CREATE),
+                lambda name: authz.may(session, METADATA, ResourceType.TOPIC, name, Action.PUB,
+                                       Action.SUB, Action.GET, audit=False),
+            )  # fmt: skip
         if key == CREATE_TOPICS:
             return await c.create_topics(body)
         if key == DELETE_TOPICS:
@@ -304,3 +375,20 @@ class KafkaGateway:
         if key == DESCRIBE_GROUPS:
             return c.describe_groups(body)
         raise KafkaCodecError(f"API {key} is advertised but has no handler")  # unreachable
+
+    async def _sasl(self, key: int, body: Body, session: Session) -> Body:
+        auth = self.auth
+        if auth is None:  # not advertised then; a client sending it anyway is refused
+            raise KafkaCodecError("SASL is not enabled on this listener")
+        if key == SASL_HANDSHAKE:
+            code = auth.handshake(session, body["mechanism"])
+            session.failed = code != 0
+            return {"error_code": code, "mechanisms": list(auth.mechanisms)}
+        code, token, _done = auth.authenticate(session, body["auth_bytes"])
+        if code != 0:
+            session.failed = True
+            await asyncio.sleep(AUTH_FAILURE_DELAY_S)  # Kafka's failed-authentication delay
+            return {"error_code": code, "error_message": AUTH_FAILED_MESSAGE, "auth_bytes": b"",
+                    "session_lifetime_ms": 0}  # fmt: skip
+        return {"error_code": 0, "error_message": None, "auth_bytes": token,
+                "session_lifetime_ms": 0}  # fmt: skip
