@@ -172,12 +172,13 @@ async def local_kafka(
     if config is None:
         yield
         return
+    from orbitmq.common.errors import MQError
     from orbitmq.kafka.server import KafkaGateway
 
     gateway = KafkaGateway(config)
     try:
         await gateway.start()
-    except OSError as exc:
+    except (OSError, MQError) as exc:  # a taken port is a ConfigError from the listener
         await gateway.stop()
         if required:
             raise

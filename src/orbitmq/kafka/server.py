@@ -27,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Callable
 from typing import Any
 
 from orbitmq.auth.guard import cert_principal
@@ -52,6 +53,8 @@ from orbitmq.kafka.sasl import (
     KafkaAuth,
     Session,
 )
+from orbitmq.net.limits import Limits
+from orbitmq.net.listener import Listener
 from orbitmq.protocol.kafka.connection import Rejected, Request, ServerConnection, encode_response
 from orbitmq.protocol.kafka.primitives import KafkaCodecError
 
@@ -73,6 +76,12 @@ SUPPORTED: dict[int, tuple[int, int]] = {
     DESCRIBE_GROUPS: (0, 5), LIST_GROUPS: (0, 4), API_VERSIONS: (0, 4),
     CREATE_TOPICS: (2, 7), DELETE_TOPICS: (1, 5), INIT_PRODUCER_ID: (0, 4),
 }  # fmt: skip
+LIMITS = Limits(
+    max_connections=1_000_000, max_connections_per_ip=1_000_000,
+    new_connections_per_ip_per_s=1e9, exempt_loopback=True,
+)  # fmt: skip
+"""No admission caps (as on the MQTT ports: Kafka clients open a connection per broker and
+role); the listener's TLS handshake timeout (10 s) applies."""
 SASL_APIS: dict[int, tuple[int, int]] = {SASL_HANDSHAKE: (1, 1), SASL_AUTHENTICATE: (0, 2)}
 """Served when authentication is on. SaslHandshake v0 (tokens without Kafka framing) is not:
 Kafka 4 removed it (KIP-896) and clients use v1 when it is advertised."""
@@ -98,7 +107,8 @@ class KafkaGateway:
     def __init__(self, config: KafkaConfig) -> None:
         self.config = config
         self.tasks = TaskSet("kafka-gateway", logger=log)
-        self._server: asyncio.Server | None = None
+        self._listener: Listener | None = None
+        self.tls = config.tls_source()
         self._conns: set[asyncio.StreamWriter] = set()
         self._handlers: set[asyncio.Task[None]] = set()
         self.admin: AsyncAdminClient | None = None
@@ -133,8 +143,13 @@ class KafkaGateway:
         self.admin = await AsyncAdminClient(
             cfg.namesrv_addrs, AdminConfig(access_key=cfg.access_key, secret_key=cfg.secret_key)
         ).start()
-        self._server = await asyncio.start_server(self._serve, cfg.host, cfg.port)
-        self.port = self._server.sockets[0].getsockname()[1]
+        listener = Listener(
+            lambda _ip: asyncio.Protocol(), host=cfg.host, port=cfg.port, tls_mode=cfg.tls_mode,
+            tls=self.tls, limits=LIMITS, name="kafka",
+        )  # fmt: skip
+        listener.open_protocol = self._opener(listener)
+        self._listener = listener
+        self.port = await listener.start()
         advertised = (cfg.advertised_host or cfg.host, cfg.advertised_port or self.port)
         self.partitions = Partitions(self.admin)
         self.states = ProducerStates()
@@ -149,9 +164,28 @@ class KafkaGateway:
         )
         self.tasks.spawn(self._expire_members(), name="kafka-session-expiry")
 
+    def _opener(self, listener: Listener) -> Callable[[str], asyncio.Protocol]:
+        """Each accepted (and, with TLS, handshaken) connection as a stream pair served by
+        :meth:`_serve`; one admitted by a TLS-sniffing listener gives its slot back at the end."""
+        limit = self.config.max_request_bytes
+
+        def open_protocol(ip: str) -> asyncio.Protocol:
+            async def connected(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+                try:
+                    await self._serve(r, w)
+                finally:
+                    if ip:
+                        listener.release(ip)
+
+            return asyncio.StreamReaderProtocol(asyncio.StreamReader(limit=limit), connected)
+
+        return open_protocol
+
     async def stop(self) -> None:
-        if self._server is not None:
-            self._server.close()
+        listener, self._listener = self._listener, None
+        if listener is not None:  # no new connections from here on
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(listener.stop(), 5)
         for w in list(self._conns):
             w.close()
         # a connection parked in a handler (a rebalance, a long poll) sees no close: end it here
@@ -163,9 +197,6 @@ class KafkaGateway:
             await asyncio.wait(handlers, timeout=5)
         self.tasks.cancel()
         await self.tasks.close(timeout=5)
-        if self._server is not None:
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(self._server.wait_closed(), 5)
         if self.producer is not None:
             await self.producer.close()
         if self.admin is not None:
