@@ -14,6 +14,7 @@ import asyncio
 import struct
 import time
 from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -60,6 +61,12 @@ def make_store(path: Path) -> AuthStore:
 
 @pytest.fixture
 async def secure(tmp_path: Path) -> AsyncIterator[Secure]:
+    async with secure_gateway(tmp_path) as s:
+        yield s
+
+
+@asynccontextmanager
+async def secure_gateway(tmp_path: Path, **extra: Any) -> AsyncIterator[Secure]:
     store = make_store(tmp_path / "auth.json")
     async with run_namesrv() as ns:
         addr = f"127.0.0.1:{ns.port}"
@@ -67,6 +74,7 @@ async def secure(tmp_path: Path) -> AsyncIterator[Secure]:
             gw = KafkaGateway(KafkaConfig(
                 namesrv_addrs=(addr,), port=0, default_partitions=1, auth_enabled=True,
                 auth_file=str(tmp_path / "auth.json"), audit_file=str(tmp_path / "audit.log"),
+                **extra,
             ))  # fmt: skip
             await gw.start()
             try:
@@ -385,3 +393,32 @@ async def test_no_api_key_reaches_a_data_handler_unauthorized(
     assert {k for k, v in outcome.items() if v == "answered"} == set(served)
     assert await stored(gw, "secret1") == 0
     assert "secret2" not in await gw.admin.list_topics()
+
+
+async def test_produce_quota_throttles_one_user_not_another(tmp_path: Path) -> None:
+    """100 KB/s for each user: alice's 300 KB take about 2 s beyond the 1 s burst, each answer
+    over the quota saying throttle_time_ms; the admin's first request right after is not
+    throttled (quotas are per user, not per gateway)."""
+    async with secure_gateway(tmp_path, produce_quota_bytes_per_s=100_000) as s:
+
+        def run() -> tuple[float, list[int], int]:
+            value = bytes(range(256)) * 200  # ~50 KB, incompressible enough: sent as is
+            batch = build_batch([Record(0, 0, None, value)], base_timestamp=1_700_000_000_000)
+            body = {"acks": -1, "timeout_ms": 5000, "topic_data": [
+                {"name": "ok1", "partition_data": [{"index": 0, "records": batch}]}]}  # fmt: skip
+            c = login(s.bootstrap, "alice")
+            started = time.monotonic()
+            throttles = [c.call(0, 8, body)["throttle_time_ms"] for _ in range(6)]
+            elapsed = time.monotonic() - started
+            c.close()
+            admin = login(s.bootstrap, "admin", "admin-secret-0001")
+            other = admin.call(0, 8, body)["throttle_time_ms"]
+            admin.close()
+            return elapsed, throttles, other
+
+        elapsed, throttles, other = await asyncio.to_thread(run)
+        assert throttles[0] == 0 and all(t > 0 for t in throttles[3:]), throttles
+        assert elapsed >= 1.0, elapsed  # held: 300 KB at 100 KB/s after a 100 KB burst
+        assert other == 0
+        assert s.gateway.quotas is not None and s.gateway.quotas.throttled >= 3
+        assert await stored(s.gateway, "ok1") == 7

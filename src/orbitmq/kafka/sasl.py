@@ -51,6 +51,8 @@ class Session:
     """Chosen by SaslHandshake, until the exchange ends."""
     scram: ScramServer | None = None
     failed: bool = False
+    muted_until: float = 0.0
+    """Loop time until which a byte-rate quota holds the connection's reading."""
     """An exchange failed: the connection is closed once the answer is written."""
 
     @property

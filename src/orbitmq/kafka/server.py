@@ -55,6 +55,7 @@ from orbitmq.kafka.sasl import (
 )
 from orbitmq.net.limits import Limits
 from orbitmq.net.listener import Listener
+from orbitmq.net.quota import ByteQuotas
 from orbitmq.protocol.kafka.connection import Rejected, Request, ServerConnection, encode_response
 from orbitmq.protocol.kafka.primitives import KafkaCodecError
 
@@ -123,6 +124,9 @@ class KafkaGateway:
             )  # fmt: skip
             self.authz = Authorizer(self.auth)
         self.supported = {**SUPPORTED, **SASL_APIS} if self.auth is not None else SUPPORTED
+        self.quotas = ByteQuotas.of(
+            {PRODUCE}, {FETCH}, config.produce_quota_bytes_per_s, config.fetch_quota_bytes_per_s
+        )
 
     async def start(self) -> None:
         cfg = self.config
@@ -237,8 +241,13 @@ class KafkaGateway:
         produces: list[asyncio.Future[bytes | _Close | None]] = []
         limit = self.config.max_inflight_produce
         try:
-            while not out.done() and (data := await reader.read(256 * 1024)):
+            while not out.done():
+                await self._muted(session)
+                if not (data := await reader.read(256 * 1024)):
+                    break
                 for ev in conn.receive(data):
+                    if session.muted_until:
+                        await self._muted(session)
                     if out.done():
                         return  # the writer closed the connection (a failed request)
                     if isinstance(ev, Rejected):
@@ -341,6 +350,8 @@ class KafkaGateway:
         except Exception:
             log.exception("kafka: API %d v%d failed", req.api_key, req.api_version)
             raise KafkaCodecError("handler failed") from None  # close: no generic error body
+        if self.quotas is not None and req.api_key in (PRODUCE, FETCH):
+            self._throttle(req, body, session)
         if body is None:
             return None
         return encode_response(req.api_key, req.api_version, req.correlation_id, body)
@@ -406,6 +417,31 @@ class KafkaGateway:
         if key == DESCRIBE_GROUPS:
             return c.describe_groups(body)
         raise KafkaCodecError(f"API {key} is advertised but has no handler")  # unreachable
+
+    def _throttle(self, req: Request, body: Body | None, session: Session) -> None:
+        """Charge a Produce (its request bytes) or a Fetch (the record bytes answered) to the
+        user's quota (net/quota.py, Kafka's model: the user, else the address); over it, the
+        answer says throttle_time_ms and the connection is not read for that long after it
+        (Kafka's channel muting), so pipelined requests cannot slip past."""
+        assert self.quotas is not None
+        fetched = 0
+        if req.api_key == FETCH and body is not None:
+            fetched = sum(
+                len(p["records"] or b"") for t in body["responses"] for p in t["partitions"]
+            )
+        delay = self.quotas.charge(req.api_key, req.size, fetched, session.user or session.ip)
+        if delay > 0:
+            if body is not None:
+                body["throttle_time_ms"] = int(delay * 1000)
+            until = asyncio.get_running_loop().time() + delay
+            session.muted_until = max(session.muted_until, until)
+
+    @staticmethod
+    async def _muted(session: Session) -> None:
+        """Wait out a quota's throttle before reading the connection's next request."""
+        left = session.muted_until - asyncio.get_running_loop().time()
+        if left > 0:
+            await asyncio.sleep(left)
 
     async def _sasl(self, key: int, body: Body, session: Session) -> Body:
         auth = self.auth
