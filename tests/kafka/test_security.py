@@ -188,6 +188,7 @@ async def test_wrong_password_is_refused_and_closed(secure: Secure) -> None:
     assert errors and errors[0].code() == confluent.KafkaError._AUTHENTICATION
     assert await stored(secure.gateway, "ok1") == 0
     assert secure.gateway.auth is not None and secure.gateway.auth.refused >= 3
+    assert secure.gateway.refusals.counts["auth_failed"] >= 3  # orbitmq_net_refused_total
     assert '"reason": "SASL' in secure.audit.read_text()
 
 
@@ -393,6 +394,8 @@ async def test_no_api_key_reaches_a_data_handler_unauthorized(
     assert {k for k, v in outcome.items() if v == "answered"} == set(served)
     assert await stored(gw, "secret1") == 0
     assert "secret2" not in await gw.admin.list_topics()
+    assert gw.refusals.counts["acl_denied"] >= 20  # every refused API counted
+    assert '"code": 19' in secure.audit.read_text()  # and audited (CreateTopics here)
 
 
 async def test_produce_quota_throttles_one_user_not_another(tmp_path: Path) -> None:
@@ -421,4 +424,21 @@ async def test_produce_quota_throttles_one_user_not_another(tmp_path: Path) -> N
         assert elapsed >= 1.0, elapsed  # held: 300 KB at 100 KB/s after a 100 KB burst
         assert other == 0
         assert s.gateway.quotas is not None and s.gateway.quotas.throttled >= 3
+        assert s.gateway.refusals.counts["quota_throttled"] >= 3
         assert await stored(s.gateway, "ok1") == 7
+
+
+async def test_refusals_are_exported_with_the_broker_metrics() -> None:
+    """Beside a broker (`orbitmq up`, `orbitmq broker --kafka-port`) the gateway's refusals are
+    series of the broker's orbitmq_net_refused_total, listener="kafka"."""
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from orbitmq.cli.server import local_kafka
+
+    registry = CollectorRegistry()
+    async with run_namesrv() as ns:
+        config = KafkaConfig(namesrv_addrs=(f"127.0.0.1:{ns.port}",), port=0)
+        async with local_kafka(config, {}, required=True, registry=registry):
+            page = generate_latest(registry).decode()
+        assert 'orbitmq_net_refused_total{listener="kafka",reason="acl_denied"} 0.0' in page
+        assert "kafka" not in generate_latest(registry).decode()  # removed with the gateway

@@ -124,6 +124,7 @@ async def test_sasl_ssl_with_both_clients_and_plaintext_refused(tmp_path: Path) 
         assert await stored(gw, "ok1") == 2
         # required: a plaintext client gets nothing, not even an ApiVersions answer
         assert await asyncio.to_thread(first_bytes, gw.port) == b""
+        assert gw.refusals.counts["plaintext_refused"] == 1
 
         # a client that does not trust the CA is refused by its own verification
         other = tmp_path / "other"

@@ -37,6 +37,8 @@ from orbitmq.cli.settings import Settings
 from orbitmq.namesrv.controller import NamesrvController
 
 if TYPE_CHECKING:
+    from prometheus_client import CollectorRegistry
+
     from orbitmq.console.config import ConsoleConfig
     from orbitmq.controller.config import ControllerConfig
     from orbitmq.kafka.config import KafkaConfig
@@ -165,10 +167,15 @@ def kafka_port(settings: Settings, flag: int | None, default: int | None) -> int
 
 @contextlib.asynccontextmanager
 async def local_kafka(
-    config: KafkaConfig | None, endpoints: dict[str, str], *, required: bool
+    config: KafkaConfig | None,
+    endpoints: dict[str, str],
+    *,
+    required: bool,
+    registry: CollectorRegistry | None = None,
 ) -> AsyncIterator[None]:
     """Run the Kafka gateway for the body of the ``with`` (None: none); like the proxy, a
-    default port already taken is reported, not fatal."""
+    default port already taken is reported, not fatal. ``registry``: the broker's metrics, to
+    which the gateway's refusals are added (``orbitmq_net_refused_total{listener="kafka"}``)."""
     if config is None:
         yield
         return
@@ -187,9 +194,17 @@ async def local_kafka(
         yield
         return
     endpoints["kafka"] = f"{config.host}:{gateway.port}"
+    collector = None
+    if registry is not None:
+        from orbitmq.net.metrics import RefusalCollector
+
+        collector = RefusalCollector("kafka", gateway.refusals)
+        registry.register(collector)
     try:
         yield
     finally:
+        if collector is not None and registry is not None:
+            registry.unregister(collector)
         await gateway.stop()
 
 
@@ -411,7 +426,7 @@ async def run_all_in_one(
         async with (
             local_mqtt(settings, broker, endpoints, free=free),
             local_proxy(config, endpoints, required=required),
-            local_kafka(kconfig, endpoints, required=krequired),
+            local_kafka(kconfig, endpoints, required=krequired, registry=broker.metrics.registry),
             local_console(cconfig, endpoints, required=crequired),
         ):
             await until_signal(lambda: announce(endpoints))
@@ -527,7 +542,7 @@ async def run_broker(
         async with (
             local_mqtt(settings, broker, endpoints, free=settings.broker.port == 0),
             local_proxy(config, endpoints, required=True),
-            local_kafka(kconfig, endpoints, required=True),
+            local_kafka(kconfig, endpoints, required=True, registry=broker.metrics.registry),
         ):
             await until_signal(lambda: announce(endpoints))
     finally:

@@ -27,6 +27,7 @@ from orbitmq.auth.guard import Guard
 from orbitmq.auth.model import User
 from orbitmq.auth.scram import HASHES, ScramError, ScramServer
 from orbitmq.auth.store import AuthStore
+from orbitmq.net.limits import REASON_ACL_DENIED, REASON_AUTH_FAILED, Refusals
 
 log = logging.getLogger(__name__)
 
@@ -63,10 +64,17 @@ class Session:
 
 class KafkaAuth:
     """The users of one auth store for the Kafka listener; ``refused`` counts refusals
-    (authentication and authorization), as the broker's Guard does."""
+    (authentication and authorization), as the broker's Guard does, and ``refusals`` (the
+    listener's, exported as ``orbitmq_net_refused_total{listener="kafka"}``) counts them by
+    reason: ``auth_failed``, ``acl_denied``."""
 
     def __init__(
-        self, store: AuthStore, audit: AuditLog, mechanisms: tuple[str, ...], cluster: str
+        self,
+        store: AuthStore,
+        audit: AuditLog,
+        mechanisms: tuple[str, ...],
+        cluster: str,
+        refusals: Refusals | None = None,
     ) -> None:
         # the broker's Guard re-reads the store (at most every 0.25 s): one refresh rule
         self.guard = Guard(store, audit, cluster=cluster)
@@ -75,6 +83,7 @@ class KafkaAuth:
         self.mechanisms = mechanisms
         self.cluster = cluster
         self.refused = 0
+        self.refusals = refusals or Refusals()
 
     @classmethod
     def open(
@@ -84,8 +93,10 @@ class KafkaAuth:
         mechanisms: tuple[str, ...],
         cluster: str,
         node: str,
+        refusals: Refusals | None = None,
     ) -> KafkaAuth:
-        return cls(AuthStore(auth_file), AuditLog(audit_file, node), mechanisms, cluster)
+        audit = AuditLog(audit_file, node)
+        return cls(AuthStore(auth_file), audit, mechanisms, cluster, refusals)
 
     def user(self, name: str) -> User | None:
         """An enabled user of the store now (None otherwise)."""
@@ -154,6 +165,7 @@ class KafkaAuth:
         session.mechanism, session.scram = None, None
         if user is None:
             self.refused += 1
+            self.refusals.counts[REASON_AUTH_FAILED] += 1  # no log line each: the audit has it
             self.audit.deny(
                 principal=(claimed or "-")[:64], source=session.source, code=AUDIT_CODE_AUTH,
                 resource="-", action="-", reason=f"SASL {mechanism}: {AUTH_FAILED_MESSAGE}",
@@ -163,8 +175,9 @@ class KafkaAuth:
         return 0
 
     def deny(self, session: Session, api_key: int, resource: str, action: str, reason: str) -> None:
-        """Record a refused request (audit line, counter)."""
+        """Record a refused request (audit line, counters)."""
         self.refused += 1
+        self.refusals.counts[REASON_ACL_DENIED] += 1
         self.audit.deny(
             principal=session.user or "-", source=session.source, code=api_key,
             resource=resource, action=action, reason=reason,

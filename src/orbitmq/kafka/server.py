@@ -53,7 +53,7 @@ from orbitmq.kafka.sasl import (
     KafkaAuth,
     Session,
 )
-from orbitmq.net.limits import Limits
+from orbitmq.net.limits import REASON_THROTTLED, Limits, Refusals
 from orbitmq.net.listener import Listener
 from orbitmq.net.quota import ByteQuotas
 from orbitmq.protocol.kafka.connection import Rejected, Request, ServerConnection, encode_response
@@ -115,12 +115,15 @@ class KafkaGateway:
         self.admin: AsyncAdminClient | None = None
         self.producer: AsyncProducer | None = None
         self.port = 0
+        self.refusals = Refusals()
+        """The listener's refusals, SASL failures and ACL denials, and quota throttles by
+        reason (``orbitmq_net_refused_total{listener="kafka"}`` beside a broker)."""
         self.auth: KafkaAuth | None = None
         self.authz: Authorizer | None = None
         if config.auth_enabled and config.auth_file:
             self.auth = KafkaAuth.open(
                 config.auth_file, config.audit_file, config.sasl_mechanisms,
-                config.cluster_id, f"kafka-{config.node_id}",
+                config.cluster_id, f"kafka-{config.node_id}", self.refusals,
             )  # fmt: skip
             self.authz = Authorizer(self.auth)
         self.supported = {**SUPPORTED, **SASL_APIS} if self.auth is not None else SUPPORTED
@@ -149,7 +152,7 @@ class KafkaGateway:
         ).start()
         listener = Listener(
             lambda _ip: asyncio.Protocol(), host=cfg.host, port=cfg.port, tls_mode=cfg.tls_mode,
-            tls=self.tls, limits=LIMITS, name="kafka",
+            tls=self.tls, limits=LIMITS, refusals=self.refusals, name="kafka",
         )  # fmt: skip
         listener.open_protocol = self._opener(listener)
         self._listener = listener
@@ -431,6 +434,7 @@ class KafkaGateway:
             )
         delay = self.quotas.charge(req.api_key, req.size, fetched, session.user or session.ip)
         if delay > 0:
+            self.refusals.counts[REASON_THROTTLED] += 1
             if body is not None:
                 body["throttle_time_ms"] = int(delay * 1000)
             until = asyncio.get_running_loop().time() + delay
