@@ -442,3 +442,46 @@ async def test_refusals_are_exported_with_the_broker_metrics() -> None:
             page = generate_latest(registry).decode()
         assert 'orbitmq_net_refused_total{listener="kafka",reason="acl_denied"} 0.0' in page
         assert "kafka" not in generate_latest(registry).decode()  # removed with the gateway
+
+
+def test_beside_an_authenticating_broker_the_kafka_port_authenticates(tmp_path: Path) -> None:
+    """`orbitmq up` / `orbitmq broker` with the broker's auth on: the gateway takes its users
+    (no open Kafka port beside it) and its credentials; an explicit [kafka] choice stands."""
+    import dataclasses
+
+    from orbitmq.broker.config import BrokerConfig
+    from orbitmq.cli.server import local_kafka_config
+    from orbitmq.cli.settings import Settings
+
+    broker = BrokerConfig(auth_enabled=True, auth_file=str(tmp_path / "a.json"),
+                          access_key="inner", secret_key="s" * 12)  # fmt: skip
+    on = local_kafka_config(dataclasses.replace(Settings(), broker=broker), ("n:1",), 0)
+    assert on.auth_enabled and on.auth_file == str(tmp_path / "a.json")
+    assert (on.access_key, on.secret_key) == ("inner", "s" * 12)
+    off = local_kafka_config(Settings(), ("n:1",), 0)
+    assert not off.auth_enabled and off.access_key is None
+    chosen = dataclasses.replace(Settings(), broker=broker, sources={"kafka.auth_enabled": "toml"})
+    assert not local_kafka_config(chosen, ("n:1",), 0).auth_enabled
+
+
+async def test_a_disabled_user_is_refused_on_its_open_connection(secure: Secure) -> None:
+    def run() -> tuple[int, int]:
+        c = login(secure.bootstrap, "alice")
+        batch = build_batch([Record(0, 0, None, b"r")], base_timestamp=1_700_000_000_000)
+        body = {"acks": -1, "timeout_ms": 5000, "topic_data": [
+            {"name": "ok1", "partition_data": [{"index": 0, "records": batch}]}]}  # fmt: skip
+
+        def code() -> int:
+            return int(c.call(0, 8, body)["responses"][0]["partition_responses"][0]["error_code"])
+
+        before = code()
+        secure.store.update_user("alice", enabled=False)
+        end = time.monotonic() + 3
+        after = code()
+        while after == 0 and time.monotonic() < end:  # the store is re-read within a second
+            time.sleep(0.1)
+            after = code()
+        c.close()
+        return before, after
+
+    assert await asyncio.to_thread(run) == (0, 29)
