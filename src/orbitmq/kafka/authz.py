@@ -254,18 +254,23 @@ async def _offset_commit(a: Authorizer, v: int, body: Body, s: Session, h: Handl
 
 
 async def _offset_fetch(a: Authorizer, v: int, body: Body, s: Session, h: Handler) -> Body | None:
-    def topic_entry(t: Body) -> Body:
+    def topic_entry(t: Body, code: int = TOPIC_AUTHORIZATION_FAILED) -> Body:
         return {"name": t["name"], "partitions": [
             {"partition_index": i, "committed_offset": -1, "committed_leader_epoch": -1,
-             "metadata": "", "error_code": TOPIC_AUTHORIZATION_FAILED}
-            for i in t["partition_indexes"]]}  # fmt: skip
+             "metadata": "", "error_code": code} for i in t["partition_indexes"]]}  # fmt: skip
 
     def topics_ok(t: Body) -> bool:
         return a.may(s, 9, TOPIC, t["name"], SUB, GET)
 
     if v < 8:
         if _group_refusal(a, s, 9, body["group_id"], SUB, GET):
-            return {"throttle_time_ms": 0, "topics": [], "error_code": GROUP_AUTHORIZATION_FAILED}
+            # v1 has no top-level error: each partition says it, as Kafka answers
+            topics = [topic_entry(t, GROUP_AUTHORIZATION_FAILED) for t in body.get("topics") or []]
+            return {
+                "throttle_time_ms": 0,
+                "topics": topics,
+                "error_code": GROUP_AUTHORIZATION_FAILED,
+            }
         if body.get("topics") is None:
             return await h(body)  # the gateway lists no topics for "all" (control.py)
         return await _split(body, "topics", topics_ok, h,
@@ -293,18 +298,25 @@ async def _offset_fetch(a: Authorizer, v: int, body: Body, s: Session, h: Handle
 async def _find_coordinator(
     a: Authorizer, v: int, body: Body, s: Session, h: Handler
 ) -> Body | None:
-    keys = body.get("coordinator_keys") if v >= 4 else [body.get("key")]
-    code = 0
+    def node(code: int) -> Body:
+        return {"node_id": -1, "host": "", "port": -1, "error_code": code,
+                "error_message": "not authorized"}  # fmt: skip
+
     if body.get("key_type", 0) != 0:
-        code = TRANSACTIONAL_ID_AUTHORIZATION_FAILED
         a.auth.deny(s, 10, "TransactionalId", "-", "transactions are not served")
-    elif any(_group_refusal(a, s, 10, k or "", SUB) for k in keys or []):
-        code = GROUP_AUTHORIZATION_FAILED
-    if code == 0:
-        return await h(body)
-    node = {"node_id": -1, "host": "", "port": -1, "error_code": code,
-            "error_message": "not authorized"}  # fmt: skip
-    return {"throttle_time_ms": 0, **node, "coordinators": [{"key": k, **node} for k in keys or []]}
+        keys = body.get("coordinator_keys") if v >= 4 else [body.get("key")]
+        denied = node(TRANSACTIONAL_ID_AUTHORIZATION_FAILED)
+        return {"throttle_time_ms": 0, **denied,
+                "coordinators": [{"key": k, **denied} for k in keys or []]}  # fmt: skip
+    if v >= 4:  # a batch of groups: each decided alone
+        return await _split(
+            body, "coordinator_keys", lambda k: a.may(s, 10, GROUP, k, SUB), h,
+            {"throttle_time_ms": 0, "coordinators": []}, "coordinators",
+            lambda k: {"key": k, **node(GROUP_AUTHORIZATION_FAILED)},
+        )  # fmt: skip
+    if _group_refusal(a, s, 10, body.get("key") or "", SUB):
+        return {"throttle_time_ms": 0, **node(GROUP_AUTHORIZATION_FAILED), "coordinators": []}
+    return await h(body)
 
 
 async def _describe_groups(
