@@ -11,6 +11,7 @@ an unprivileged user reaches a handler that touches data.
 from __future__ import annotations
 
 import asyncio
+import base64
 import struct
 import time
 from collections.abc import AsyncIterator
@@ -497,3 +498,44 @@ async def test_a_disabled_user_is_refused_on_its_open_connection(secure: Secure)
         return before, after
 
     assert await asyncio.to_thread(run) == (0, 29)
+
+
+async def test_sasl_handshake_v0_with_bare_tokens(secure: Secure) -> None:
+    """Clients before KIP-152 (kafka-python 2.0.2, Sarama <= 1.40.1): SaslHandshake v0, then
+    the SASL tokens in bare frames; PLAIN and SCRAM work, a wrong password closes."""
+
+    def bare(c: RawClient, token: bytes) -> bytes | None:
+        c.sock.sendall(struct.pack(">i", len(token)) + token)
+        try:
+            (size,) = struct.unpack(">i", c._read(4))
+            return c._read(size)
+        except ConnectionError:
+            return None
+
+    def run() -> tuple[bytes | None, int, bytes | None, bytes | None]:
+        c = RawClient(secure.bootstrap)
+        assert c.call(17, 0, {"mechanism": "PLAIN"})["error_code"] == 0
+        plain = bare(c, f"\0alice\0{SECRETS['alice']}".encode())
+        topics = c.call(3, 1, {"topics": [{"name": "ok1"}]})["topics"]
+        c.close()
+        s = RawClient(secure.bootstrap)
+        assert s.call(17, 0, {"mechanism": "SCRAM-SHA-512"})["error_code"] == 0
+        first_bare = "n=bob,r=v0nonce"
+        server_first = bare(s, f"n,,{first_bare}".encode())
+        assert server_first is not None
+        final, signature = client_proof(
+            "bob", SECRETS["bob"], first_bare, server_first.decode(), hash_name="sha512"
+        )
+        server_final = bare(s, final.encode())
+        s.close()
+        w = RawClient(secure.bootstrap)
+        assert w.call(17, 0, {"mechanism": "PLAIN"})["error_code"] == 0
+        wrong = bare(w, b"\0alice\0not-it")
+        w.close()
+        ok = server_final == b"v=" + base64.b64encode(signature)
+        return plain, topics[0]["error_code"], b"ok" if ok else server_final, wrong
+
+    plain, code, scram, wrong = await asyncio.to_thread(run)
+    assert plain == b"" and code == 0  # PLAIN's empty answer, then an ordinary request
+    assert scram == b"ok"
+    assert wrong is None  # closed without an answer, as Kafka does with bare tokens

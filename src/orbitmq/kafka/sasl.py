@@ -9,8 +9,9 @@ server-first, client-final -> server-final; one implementation for MQTT and Kafk
 an unknown user costs the same comparison (no probing for names). A wrong password, an unknown
 or disabled user and a malformed token all get SASL_AUTHENTICATION_FAILED (58), after
 AUTH_FAILURE_DELAY_S, and the connection is closed once the answer is written, as Kafka does.
-SaslHandshake v0 (tokens without Kafka framing) is not served: Kafka 4 removed it (KIP-896) and
-every client here uses v1.
+After a SaslHandshake v0 (clients before KIP-152) the same tokens come in bare frames
+(``orbitmq.protocol.kafka.connection.RawToken``), answered bare; a failure there closes the
+connection without an answer, as Kafka 3 does.
 
 A connection whose verified client certificate names an enabled user is that user from the
 start (Kafka's SSL principal); SASL on such a connection authenticates as the SASL user instead.

@@ -56,7 +56,14 @@ from orbitmq.kafka.sasl import (
 from orbitmq.net.limits import REASON_THROTTLED, Limits, Refusals
 from orbitmq.net.listener import Listener
 from orbitmq.net.quota import ByteQuotas
-from orbitmq.protocol.kafka.connection import Rejected, Request, ServerConnection, encode_response
+from orbitmq.protocol.kafka.connection import (
+    RawToken,
+    Rejected,
+    Request,
+    ServerConnection,
+    encode_response,
+    raw_frame,
+)
 from orbitmq.protocol.kafka.primitives import KafkaCodecError
 
 log = logging.getLogger(__name__)
@@ -83,9 +90,10 @@ LIMITS = Limits(
 )  # fmt: skip
 """No admission caps (as on the MQTT ports: Kafka clients open a connection per broker and
 role); the listener's TLS handshake timeout (10 s) applies."""
-SASL_APIS: dict[int, tuple[int, int]] = {SASL_HANDSHAKE: (1, 1), SASL_AUTHENTICATE: (0, 2)}
-"""Served when authentication is on. SaslHandshake v0 (tokens without Kafka framing) is not:
-Kafka 4 removed it (KIP-896) and clients use v1 when it is advertised."""
+SASL_APIS: dict[int, tuple[int, int]] = {SASL_HANDSHAKE: (0, 1), SASL_AUTHENTICATE: (0, 2)}
+"""Served when authentication is on. SaslHandshake v0 is followed by bare SASL tokens (no
+SaslAuthenticate): Kafka 4 removed it (KIP-896), but kafka-python 2.0.2, Sarama <= 1.40.1 and
+aiokafka <= 0.12 send it, and Kafka 3 serves it."""
 BEFORE_AUTH = frozenset({API_VERSIONS, SASL_HANDSHAKE, SASL_AUTHENTICATE})
 
 Body = dict[str, Any]
@@ -257,6 +265,12 @@ class KafkaGateway:
                         log.info("kafka %s: %s", host, ev.reason)
                         slots.put_nowait(_ready(CLOSE if ev.reply is None else ev.reply))
                         if ev.reply is None:
+                            return
+                        continue
+                    if isinstance(ev, RawToken):  # SASL after a SaslHandshake v0
+                        reply = await self._raw_token(ev.data, session, conn)
+                        slots.put_nowait(_ready(CLOSE if reply is None else reply))
+                        if reply is None:
                             return
                         continue
                     if (
@@ -446,6 +460,21 @@ class KafkaGateway:
         left = session.muted_until - asyncio.get_running_loop().time()
         if left > 0:
             await asyncio.sleep(left)
+
+    async def _raw_token(
+        self, token: bytes, session: Session, conn: ServerConnection
+    ) -> bytes | None:
+        """A bare SASL token (SaslHandshake v0): the bare answer, or None to close (a failure
+        closes the connection without an answer, as Kafka does for this framing)."""
+        if self.auth is None or session.mechanism is None:
+            return None
+        code, answer, done = self.auth.authenticate(session, token)
+        if code != 0:
+            await asyncio.sleep(AUTH_FAILURE_DELAY_S)
+            return None
+        if not done:
+            conn.raw_frames = 1  # SCRAM: the client-final comes bare too
+        return raw_frame(answer)
 
     async def _sasl(self, key: int, body: Body, session: Session) -> Body:
         auth = self.auth
