@@ -539,3 +539,40 @@ async def test_sasl_handshake_v0_with_bare_tokens(secure: Secure) -> None:
     assert plain == b"" and code == 0  # PLAIN's empty answer, then an ordinary request
     assert scram == b"ok"
     assert wrong is None  # closed without an answer, as Kafka does with bare tokens
+
+
+async def test_an_authenticating_broker_behind_the_gateway(tmp_path: Path) -> None:
+    """The broker checks signatures too: the gateway signs its own requests as its user
+    (``access_key``), a Kafka user's record is stored and read back through it."""
+    make_store(tmp_path / "auth.json")
+    auth = {"auth_enabled": True, "auth_file": str(tmp_path / "auth.json"),
+            "access_key": "admin", "secret_key": "admin-secret-0001"}  # fmt: skip
+    async with run_namesrv() as ns:
+        addr = f"127.0.0.1:{ns.port}"
+        broker = small_broker_config(tmp_path / "store", namesrv_addrs=(addr,), **auth)
+        async with run_broker(broker):
+            gw = KafkaGateway(KafkaConfig(namesrv_addrs=(addr,), port=0, default_partitions=1,
+                                          **auth))  # fmt: skip
+            await gw.start()
+            try:
+
+                def run() -> list[bytes]:
+                    conf = {"bootstrap.servers": f"127.0.0.1:{gw.port}", **sasl("alice")}
+                    p = confluent.Producer(conf)
+                    p.produce("ok-signed", b"through a signing gateway")
+                    assert p.flush(20) == 0
+                    c = confluent.Consumer({**conf, "group.id": "ga",
+                                            "auto.offset.reset": "earliest"})  # fmt: skip
+                    c.assign([confluent.TopicPartition("ok-signed", 0, 0)])
+                    got: list[bytes] = []
+                    end = time.monotonic() + 15
+                    while not got and time.monotonic() < end:
+                        m = c.poll(0.5)
+                        if m is not None and not m.error():
+                            got.append(m.value())
+                    c.close()
+                    return got
+
+                assert await asyncio.to_thread(run) == [b"through a signing gateway"]
+            finally:
+                await gw.stop()
