@@ -411,11 +411,14 @@ async def test_no_api_key_reaches_a_data_handler_unauthorized(
     assert '"code": 19' in secure.audit.read_text()  # and audited (CreateTopics here)
 
 
-async def test_produce_quota_throttles_one_user_not_another(tmp_path: Path) -> None:
+async def test_byte_quotas_throttle_one_user_not_another(tmp_path: Path) -> None:
     """100 KB/s for each user: alice's 300 KB take about 2 s beyond the 1 s burst, each answer
     over the quota saying throttle_time_ms; the admin's first request right after is not
-    throttled (quotas are per user, not per gateway)."""
-    async with secure_gateway(tmp_path, produce_quota_bytes_per_s=100_000) as s:
+    throttled (quotas are per user, not per gateway). Fetching the 350 KB back at once is
+    answered with its throttle time, and the connection is not read meanwhile."""
+    async with secure_gateway(
+        tmp_path, produce_quota_bytes_per_s=100_000, fetch_quota_bytes_per_s=100_000
+    ) as s:
 
         def run() -> tuple[float, list[int], int]:
             value = bytes(range(256)) * 200  # ~50 KB, incompressible enough: sent as is
@@ -438,6 +441,22 @@ async def test_produce_quota_throttles_one_user_not_another(tmp_path: Path) -> N
         assert other == 0
         assert s.gateway.quotas is not None and s.gateway.quotas.throttled >= 3
         assert s.gateway.refusals.counts["quota_throttled"] >= 3
+
+        def fetch() -> tuple[int, int, float]:
+            c = login(s.bootstrap, "alice")
+            body = {"max_wait_ms": 0, "max_bytes": 4 << 20, "topics": [{"topic": "ok1", "partitions": [
+                {"partition": 0, "fetch_offset": 0, "partition_max_bytes": 4 << 20}]}]}  # fmt: skip
+            first = c.call(1, 12, body)
+            got = len(first["responses"][0]["partitions"][0]["records"] or b"")
+            started = time.monotonic()
+            c.call(18, 3, {})  # the connection is not read until the throttle is over
+            held = time.monotonic() - started
+            c.close()
+            return got, first["throttle_time_ms"], held
+
+        got, throttle_ms, held = await asyncio.to_thread(fetch)
+        assert got > 300_000 and throttle_ms > 1000, (got, throttle_ms)
+        assert held >= throttle_ms / 1000 - 0.2, (held, throttle_ms)
         assert await stored(s.gateway, "ok1") == 7
 
 
