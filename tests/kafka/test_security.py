@@ -202,6 +202,8 @@ async def test_requests_before_authentication_close_the_connection(secure: Secur
         return was_closed
 
     assert await asyncio.to_thread(run)
+    assert secure.gateway.refusals.counts["auth_failed"] == 1
+    assert '"reason": "not authenticated"' in secure.audit.read_text()
 
 
 async def test_produce_without_pub_is_refused_and_stores_nothing(secure: Secure) -> None:

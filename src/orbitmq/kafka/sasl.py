@@ -175,10 +175,13 @@ class KafkaAuth:
         session.user = user
         return 0
 
-    def deny(self, session: Session, api_key: int, resource: str, action: str, reason: str) -> None:
-        """Record a refused request (audit line, counters)."""
+    def deny(
+        self, session: Session, api_key: int, resource: str, action: str, reason: str,
+        kind: str = REASON_ACL_DENIED,
+    ) -> None:  # fmt: skip
+        """Record a refused request (audit line, counters; ``kind``: the metric's reason)."""
         self.refused += 1
-        self.refusals.counts[REASON_ACL_DENIED] += 1
+        self.refusals.counts[kind] += 1
         self.audit.deny(
             principal=session.user or "-", source=session.source, code=api_key,
             resource=resource, action=action, reason=reason,

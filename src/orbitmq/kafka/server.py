@@ -53,7 +53,7 @@ from orbitmq.kafka.sasl import (
     KafkaAuth,
     Session,
 )
-from orbitmq.net.limits import REASON_THROTTLED, Limits, Refusals
+from orbitmq.net.limits import REASON_AUTH_FAILED, REASON_THROTTLED, Limits, Refusals
 from orbitmq.net.listener import Listener
 from orbitmq.net.quota import ByteQuotas
 from orbitmq.protocol.kafka.connection import (
@@ -279,7 +279,9 @@ class KafkaGateway:
                         and ev.api_key not in BEFORE_AUTH
                     ):
                         # Kafka closes a connection that skips authentication
-                        self.auth.deny(session, ev.api_key, "-", "-", "not authenticated")
+                        self.auth.deny(
+                            session, ev.api_key, "-", "-", "not authenticated", REASON_AUTH_FAILED
+                        )
                         slots.put_nowait(_ready(CLOSE))
                         return
                     if ev.api_key == PRODUCE:
