@@ -597,3 +597,33 @@ async def test_an_authenticating_broker_behind_the_gateway(tmp_path: Path) -> No
                 assert await asyncio.to_thread(run) == [b"through a signing gateway"]
             finally:
                 await gw.stop()
+
+
+async def test_an_api_without_a_rule_is_refused_even_to_a_super_user(secure: Secure) -> None:
+    """Every served API has a rule; one served without a rule (here CreatePartitions, 37, and
+    DescribeConfigs, 32, and DescribeCluster, 60, whose codecs exist) is refused, never passed through: with
+    CLUSTER_AUTHORIZATION_FAILED where the answer has a top-level error code, else by closing
+    the connection (the first two have none)."""
+    from orbitmq.kafka.authz import RULES
+
+    gw = secure.gateway
+    assert set(gw.supported) <= set(RULES)
+    gw.supported = {**gw.supported, 37: (0, 3), 32: (0, 4), 60: (0, 0)}
+
+    def run() -> tuple[bool, bool, int]:
+        c = login(secure.bootstrap, "admin", "admin-secret-0001")
+        body = {"topics": [{"name": "ok1", "count": 2, "assignments": None}], "timeout_ms": 1000}
+        c.send(37, 3, body)
+        refused_37 = closed(c)
+        c.close()
+        c = login(secure.bootstrap, "admin", "admin-secret-0001")
+        c.send(32, 4, {"resources": [{"resource_type": 2, "resource_name": "ok1"}]})
+        refused_32 = closed(c)
+        c.close()
+        c = login(secure.bootstrap, "admin", "admin-secret-0001")
+        code = int(c.call(60, 0, {})["error_code"])  # DescribeCluster: a top-level code
+        c.close()
+        return refused_37, refused_32, code
+
+    assert await asyncio.to_thread(run) == (True, True, 31)
+    assert '"reason": "API 37 has no ACL rule"' in secure.audit.read_text()

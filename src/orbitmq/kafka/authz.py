@@ -2,7 +2,8 @@
 
 :meth:`Authorizer.run` stands between a decoded request of an authenticated user and its
 handler. Each API served has a rule (:data:`RULES`; an API without one is refused with
-CLUSTER_AUTHORIZATION_FAILED and never reaches a handler). A rule splits the request into what
+CLUSTER_AUTHORIZATION_FAILED, or by closing the connection when that API's answer has no
+top-level error code, and never reaches a handler). A rule splits the request into what
 the user may do, which goes to the handler, and what they may not, which is answered with
 Kafka's per-item authorization error and merged into the handler's answer, as Kafka does: a
 Produce to one denied topic and one allowed topic stores the allowed one only. When nothing is
@@ -38,6 +39,9 @@ from typing import Any
 
 from orbitmq.auth.model import Action, Decision, ResourceType, UserType, check, decide
 from orbitmq.kafka.sasl import KafkaAuth, Session
+from orbitmq.protocol.kafka.codec import RESPONSES
+from orbitmq.protocol.kafka.primitives import KafkaCodecError
+from orbitmq.protocol.kafka.schema_types import in_range
 
 Body = dict[str, Any]
 Handler = Callable[[Body], Awaitable[Body | None]]
@@ -118,7 +122,11 @@ class Authorizer:
             self.auth.deny(
                 s, api, "Cluster:" + self.auth.cluster, "-", f"API {api} has no ACL rule"
             )
-            return {"throttle_time_ms": 0, "error_code": CLUSTER_AUTHORIZATION_FAILED}
+            answer = RESPONSES[api]
+            if any(f.name == "error_code" and in_range(version, f.versions) for f in answer.fields):
+                return {"throttle_time_ms": 0, "error_code": CLUSTER_AUTHORIZATION_FAILED}
+            # no top-level error in this answer: a close is the refusal that cannot be missed
+            raise KafkaCodecError(f"API {api} has no ACL rule: refused")
         return await rule(self, version, body, s, handler)
 
 
