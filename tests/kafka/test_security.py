@@ -113,7 +113,7 @@ async def stored(gw: KafkaGateway, topic: str) -> int:
     return sum([await gw.admin.max_offset(q) for q in await gw.admin.queues(topic)])
 
 
-async def test_plain_and_scram_produce_and_consume_with_both_clients(secure: Secure) -> None:
+async def test_plain_and_scram_produce_and_consume_with_the_clients(secure: Secure) -> None:
     def run() -> list[bytes]:
         got: list[bytes] = []
         for mech in ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"):
@@ -144,6 +144,20 @@ async def test_plain_and_scram_produce_and_consume_with_both_clients(secure: Sec
 
     got = await asyncio.to_thread(run)
     assert sorted(got) == sorted([b"c-PLAIN", b"c-SCRAM-SHA-256", b"c-SCRAM-SHA-512", b"k-scram"])
+
+    # aiokafka too (SCRAM-SHA-512), in this loop
+    aiokafka = pytest.importorskip("aiokafka")
+    producer = aiokafka.AIOKafkaProducer(
+        bootstrap_servers=secure.bootstrap, security_protocol="SASL_PLAINTEXT",
+        sasl_mechanism="SCRAM-SHA-512", sasl_plain_username="alice",
+        sasl_plain_password=SECRETS["alice"],
+    )  # fmt: skip
+    await producer.start()
+    try:
+        await producer.send_and_wait("ok1", b"aio-scram")
+    finally:
+        await producer.stop()
+    assert await stored(secure.gateway, "ok1") == 5
 
 
 async def test_wrong_password_is_refused_and_closed(secure: Secure) -> None:
