@@ -1,4 +1,4 @@
-"""SCRAM-SHA-256 (orbitmq.mqtt.scram): RFC 7677's example exchange, and the server refusing
+"""SCRAM-SHA-256 (orbitmq.auth.scram): RFC 7677's example exchange, and the server refusing
 what it must refuse."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from collections.abc import Callable
 
 import pytest
 
-from orbitmq.mqtt.scram import ScramError, ScramServer, client_proof
+from orbitmq.auth.scram import ScramError, ScramServer, client_proof
 
 SECRETS = {"user": "pencil", "a,b=c": "s3cret"}
 

@@ -37,6 +37,8 @@ from orbitmq.cli.settings import Settings
 from orbitmq.namesrv.controller import NamesrvController
 
 if TYPE_CHECKING:
+    from prometheus_client import CollectorRegistry
+
     from orbitmq.console.config import ConsoleConfig
     from orbitmq.controller.config import ControllerConfig
     from orbitmq.kafka.config import KafkaConfig
@@ -131,13 +133,25 @@ def local_kafka_config(
     settings: Settings, namesrv_addrs: tuple[str, ...], port: int
 ) -> KafkaConfig:
     """The Kafka gateway beside a broker: the ``[kafka]`` table, with the broker's NameServers
-    and host for what it does not set."""
+    and host for what it does not set, and, with the broker's authentication on, its users
+    (SASL and ACLs on, the same auth file: no open Kafka port beside an authenticating broker)
+    and its credentials for the gateway's own requests."""
     given = {key.partition(".")[2] for key in settings.sources if key.startswith("kafka.")}
     kafka = dataclasses.replace(settings.kafka, port=port)
     if "namesrv_addrs" not in given:
         kafka = dataclasses.replace(kafka, namesrv_addrs=namesrv_addrs)
     if "host" not in given:
         kafka = dataclasses.replace(kafka, host=settings.broker.host)
+    broker = settings.broker
+    if broker.auth_enabled and "auth_enabled" not in given:
+        default_file = str(broker.store.store_path / "config" / "auth.json")
+        kafka = dataclasses.replace(
+            kafka, auth_enabled=True, auth_file=kafka.auth_file or broker.auth_file or default_file
+        )
+        if kafka.access_key is None and broker.access_key:
+            kafka = dataclasses.replace(
+                kafka, access_key=broker.access_key, secret_key=broker.secret_key
+            )
     return kafka
 
 
@@ -153,19 +167,25 @@ def kafka_port(settings: Settings, flag: int | None, default: int | None) -> int
 
 @contextlib.asynccontextmanager
 async def local_kafka(
-    config: KafkaConfig | None, endpoints: dict[str, str], *, required: bool
+    config: KafkaConfig | None,
+    endpoints: dict[str, str],
+    *,
+    required: bool,
+    registry: CollectorRegistry | None = None,
 ) -> AsyncIterator[None]:
     """Run the Kafka gateway for the body of the ``with`` (None: none); like the proxy, a
-    default port already taken is reported, not fatal."""
+    default port already taken is reported, not fatal. ``registry``: the broker's metrics, to
+    which the gateway's refusals are added (``orbitmq_net_refused_total{listener="kafka"}``)."""
     if config is None:
         yield
         return
+    from orbitmq.common.errors import MQError
     from orbitmq.kafka.server import KafkaGateway
 
     gateway = KafkaGateway(config)
     try:
         await gateway.start()
-    except OSError as exc:
+    except (OSError, MQError) as exc:  # a taken port is a ConfigError from the listener
         await gateway.stop()
         if required:
             raise
@@ -174,9 +194,17 @@ async def local_kafka(
         yield
         return
     endpoints["kafka"] = f"{config.host}:{gateway.port}"
+    collector = None
+    if registry is not None:
+        from orbitmq.net.metrics import RefusalCollector
+
+        collector = RefusalCollector("kafka", gateway.refusals)
+        registry.register(collector)
     try:
         yield
     finally:
+        if collector is not None and registry is not None:
+            registry.unregister(collector)
         await gateway.stop()
 
 
@@ -400,7 +428,7 @@ async def run_all_in_one(
         async with (
             local_mqtt(settings, broker, endpoints, free=free),
             local_proxy(config, endpoints, required=required),
-            local_kafka(kconfig, endpoints, required=krequired),
+            local_kafka(kconfig, endpoints, required=krequired, registry=broker.metrics.registry),
             local_console(cconfig, endpoints, required=crequired),
         ):
             await until_signal(lambda: announce(endpoints))
@@ -516,7 +544,7 @@ async def run_broker(
         async with (
             local_mqtt(settings, broker, endpoints, free=settings.broker.port == 0),
             local_proxy(config, endpoints, required=True),
-            local_kafka(kconfig, endpoints, required=True),
+            local_kafka(kconfig, endpoints, required=True, registry=broker.metrics.registry),
         ):
             await until_signal(lambda: announce(endpoints))
     finally:

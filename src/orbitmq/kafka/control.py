@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import zlib
+from collections.abc import Callable
 from typing import Any
 
 from orbitmq.client.admin.client import AsyncAdminClient
@@ -58,17 +59,28 @@ class ControlPlane:
 
     # -- Metadata and topics -------------------------------------------------------------------
 
-    async def metadata(self, body: Body, version: int) -> Body:
+    async def metadata(
+        self,
+        body: Body,
+        version: int,
+        may_create: Callable[[str], bool] | None = None,
+        visible: Callable[[str], bool] | None = None,
+    ) -> Body:
+        """``may_create``: whether the caller may auto-create a topic (None: anyone; a topic
+        it may not create is TOPIC_AUTHORIZATION_FAILED, as Kafka answers). ``visible``: the
+        topics a listing of all shows (None: all), filtered before any is looked up."""
         requested = body.get("topics")
         if requested is None or (version == 0 and not requested):
             names = [t for t in await self.admin.list_topics() if not is_internal(t)]
+            if visible is not None:
+                names = [t for t in names if visible(t)]
         else:
             names = [t["name"] for t in requested]
         auto = self.config.auto_create_topics and (
             version < 4 or body.get("allow_auto_topic_creation")
         )
         topics = [
-            await self._topic_metadata(name, bool(auto and requested))
+            await self._topic_metadata(name, bool(auto and requested), may_create)
             if name is not None
             else _unknown_topic_id(version)
             for name in names
@@ -77,7 +89,9 @@ class ControlPlane:
                 "controller_id": self.config.node_id, "topics": topics,
                 "cluster_authorized_operations": NO_AUTH_OPS}  # fmt: skip
 
-    async def _topic_metadata(self, name: str, auto_create: bool) -> Body:
+    async def _topic_metadata(
+        self, name: str, auto_create: bool, may_create: Callable[[str], bool] | None = None
+    ) -> Body:
         node = self.config.node_id
         out: Body = {"error_code": E.NONE, "name": name, "topic_id": bytes(16), "is_internal": False,
                      "partitions": [], "topic_authorized_operations": NO_AUTH_OPS}  # fmt: skip
@@ -85,6 +99,9 @@ class ControlPlane:
             out["error_code"] = E.INVALID_TOPIC_EXCEPTION
             return out
         parts = await self.partitions.of(name, fresh=True)
+        if parts is None and auto_create and may_create is not None and not may_create(name):
+            out["error_code"] = E.TOPIC_AUTHORIZATION_FAILED
+            return out
         if parts is None and auto_create:
             code = await self._create(name, self.config.default_partitions, 10_000)
             parts = await self.partitions.of(name, fresh=True) if code == E.NONE else None

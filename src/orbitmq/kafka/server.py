@@ -13,6 +13,13 @@ serve closes the connection, except ApiVersions, which gets the supported ranges
 client asks first). A malformed frame closes that connection only. Handlers that park (Fetch
 long polls, JoinGroup and SyncGroup during a rebalance) await futures; the loop keeps serving
 other connections.
+
+Security (docs/kafka.md#security): with ``auth_enabled`` each connection has a
+:class:`~orbitmq.kafka.sasl.Session`; until it is authenticated (SASL, or a client certificate
+naming a user) only ApiVersions, SaslHandshake and SaslAuthenticate are served and anything
+else closes the connection; afterwards every request goes through
+:class:`~orbitmq.kafka.authz.Authorizer` before its handler. A failed authentication is answered
+with SASL_AUTHENTICATION_FAILED and the connection closed, as Kafka does.
 """
 
 from __future__ import annotations
@@ -20,12 +27,18 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Callable
 from typing import Any
 
+from orbitmq.auth.guard import cert_principal
+from orbitmq.auth.model import Action, ResourceType
+from orbitmq.auth.server import AUTH_FAILURE_DELAY_S
 from orbitmq.client.admin.client import AsyncAdminClient
+from orbitmq.client.admin.config import AdminConfig
 from orbitmq.client.producer.config import ProducerConfig
 from orbitmq.client.producer.producer import AsyncProducer
 from orbitmq.common.tasks import TaskSet
+from orbitmq.kafka.authz import Authorizer
 from orbitmq.kafka.config import KafkaConfig
 from orbitmq.kafka.control import ControlPlane
 from orbitmq.kafka.data import DataPlane
@@ -33,7 +46,24 @@ from orbitmq.kafka.groups import Coordinator
 from orbitmq.kafka.ordering import PartitionOrder
 from orbitmq.kafka.partitions import Partitions
 from orbitmq.kafka.producer_state import ProducerStates
-from orbitmq.protocol.kafka.connection import Rejected, Request, ServerConnection, encode_response
+from orbitmq.kafka.sasl import (
+    AUTH_FAILED_MESSAGE,
+    SASL_AUTHENTICATE,
+    SASL_HANDSHAKE,
+    KafkaAuth,
+    Session,
+)
+from orbitmq.net.limits import REASON_AUTH_FAILED, REASON_THROTTLED, Limits, Refusals
+from orbitmq.net.listener import Listener
+from orbitmq.net.quota import ByteQuotas
+from orbitmq.protocol.kafka.connection import (
+    RawToken,
+    Rejected,
+    Request,
+    ServerConnection,
+    encode_response,
+    raw_frame,
+)
 from orbitmq.protocol.kafka.primitives import KafkaCodecError
 
 log = logging.getLogger(__name__)
@@ -54,6 +84,17 @@ SUPPORTED: dict[int, tuple[int, int]] = {
     DESCRIBE_GROUPS: (0, 5), LIST_GROUPS: (0, 4), API_VERSIONS: (0, 4),
     CREATE_TOPICS: (2, 7), DELETE_TOPICS: (1, 5), INIT_PRODUCER_ID: (0, 4),
 }  # fmt: skip
+LIMITS = Limits(
+    max_connections=1_000_000, max_connections_per_ip=1_000_000,
+    new_connections_per_ip_per_s=1e9, exempt_loopback=True,
+)  # fmt: skip
+"""No admission caps (as on the MQTT ports: Kafka clients open a connection per broker and
+role); the listener's TLS handshake timeout (10 s) applies."""
+SASL_APIS: dict[int, tuple[int, int]] = {SASL_HANDSHAKE: (0, 1), SASL_AUTHENTICATE: (0, 2)}
+"""Served when authentication is on. SaslHandshake v0 is followed by bare SASL tokens (no
+SaslAuthenticate): Kafka 4 removed it (KIP-896), but kafka-python 2.0.2, Sarama <= 1.40.1 and
+aiokafka <= 0.12 send it, and Kafka 3 serves it."""
+BEFORE_AUTH = frozenset({API_VERSIONS, SASL_HANDSHAKE, SASL_AUTHENTICATE})
 
 Body = dict[str, Any]
 
@@ -75,12 +116,28 @@ class KafkaGateway:
     def __init__(self, config: KafkaConfig) -> None:
         self.config = config
         self.tasks = TaskSet("kafka-gateway", logger=log)
-        self._server: asyncio.Server | None = None
+        self._listener: Listener | None = None
+        self.tls = config.tls_source()
         self._conns: set[asyncio.StreamWriter] = set()
         self._handlers: set[asyncio.Task[None]] = set()
         self.admin: AsyncAdminClient | None = None
         self.producer: AsyncProducer | None = None
         self.port = 0
+        self.refusals = Refusals()
+        """The listener's refusals, SASL failures and ACL denials, and quota throttles by
+        reason (``orbitmq_net_refused_total{listener="kafka"}`` beside a broker)."""
+        self.auth: KafkaAuth | None = None
+        self.authz: Authorizer | None = None
+        if config.auth_enabled and config.auth_file:
+            self.auth = KafkaAuth.open(
+                config.auth_file, config.audit_file, config.sasl_mechanisms,
+                config.cluster_id, f"kafka-{config.node_id}", self.refusals,
+            )  # fmt: skip
+            self.authz = Authorizer(self.auth)
+        self.supported = {**SUPPORTED, **SASL_APIS} if self.auth is not None else SUPPORTED
+        self.quotas = ByteQuotas.of(
+            {PRODUCE}, {FETCH}, config.produce_quota_bytes_per_s, config.fetch_quota_bytes_per_s
+        )
 
     async def start(self) -> None:
         cfg = self.config
@@ -94,11 +151,20 @@ class KafkaGateway:
                 # failure goes back to it instead of being retried here, possibly twice
                 retry_times_when_send_failed=0,
                 auto_create_fallback=False,
+                access_key=cfg.access_key,
+                secret_key=cfg.secret_key,
             ),
         ).start()
-        self.admin = await AsyncAdminClient(cfg.namesrv_addrs).start()
-        self._server = await asyncio.start_server(self._serve, cfg.host, cfg.port)
-        self.port = self._server.sockets[0].getsockname()[1]
+        self.admin = await AsyncAdminClient(
+            cfg.namesrv_addrs, AdminConfig(access_key=cfg.access_key, secret_key=cfg.secret_key)
+        ).start()
+        listener = Listener(
+            lambda _ip: asyncio.Protocol(), host=cfg.host, port=cfg.port, tls_mode=cfg.tls_mode,
+            tls=self.tls, limits=LIMITS, refusals=self.refusals, name="kafka",
+        )  # fmt: skip
+        listener.open_protocol = self._opener(listener)
+        self._listener = listener
+        self.port = await listener.start()
         advertised = (cfg.advertised_host or cfg.host, cfg.advertised_port or self.port)
         self.partitions = Partitions(self.admin)
         self.states = ProducerStates()
@@ -113,9 +179,28 @@ class KafkaGateway:
         )
         self.tasks.spawn(self._expire_members(), name="kafka-session-expiry")
 
+    def _opener(self, listener: Listener) -> Callable[[str], asyncio.Protocol]:
+        """Each accepted (and, with TLS, handshaken) connection as a stream pair served by
+        :meth:`_serve`; one admitted by a TLS-sniffing listener gives its slot back at the end."""
+        limit = self.config.max_request_bytes
+
+        def open_protocol(ip: str) -> asyncio.Protocol:
+            async def connected(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+                try:
+                    await self._serve(r, w)
+                finally:
+                    if ip:
+                        listener.release(ip)
+
+            return asyncio.StreamReaderProtocol(asyncio.StreamReader(limit=limit), connected)
+
+        return open_protocol
+
     async def stop(self) -> None:
-        if self._server is not None:
-            self._server.close()
+        listener, self._listener = self._listener, None
+        if listener is not None:  # no new connections from here on
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(listener.stop(), 5)
         for w in list(self._conns):
             w.close()
         # a connection parked in a handler (a rebalance, a long poll) sees no close: end it here
@@ -127,9 +212,6 @@ class KafkaGateway:
             await asyncio.wait(handlers, timeout=5)
         self.tasks.cancel()
         await self.tasks.close(timeout=5)
-        if self._server is not None:
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(self._server.wait_closed(), 5)
         if self.producer is not None:
             await self.producer.close()
         if self.admin is not None:
@@ -160,15 +242,23 @@ class KafkaGateway:
         self._conns.add(writer)
         peer = writer.get_extra_info("peername")
         host = f"/{peer[0]}" if peer else "/unknown"
-        conn = ServerConnection(SUPPORTED, max_frame=self.config.max_request_bytes)
+        session = Session(f"{peer[0]}:{peer[1]}" if peer else "unknown")
+        if self.auth is not None:
+            session.user = self.auth.certificate_user(cert_principal(writer))
+        conn = ServerConnection(self.supported, max_frame=self.config.max_request_bytes)
         order = PartitionOrder()
         slots: asyncio.Queue[asyncio.Future[bytes | _Close | None] | None] = asyncio.Queue()
         out = self.tasks.spawn(self._write_in_order(slots, writer), name="kafka-conn-writer")
         produces: list[asyncio.Future[bytes | _Close | None]] = []
         limit = self.config.max_inflight_produce
         try:
-            while not out.done() and (data := await reader.read(256 * 1024)):
+            while not out.done():
+                await self._muted(session)
+                if not (data := await reader.read(256 * 1024)):
+                    break
                 for ev in conn.receive(data):
+                    if session.muted_until:
+                        await self._muted(session)
                     if out.done():
                         return  # the writer closed the connection (a failed request)
                     if isinstance(ev, Rejected):
@@ -177,13 +267,30 @@ class KafkaGateway:
                         if ev.reply is None:
                             return
                         continue
+                    if isinstance(ev, RawToken):  # SASL after a SaslHandshake v0
+                        reply = await self._raw_token(ev.data, session, conn)
+                        slots.put_nowait(_ready(CLOSE if reply is None else reply))
+                        if reply is None:
+                            return
+                        continue
+                    if (
+                        self.auth is not None
+                        and session.user is None
+                        and ev.api_key not in BEFORE_AUTH
+                    ):
+                        # Kafka closes a connection that skips authentication
+                        self.auth.deny(
+                            session, ev.api_key, "-", "-", "not authenticated", REASON_AUTH_FAILED
+                        )
+                        slots.put_nowait(_ready(CLOSE))
+                        return
                     if ev.api_key == PRODUCE:
                         # pipelined: started now (tickets in arrival order), answered in order
                         produces = [f for f in produces if not f.done()]
                         if len(produces) >= limit:
                             await asyncio.wait(produces, return_when=asyncio.FIRST_COMPLETED)
                             produces = [f for f in produces if not f.done()]
-                        task = self.tasks.spawn(self._guarded(ev, host, order))
+                        task = self.tasks.spawn(self._guarded(ev, host, order, session))
                         produces.append(task)
                         slots.put_nowait(task)
                         continue
@@ -193,9 +300,12 @@ class KafkaGateway:
                     if produces:
                         await asyncio.wait(produces)
                         produces = []
-                    fut = _ready(await self._guarded(ev, host, order))
+                    fut = _ready(await self._guarded(ev, host, order, session))
                     slots.put_nowait(fut)
                     if isinstance(fut.result(), _Close):
+                        return
+                    if session.failed:  # the SASL failure is answered, then the end
+                        slots.put_nowait(_ready(CLOSE))
                         return
                 await writer.drain()  # a client that does not read its answers is not read
         except KafkaCodecError as e:
@@ -235,33 +345,47 @@ class KafkaGateway:
             writer.close()
 
     async def _guarded(
-        self, req: Request, host: str, order: PartitionOrder
+        self, req: Request, host: str, order: PartitionOrder, session: Session
     ) -> bytes | _Close | None:
         try:
-            return await self._answer(req, host, order)
+            return await self._answer(req, host, order, session)
         except KafkaCodecError as e:
             log.info("kafka %s: closing: %s", host, e)
             return CLOSE
 
-    async def _answer(self, req: Request, host: str, order: PartitionOrder) -> bytes | None:
+    async def _answer(
+        self, req: Request, host: str, order: PartitionOrder, session: Session
+    ) -> bytes | None:
         try:
-            body = await self._handle(req, host, order)
+            if self.authz is None or req.api_key in BEFORE_AUTH:
+                body = await self._handle(req, host, order, session, req.body)
+            else:
+                body = await self.authz.run(
+                    req.api_key, req.api_version, req.body, session,
+                    lambda b: self._handle(req, host, order, session, b),
+                )  # fmt: skip
         except KafkaCodecError:
             raise
         except Exception:
             log.exception("kafka: API %d v%d failed", req.api_key, req.api_version)
             raise KafkaCodecError("handler failed") from None  # close: no generic error body
+        if self.quotas is not None and req.api_key in (PRODUCE, FETCH):
+            self._throttle(req, body, session)
         if body is None:
             return None
         return encode_response(req.api_key, req.api_version, req.correlation_id, body)
 
-    async def _handle(self, req: Request, host: str, order: PartitionOrder) -> Body | None:
-        key, v, body = req.api_key, req.api_version, req.body
+    async def _handle(
+        self, req: Request, host: str, order: PartitionOrder, session: Session, body: Body
+    ) -> Body | None:
+        key, v = req.api_key, req.api_version
         c = self.control
         if key == API_VERSIONS:
             return {"error_code": 0, "throttle_time_ms": 0, "api_keys": [
-                {"api_key": k, "min_version": lo, "max_version": hi} for k, (lo, hi) in sorted(SUPPORTED.items())
+                {"api_key": k, "min_version": lo, "max_version": hi} for k, (lo, hi) in sorted(self.supported.items())
             ]}  # fmt: skip
+        if key in (SASL_HANDSHAKE, SASL_AUTHENTICATE):
+            return await self._sasl(key, body, session)
         if key == PRODUCE:
             result = await self.data.produce(body, order)
             return None if body["acks"] == 0 else result
@@ -270,7 +394,15 @@ class KafkaGateway:
         if key == LIST_OFFSETS:
             return await self.data.list_offsets(body)
         if key == METADATA:
-            return await c.metadata(body, v)
+            authz = self.authz
+            if authz is None:
+                return await c.metadata(body, v)
+            return await c.metadata(
+                body, v,
+                lambda name: authz.may(session, METADATA, ResourceType.TOPIC, name, Action.CREATE),
+                lambda name: authz.may(session, METADATA, ResourceType.TOPIC, name, Action.PUB,
+                                       Action.SUB, Action.GET, audit=False),
+            )  # fmt: skip
         if key == CREATE_TOPICS:
             return await c.create_topics(body)
         if key == DELETE_TOPICS:
@@ -304,3 +436,61 @@ class KafkaGateway:
         if key == DESCRIBE_GROUPS:
             return c.describe_groups(body)
         raise KafkaCodecError(f"API {key} is advertised but has no handler")  # unreachable
+
+    def _throttle(self, req: Request, body: Body | None, session: Session) -> None:
+        """Charge a Produce (its request bytes) or a Fetch (the record bytes answered) to the
+        user's quota (net/quota.py, Kafka's model: the user, else the address); over it, the
+        answer says throttle_time_ms and the connection is not read for that long after it
+        (Kafka's channel muting), so pipelined requests cannot slip past."""
+        assert self.quotas is not None
+        fetched = 0
+        if req.api_key == FETCH and body is not None:
+            fetched = sum(
+                len(p["records"] or b"") for t in body["responses"] for p in t["partitions"]
+            )
+        delay = self.quotas.charge(req.api_key, req.size, fetched, session.user or session.ip)
+        if delay > 0:
+            self.refusals.counts[REASON_THROTTLED] += 1
+            if body is not None:
+                body["throttle_time_ms"] = int(delay * 1000)
+            until = asyncio.get_running_loop().time() + delay
+            session.muted_until = max(session.muted_until, until)
+
+    @staticmethod
+    async def _muted(session: Session) -> None:
+        """Wait out a quota's throttle before reading the connection's next request."""
+        left = session.muted_until - asyncio.get_running_loop().time()
+        if left > 0:
+            await asyncio.sleep(left)
+
+    async def _raw_token(
+        self, token: bytes, session: Session, conn: ServerConnection
+    ) -> bytes | None:
+        """A bare SASL token (SaslHandshake v0): the bare answer, or None to close (a failure
+        closes the connection without an answer, as Kafka does for this framing)."""
+        if self.auth is None or session.mechanism is None:
+            return None
+        code, answer, done = self.auth.authenticate(session, token)
+        if code != 0:
+            await asyncio.sleep(AUTH_FAILURE_DELAY_S)
+            return None
+        if not done:
+            conn.raw_frames = 1  # SCRAM: the client-final comes bare too
+        return raw_frame(answer)
+
+    async def _sasl(self, key: int, body: Body, session: Session) -> Body:
+        auth = self.auth
+        if auth is None:  # not advertised then; a client sending it anyway is refused
+            raise KafkaCodecError("SASL is not enabled on this listener")
+        if key == SASL_HANDSHAKE:
+            code = auth.handshake(session, body["mechanism"])
+            session.failed = code != 0
+            return {"error_code": code, "mechanisms": list(auth.mechanisms)}
+        code, token, _done = auth.authenticate(session, body["auth_bytes"])
+        if code != 0:
+            session.failed = True
+            await asyncio.sleep(AUTH_FAILURE_DELAY_S)  # Kafka's failed-authentication delay
+            return {"error_code": code, "error_message": AUTH_FAILED_MESSAGE, "auth_bytes": b"",
+                    "session_lifetime_ms": 0}  # fmt: skip
+        return {"error_code": 0, "error_message": None, "auth_bytes": token,
+                "session_lifetime_ms": 0}  # fmt: skip

@@ -32,12 +32,12 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from orbitmq.auth.model import Action
+from orbitmq.auth.scram import METHOD, ScramError, ScramServer
 from orbitmq.mqtt.auth import EVERY_TOPIC, Authenticator
 from orbitmq.mqtt.context import GatewayContext
 from orbitmq.mqtt.delivery import Deliverer
 from orbitmq.mqtt.mapping import orbit_topic
 from orbitmq.mqtt.registry import Registry
-from orbitmq.mqtt.scram import METHOD, ScramError, ScramServer
 from orbitmq.mqtt.session import Session, SubOptions
 from orbitmq.protocol.mqtt.codes import MQTT_5, ReasonCode
 from orbitmq.protocol.mqtt.connection import (

@@ -35,6 +35,10 @@ REASON_PENDING = "pending_limit"
 """Not a close: reading paused because the peer has too many unanswered requests or bytes."""
 REASON_THROTTLED = "quota_throttled"
 """Not a close: a response held (and reading paused) for a byte-rate quota."""
+REASON_AUTH_FAILED = "auth_failed"
+"""A failed authentication (the Kafka listener's SASL; counted, the connection then closed)."""
+REASON_ACL_DENIED = "acl_denied"
+"""Not a close: a request (or part of one) refused by the ACLs (the Kafka listener)."""
 REASONS = (
     REASON_TOTAL,
     REASON_PER_IP,
@@ -47,6 +51,8 @@ REASONS = (
     REASON_PROTOCOL,
     REASON_PENDING,
     REASON_THROTTLED,
+    REASON_AUTH_FAILED,
+    REASON_ACL_DENIED,
 )
 
 

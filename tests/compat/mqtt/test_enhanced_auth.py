@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from orbitmq.mqtt.scram import METHOD, client_proof
+from orbitmq.auth.scram import METHOD, client_proof
 from orbitmq.protocol.mqtt.packets import Auth, Connack, Connect, Disconnect, PubAck, Publish
 from orbitmq.protocol.mqtt.properties import Prop
 from tests.compat.mqtt.conftest import MqttServer, mqtt

@@ -53,7 +53,20 @@ class Rejected:
     reply: bytes | None = None
 
 
-Event = Request | Rejected
+@dataclass(slots=True)
+class RawToken:
+    """A SASL token in a bare frame (after SaslHandshake v0)."""
+
+    data: bytes
+
+
+Event = Request | Rejected | RawToken
+SASL_HANDSHAKE = 17
+
+
+def raw_frame(token: bytes) -> bytes:
+    """A bare frame for a SASL token (the server's answer after SaslHandshake v0)."""
+    return _SIZE.pack(len(token)) + token
 
 
 def request_header_flexible(api_key: int, version: int) -> bool:
@@ -121,6 +134,8 @@ def api_versions_error(correlation_id: int, supported: Mapping[int, tuple[int, i
 class ServerConnection:
     supported: Mapping[int, tuple[int, int]]
     max_frame: int = DEFAULT_MAX_FRAME
+    raw_frames: int = 0
+    """How many of the next frames are bare SASL tokens (see the module doc)."""
     _buf: bytearray = field(default_factory=bytearray)
 
     def receive(self, data: bytes | bytearray | memoryview) -> list[Event]:
@@ -131,13 +146,21 @@ class ServerConnection:
         pos = 0
         while len(buf) - pos >= 4:
             (size,) = _SIZE.unpack_from(buf, pos)
-            if size < 8 or size > self.max_frame:
-                raise KafkaCodecError(f"frame size {size} outside 8..{self.max_frame}")
+            smallest = 0 if self.raw_frames else 8
+            if size < smallest or size > self.max_frame:
+                raise KafkaCodecError(f"frame size {size} outside {smallest}..{self.max_frame}")
             if len(buf) - pos - 4 < size:
                 break
             frame = memoryview(buf)[pos + 4 : pos + 4 + size]
             try:
-                events.append(self._parse(frame))
+                if self.raw_frames:
+                    self.raw_frames -= 1
+                    events.append(RawToken(bytes(frame)))
+                else:
+                    ev = self._parse(frame)
+                    events.append(ev)
+                    if isinstance(ev, Request) and ev.api_key == SASL_HANDSHAKE:
+                        self.raw_frames = 1 if ev.api_version == 0 else 0
             finally:
                 frame.release()
             pos += 4 + size

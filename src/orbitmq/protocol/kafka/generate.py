@@ -28,6 +28,7 @@ API_NAMES = (
     "Fetch", "ListOffsets", "FindCoordinator", "JoinGroup", "SyncGroup", "Heartbeat",
     "LeaveGroup", "OffsetCommit", "OffsetFetch", "ListGroups", "DescribeGroups",
     "InitProducerId", "OffsetForLeaderEpoch", "DescribeConfigs", "DescribeCluster",
+    "SaslHandshake", "SaslAuthenticate",
 )  # fmt: skip
 HEADERS = ("RequestHeader", "ResponseHeader")
 

@@ -713,4 +713,32 @@ MESSAGES: dict[str, M] = {
             F('cluster_authorized_operations', 'int32', (0, 32767), default=-2147483648, has_default=True),
         ),
     ),
+    'SaslHandshakeRequest': M(
+        'SaslHandshakeRequest', 17, 'request', (0, 1), (1, 0),
+        (
+            F('mechanism', 'string', (0, 32767)),
+        ),
+    ),
+    'SaslHandshakeResponse': M(
+        'SaslHandshakeResponse', 17, 'response', (0, 1), (1, 0),
+        (
+            F('error_code', 'int16', (0, 32767)),
+            F('mechanisms', 'array', (0, 32767), elem='string'),
+        ),
+    ),
+    'SaslAuthenticateRequest': M(
+        'SaslAuthenticateRequest', 36, 'request', (0, 2), (2, 32767),
+        (
+            F('auth_bytes', 'bytes', (0, 32767)),
+        ),
+    ),
+    'SaslAuthenticateResponse': M(
+        'SaslAuthenticateResponse', 36, 'response', (0, 2), (2, 32767),
+        (
+            F('error_code', 'int16', (0, 32767)),
+            F('error_message', 'string', (0, 32767), nullable=(0, 32767)),
+            F('auth_bytes', 'bytes', (0, 32767)),
+            F('session_lifetime_ms', 'int64', (1, 32767), default=0, has_default=True),
+        ),
+    ),
 }
