@@ -641,3 +641,29 @@ async def test_an_api_without_a_rule_is_refused_even_to_a_super_user(secure: Sec
 
     assert await asyncio.to_thread(run) == (True, True, 31)
     assert '"reason": "API 37 has no ACL rule"' in secure.audit.read_text()
+
+
+async def test_an_inner_user_needs_its_certificate_not_only_its_secret(secure: Secure) -> None:
+    """An inner (Super) principal's secret alone is refused over SASL; loopback-marked ones are
+    admitted from loopback, as on Remoting, gRPC and MQTT (auth.model.inner_refusal)."""
+    secure.store.create_user("inner-gw", "inner-secret-0001", UserType.SUPER, inner="mtls")
+    secure.store.create_user("inner-lo", "inner-secret-0002", UserType.SUPER, inner="loopback")
+    auth = secure.gateway.auth
+    assert auth is not None
+    for _ in range(50):  # the gateway re-reads the store at most every 0.25 s
+        if auth.user("inner-gw") is not None and auth.user("inner-lo") is not None:
+            break
+        await asyncio.sleep(0.05)
+
+    def plain(user: str, secret: str) -> tuple[int, bool]:
+        c = RawClient(secure.bootstrap)
+        assert c.call(17, 1, {"mechanism": "PLAIN"})["error_code"] == 0
+        code = int(c.call(36, 2, {"auth_bytes": f"\0{user}\0{secret}".encode()})["error_code"])
+        was_closed = closed(c)
+        c.close()
+        return code, was_closed
+
+    assert await asyncio.to_thread(plain, "inner-gw", "inner-secret-0001") == (58, True)
+    code, _ = await asyncio.to_thread(plain, "inner-lo", "inner-secret-0002")
+    assert code == 0
+    assert "inner user inner-gw authenticates only over mutual TLS" in secure.audit.read_text()

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 from orbitmq.auth.audit import AuditLog
 from orbitmq.auth.guard import Guard
-from orbitmq.auth.model import User
+from orbitmq.auth.model import User, inner_refusal
 from orbitmq.auth.scram import HASHES, ScramError, ScramServer
 from orbitmq.auth.store import AuthStore
 from orbitmq.net.limits import REASON_ACL_DENIED, REASON_AUTH_FAILED, Refusals
@@ -49,6 +49,8 @@ class Session:
     """``ip:port`` of the client."""
     user: str | None = None
     """The authenticated user (None: not yet)."""
+    certified: str | None = None
+    """The user a verified client certificate of the connection names (None: no certificate)."""
     mechanism: str | None = None
     """Chosen by SaslHandshake, until the exchange ends."""
     scram: ScramServer | None = None
@@ -164,12 +166,16 @@ class KafkaAuth:
 
     def _finish(self, session: Session, user: str | None, mechanism: str, claimed: str = "") -> int:
         session.mechanism, session.scram = None, None
+        known = self.user(user) if user is not None else None
+        why = AUTH_FAILED_MESSAGE
+        if known is not None and (inner := inner_refusal(known, session.certified, session.ip)):
+            why, claimed, user = inner, user or "", None  # the client hears only "failed"
         if user is None:
             self.refused += 1
             self.refusals.counts[REASON_AUTH_FAILED] += 1  # no log line each: the audit has it
             self.audit.deny(
                 principal=(claimed or "-")[:64], source=session.source, code=AUDIT_CODE_AUTH,
-                resource="-", action="-", reason=f"SASL {mechanism}: {AUTH_FAILED_MESSAGE}",
+                resource="-", action="-", reason=f"SASL {mechanism}: {why}",
             )  # fmt: skip
             return SASL_AUTHENTICATION_FAILED
         session.user = user

@@ -244,7 +244,8 @@ class KafkaGateway:
         host = f"/{peer[0]}" if peer else "/unknown"
         session = Session(f"{peer[0]}:{peer[1]}" if peer else "unknown")
         if self.auth is not None:
-            session.user = self.auth.certificate_user(cert_principal(writer))
+            session.certified = cert_principal(writer)
+            session.user = self.auth.certificate_user(session.certified)
         conn = ServerConnection(self.supported, max_frame=self.config.max_request_bytes)
         order = PartitionOrder()
         slots: asyncio.Queue[asyncio.Future[bytes | _Close | None] | None] = asyncio.Queue()
