@@ -152,3 +152,51 @@ def test_guard_uses_a_changed_secret_at_once(tmp_path: Path) -> None:
     guard.refresh()
     assert isinstance(send("first-secret-1"), Frame)  # the old key is not used any more
     assert send("second-secret-2") == "bench"
+
+
+def test_remembered_verdicts_end_with_the_store_version(tmp_path: Path) -> None:
+    """The Guard remembers an allowed (user, source IP, topic) per store version: a denial,
+    a disabled user and a deleted user each refuse the very next request after the store is
+    re-read; another topic or source address is decided afresh; refusals are never
+    remembered (each is audited and counted)."""
+    store = AuthStore(tmp_path / "auth.json")
+    store.create_user("alice", "alice-secret-1")
+    store.put_entries("alice", [PolicyEntry.make("Topic:T*", ["Pub"], "Allow")], create=True)
+    guard = Guard(store, AuditLog(None, "n"), cluster="C", refresh_interval_s=0.0)
+
+    class Peer:
+        transport = None
+
+        def __init__(self, peer: str) -> None:
+            self.peer = peer
+            self.attributes: dict[str, object] = {}
+
+    here, there = Peer("127.0.0.1:1"), Peer("10.0.0.9:2")
+
+    def send(topic: str, conn: Peer = here) -> object:
+        frame = Frame(RequestCode.SEND_MESSAGE, fields={"topic": topic, "queue_id": 0}, body=b"x")
+        Signer("alice", "alice-secret-1", 1)(frame)
+        return guard.admit(frame, conn)
+
+    for _ in range(3):
+        assert send("T1") == "alice"
+    assert isinstance(send("U1"), Frame)  # another topic: not covered by the remembered T1
+    refused = guard.refused
+    assert isinstance(send("U1"), Frame) and guard.refused == refused + 1  # not remembered
+    assert send("T1", there) == "alice"
+    store.put_entries(
+        "alice", [PolicyEntry.make("Topic:T1", ["Pub"], "Deny", ["10.0.0.0/8"])], create=False
+    )
+    guard.refresh()
+    assert isinstance(send("T1", there), Frame)  # the literal denial, for 10/8 only, wins
+    assert send("T1") == "alice"  # ... and does not apply from here
+    assert send("T2", there) == "alice"
+    store.update_user("alice", enabled=False)
+    guard.refresh()
+    assert isinstance(send("T2"), Frame) and isinstance(send("T2", there), Frame)
+    store.update_user("alice", enabled=True)
+    guard.refresh()
+    assert send("T2") == "alice"
+    store.delete_user("alice")
+    guard.refresh()
+    assert isinstance(send("T2"), Frame)
