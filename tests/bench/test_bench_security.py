@@ -25,5 +25,6 @@ def test_acl_pairs_run_small() -> None:
     assert results["acl_off_msg_s"] > 0 and results["acl_on_msg_s"] > 0
     # a cost only: 10 batches on a shared machine swing either way by more than 2x
     assert results["acl_cost"] < 1 and results["acl_pair_cost"] < 1
+    assert results["acl_cpu_off_us"] > 0 and results["acl_cpu_on_us"] > 0
     assert sum(line.startswith("pair ") for line in lines) == 2
     assert "medians of 2" in lines[-1]

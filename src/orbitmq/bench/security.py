@@ -215,35 +215,48 @@ def _median(values: list[float]) -> float:
 def run_acl(count: int, pairs: int, out: Callable[[str], None] = print) -> dict[str, float]:
     """The ACL row alone, as ``pairs`` interleaved A/B pairs (ACL off, then on, each with a
     fresh NameServer and broker): on a loaded machine a single pair swings by more than the
-    cost measured, so the cost is read from the medians (and from the median of the pairs'
-    own ratios, which cancels load that drifts slower than a pair)."""
+    cost measured, so the cost is read from medians, of msg/s and of this process's CPU time
+    per message (client and broker share the process: the CPU figure counts both sides'
+    work and little of other processes' load, so it is the steadier of the two there)."""
     offs: list[float] = []
     ons: list[float] = []
+    cpu_offs: list[float] = []
+    cpu_ons: list[float] = []
     with tempfile.TemporaryDirectory(prefix="orbitmq-bench-acl-") as tmp:
         for i in range(pairs):
             off, _ = asyncio.run(
-                produce_consume(Path(tmp) / f"off-{i}", count, False, consume=False)
+                produce_consume(Path(tmp) / f"off-{i}", count, False, consume=False, cpu=cpu_offs)
             )
             on, _ = asyncio.run(
-                produce_consume(Path(tmp) / f"on-{i}", count, False, acl=True, consume=False)
+                produce_consume(
+                    Path(tmp) / f"on-{i}", count, False, acl=True, consume=False, cpu=cpu_ons
+                )
             )
             offs.append(off)
             ons.append(on)
             out(
-                f"pair {i + 1}: ACL off {off:,.0f} msg/s, ACL on {on:,.0f} msg/s ({1 - on / off:.1%})"
+                f"pair {i + 1}: ACL off {off:,.0f} msg/s {cpu_offs[-1] * 1e6:.1f} us CPU/msg,"
+                f" ACL on {on:,.0f} msg/s {cpu_ons[-1] * 1e6:.1f} us CPU/msg"
+                f" (costs {1 - on / off:.1%} msg/s, {1 - cpu_offs[-1] / cpu_ons[-1]:.1%} CPU)"
             )
     off, on = _median(offs), _median(ons)
+    cpu_off, cpu_on = _median(cpu_offs), _median(cpu_ons)
     pair_cost = _median([1 - b / a for a, b in zip(offs, ons, strict=True)])
+    cpu_cost = 1 - cpu_off / cpu_on
     out(
         f"produce, 1 KiB, batches of 32, medians of {pairs}: ACL off {off:,.0f} msg/s, ACL on"
         f" {on:,.0f} msg/s (costs {1 - on / off:.1%}; median of the pairs' costs"
-        f" {pair_cost:.1%}; target < 5%)"
+        f" {pair_cost:.1%}); CPU per message {cpu_off * 1e6:.1f} us off, {cpu_on * 1e6:.1f} us"
+        f" on (costs {cpu_cost:.1%} of throughput at equal CPU); target < 5%"
     )
     return {
         "acl_off_msg_s": off,
         "acl_on_msg_s": on,
         "acl_cost": 1 - on / off,
         "acl_pair_cost": pair_cost,
+        "acl_cpu_off_us": cpu_off * 1e6,
+        "acl_cpu_on_us": cpu_on * 1e6,
+        "acl_cpu_cost": cpu_cost,
     }
 
 
