@@ -79,6 +79,10 @@ def cert_principal(conn: Any) -> str | None:
     return None
 
 
+_UserEntry = tuple[User, SigningKey, tuple[PolicyEntry, ...]]
+_Version = tuple[Snapshot, dict[str, _UserEntry | None], dict[tuple[object, ...], Verdict]]
+
+
 class Guard:
     """Authenticates and authorizes requests against an AuthStore."""
 
@@ -99,12 +103,12 @@ class Guard:
         self._keys: dict[str, SigningKey] = {}
         """Per user, its secret keyed once (kept across store versions while the secret is
         the same: re-deriving the pads is the one costly step of a user's entry)."""
-        self._snapshot: Snapshot | None = None
-        """The store version the two caches below were filled from: a new one empties them."""
-        self._users: dict[str, tuple[User, SigningKey, tuple[PolicyEntry, ...]] | None] = {}
-        """Access key -> (user, key, ACL) of the current version (None: no such user)."""
-        self._decisions: dict[tuple[object, ...], Verdict] = {}
-        """(user, source IP, header_key) -> the verdict of the current version."""
+        self._version: _Version = (Snapshot(), {}, {})
+        """(store version, its users, its verdicts): users are access key -> (user, key,
+        ACL) or None (no such user); verdicts (user, source IP, header_key) -> an allowed
+        verdict. Replaced whole when the store publishes another Snapshot (immutable once
+        published), so an entry computed from one version can only land in that version's
+        dicts, even when requests are checked on several threads (the controller's)."""
         self._checks: dict[tuple[object, ...], list[Check]] = {}
         """header_key -> its checks (independent of the version: names and codes only)."""
         self._clock_ms = clock_ms or (lambda: int(time.time() * 1000))
@@ -125,50 +129,51 @@ class Guard:
                     self.store.version,
                 )
 
-    def _current(self) -> None:
-        """Empty the per-version caches when the store moved to another version (a
-        Snapshot is immutable once published, so its identity names the version)."""
+    def _current(self) -> _Version:
+        """The caches of the store's current version (new, empty ones for a new version)."""
+        version = self._version
         snapshot = self.store.snapshot
-        if snapshot is not self._snapshot:
-            self._snapshot = snapshot
-            self._users.clear()
-            self._decisions.clear()
+        if version[0] is not snapshot:
+            version = self._version = (snapshot, {}, {})
+        return version
 
-    def _user(self, name: str) -> tuple[User, SigningKey, tuple[PolicyEntry, ...]] | None:
-        """The user ``name`` of the current version, its signing key and its ACL, looked up
-        once per version (None: no such user)."""
+    def _user(self, name: str, version: _Version) -> _UserEntry | None:
+        """The user ``name`` of ``version``, its signing key and its ACL, looked up once per
+        version (None: no such user)."""
+        snapshot, users, _ = version
         try:
-            return self._users[name]
+            return users[name]
         except KeyError:
             pass
-        user, key = self.store.user(name), self._key(name)
-        entry = None if user is None or key is None else (user, key, self.store.acl(name))
-        if len(self._users) >= CACHE_LIMIT:
-            self._users.clear()
-        self._users[name] = entry
+        user, secret = snapshot.users.get(name), snapshot.secrets.get(name)
+        if secret is None:
+            self._keys.pop(name, None)  # a deleted user's key is not kept
+        key = None if secret is None else self._key(name, secret)
+        entry = None if user is None or key is None else (user, key, snapshot.acls.get(name, ()))
+        if len(users) >= CACHE_LIMIT:
+            users.clear()
+        users[name] = entry
         return entry
 
     def principal(self, frame: Frame, conn: Any) -> str | None:
         """The authenticated user of ``frame`` (None: not authenticated)."""
-        self._current()
+        return self._principal(frame, conn, self._current())
+
+    def _principal(self, frame: Frame, conn: Any, version: _Version) -> str | None:
         try:
             claim = claim_of(frame)
         except SignatureError:
             return None
         if claim is None:
             return cert_principal(conn)
-        entry = self._user(claim.access_key)
+        entry = self._user(claim.access_key, version)
         if entry is None or not verify(entry[1], frame, claim):
             return None
         if claim.version == 2 and self.nonces.admit(claim, self._clock_ms()) is not None:
             return None
         return claim.access_key
 
-    def _key(self, name: str) -> SigningKey | None:
-        secret = self.store.secret(name)
-        if secret is None:
-            self._keys.pop(name, None)
-            return None
+    def _key(self, name: str, secret: str) -> SigningKey:
         key = self._keys.get(name)
         if key is None or key.secret != secret:
             if len(self._keys) >= 10_000:  # bounded: users come and go
@@ -197,21 +202,24 @@ class Guard:
         enforced as soon as the store is re-read (``refresh``, 0.25 s). Failures are never
         remembered: each is refused, audited and counted anew."""
         self.refresh()
+        version = self._current()
         ip, source = self._peer(conn)
-        name = self.principal(frame, conn)
+        name = self._principal(frame, conn, version)
         if name is None:
             claimed = frame.fields.get("AccessKey")
             self._failed(conn)
             return self._refuse(
                 frame, str(claimed)[:64] if claimed else "-", source, "-", "-", AUTH_FAILED
             )
-        entry = self._user(name)
-        user = entry[0] if entry is not None else self.store.user(name)  # a certificate's user
+        entry = self._user(name, version)
+        # a certificate's user without a secret is not in the cache: read it from the version
+        user = entry[0] if entry is not None else version[0].users.get(name)
         if user is None or not user.enabled:
             self._failed(conn)
             return self._refuse(frame, name, source, "-", "-", AUTH_FAILED)
         key = header_key(frame)
-        remembered = None if key is None else self._decisions.get((name, ip, key))
+        decisions = version[2]
+        remembered = None if key is None else decisions.get((name, ip, key))
         if remembered is not None and frame.code not in ADMIN_CODES:
             return name  # only allowed verdicts are remembered
         try:
@@ -228,7 +236,8 @@ class Guard:
             )
         except FieldError as exc:  # fail closed: what cannot be named cannot be allowed
             return self._refuse(frame, name, source, "-", "-", f"cannot authorize: {exc}")
-        verdict = decide(user, entry[2] if entry is not None else self.store.acl(name), checks, ip)
+        acl = entry[2] if entry is not None else version[0].acls.get(name, ())
+        verdict = decide(user, acl, checks, ip)
         if not verdict.allowed:
             failed = verdict.failed
             return self._refuse(
@@ -240,9 +249,9 @@ class Guard:
                 verdict.reason,
             )
         if key is not None:
-            if len(self._decisions) >= CACHE_LIMIT:
-                self._decisions.clear()
-            self._decisions[(name, ip, key)] = verdict
+            if len(decisions) >= CACHE_LIMIT:
+                decisions.clear()
+            decisions[(name, ip, key)] = verdict
         if frame.code in ADMIN_CODES and not 3001 <= frame.code <= 3010:
             # user and ACL changes are recorded by the admin handler, with before and after
             self.audit.admin(
