@@ -200,3 +200,53 @@ def test_remembered_verdicts_end_with_the_store_version(tmp_path: Path) -> None:
     store.delete_user("alice")
     guard.refresh()
     assert isinstance(send("T2"), Frame)
+
+
+def test_v3_wire_form_and_what_it_binds(tmp_path: Path) -> None:
+    """v3, spelled out: the one-time key is HMAC-SHA256 over its tag and v2's canonical header
+    (nonce included), the signature Poly1305 of the body under it. A changed body, header
+    field, code or version fails; a replay is refused by the Guard's nonce cache."""
+    from cryptography.hazmat.primitives.poly1305 import Poly1305
+
+    frame = Frame(
+        RequestCode.SEND_BATCH_MESSAGE, fields={"topic": "T", "queue_id": 1}, body=b"B" * 99
+    )
+    Signer("alice", "alice-secret-1", 3)(frame, now_ms=1_700_000_000_000)
+    fields = dict(frame.fields)
+    assert fields["SignatureVersion"] == "3" and len(fields["Nonce"]) == 24
+    header = b"ORBITMQ-HMAC-SHA256\x00" + struct.pack(">I", int(RequestCode.SEND_BATCH_MESSAGE))
+    for k in sorted(k for k in fields if k != "Signature"):
+        header += _lp(k.encode()) + _lp(str(fields[k]).encode())
+    header += struct.pack(">I", 99)
+    one_time = hmac.new(b"alice-secret-1", b"ORBITMQ-POLY1305-V3\x00" + header, hashlib.sha256)
+    want = b64encode(Poly1305.generate_tag(one_time.digest(), b"B" * 99)).decode()
+    assert fields["Signature"] == want
+    claim = claim_of(frame)
+    assert claim is not None and claim.version == 3
+    key = SigningKey("alice-secret-1")
+    assert verify(key, frame, claim)
+    for change in (
+        lambda f: setattr(f, "body", b"C" + b"B" * 98),
+        lambda f: f.fields.__setitem__("queue_id", 2),
+        lambda f: setattr(f, "code", int(RequestCode.SEND_MESSAGE)),
+        lambda f: f.fields.__setitem__("SignatureVersion", "2"),
+    ):
+        forged = Frame(frame.code, fields=dict(frame.fields), body=frame.body)
+        change(forged)
+        forged_claim = claim_of(forged)
+        assert forged_claim is not None and not verify(key, forged, forged_claim)
+    store = AuthStore(tmp_path / "auth.json")
+    store.create_user("alice", "alice-secret-1")
+    store.put_entries("alice", [PolicyEntry.make("Topic:T", ["Pub"], "Allow")], create=True)
+    guard = Guard(store, AuditLog(None, "n"), cluster="C", refresh_interval_s=0.0)
+
+    class Peer:
+        peer = "127.0.0.1:1"
+        transport = None
+        attributes: dict[str, object] = {}
+
+    fresh = Frame(RequestCode.SEND_BATCH_MESSAGE, fields={"topic": "T", "queue_id": 1}, body=b"x")
+    Signer("alice", "alice-secret-1", 3)(fresh)
+    replay = Frame(fresh.code, fields=dict(fresh.fields), body=fresh.body)
+    assert guard.admit(fresh, Peer()) == "alice"
+    assert isinstance(guard.admit(replay, Peer()), Frame)  # the same nonce: refused
