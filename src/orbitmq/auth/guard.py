@@ -4,8 +4,8 @@
 ``namesrv/processor.py:NamesrvProcessor.process``, through ``orbitmq.auth.server.ServerAuth``)
 and returns the authenticated user's name (go on) or the refusal Frame to send back:
 
-1. **Authentication.** The request's ``AccessKey``/``Signature`` (v1 RocketMQ, v2 and v3
-   OrbitMQ with a replay window; ``orbitmq.protocol.signature``) is checked against the user's secret in
+1. **Authentication.** The request's ``AccessKey``/``Signature`` (v1 RocketMQ, v2 OrbitMQ with a
+   replay window; ``orbitmq.protocol.signature``) is checked against the user's secret in
    constant time; or, without an AccessKey, a verified client certificate (mTLS) names the user
    by its first DNS/URI subjectAltName, else its CN. No credentials, an unknown user, a wrong
    signature and a disabled user all get the same answer, NO_PERMISSION (16), as RocketMQ's
@@ -169,7 +169,7 @@ class Guard:
         entry = self._user(claim.access_key, version)
         if entry is None or not verify(entry[1], frame, claim):
             return None
-        if claim.version >= 2 and self.nonces.admit(claim, self._clock_ms()) is not None:
+        if claim.version == 2 and self.nonces.admit(claim, self._clock_ms()) is not None:
             return None
         return claim.access_key
 

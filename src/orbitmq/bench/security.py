@@ -212,15 +212,12 @@ def _median(values: list[float]) -> float:
     return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
 
 
-def run_acl(
-    count: int, pairs: int, out: Callable[[str], None] = print, signature: int = 1
-) -> dict[str, float]:
+def run_acl(count: int, pairs: int, out: Callable[[str], None] = print) -> dict[str, float]:
     """The ACL row alone, as ``pairs`` interleaved A/B pairs (ACL off, then on, each with a
     fresh NameServer and broker): on a loaded machine a single pair swings by more than the
     cost measured, so the cost is read from medians, of msg/s and of this process's CPU time
     per message (client and broker share the process: the CPU figure counts both sides'
-    work and little of other processes' load, so it is the steadier of the two there).
-    ``signature``: the producer's scheme (1: RocketMQ's v1, the table's row; 2, 3: OrbitMQ's)."""
+    work and little of other processes' load, so it is the steadier of the two there)."""
     offs: list[float] = []
     ons: list[float] = []
     cpu_offs: list[float] = []
@@ -232,13 +229,7 @@ def run_acl(
             )
             on, _ = asyncio.run(
                 produce_consume(
-                    Path(tmp) / f"on-{i}",
-                    count,
-                    False,
-                    acl=True,
-                    consume=False,
-                    cpu=cpu_ons,
-                    signature=signature,
+                    Path(tmp) / f"on-{i}", count, False, acl=True, consume=False, cpu=cpu_ons
                 )
             )
             offs.append(off)
@@ -253,7 +244,7 @@ def run_acl(
     pair_cost = _median([1 - b / a for a, b in zip(offs, ons, strict=True)])
     cpu_cost = 1 - cpu_off / cpu_on
     out(
-        f"produce, 1 KiB, batches of 32, signed v{signature}, medians of {pairs}: ACL off {off:,.0f} msg/s, ACL on"
+        f"produce, 1 KiB, batches of 32, medians of {pairs}: ACL off {off:,.0f} msg/s, ACL on"
         f" {on:,.0f} msg/s (costs {1 - on / off:.1%}; median of the pairs' costs"
         f" {pair_cost:.1%}); CPU per message {cpu_off * 1e6:.1f} us off, {cpu_on * 1e6:.1f} us"
         f" on (costs {cpu_cost:.1%} of throughput at equal CPU); target < 5%"
@@ -278,16 +269,9 @@ def main(argv: list[str], command: str | None = None) -> int:
         default=0,
         help="run only the ACL row, as this many interleaved off/on pairs (medians)",
     )
-    parser.add_argument(
-        "--acl-signature",
-        type=int,
-        choices=(1, 2, 3),
-        default=1,
-        help="with --acl-pairs: the producer's signature (1 RocketMQ's; 2, 3 OrbitMQ's)",
-    )
     ns = parser.parse_args(argv)
     if ns.acl_pairs > 0:
-        run_acl(ns.count, ns.acl_pairs, signature=ns.acl_signature)
+        run_acl(ns.count, ns.acl_pairs)
     else:
         run(ns.count)
     return 0

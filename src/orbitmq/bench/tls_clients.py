@@ -132,14 +132,12 @@ async def produce_consume(
     acl: bool = False,
     consume: bool = True,
     cpu: list[float] | None = None,
-    signature: int = 1,
 ) -> tuple[float, float]:
     """(produce msg/s, consume msg/s) with TLS on every client connection, or none. ``acl``:
     the broker authenticates (RocketMQ's v1 signature) and authorizes every request, and the
     clients sign theirs; ``consume`` False: produce only (consume msg/s 0). ``cpu``: gets
     this process's CPU seconds per produced message appended (client and broker share the
-    process, so this counts both sides' work and, unlike msg/s, little of other load).
-    ``signature``: the producer's scheme with ``acl`` (1 RocketMQ's, 2 or 3 OrbitMQ's)."""
+    process, so this counts both sides' work and, unlike msg/s, little of other load)."""
     folder.mkdir(parents=True, exist_ok=True)
     listener: dict[str, str] = {}
     auth: dict[str, object] = {}
@@ -151,7 +149,7 @@ async def produce_consume(
         producer_creds = {
             "access_key": PRODUCER_USER[0],
             "secret_key": PRODUCER_USER[1],
-            "signature_version": signature,
+            "signature_version": 1,
         }
     ctx = None
     if tls:

@@ -15,14 +15,6 @@ Two schemes, chosen by the client, checked by every broker and NameServer:
   and ``Nonce`` among the signed fields; the server refuses a timestamp outside its window and a
   nonce it has seen inside that window (:class:`NonceCache`), so a request cannot be replayed,
   moved to another code or re-cut between fields.
-- **v3, OrbitMQ's fast one** (``SignatureVersion=3``): v2's header, timestamp, nonce and
-  replay rules, but the body is MACed with Poly1305 under a one-time key,
-  ``HMAC-SHA256(secret, "ORBITMQ-POLY1305-V3\\0" + v2's canonical header)`` (32 bytes): the
-  header (its nonce included) is bound by the key, the body by the tag. Each key MACs one
-  body: a client draws a fresh 96-bit nonce per request and a server admits a (key, nonce)
-  once (:class:`NonceCache`), so a key is never used twice, Poly1305's one condition.
-  Poly1305 costs a fraction of an HMAC-SHA1 pass per byte, which is the point: the body
-  pass is most of a signed send's cost (docs/benchmarks.md, "ACL cost").
 
 A server compares signatures with ``hmac.compare_digest``. Nothing here logs or stores a secret.
 """
@@ -41,7 +33,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import msgspec
-from cryptography.hazmat.primitives.poly1305 import Poly1305
 
 from orbitmq.protocol.frame import Frame
 
@@ -168,20 +159,6 @@ class SigningKey:
         out.update(mac.digest())
         return binascii.b2a_base64(out.digest(), newline=False).decode("ascii")
 
-    def sign_v3(
-        self, code: int, fields: dict[str, Any], body: bytes | bytearray | memoryview
-    ) -> str:
-        """OrbitMQ's v3 signature: Base64 of Poly1305(one-time key, body), the key derived
-        from the secret and the canonical header (see the module's docstring)."""
-        inner, outer = self._v2
-        mac = inner.copy()
-        n = body.nbytes if isinstance(body, memoryview) else len(body)
-        mac.update(_V3_TAG + v2_canonical(code, fields, n))
-        out = outer.copy()
-        out.update(mac.digest())
-        tag = Poly1305.generate_tag(out.digest(), body)
-        return binascii.b2a_base64(tag, newline=False).decode("ascii")
-
     def sign_v2(
         self, code: int, fields: dict[str, Any], body: bytes | bytearray | memoryview
     ) -> str:
@@ -214,7 +191,6 @@ def v1_signature(
 
 
 _V2_TAG = b"ORBITMQ-HMAC-SHA256\x00"
-_V3_TAG = b"ORBITMQ-POLY1305-V3\x00"
 
 
 def v2_canonical(code: int, fields: dict[str, Any], body_len: int) -> bytes:
@@ -247,8 +223,7 @@ def v2_signature(
 class Signer:
     """Signs request frames with one access key: give it to a RemotingClient as ``signer``.
 
-    ``version=1`` is RocketMQ's scheme, ``2`` OrbitMQ's with timestamp and nonce, ``3`` the
-    same with the body MACed by a per-request Poly1305 key (cheaper per byte). The secret is
+    ``version=1`` is RocketMQ's scheme, ``2`` OrbitMQ's with timestamp and nonce. The secret is
     kept out of ``repr`` so that a logged config or client never shows it."""
 
     access_key: str
@@ -271,14 +246,10 @@ class Signer:
         if self.version == 1:
             fields[SIGNATURE] = _signing_key(self.secret_key).sign_v1(fields, body)
             return
-        fields[SIGNATURE_VERSION] = "3" if self.version == 3 else "2"
+        fields[SIGNATURE_VERSION] = "2"
         fields[TIMESTAMP] = str(int(time.time() * 1000) if now_ms is None else now_ms)
         fields[NONCE] = secrets.token_hex(12)
-        signing = _signing_key(self.secret_key)
-        if self.version == 3:
-            fields[SIGNATURE] = signing.sign_v3(frame.code, fields, body)
-        else:
-            fields[SIGNATURE] = signing.sign_v2(frame.code, fields, body)
+        fields[SIGNATURE] = _signing_key(self.secret_key).sign_v2(frame.code, fields, body)
 
 
 @dataclass(frozen=True, slots=True)
@@ -310,14 +281,14 @@ def claim_of(frame: Frame) -> Claim | None:
     version = fields.get(SIGNATURE_VERSION)
     if version is None:
         return Claim(ak, sig, 1, None, None)
-    if version != "2" and version != "3":
+    if version != "2":
         raise SignatureError(f"SignatureVersion {str(version)[:8]!r} is not supported")
     ts, nonce = fields.get(TIMESTAMP), fields.get(NONCE)
     if not isinstance(ts, str) or not ts.isdigit() or len(ts) > 16:
         raise SignatureError("Timestamp is not milliseconds")
     if not isinstance(nonce, str) or not 8 <= len(nonce) <= 64:
         raise SignatureError("Nonce is not 8..64 characters")
-    return Claim(ak, sig, 2 if version == "2" else 3, int(ts), nonce)
+    return Claim(ak, sig, 2, int(ts), nonce)
 
 
 def verify(secret: str | SigningKey, frame: Frame, claim: Claim) -> bool:
@@ -327,10 +298,8 @@ def verify(secret: str | SigningKey, frame: Frame, claim: Claim) -> bool:
     body = frame.body if frame.body is not None else b""
     if claim.version == 1:
         expected = key.sign_v1(frame.fields, body)
-    elif claim.version == 2:
-        expected = key.sign_v2(frame.code, frame.fields, body)
     else:
-        expected = key.sign_v3(frame.code, frame.fields, body)
+        expected = key.sign_v2(frame.code, frame.fields, body)
     return hmac.compare_digest(expected.encode("ascii"), claim.signature.encode("utf-8", "replace"))
 
 

@@ -79,10 +79,8 @@ class ConsumerConfig:
     secret_key: str | None = setting(None, "That user's secret key (never logged).", secret=True)
     signature_version: int = setting(
         2,
-        "2: OrbitMQ's HMAC-SHA256 with timestamp and nonce; 3: the same, the body MACed by"
-        " a per-request Poly1305 key (cheaper per byte; servers from the same release);"
-        " 1: RocketMQ's HMAC-SHA1.",
-        one_of(1, 2, 3),
+        "2: OrbitMQ's HMAC-SHA256 with timestamp and nonce; 1: RocketMQ's HMAC-SHA1.",
+        one_of(1, 2),
     )
 
     def __post_init__(self) -> None:
@@ -149,10 +147,8 @@ class SimpleConfig:
     secret_key: str | None = setting(None, "That user's secret key (never logged).", secret=True)
     signature_version: int = setting(
         2,
-        "2: OrbitMQ's HMAC-SHA256 with timestamp and nonce; 3: the same, the body MACed by"
-        " a per-request Poly1305 key (cheaper per byte; servers from the same release);"
-        " 1: RocketMQ's HMAC-SHA1.",
-        one_of(1, 2, 3),
+        "2: OrbitMQ's HMAC-SHA256 with timestamp and nonce; 1: RocketMQ's HMAC-SHA1.",
+        one_of(1, 2),
     )
 
     def __post_init__(self) -> None:
