@@ -45,6 +45,53 @@ def test_v2_wire_form_is_unchanged() -> None:
         assert v2_signature(key, 10, fields, memoryview(b"BODY")) == expected
         assert v1_signature(key, fields, b"B") == v1_signature("secret-key-1", fields, b"B")
     assert "secret" not in repr(key)
+    long_secret = "k" * 65  # longer than SHA-256's block: the key is hashed first
+    expected = b64encode(hmac.new(long_secret.encode(), content, hashlib.sha256).digest()).decode()
+    assert v2_signature(SigningKey(long_secret), 10, fields, b"BODY") == expected
+
+
+def _reference_v1(secret: str, fields: dict[str, object], body: bytes) -> str:
+    """RocketMQ's v1 as the official clients compute it, the slow way (hmac.new per request)."""
+    text = ""
+    for k in sorted(fields):
+        v = fields[k]
+        if k == "Signature" or v is None:
+            continue
+        if isinstance(v, bool):
+            text += "true" if v else "false"
+        elif isinstance(v, int):
+            text += str(v)
+        else:
+            text += str(v)
+    mac = hmac.new(secret.encode(), text.encode() + body, hashlib.sha1)
+    return b64encode(mac.digest()).decode()
+
+
+def test_cached_plans_and_pads_sign_as_the_reference() -> None:
+    """The per-field-names plans and the precomputed HMAC pads give hmac.new's bytes: for
+    secrets shorter and longer than a block (hashed first), for any field order, for frames
+    whose field names change between calls (a retry adds fields, a plan is reused)."""
+    long_secret = "s" * 100
+    cases: list[dict[str, object]] = [
+        {"topic": "T", "queue_id": 2, "born_ts": 1_795_699_213_671},
+        {"born_ts": 5, "topic": "T", "queue_id": 2},  # same names, another order
+        {"topic": "T", "flag": True, "none": None, "Signature": "old", "group": "g"},
+        {"topic": "T", "b": False, "\u00e9": "\u00fc"},
+        {},
+    ]
+    for secret in ("secret-key-1", long_secret):
+        key = SigningKey(secret)
+        for fields in cases * 2:
+            for body in (b"", b"payload" * 50):
+                want = _reference_v1(secret, fields, body)
+                assert v1_signature(key, fields, body) == want
+                assert v1_signature(secret, fields, memoryview(body)) == want
+        frame = Frame(10, fields={"topic": "T", "queue_id": 1}, body=b"x" * 100)
+        Signer("ak", secret, 1)(frame)
+        claim = claim_of(frame)
+        assert claim is not None and verify(key, frame, claim)
+        want = _reference_v1(secret, dict(frame.fields), b"x" * 100)
+        assert frame.fields["Signature"] == want
 
 
 def test_verify_with_a_key_and_a_string_agree() -> None:
@@ -105,3 +152,51 @@ def test_guard_uses_a_changed_secret_at_once(tmp_path: Path) -> None:
     guard.refresh()
     assert isinstance(send("first-secret-1"), Frame)  # the old key is not used any more
     assert send("second-secret-2") == "bench"
+
+
+def test_remembered_verdicts_end_with_the_store_version(tmp_path: Path) -> None:
+    """The Guard remembers an allowed (user, source IP, topic) per store version: a denial,
+    a disabled user and a deleted user each refuse the very next request after the store is
+    re-read; another topic or source address is decided afresh; refusals are never
+    remembered (each is audited and counted)."""
+    store = AuthStore(tmp_path / "auth.json")
+    store.create_user("alice", "alice-secret-1")
+    store.put_entries("alice", [PolicyEntry.make("Topic:T*", ["Pub"], "Allow")], create=True)
+    guard = Guard(store, AuditLog(None, "n"), cluster="C", refresh_interval_s=0.0)
+
+    class Peer:
+        transport = None
+
+        def __init__(self, peer: str) -> None:
+            self.peer = peer
+            self.attributes: dict[str, object] = {}
+
+    here, there = Peer("127.0.0.1:1"), Peer("10.0.0.9:2")
+
+    def send(topic: str, conn: Peer = here) -> object:
+        frame = Frame(RequestCode.SEND_MESSAGE, fields={"topic": topic, "queue_id": 0}, body=b"x")
+        Signer("alice", "alice-secret-1", 1)(frame)
+        return guard.admit(frame, conn)
+
+    for _ in range(3):
+        assert send("T1") == "alice"
+    assert isinstance(send("U1"), Frame)  # another topic: not covered by the remembered T1
+    refused = guard.refused
+    assert isinstance(send("U1"), Frame) and guard.refused == refused + 1  # not remembered
+    assert send("T1", there) == "alice"
+    store.put_entries(
+        "alice", [PolicyEntry.make("Topic:T1", ["Pub"], "Deny", ["10.0.0.0/8"])], create=False
+    )
+    guard.refresh()
+    assert isinstance(send("T1", there), Frame)  # the literal denial, for 10/8 only, wins
+    assert send("T1") == "alice"  # ... and does not apply from here
+    assert send("T2", there) == "alice"
+    store.update_user("alice", enabled=False)
+    guard.refresh()
+    assert isinstance(send("T2"), Frame) and isinstance(send("T2", there), Frame)
+    store.update_user("alice", enabled=True)
+    guard.refresh()
+    assert send("T2") == "alice"
+    store.delete_user("alice")
+    guard.refresh()
+    assert isinstance(send("T2"), Frame)

@@ -16,3 +16,15 @@ def test_security_bench_runs_small() -> None:
     assert sum("encrypted" in line for line in lines) == 4
     assert sum("TLS" in line for line in lines) == 3
     assert sum("ACL on" in line for line in lines) == 1
+
+
+def test_acl_pairs_run_small() -> None:
+    """``--acl-pairs``: the ACL row alone, interleaved off/on pairs, medians printed."""
+    lines: list[str] = []
+    results = security.run_acl(320, 2, lines.append)
+    assert results["acl_off_msg_s"] > 0 and results["acl_on_msg_s"] > 0
+    # a cost only: 10 batches on a shared machine swing either way by more than 2x
+    assert results["acl_cost"] < 1 and results["acl_pair_cost"] < 1
+    assert results["acl_cpu_off_us"] > 0 and results["acl_cpu_on_us"] > 0
+    assert sum(line.startswith("pair ") for line in lines) == 2
+    assert "medians of 2" in lines[-1]

@@ -65,16 +65,31 @@ def _topic(name: str, *actions: Action) -> Check:
     return check(TOPIC, name, *actions)
 
 
+class HeaderRule:
+    """A rule that reads only the header fields ``names`` (and the cluster): its checks are a
+    function of those values, so a server may remember them per (code, values) instead of
+    building them per request (:func:`header_key`)."""
+
+    __slots__ = ("build", "names")
+
+    def __init__(self, names: tuple[str, ...], build: Rule) -> None:
+        self.names = names
+        self.build = build
+
+    def __call__(self, frame: Frame, cluster: str) -> list[Check]:
+        return self.build(frame, cluster)
+
+
 def _topic_rule(*actions: Action) -> Rule:
-    return lambda f, _c: [_topic(_field(f, "topic"), *actions)]
+    return HeaderRule(("topic",), lambda f, _c: [_topic(_field(f, "topic"), *actions)])
 
 
 def _group_rule(*actions: Action) -> Rule:
-    return lambda f, _c: [check(GROUP, _field(f, "group"), *actions)]
+    return HeaderRule(("group",), lambda f, _c: [check(GROUP, _field(f, "group"), *actions)])
 
 
 def _cluster_rule(*actions: Action) -> Rule:
-    return lambda _f, c: [check(CLUSTER, c, *actions)]
+    return HeaderRule((), lambda _f, c: [check(CLUSTER, c, *actions)])
 
 
 def _topic_group(*actions: Action) -> Rule:
@@ -85,11 +100,14 @@ def _topic_group(*actions: Action) -> Rule:
             out.append(check(GROUP, group, *actions))
         return out
 
-    return rule
+    return HeaderRule(("topic", "group"), rule)
 
 
-def _anyone(_f: Frame, _c: str) -> list[Check]:
+def _anyone_checks(_f: Frame, _c: str) -> list[Check]:
     return []
+
+
+_anyone = HeaderRule((), _anyone_checks)
 
 
 def _heartbeat(f: Frame, _c: str) -> list[Check]:
@@ -146,16 +164,11 @@ def _view(f: Frame, c: str) -> list[Check]:
     return [check(CLUSTER, c, GET)]
 
 
-def _send_back(f: Frame, _c: str) -> list[Check]:
-    return [check(GROUP, _field(f, "group"), SUB)]
-
-
-def _end_tx(f: Frame, _c: str) -> list[Check]:
-    return [check(GROUP, _field(f, "producer_group"), PUB)]
-
-
-def _register(f: Frame, _c: str) -> list[Check]:
-    return [check(CLUSTER, _field(f, "cluster"), UPDATE)]
+_send_back = HeaderRule(("group",), lambda f, _c: [check(GROUP, _field(f, "group"), SUB)])
+_end_tx = HeaderRule(
+    ("producer_group",), lambda f, _c: [check(GROUP, _field(f, "producer_group"), PUB)]
+)
+_register = HeaderRule(("cluster",), lambda f, _c: [check(CLUSTER, _field(f, "cluster"), UPDATE)])
 
 
 R = RequestCode
@@ -269,6 +282,22 @@ TRANSPORT_ADMIN_CODES = ADMIN_CODES | {
 }
 """Admin requests a listener's ``admin_transport`` restricts to TLS or mutual TLS: the
 changes above, and reading or changing a server's configuration."""
+
+
+def header_key(frame: Frame) -> tuple[object, ...] | None:
+    """A key that determines ``checks_for(frame, cluster)`` for one cluster: the code and the
+    values of the header fields its rule reads, when the rule reads nothing else and every
+    such value is a str or absent (None: the checks must be built from the frame)."""
+    rule = RULES.get(frame.code)
+    if rule.__class__ is not HeaderRule:
+        return None
+    assert isinstance(rule, HeaderRule)
+    fields = frame.fields
+    values = [fields.get(n) for n in rule.names]
+    for v in values:
+        if v is not None and v.__class__ is not str:
+            return None
+    return (frame.code, *values)
 
 
 def checks_for(frame: Frame, cluster: str) -> list[Check]:

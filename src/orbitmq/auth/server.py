@@ -153,7 +153,11 @@ class ServerAuth:
             asyncio.get_running_loop().call_soon(conn.close, f"{failures} authentication failures")
 
     def before(self, frame: Frame, conn: Any) -> Frame | None:
-        refusal = transport_refusal(frame, conn, self.admin_transport)
+        refusal = (
+            None
+            if self.admin_transport == "any"
+            else transport_refusal(frame, conn, self.admin_transport)
+        )
         if refusal is not None:  # before any credential is looked at
             self.audit.deny(
                 principal="-", source=peer_ip(conn)[1], code=frame.code, resource="-",

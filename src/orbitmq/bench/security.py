@@ -17,7 +17,9 @@ Pairs of runs on this machine, each the same work with the feature off and on:
 - **acl**: the same produce with the broker authenticating (RocketMQ's v1 signature) and
   authorizing every request of a normal user, against the plaintext produce above.
 
-The ACL check's cost per request alone is ``orbitmq bench auth``. It prints messages per
+``--acl-pairs N`` runs the ACL row alone, N interleaved off/on pairs, and prints medians (the
+way to read a few-percent cost on a shared machine). The ACL check's cost per request alone
+is ``orbitmq bench auth``. It prints messages per
 second for each and the ratios (the issue's targets: encrypted store >= 80 % of plaintext, TLS
 >= 70 %, ACL checks < 5 % of produce throughput). Figures belong in docs/benchmarks.md, measured on an idle machine; a small
 ``--count`` only checks that it runs.
@@ -204,9 +206,72 @@ def run(count: int, out: Callable[[str], None] = print) -> dict[str, float]:
     return results
 
 
+def _median(values: list[float]) -> float:
+    ordered = sorted(values)
+    mid = len(ordered) // 2
+    return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
+
+
+def run_acl(count: int, pairs: int, out: Callable[[str], None] = print) -> dict[str, float]:
+    """The ACL row alone, as ``pairs`` interleaved A/B pairs (ACL off, then on, each with a
+    fresh NameServer and broker): on a loaded machine a single pair swings by more than the
+    cost measured, so the cost is read from medians, of msg/s and of this process's CPU time
+    per message (client and broker share the process: the CPU figure counts both sides'
+    work and little of other processes' load, so it is the steadier of the two there)."""
+    offs: list[float] = []
+    ons: list[float] = []
+    cpu_offs: list[float] = []
+    cpu_ons: list[float] = []
+    with tempfile.TemporaryDirectory(prefix="orbitmq-bench-acl-") as tmp:
+        for i in range(pairs):
+            off, _ = asyncio.run(
+                produce_consume(Path(tmp) / f"off-{i}", count, False, consume=False, cpu=cpu_offs)
+            )
+            on, _ = asyncio.run(
+                produce_consume(
+                    Path(tmp) / f"on-{i}", count, False, acl=True, consume=False, cpu=cpu_ons
+                )
+            )
+            offs.append(off)
+            ons.append(on)
+            out(
+                f"pair {i + 1}: ACL off {off:,.0f} msg/s {cpu_offs[-1] * 1e6:.1f} us CPU/msg,"
+                f" ACL on {on:,.0f} msg/s {cpu_ons[-1] * 1e6:.1f} us CPU/msg"
+                f" (costs {1 - on / off:.1%} msg/s, {1 - cpu_offs[-1] / cpu_ons[-1]:.1%} CPU)"
+            )
+    off, on = _median(offs), _median(ons)
+    cpu_off, cpu_on = _median(cpu_offs), _median(cpu_ons)
+    pair_cost = _median([1 - b / a for a, b in zip(offs, ons, strict=True)])
+    cpu_cost = 1 - cpu_off / cpu_on
+    out(
+        f"produce, 1 KiB, batches of 32, medians of {pairs}: ACL off {off:,.0f} msg/s, ACL on"
+        f" {on:,.0f} msg/s (costs {1 - on / off:.1%}; median of the pairs' costs"
+        f" {pair_cost:.1%}); CPU per message {cpu_off * 1e6:.1f} us off, {cpu_on * 1e6:.1f} us"
+        f" on (costs {cpu_cost:.1%} of throughput at equal CPU); target < 5%"
+    )
+    return {
+        "acl_off_msg_s": off,
+        "acl_on_msg_s": on,
+        "acl_cost": 1 - on / off,
+        "acl_pair_cost": pair_cost,
+        "acl_cpu_off_us": cpu_off * 1e6,
+        "acl_cpu_on_us": cpu_on * 1e6,
+        "acl_cpu_cost": cpu_cost,
+    }
+
+
 def main(argv: list[str], command: str | None = None) -> int:
     parser = argparse.ArgumentParser(prog=command or "python -m orbitmq.bench security")
     parser.add_argument("--count", type=int, default=100_000, help="messages per run")
+    parser.add_argument(
+        "--acl-pairs",
+        type=int,
+        default=0,
+        help="run only the ACL row, as this many interleaved off/on pairs (medians)",
+    )
     ns = parser.parse_args(argv)
-    run(ns.count)
+    if ns.acl_pairs > 0:
+        run_acl(ns.count, ns.acl_pairs)
+    else:
+        run(ns.count)
     return 0

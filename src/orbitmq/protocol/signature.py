@@ -21,7 +21,7 @@ A server compares signatures with ``hmac.compare_digest``. Nothing here logs or 
 
 from __future__ import annotations
 
-import base64
+import binascii
 import functools
 import hashlib
 import heapq
@@ -67,8 +67,50 @@ def _text(value: Any) -> str | None:
     return _json.encode(value).decode()
 
 
-def _body(frame: Frame) -> bytes | bytearray | memoryview:
-    return frame.body if frame.body is not None else b""
+_U32 = struct.Struct(">I").pack
+_PLAN_LIMIT = 1024
+"""Signing plans kept (one per distinct tuple of field names; a process sees a few dozen)."""
+_V1_ORDER: dict[tuple[str, ...], tuple[str, ...]] = {}
+_V2_ORDER: dict[tuple[str, ...], tuple[tuple[str, bytes], ...]] = {}
+
+
+def _v1_order(names: tuple[str, ...]) -> tuple[str, ...]:
+    """The keys v1 renders for a frame with these field names, in signing order."""
+    order = _V1_ORDER.get(names)
+    if order is None:
+        if len(_V1_ORDER) >= _PLAN_LIMIT:
+            _V1_ORDER.clear()
+        order = _V1_ORDER[names] = tuple(sorted(k for k in names if k != SIGNATURE))
+    return order
+
+
+def _v2_order(names: tuple[str, ...]) -> tuple[tuple[str, bytes], ...]:
+    """(key, its length-prefixed encoding) for these field names, in signing order."""
+    order = _V2_ORDER.get(names)
+    if order is None:
+        if len(_V2_ORDER) >= _PLAN_LIMIT:
+            _V2_ORDER.clear()
+        order = _V2_ORDER[names] = tuple(
+            (k, _U32(len(b := k.encode("utf-8"))) + b) for k in sorted(names) if k != SIGNATURE
+        )
+    return order
+
+
+def _v1_text(fields: dict[str, Any]) -> str:
+    """The values v1 signs, concatenated: the key order comes from the plan of this tuple of
+    field names (sorted once, not per request); a str value is taken as is and an int goes
+    to ``repr`` (as ``_text`` would) without a Python call; a None renders as "" (left out,
+    as RocketMQ skips null fields)."""
+    return "".join(
+        [
+            v
+            if (t := (v := fields[k]).__class__) is str
+            else repr(v)
+            if t is int
+            else _text(v) or ""
+            for k in _v1_order(tuple(fields))
+        ]
+    )
 
 
 def v1_content(
@@ -76,28 +118,59 @@ def v1_content(
 ) -> list[bytes | bytearray | memoryview]:
     """What v1 signs, as parts: the sorted values (``Signature`` excluded), then the body (not
     copied: a batch body is hashed in place)."""
-    text = "".join(
-        t for k in sorted(fields) if k != SIGNATURE and (t := _text(fields[k])) is not None
-    )
-    return [text.encode("utf-8"), body]
+    return [_v1_text(fields).encode("utf-8"), body]
+
+
+def _pads(key: bytes, digest: Any) -> tuple[Any, Any]:
+    """HMAC (RFC 2104) keyed once: the inner and outer hash objects after the padded key."""
+    block = digest().block_size
+    if len(key) > block:
+        key = digest(key).digest()
+    key = key.ljust(block, b"\0")
+    return digest(key.translate(hmac.trans_36)), digest(key.translate(hmac.trans_5C))
 
 
 class SigningKey:
-    """A secret made ready to sign: one HMAC object per scheme, keyed once and copied per
-    request (``hmac.new`` re-derives the inner and outer pads from the key on every call; a copy
-    of a keyed object does not). A server keeps one per user (``Guard``), a Signer one for its
-    secret. The secret is kept out of ``repr``."""
+    """A secret made ready to sign: per scheme, the HMAC's inner and outer hash states after
+    the padded key, computed once and copied per request. The HMAC is RFC 2104's, byte for
+    byte ``hmac.new``'s; computing it from ``hashlib`` objects keeps a request's MAC to a few C
+    calls (``hmac.HMAC``'s copy, update and digest are Python methods, and ``hmac.new``
+    re-derives both pads from the key on every call). A server keeps one per user
+    (``Guard``), a Signer one for its secret. The secret is kept out of ``repr``."""
 
-    __slots__ = ("secret", "v1", "v2")
+    __slots__ = ("_v1", "_v2", "secret")
 
     def __init__(self, secret: str) -> None:
         key = secret.encode("utf-8")
         self.secret = secret
-        self.v1 = hmac.new(key, digestmod=hashlib.sha1)
-        self.v2 = hmac.new(key, digestmod=hashlib.sha256)
+        self._v1 = _pads(key, hashlib.sha1)
+        self._v2 = _pads(key, hashlib.sha256)
 
     def __repr__(self) -> str:
         return "SigningKey(...)"
+
+    def sign_v1(self, fields: dict[str, Any], body: bytes | bytearray | memoryview) -> str:
+        """RocketMQ's v1 signature of ``fields`` and ``body`` (Base64 of HMAC-SHA1)."""
+        inner, outer = self._v1
+        mac = inner.copy()
+        mac.update(_v1_text(fields).encode("utf-8"))
+        mac.update(body)
+        out = outer.copy()
+        out.update(mac.digest())
+        return binascii.b2a_base64(out.digest(), newline=False).decode("ascii")
+
+    def sign_v2(
+        self, code: int, fields: dict[str, Any], body: bytes | bytearray | memoryview
+    ) -> str:
+        """OrbitMQ's v2 signature (Base64 of HMAC-SHA256 over :func:`v2_canonical` and the body)."""
+        inner, outer = self._v2
+        mac = inner.copy()
+        n = body.nbytes if isinstance(body, memoryview) else len(body)
+        mac.update(v2_canonical(code, fields, n))
+        mac.update(body)
+        out = outer.copy()
+        out.update(mac.digest())
+        return binascii.b2a_base64(out.digest(), newline=False).decode("ascii")
 
 
 def _key(secret: str | SigningKey) -> SigningKey:
@@ -114,27 +187,25 @@ def _signing_key(secret: str) -> SigningKey:
 def v1_signature(
     secret: str | SigningKey, fields: dict[str, Any], body: bytes | bytearray | memoryview
 ) -> str:
-    mac = _key(secret).v1.copy()
-    for part in v1_content(fields, body):
-        mac.update(part)
-    return base64.b64encode(mac.digest()).decode("ascii")
+    return _key(secret).sign_v1(fields, body)
 
 
-_U32 = struct.Struct(">I").pack
+_V2_TAG = b"ORBITMQ-HMAC-SHA256\x00"
 
 
 def v2_canonical(code: int, fields: dict[str, Any], body_len: int) -> bytes:
     """What v2 signs before the body, in one buffer (one HMAC update): the scheme tag and the
     code, every field as length-prefixed key and value (sorted by key, ``Signature`` left out),
-    then the body's length."""
-    parts = [b"ORBITMQ-HMAC-SHA256\x00", _U32(code)]
-    for key in sorted(fields):
-        if key == SIGNATURE:
-            continue
-        text = _text(fields[key])
+    then the body's length. The keys' order and encodings come from the plan of this tuple
+    of field names."""
+    parts = [_V2_TAG, _U32(code)]
+    for key, prefix in _v2_order(tuple(fields)):
+        value = fields[key]
+        kind = value.__class__
+        text = value if kind is str else repr(value) if kind is int else _text(value)
         if text is not None:
-            k, v = key.encode("utf-8"), text.encode("utf-8")
-            parts += (_U32(len(k)), k, _U32(len(v)), v)
+            v = text.encode("utf-8")
+            parts += (prefix, _U32(len(v)), v)
     parts.append(_U32(body_len))
     return b"".join(parts)
 
@@ -145,12 +216,7 @@ def v2_signature(
     fields: dict[str, Any],
     body: bytes | bytearray | memoryview,
 ) -> str:
-    mac = _key(secret).v2.copy()
-    mac.update(
-        v2_canonical(code, fields, len(body) if not isinstance(body, memoryview) else body.nbytes)
-    )
-    mac.update(body)
-    return base64.b64encode(mac.digest()).decode("ascii")
+    return _key(secret).sign_v2(code, fields, body)
 
 
 @dataclass(frozen=True, slots=True)
@@ -170,19 +236,20 @@ class Signer:
 
     def __call__(self, frame: Frame, now_ms: int | None = None) -> None:
         fields = frame.fields
-        for key in AUTH_FIELDS:
-            fields.pop(key, None)
+        if not AUTH_FIELDS.isdisjoint(fields):  # a frame signed before (a retry): sign anew
+            for key in AUTH_FIELDS:
+                fields.pop(key, None)
         fields[ACCESS_KEY] = self.access_key
         if self.security_token is not None:
             fields[SECURITY_TOKEN] = self.security_token
+        body = frame.body if frame.body is not None else b""
         if self.version == 1:
-            fields[SIGNATURE] = v1_signature(_signing_key(self.secret_key), fields, _body(frame))
+            fields[SIGNATURE] = _signing_key(self.secret_key).sign_v1(fields, body)
             return
         fields[SIGNATURE_VERSION] = "2"
         fields[TIMESTAMP] = str(int(time.time() * 1000) if now_ms is None else now_ms)
         fields[NONCE] = secrets.token_hex(12)
-        signing = _signing_key(self.secret_key)
-        fields[SIGNATURE] = v2_signature(signing, frame.code, fields, _body(frame))
+        fields[SIGNATURE] = _signing_key(self.secret_key).sign_v2(frame.code, fields, body)
 
 
 @dataclass(frozen=True, slots=True)
@@ -227,10 +294,12 @@ def claim_of(frame: Frame) -> Claim | None:
 def verify(secret: str | SigningKey, frame: Frame, claim: Claim) -> bool:
     """True when ``claim.signature`` is the frame's signature under ``secret`` (constant time).
     A server passes the user's SigningKey (kept per user), so no key is derived per request."""
+    key = _key(secret)
+    body = frame.body if frame.body is not None else b""
     if claim.version == 1:
-        expected = v1_signature(secret, frame.fields, _body(frame))
+        expected = key.sign_v1(frame.fields, body)
     else:
-        expected = v2_signature(secret, frame.code, frame.fields, _body(frame))
+        expected = key.sign_v2(frame.code, frame.fields, body)
     return hmac.compare_digest(expected.encode("ascii"), claim.signature.encode("utf-8", "replace"))
 
 
