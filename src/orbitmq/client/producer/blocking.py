@@ -4,7 +4,10 @@ Takes the same :class:`~orbitmq.client.producer.config.ProducerConfig`. ``send_a
 prepares the message in the caller's thread (a bad message raises there, compression runs off
 the I/O thread) and hands it to the loop through an inbox drained once per loop iteration, and
 results come back settled per batch (:mod:`.handoff`): no thread hop and no lock round per
-message, so it costs about what ``AsyncProducer.send_async`` does. ``max_buffered_bytes``
+message, so it costs about what ``AsyncProducer.send_async`` does. A caller that has queued
+a batch's worth (``batch_max_messages``) the loop has not taken yet sleeps until the loop's next
+drain, so the two threads take turns per batch instead of per forced GIL switch (.handoff,
+"Taking turns"). ``max_buffered_bytes``
 bounds what it may hold unanswered; beyond it ``send_async`` blocks (up to ``max_block_s``):
 that is the back-pressure, which also slows callers while the broker answers SYSTEM_BUSY (the
 sender retries those with a back-off, :mod:`.sender`). ``send`` and ``send_batch`` wait on the
@@ -37,6 +40,10 @@ from orbitmq.common.errors import ClientError
 from orbitmq.common.message import Message
 
 __all__ = ["Producer"]
+
+_MIN_HANDOFF = 64
+"""Fewest undrained sends at which a caller waits for the loop's turn (batch_max_messages
+below it would make the turns per message)."""
 
 
 class Producer(BlockingFacade[AsyncProducer]):
@@ -79,8 +86,15 @@ class Producer(BlockingFacade[AsyncProducer]):
         """send_async's message-and-future in one object (see .handoff.PendingSend)."""
         self._prepare = self._async.preparer.prepare
         self._thread = LoopThread("orbitmq-producer")
-        # The drain hands each (item, queue, selector, arg, future) straight to the batches.
-        self._inbox = Inbox(self._thread.loop, self._async.accumulator.submit, self._submit_many)
+        # The drain hands each (item, queue, selector, arg, future) straight to the batches. A
+        # caller that has queued a batch's worth the loop has not taken yet waits for the
+        # loop's next drain: the two threads take turns per batch (see .handoff).
+        self._inbox = Inbox(
+            self._thread.loop,
+            self._async.accumulator.submit,
+            self._submit_many,
+            handoff_at=max(_MIN_HANDOFF, self.config.batch_max_messages),
+        )
         try:
             self._thread.run(self._async.start())
         except BaseException:
