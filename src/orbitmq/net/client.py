@@ -116,10 +116,15 @@ class RemotingClient:
         self._conns[addr] = conn
         return conn
 
-    async def invoke(self, addr: str, frame: Frame, timeout: float = 3.0) -> Frame:
+    async def invoke(
+        self, addr: str, frame: Frame, timeout: float = 3.0, *, alive_until: float | None = None
+    ) -> Frame:
+        """``alive_until``: see :meth:`Connection.request` (wait on for a peer that answers)."""
         conn = await self.connection(addr)
         reads = conn.reads
         try:
+            if alive_until is not None:
+                return await conn.request(frame, timeout, alive_until=alive_until)
             return await conn.request(frame, timeout)
         except RequestTimeoutError:
             if conn.reads == reads:  # not a byte back in ``timeout``: dead, not slow
