@@ -370,6 +370,9 @@ def test_a_caller_past_handoff_at_waits_for_the_loops_drain(
         thread.loop.call_soon_threadsafe(release.wait, 5)  # the loop busy: no drain yet
         caller = threading.Thread(target=lambda: [inbox.put(i) for i in range(6)])
         caller.start()
+        deadline = time.monotonic() + 5
+        while len(inbox) < 4 and time.monotonic() < deadline:  # bounded: a loaded machine
+            time.sleep(0.01)
         caller.join(0.2)
         assert caller.is_alive()  # waiting at the 4th entry
         assert len(inbox) == 4

@@ -205,9 +205,11 @@ async def test_alive_until_waits_for_a_late_answer_while_the_peer_answers_others
         waiting = asyncio.ensure_future(
             client.invoke(server.address, late, timeout=0.2, alive_until=loop.time() + 5)
         )
-        for i in range(6):  # answers to others while the late one waits: alive, behind
+        for i in range(50):  # answers to others while the late one waits: alive, behind
+            if waiting.done():
+                break
             await client.invoke(server.address, Frame(ECHO, fields={"i": i}))
-            await asyncio.sleep(0.1)
+            await asyncio.sleep(0.05)
         assert (await asyncio.wait_for(waiting, 5)).fields["i"] == "late"
         conn = await client.connection(server.address)
         assert conn.pending == {} and conn._alive_timers == {}
@@ -227,9 +229,11 @@ async def test_alive_until_waits_for_a_late_answer_while_the_peer_answers_others
         bounded = asyncio.ensure_future(
             client.invoke(server.address, Frame(SILENT), timeout=0.2, alive_until=loop.time() + 0.5)
         )
-        for i in range(10):
+        for i in range(100):
+            if bounded.done():
+                break
             await client.invoke(server.address, Frame(ECHO, fields={"i": i}))
-            await asyncio.sleep(0.1)
+            await asyncio.sleep(0.05)
         with pytest.raises(RequestTimeoutError):
             await asyncio.wait_for(bounded, 5)
         conn = await client.connection(server.address)
