@@ -225,6 +225,17 @@ async def test_alive_until_waits_for_a_late_answer_while_the_peer_answers_others
                 server.address, Frame(SILENT), timeout=0.2, alive_until=loop.time() + 5
             )
         assert loop.time() - t0 < 2
+        # Slow, then quiet: fails once nothing came for ``timeout``, and the connection goes.
+        conn = await client.connection(server.address)
+        quiet = asyncio.ensure_future(
+            client.invoke(server.address, Frame(SILENT), timeout=0.2, alive_until=loop.time() + 5)
+        )
+        for i in range(3):
+            await client.invoke(server.address, Frame(ECHO, fields={"i": i}))
+            await asyncio.sleep(0.1)
+        with pytest.raises(RequestTimeoutError):
+            await asyncio.wait_for(quiet, 5)
+        assert await client.connection(server.address) is not conn
         # alive_until bounds the wait even while others are answered.
         bounded = asyncio.ensure_future(
             client.invoke(server.address, Frame(SILENT), timeout=0.2, alive_until=loop.time() + 0.5)

@@ -122,6 +122,9 @@ class Connection(asyncio.Protocol):
         peer) from a slow answer by whether anything arrived while it waited."""
         self._alive_timers: dict[asyncio.Future[Frame], asyncio.TimerHandle] = {}
         """The re-armed timers of requests waiting on a peer that is behind (``alive_until``)."""
+        self.silent_expiries = 0
+        """``alive_until`` requests failed because nothing came in for a whole ``timeout`` (the
+        peer went quiet after being slow): a client drops the connection as for a dead one."""
         self.frame_started = 0.0
         """monotonic time the first bytes of a still incomplete frame came (0: none)."""
         self.tls = False
@@ -441,6 +444,8 @@ class Connection(asyncio.Protocol):
         loop = asyncio.get_running_loop()
         left = alive_until - loop.time()
         if self.reads == reads or left <= 0 or self.transport is None:
+            if self.reads == reads:
+                self.silent_expiries += 1
             self._expire(fut, code, timeout)
             return
         self._alive_timers[fut] = loop.call_later(
