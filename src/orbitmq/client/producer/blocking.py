@@ -5,8 +5,8 @@ prepares the message in the caller's thread (a bad message raises there, compres
 the I/O thread) and hands it to the loop through an inbox drained once per loop iteration, and
 results come back settled per batch (:mod:`.handoff`): no thread hop and no lock round per
 message, so it costs about what ``AsyncProducer.send_async`` does. A caller that has queued
-a batch's worth (``batch_max_messages``) the loop has not taken yet sleeps until the loop's next
-drain, so the two threads take turns per batch instead of per forced GIL switch (.handoff,
+``HANDOFF_AT`` (128) sends the loop has not taken yet sleeps until the loop's next drain, so
+the two threads take turns every 128 sends instead of per forced GIL switch (.handoff,
 "Taking turns"). ``max_buffered_bytes``
 bounds what it may hold unanswered; beyond it ``send_async`` blocks (up to ``max_block_s``):
 that is the back-pressure, which also slows callers while the broker answers SYSTEM_BUSY (the
@@ -41,9 +41,11 @@ from orbitmq.common.message import Message
 
 __all__ = ["Producer"]
 
-_MIN_HANDOFF = 64
-"""Fewest undrained sends at which a caller waits for the loop's turn (batch_max_messages
-below it would make the turns per message)."""
+HANDOFF_AT = 128
+"""Undrained sends at which a caller waits for the loop's turn: ~0.5 ms of a caller's work,
+well inside the interpreter's 5 ms switch interval. Measured against 512 (a default batch) on
+the loaded machine: 2-12 % less client CPU per message in 10 of 12 interleaved pairs (fewer
+unanswered objects for the GC, a turn's messages still in cache); docs/benchmarks.md."""
 
 
 class Producer(BlockingFacade[AsyncProducer]):
@@ -87,13 +89,13 @@ class Producer(BlockingFacade[AsyncProducer]):
         self._prepare = self._async.preparer.prepare
         self._thread = LoopThread("orbitmq-producer")
         # The drain hands each (item, queue, selector, arg, future) straight to the batches. A
-        # caller that has queued a batch's worth the loop has not taken yet waits for the
-        # loop's next drain: the two threads take turns per batch (see .handoff).
+        # caller that has queued HANDOFF_AT sends the loop has not taken yet waits for the
+        # loop's next drain: the two threads take turns (see .handoff).
         self._inbox = Inbox(
             self._thread.loop,
             self._async.accumulator.submit,
             self._submit_many,
-            handoff_at=max(_MIN_HANDOFF, self.config.batch_max_messages),
+            handoff_at=HANDOFF_AT,
         )
         try:
             self._thread.run(self._async.start())

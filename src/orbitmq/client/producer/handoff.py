@@ -14,9 +14,9 @@ back only when the interpreter forces a switch (``sys.getswitchinterval()``, 5 m
 callback per 5 ms while the caller runs ahead until ``max_buffered_bytes`` stops it. So with
 ``handoff_at`` entries queued and not yet drained, :meth:`Inbox.put` makes a caller (not the
 loop's own thread) sleep on a condition until the next drain takes them (at most ``_TURN_S``):
-the GIL goes to the loop at once, which drains, batches and sends a batch's worth, and the
-caller goes on. One sleep and one notify per batch, not per message; measured A/B in
-docs/benchmarks.md ("fourth pass").
+the GIL goes to the loop at once, which drains, batches and sends what it took, and the
+caller goes on. One sleep and one notify per turn (128 sends for the blocking Producer), not
+per message; measured A/B in docs/benchmarks.md ("fourth pass").
 
 **Back: one lock round per batch.** Each message gets a :class:`SendFuture`, a
 ``concurrent.futures.Future`` whose condition is the producer's shared one (no Condition and
