@@ -18,6 +18,7 @@ import pytest
 from orbitmq.broker.controller import BrokerController
 from orbitmq.client import BlockingAdminClient, Message, Producer, SendResult, SendStatus
 from orbitmq.client._loop_thread import LoopThread
+from orbitmq.client.producer import handoff
 from orbitmq.client.producer.config import ProducerConfig
 from orbitmq.client.producer.handoff import (
     Inbox,
@@ -352,4 +353,79 @@ def test_inbox_hands_lists_in_order_to_handle_many() -> None:
         assert got == [i if i % 3 else (i,) for i in range(3000)]
         assert calls < 3000 // 10, calls
     finally:
+        thread.stop()
+
+
+def test_a_caller_past_handoff_at_waits_for_the_loops_drain(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Taking turns: with handoff_at entries undrained, a putting thread sleeps (GIL released)
+    until the loop drains, so the loop gets its turn without waiting for a forced GIL switch."""
+    monkeypatch.setattr(handoff, "_TURN_S", 5.0)  # long: only a drain may end the wait here
+    thread = LoopThread("inbox-turns-test")
+    got: list[Any] = []
+    release = threading.Event()
+    try:
+        inbox = Inbox(thread.loop, lambda *e: None, got.extend, handoff_at=4)
+        thread.loop.call_soon_threadsafe(release.wait, 5)  # the loop busy: no drain yet
+        caller = threading.Thread(target=lambda: [inbox.put(i) for i in range(6)])
+        caller.start()
+        deadline = time.monotonic() + 5
+        while len(inbox) < 4 and time.monotonic() < deadline:  # bounded: a loaded machine
+            time.sleep(0.01)
+        caller.join(0.2)
+        assert caller.is_alive()  # waiting at the 4th entry
+        assert len(inbox) == 4
+        release.set()
+        caller.join(2)  # woken by the drain, well before _TURN_S
+        assert not caller.is_alive()
+
+        async def settled() -> None:
+            inbox.drain()
+
+        thread.run(settled())
+        assert got == list(range(6))
+    finally:
+        release.set()
+        thread.stop()
+
+
+def test_the_loops_own_thread_never_waits_for_its_turn(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(handoff, "_TURN_S", 5.0)
+    thread = LoopThread("inbox-own-thread-test")
+    got: list[Any] = []
+    try:
+        inbox = Inbox(thread.loop, lambda *e: None, got.extend, handoff_at=2)
+
+        async def from_a_callback() -> float:
+            t0 = time.monotonic()
+            for i in range(50):
+                inbox.put(i)
+            return time.monotonic() - t0
+
+        assert thread.run(from_a_callback()) < 1.0
+        thread.run(from_a_callback())
+
+        async def settled() -> None:
+            inbox.drain()
+
+        thread.run(settled())
+        assert got == list(range(50)) * 2
+    finally:
+        thread.stop()
+
+
+def test_a_loop_that_never_drains_holds_a_caller_at_most_turn_s() -> None:
+    thread = LoopThread("inbox-stuck-test")
+    release = threading.Event()
+    try:
+        inbox = Inbox(thread.loop, lambda *e: None, lambda entries: None, handoff_at=2)
+        thread.loop.call_soon_threadsafe(release.wait, 5)
+        t0 = time.monotonic()
+        for i in range(4):
+            inbox.put(i)
+        waited = time.monotonic() - t0
+        assert handoff._TURN_S * 3 * 0.8 <= waited < 2.0  # puts 2-4: one bounded wait each
+    finally:
+        release.set()
         thread.stop()

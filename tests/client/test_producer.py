@@ -510,6 +510,32 @@ async def test_a_batch_busy_beyond_send_timeout_is_sent_then_busy_timeout_bounds
     assert b"never" not in all_bodies(cluster)
 
 
+async def test_a_late_answer_from_a_broker_that_answers_others_is_waited_for_not_resent(
+    cluster: FakeCluster, make_producer: MakeProducer
+) -> None:
+    """A send_async batch answered after send_timeout_s while the broker answers the producer's
+    other batches (alive, behind) succeeds, stored once; a send() still times out then."""
+    p = await make_producer(linger_ms=0, send_timeout_s=0.4, busy_timeout_s=30.0)
+    mq = MessageQueue("T", "broker-a", 0)
+    await p.send(Message("T", b"warm"), queue=mq)  # connected
+    cluster.a.delay_s = 1.0  # only the next request, see below
+    late = p.send_async(Message("T", b"late"), queue=mq)
+    await asyncio.sleep(0.05)
+    cluster.a.delay_s = 0.0
+    other = MessageQueue("T", "broker-a", 1)  # same connection, not behind "late" in a queue
+    for i in range(60):  # answered at once meanwhile: bytes keep coming on that connection
+        if late.done():
+            break
+        await p.send_async(Message("T", f"{i}".encode()), queue=other)
+        await asyncio.sleep(0.05)
+    result = await asyncio.wait_for(late, 5)
+    assert result.status is SendStatus.SEND_OK
+    assert all_bodies(cluster).count(b"late") == 1
+    cluster.a.delay_s = 1.0
+    with pytest.raises(MQError):  # send(): the caller's own budget, as before
+        await p.send(Message("T", b"sync"), queue=mq)
+
+
 async def test_close_flushes_pending_batches(
     cluster: FakeCluster, make_producer: MakeProducer
 ) -> None:

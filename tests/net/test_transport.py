@@ -192,6 +192,68 @@ async def test_a_timeout_on_a_connection_that_answers_others_keeps_it() -> None:
         await server.stop()
 
 
+async def test_alive_until_waits_for_a_late_answer_while_the_peer_answers_others() -> None:
+    """A producer's pipelined batch on a loaded broker: its answer comes after ``timeout`` but
+    the peer keeps answering other requests, so the request waits (no resend) up to
+    ``alive_until``; a peer that answers nothing still fails it after ``timeout``."""
+    server = RemotingServer(handler)
+    await server.start()
+    client = RemotingClient()
+    loop = asyncio.get_running_loop()
+    try:
+        late = Frame(SLOW, fields={"i": "late", "delay": 0.6})
+        waiting = asyncio.ensure_future(
+            client.invoke(server.address, late, timeout=0.2, alive_until=loop.time() + 5)
+        )
+        for i in range(50):  # answers to others while the late one waits: alive, behind
+            if waiting.done():
+                break
+            await client.invoke(server.address, Frame(ECHO, fields={"i": i}))
+            await asyncio.sleep(0.05)
+        assert (await asyncio.wait_for(waiting, 5)).fields["i"] == "late"
+        conn = await client.connection(server.address)
+        assert conn.pending == {} and conn._alive_timers == {}
+        # Without alive_until, the same late answer is a timeout.
+        with pytest.raises(RequestTimeoutError):
+            await client.invoke(
+                server.address, Frame(SLOW, fields={"i": 1, "delay": 0.6}), timeout=0.2
+            )
+        # Nothing read for ``timeout``: fails as before, alive_until or not.
+        t0 = loop.time()
+        with pytest.raises(RequestTimeoutError):
+            await client.invoke(
+                server.address, Frame(SILENT), timeout=0.2, alive_until=loop.time() + 5
+            )
+        assert loop.time() - t0 < 2
+        # Slow, then quiet: fails once nothing came for ``timeout``, and the connection goes.
+        conn = await client.connection(server.address)
+        quiet = asyncio.ensure_future(
+            client.invoke(server.address, Frame(SILENT), timeout=0.2, alive_until=loop.time() + 5)
+        )
+        for i in range(3):
+            await client.invoke(server.address, Frame(ECHO, fields={"i": i}))
+            await asyncio.sleep(0.1)
+        with pytest.raises(RequestTimeoutError):
+            await asyncio.wait_for(quiet, 5)
+        assert await client.connection(server.address) is not conn
+        # alive_until bounds the wait even while others are answered.
+        bounded = asyncio.ensure_future(
+            client.invoke(server.address, Frame(SILENT), timeout=0.2, alive_until=loop.time() + 0.5)
+        )
+        for i in range(100):
+            if bounded.done():
+                break
+            await client.invoke(server.address, Frame(ECHO, fields={"i": i}))
+            await asyncio.sleep(0.05)
+        with pytest.raises(RequestTimeoutError):
+            await asyncio.wait_for(bounded, 5)
+        conn = await client.connection(server.address)
+        assert conn.pending == {} and conn._alive_timers == {}
+    finally:
+        await client.close()
+        await server.stop()
+
+
 def _self_signed(tmp: Path) -> tuple[Path, Path]:
     key = ec.generate_private_key(ec.SECP256R1())
     name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "localhost")])

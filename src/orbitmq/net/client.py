@@ -116,13 +116,20 @@ class RemotingClient:
         self._conns[addr] = conn
         return conn
 
-    async def invoke(self, addr: str, frame: Frame, timeout: float = 3.0) -> Frame:
+    async def invoke(
+        self, addr: str, frame: Frame, timeout: float = 3.0, *, alive_until: float | None = None
+    ) -> Frame:
+        """``alive_until``: see :meth:`Connection.request` (wait on for a peer that answers)."""
         conn = await self.connection(addr)
-        reads = conn.reads
+        reads, silent = conn.reads, conn.silent_expiries
         try:
+            if alive_until is not None:
+                return await conn.request(frame, timeout, alive_until=alive_until)
             return await conn.request(frame, timeout)
         except RequestTimeoutError:
-            if conn.reads == reads:  # not a byte back in ``timeout``: dead, not slow
+            # Not a byte back in ``timeout`` (from the start, or after a slow peer went quiet):
+            # dead, not slow.
+            if conn.reads == reads or conn.silent_expiries != silent:
                 if self._conns.get(addr) is conn:
                     del self._conns[addr]
                 # INFO: during an outage this repeats every try; the caller reports the outage.

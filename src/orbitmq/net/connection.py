@@ -120,6 +120,11 @@ class Connection(asyncio.Protocol):
         self.reads = 0
         """How many times bytes came in: a client tells a dead connection (a partition, a hung
         peer) from a slow answer by whether anything arrived while it waited."""
+        self._alive_timers: dict[asyncio.Future[Frame], asyncio.TimerHandle] = {}
+        """The re-armed timers of requests waiting on a peer that is behind (``alive_until``)."""
+        self.silent_expiries = 0
+        """``alive_until`` requests failed because nothing came in for a whole ``timeout`` (the
+        peer went quiet after being slow): a client drops the connection as for a dead one."""
         self.frame_started = 0.0
         """monotonic time the first bytes of a still incomplete frame came (0: none)."""
         self.tls = False
@@ -378,8 +383,16 @@ class Connection(asyncio.Protocol):
         handler then returns None so that nothing is sent twice."""
         self._send(frame, body_parts)
 
-    async def request(self, frame: Frame, timeout: float) -> Frame:
-        """Send a request and wait for its response (RequestTimeoutError after ``timeout``)."""
+    async def request(
+        self, frame: Frame, timeout: float, *, alive_until: float | None = None
+    ) -> Frame:
+        """Send a request and wait for its response (RequestTimeoutError after ``timeout``).
+
+        ``alive_until`` (loop time): while the peer keeps sending bytes on this connection
+        (answers to other requests), a request unanswered after ``timeout`` waits another
+        ``timeout``, up to that time: a peer that answers is behind, not gone, and sending the
+        request again would store it twice (a producer's pipelined batches on a loaded broker).
+        A ``timeout`` with nothing read still fails the request as before."""
         if self.transport is None or self.transport.is_closing():
             raise ConnectionClosedError(f"connection to {self.peer} is closed")
         opaque = frame.opaque = next(self._opaque) & 0xFFFFFFFF
@@ -396,12 +409,54 @@ class Connection(asyncio.Protocol):
         # One timer handle that fails the future, rather than an asyncio.timeout() context
         # (which creates and reschedules its own handle and cancels the task): this is on the
         # path of every pull and send.
-        timer = loop.call_later(timeout, self._expire, fut, frame.code, timeout)
+        if alive_until is None:
+            timer = loop.call_later(timeout, self._expire, fut, frame.code, timeout)
+        else:
+            timer = loop.call_later(
+                timeout,
+                self._expire_unless_alive,
+                fut,
+                frame.code,
+                timeout,
+                self.reads,
+                alive_until,
+            )
         try:
             return await fut
         finally:
             timer.cancel()
+            if alive_until is not None:
+                rearmed = self._alive_timers.pop(fut, None)
+                if rearmed is not None:
+                    rearmed.cancel()
             self.pending.pop(opaque, None)
+
+    def _expire_unless_alive(
+        self,
+        fut: asyncio.Future[Frame],
+        code: int,
+        timeout: float,
+        reads: int,
+        alive_until: float,
+    ) -> None:
+        if fut.done():
+            return
+        loop = asyncio.get_running_loop()
+        left = alive_until - loop.time()
+        if self.reads == reads or left <= 0 or self.transport is None:
+            if self.reads == reads:
+                self.silent_expiries += 1
+            self._expire(fut, code, timeout)
+            return
+        self._alive_timers[fut] = loop.call_later(
+            min(timeout, left),
+            self._expire_unless_alive,
+            fut,
+            code,
+            timeout,
+            self.reads,
+            alive_until,
+        )
 
     def _expire(self, fut: asyncio.Future[Frame], code: int, timeout: float) -> None:
         if not fut.done():

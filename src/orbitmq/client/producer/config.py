@@ -99,7 +99,8 @@ class ProducerConfig:
         "SYSTEM_BUSY (Kafka's delivery.timeout.ms). A busy answer shows the broker alive and "
         "loaded, so after each one the batch has send_timeout_s again, up to this bound from "
         "its first try; meanwhile the blocking send_async holds its callers back "
-        "(max_buffered_bytes).",
+        "(max_buffered_bytes). It also bounds how long a batch waits for a late answer while "
+        "the broker keeps answering the producer's other batches (behind, not gone).",
         above(0),
     )
     max_block_s: float = setting(

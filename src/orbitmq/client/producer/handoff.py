@@ -8,6 +8,16 @@ pending. The drain (on the loop) clears the flag first, then empties the deque, 
 appended after the flag was cleared schedules the next drain itself: none is ever stranded,
 and a burst of N sends costs one cross-thread wake-up, not N.
 
+**Taking turns.** The caller's thread and the loop's share one GIL. A caller that never
+blocks keeps it, and the loop thread, which gives it up at every poll and socket call, gets it
+back only when the interpreter forces a switch (``sys.getswitchinterval()``, 5 ms): one libuv
+callback per 5 ms while the caller runs ahead until ``max_buffered_bytes`` stops it. So with
+``handoff_at`` entries queued and not yet drained, :meth:`Inbox.put` makes a caller (not the
+loop's own thread) sleep on a condition until the next drain takes them (at most ``_TURN_S``):
+the GIL goes to the loop at once, which drains, batches and sends what it took, and the
+caller goes on. One sleep and one notify per turn (128 sends for the blocking Producer), not
+per message; measured A/B in docs/benchmarks.md ("fourth pass").
+
 **Back: one lock round per batch.** Each message gets a :class:`SendFuture`, a
 ``concurrent.futures.Future`` whose condition is the producer's shared one (no Condition and
 RLock made per message). :func:`complete_all` and :func:`fail_all` settle every future of a
@@ -250,6 +260,10 @@ def _settle(
         _settle(others, others_results if results is not None else None, exc)
 
 
+_TURN_S = 0.05
+"""A caller waits at most this long for the loop's drain (a loop that is stopping, or one
+that has not run since, must not hold a caller longer; buffer back-pressure still applies)."""
+
 Entry = Any
 """What one ``send_async`` puts in the inbox (a tuple of ``handle``'s arguments, or any object
 when the inbox has ``handle_many``); the consumer of the inbox knows its shape."""
@@ -264,6 +278,7 @@ class Inbox:
         loop: asyncio.AbstractEventLoop,
         handle: Callable[..., None],
         handle_many: Callable[[list[Any]], None] | None = None,
+        handoff_at: int = 0,
     ) -> None:
         self._loop = loop
         self._handle = handle
@@ -272,13 +287,25 @@ class Inbox:
         entry need not be a tuple: its consumer knows the shapes)."""
         self._entries: collections.deque[Entry] = collections.deque()
         self._scheduled = False
+        self.handoff_at = handoff_at
+        """Entries queued and not drained at which a putting thread waits for the next drain
+        (0: never); see "Taking turns" in the module docstring."""
+        self._drains = 0
+        """Drains done (written by the loop only): a waiting caller's turn ends when it moves."""
+        self._turn = threading.Condition(threading.Lock())
+        self._sleepers = 0
+        """Callers waiting in :meth:`_take_turns` (changed under ``_turn``)."""
 
     def __len__(self) -> int:
         return len(self._entries)
 
     def put(self, entry: Entry) -> None:
-        """Queue ``entry`` (any thread); RuntimeError when the loop is closed."""
-        self._entries.append(entry)
+        """Queue ``entry`` (any thread); RuntimeError when the loop is closed.
+
+        Past ``handoff_at`` undrained entries, a thread other than the loop's waits here (at
+        most ``_TURN_S``) until the loop has drained once: see "Taking turns"."""
+        entries = self._entries
+        entries.append(entry)
         if not self._scheduled:
             self._scheduled = True
             try:
@@ -286,6 +313,21 @@ class Inbox:
             except BaseException:
                 self._scheduled = False
                 raise
+        elif len(entries) >= self.handoff_at > 0:
+            self._take_turns()
+
+    def _take_turns(self) -> None:
+        """Wait (GIL released) for the loop's next drain, bounded by ``_TURN_S``."""
+        if self._loop.is_closed() or asyncio.events._get_running_loop() is self._loop:
+            return  # the loop's own thread (a callback) must not wait for itself
+        drains = self._drains
+        with self._turn:
+            self._sleepers += 1
+            try:
+                if self._drains == drains and len(self._entries) >= self.handoff_at:
+                    self._turn.wait(_TURN_S)
+            finally:
+                self._sleepers -= 1
 
     def drain(self) -> None:
         """Hand every queued entry to ``handle`` (on the loop)."""
@@ -295,10 +337,20 @@ class Inbox:
             while entries:
                 # Only this thread pops: the len() entries there now are there to take.
                 pop = entries.popleft
-                many([pop() for _ in range(len(entries))])
+                taken = [pop() for _ in range(len(entries))]
+                self._turn_over()
+                many(taken)
             return
         while entries:
             handle(*entries.popleft())
+        self._turn_over()
+
+    def _turn_over(self) -> None:
+        """The queued entries are taken: a caller waiting for its turn may go on."""
+        self._drains += 1
+        if self._sleepers:
+            with self._turn:
+                self._turn.notify_all()
 
     def take_all(self) -> list[Entry]:
         """Remove and return what is queued (for failing it once the loop is gone)."""

@@ -9,7 +9,11 @@ For the automatic batches of ``send_async`` (``busy_waits=True``), SYSTEM_BUSY i
 back-pressure, not a failure: the sender pauses (``busy_backoff_ms``, doubling up to
 ``busy_backoff_max_ms``, jittered) and sends again without using up a retry, until the
 deadline; batches waiting so hold their in-flight slots, which is what slows ``send_async``
-callers (the blocking Producer then blocks on ``max_buffered_bytes``). A caller of ``send`` or
+callers (the blocking Producer then blocks on ``max_buffered_bytes``). Likewise a batch whose
+answer is late while the broker keeps answering the producer's other batches (its pipeline of
+``max_in_flight_batches`` is deeper than a loaded broker works through in ``send_timeout_s``)
+waits for that answer up to ``busy_timeout_s`` instead of failing (or being sent twice); a
+connection with nothing read for the try's timeout still fails the try. A caller of ``send`` or
 ``send_batch`` waits for its own answer, so there SYSTEM_BUSY is a retriable failure as
 RocketMQ's clients treat it: tried again at once, within the retry budget. ``oneway=True`` writes the frame with the ONEWAY flag and reads no
 answer: only a failure to write is retried (nothing was written then).
@@ -202,11 +206,19 @@ class Sender:
             started = loop.time()
             wait = min(remaining, self.config.try_timeout_s or remaining)
             try:
-                async with asyncio.timeout(wait):
-                    if oneway:
-                        await self.remoting.invoke_oneway(addr, frame)
-                    else:
-                        resp = await self.remoting.invoke(addr, frame, wait)
+                if busy_waits and not oneway:
+                    # A broker that keeps answering the producer's other batches is behind,
+                    # not gone: this batch waits for its own answer (sending it again would
+                    # store it twice) up to busy_timeout_s, as a SYSTEM_BUSY answer would.
+                    # ``wait`` with nothing read still fails the try as before.
+                    async with asyncio.timeout(max(wait, busy_until - loop.time())):
+                        resp = await self.remoting.invoke(addr, frame, wait, alive_until=busy_until)
+                else:
+                    async with asyncio.timeout(wait):
+                        if oneway:
+                            await self.remoting.invoke_oneway(addr, frame)
+                        else:
+                            resp = await self.remoting.invoke(addr, frame, wait)
             except (RemoteError, TimeoutError) as exc:  # transport: connect, lost, timed out
                 self.frames_sent += 1
                 self.fault.update(mq.broker_name, (loop.time() - started) * 1000, failed=True)
