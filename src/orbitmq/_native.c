@@ -302,6 +302,118 @@ done:
     if (PyErr_Occurred()) { Py_XDECREF(out); return NULL; }
     return out;
 }
+/* The value of property ``name`` (``NAME\x01``, n bytes) in props: a name counts at the start
+ * or right after a \x02 (orbitmq.common.message.property_value). */
+static const char *prop_value(const char *p, Py_ssize_t len, const char *name, Py_ssize_t n,
+                              Py_ssize_t *vlen) {
+    Py_ssize_t at = 0;
+    while (at + n <= len) {
+        const char *hit = memchr(p + at, name[0], (size_t)(len - n - at + 1));
+        if (hit == NULL) return NULL;
+        at = hit - p;
+        if (memcmp(hit, name, (size_t)n) == 0 && (at == 0 || p[at - 1] == 0x02)) {
+            const char *v = hit + n;
+            const char *end = memchr(v, 0x02, (size_t)(len - at - n));
+            *vlen = end ? end - v : len - at - n;
+            return v;
+        }
+        at++;
+    }
+    return NULL;
+}
+
+static int add_row(PyObject *rows, uint32_t hash, PyObject *phy, long long ts) {
+    PyObject *row = Py_BuildValue("(kOL)", (unsigned long)(hash & 0x7FFFFFFFu), phy, ts);
+    if (row == NULL) return -1;
+    int rc = PyList_Append(rows, row);
+    Py_DECREF(row);
+    return rc;
+}
+
+#define MAX_KEYS 64
+
+/* told_small(properties, physical_offsets, store_ts, seed, indexing, rows) -> tags | None
+ * A few told records' ConsumeQueue tags and IndexFile rows (orbitmq.store.appended
+ * ._each_record, not for the timer topic): tag = CRC32C of TAGS (0 without); rows appended
+ * to ``rows`` per record: each KEYS value split on spaces (first occurrence, empty skipped),
+ * then UNIQ_KEY, hashed as CRC32C continuing ``seed``, & 0x7FFFFFFF. None (nothing appended)
+ * when a KEYS value has more than 64 parts: the Python path does those. */
+static PyObject *py_told_small(PyObject *self, PyObject *args) {
+    PyObject *props, *phys, *rows;
+    long long ts;
+    unsigned int seed;
+    int indexing;
+    if (!PyArg_ParseTuple(args, "O!O!LIpO!", &PyList_Type, &props, &PyList_Type, &phys, &ts,
+                          &seed, &indexing, &PyList_Type, &rows))
+        return NULL;
+    Py_ssize_t n = PyList_GET_SIZE(props);
+    if (PyList_GET_SIZE(phys) != n) {
+        PyErr_SetString(PyExc_ValueError, "properties and physical_offsets differ in length");
+        return NULL;
+    }
+    Py_ssize_t rows_before = PyList_GET_SIZE(rows);
+    PyObject *tags = PyList_New(n);
+    if (tags == NULL) return NULL;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        Py_buffer b;
+        if (PyObject_GetBuffer(PyList_GET_ITEM(props, i), &b, PyBUF_SIMPLE) < 0) goto fail;
+        const char *p = b.buf;
+        Py_ssize_t len = b.len, vlen = 0;
+        uint32_t tag = 0;
+        const char *v = prop_value(p, len, "TAGS\x01", 5, &vlen);
+        if (v != NULL && vlen > 0) tag = crc32c(0, (const unsigned char *)v, (size_t)vlen);
+        PyObject *t = PyLong_FromUnsignedLong(tag);
+        if (t == NULL) { PyBuffer_Release(&b); goto fail; }
+        PyList_SET_ITEM(tags, i, t);
+        if (indexing) {
+            PyObject *phy = PyList_GET_ITEM(phys, i);
+            v = prop_value(p, len, "KEYS\x01", 5, &vlen);
+            if (v != NULL && vlen > 0) {
+                const char *ks[MAX_KEYS];
+                Py_ssize_t kl[MAX_KEYS];
+                int nk = 0, over = 0;
+                Py_ssize_t at = 0;
+                while (at <= vlen) {
+                    const char *sp = memchr(v + at, ' ', (size_t)(vlen - at));
+                    Py_ssize_t e = sp ? sp - v : vlen;
+                    Py_ssize_t l = e - at;
+                    if (l > 0) {
+                        int seen = 0;
+                        for (int j = 0; j < nk && !seen; j++)
+                            seen = kl[j] == l && memcmp(ks[j], v + at, (size_t)l) == 0;
+                        if (!seen) {
+                            if (nk == MAX_KEYS) { over = 1; break; }
+                            ks[nk] = v + at; kl[nk] = l; nk++;
+                        }
+                    }
+                    at = e + 1;
+                }
+                if (over) {
+                    PyBuffer_Release(&b);
+                    Py_DECREF(tags);
+                    if (PyList_SetSlice(rows, rows_before, PyList_GET_SIZE(rows), NULL) < 0)
+                        return NULL;
+                    Py_RETURN_NONE;
+                }
+                for (int j = 0; j < nk; j++) {
+                    uint32_t h = crc32c(seed, (const unsigned char *)ks[j], (size_t)kl[j]);
+                    if (add_row(rows, h, phy, ts) < 0) { PyBuffer_Release(&b); goto fail; }
+                }
+            }
+            v = prop_value(p, len, "UNIQ_CLIENT_MESSAGE_ID_KEYIDX\x01", 30, &vlen);
+            if (v != NULL && vlen > 0) {
+                uint32_t h = crc32c(seed, (const unsigned char *)v, (size_t)vlen);
+                if (add_row(rows, h, phy, ts) < 0) { PyBuffer_Release(&b); goto fail; }
+            }
+        }
+        PyBuffer_Release(&b);
+    }
+    return tags;
+fail:
+    Py_DECREF(tags);
+    return NULL;
+}
+
 PyObject *orbitmq_record_columns(PyObject *self, PyObject *args); /* _native_columns.c */
 
 static PyMethodDef methods[] = {
@@ -319,6 +431,9 @@ static PyMethodDef methods[] = {
     {"split_records", py_split_records, METH_VARARGS,
      "split_records(data: bytes, verify_crc) -> list of record tuples, or the position of the "
      "first bad record."},
+    {"told_small", py_told_small, METH_VARARGS,
+     "told_small(properties, physical_offsets, store_ts, seed, indexing, rows) -> tags, or None: "
+     "a few told records' tag hashes and IndexFile rows (orbitmq.store.appended)."},
     {"record_columns", orbitmq_record_columns, METH_VARARGS,
      "record_columns(data) -> the Spark source's Arrow column buffers of a pull body, or None "
      "when the Python conversion must do it."},

@@ -23,4 +23,13 @@ def encode_batch(
     /,
 ) -> bytearray: ...
 def split_records(data: bytes, verify_crc: bool, /) -> list[tuple[object, ...]] | int: ...
+def told_small(
+    properties: list[bytes],
+    physical_offsets: list[int],
+    store_ts: int,
+    seed: int,
+    indexing: bool,
+    rows: list[tuple[int, int, int]],
+    /,
+) -> list[int] | None: ...
 def record_columns(data: bytes | bytearray | memoryview, /) -> tuple[object, ...] | None: ...
