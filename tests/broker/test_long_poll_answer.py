@@ -62,33 +62,6 @@ async def test_a_held_pull_is_answered_on_arrival_once(
     assert [m.body for m in decode_records(resp.body)] == [b"first", b"second", b"third"]
 
 
-async def test_an_answered_pull_is_ended_where_it_waits(
-    broker: BrokerController, client: RemotingClient
-) -> None:
-    """Connection.finish_eager: the held pull's handler is closed, not resumed; its request
-    leaves the connection's in-flight counts and the connection goes on."""
-    await client.invoke(broker.address, send_frame("T", [b"first"]))
-    await asyncio.to_thread(broker.store.wait_for_dispatch)
-    pending = await _held(broker, client, pull_frame("T", 0, 1, suspend_timeout_ms=5000))
-    await client.invoke(broker.address, send_frame("T", [b"second"]))
-    resp = await asyncio.wait_for(pending, WAIT_S)
-    assert resp.code == ResponseCode.SUCCESS
-    assert [m.body for m in decode_records(resp.body)] == [b"second"]
-    assert broker.long_polling.answered == 1 and broker.long_polling.finished == 1
-    assert broker.long_polling.held == 0 and not broker.long_polling.waiters
-    assert not broker.metrics.rmq.suspended
-    (conn,) = broker.server.connections
-    assert conn._in_flight == 0 and conn._in_flight_bytes == 0 and not conn._eager
-    offset = 2
-    for _ in range(2):  # held again, answered again: the counts do not drift
-        pending = await _held(broker, client, pull_frame("T", 0, offset, suspend_timeout_ms=5000))
-        await client.invoke(broker.address, send_frame("T", [b"more"]))
-        resp = await asyncio.wait_for(pending, WAIT_S)
-        assert resp.code == ResponseCode.SUCCESS
-        offset = resp.fields["next_begin_offset"]
-    assert broker.long_polling.finished == 3 and conn._in_flight == 0
-
-
 async def test_a_tag_that_does_not_match_is_left_to_the_task(
     broker: BrokerController, client: RemotingClient
 ) -> None:

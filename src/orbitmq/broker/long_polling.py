@@ -11,10 +11,6 @@ the pull's response itself (the same loop iteration as the append, before the se
 answered). The waiting task then only finishes; a callback that cannot answer (returns False,
 or fails) leaves the task to do it, as without one. This saves a loop iteration and a task
 step between the append and the response (docs/benchmarks.md, "Latency: the consume side").
-A waiter that also brings a ``finish`` callback is not even resumed: once it answered,
-``finish`` ends its request where it waits (``Connection.finish_eager``: the handler's
-coroutine is closed, its ``finally`` blocks release the waiter), after this round's list of
-waiters is settled; only if ``finish`` cannot (the request runs in a task) is the future set.
 """
 
 from __future__ import annotations
@@ -29,10 +25,7 @@ log = logging.getLogger(__name__)
 Answer = Callable[[], bool]
 """Called on the loop when a message past the waiter's offset arrived; True if it answered
 the pull itself."""
-Finish = Callable[[], bool]
-"""Called on the loop after the waiter answered: True if it ended the waiting request (which
-then never sees its future settled), False to have the future set as usual."""
-_Waiter = tuple[int, "asyncio.Future[bool]", Answer | None, Finish | None]
+_Waiter = tuple[int, "asyncio.Future[bool]", Answer | None]
 
 
 class LongPolling:
@@ -43,8 +36,6 @@ class LongPolling:
         self.held = 0
         self.answered = 0
         """Pulls answered by their ``answer`` callback in the round that dispatched (stats)."""
-        self.finished = 0
-        """Of those, requests ended by their ``finish`` callback, not resumed (stats, tests)."""
         self._loop_thread = -1
 
     def bind(self, loop: asyncio.AbstractEventLoop) -> None:
@@ -67,16 +58,12 @@ class LongPolling:
         if not waiting:
             return
         still = []
-        finished: list[tuple[Finish, asyncio.Future[bool]]] = []
         for entry in waiting:
-            offset, fut, answer, finish = entry
+            offset, fut, answer = entry
             if max_offset > offset:
                 if not fut.done():
                     if answer is not None and self._answer(answer):
                         self.answered += 1
-                        if finish is not None:
-                            finished.append((finish, fut))  # once the list below is settled
-                            continue
                     fut.set_result(True)
             else:
                 still.append(entry)
@@ -84,11 +71,6 @@ class LongPolling:
             self.waiters[(topic, queue_id)] = still
         else:
             del self.waiters[(topic, queue_id)]
-        for finish, fut in finished:
-            if finish():
-                self.finished += 1
-            else:
-                fut.set_result(True)
 
     @staticmethod
     def _answer(answer: Answer) -> bool:
@@ -106,19 +88,17 @@ class LongPolling:
         timeout_s: float,
         ready: Callable[[], bool] | None = None,
         answer: Answer | None = None,
-        finish: Finish | None = None,
     ) -> bool:
         """True if a message past ``offset`` arrived within ``timeout_s``.
 
         ``ready`` is asked once the waiter is registered: an arrival reported between the
         caller's last look and the registration woke nobody, so without this second look the
         pull would sleep until the next message or its whole suspend time. ``answer``: see the
-        module docstring (the caller learns from its own callback whether it answered);
-        ``finish``: the same (after it returned True, this coroutine is closed, not resumed).
+        module docstring (the caller learns from its own callback whether it answered).
         """
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[bool] = loop.create_future()
-        entry: _Waiter = (offset, fut, answer, finish)
+        entry: _Waiter = (offset, fut, answer)
         self.waiters.setdefault((topic, queue_id), []).append(entry)
         self.held += 1
         # One timer handle that settles the future (False), not asyncio.timeout(), which makes
@@ -141,7 +121,7 @@ class LongPolling:
 
     def wake_all(self) -> None:
         for waiting in self.waiters.values():
-            for _, fut, _answer, _finish in waiting:
+            for _, fut, _answer in waiting:
                 if not fut.done():
                     fut.set_result(True)
         self.waiters.clear()

@@ -11,7 +11,6 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from functools import partial
 from typing import TYPE_CHECKING
 
 from orbitmq.broker.context import BrokerContext
@@ -424,7 +423,6 @@ class BrokerProcessor:
                 remaining,
                 lambda: self.store.max_offset(topic, queue_id) > offset,
                 answer,
-                partial(conn.finish_eager, frame),  # answered: closed here, not resumed
             )
             if answered:
                 return None  # the response went out on arrival

@@ -26,12 +26,6 @@ Order and back-pressure are the same either way: requests start in arrival order
 request behind a task that has not started yet runs in a task too) and count against
 ``max_in_flight`` until their handler returns.
 
-An eager request whose answer went out from elsewhere (a held pull answered on arrival, in the
-dispatch round: broker/long_polling.py) can be ended there with :meth:`Connection.finish_eager`:
-its coroutine is closed where it waits (its ``finally`` blocks run: the in-flight counts are
-released as on return), so it is not stepped again, which saves the loop turn and the way back
-through the handler that would only return None.
-
 A frame that cannot be decoded closes the connection, with the reason logged. A ``signer``
 (orbitmq.protocol.signature.Signer) adds the sender's AccessKey and Signature to every request
 this side sends, oneway ones included, never to a response.
@@ -47,7 +41,6 @@ import time
 import typing
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from functools import partial
-from inspect import CORO_SUSPENDED, getcoroutinestate
 from typing import Any
 
 from orbitmq.common.codes import ResponseCode
@@ -136,8 +129,6 @@ class Connection(asyncio.Protocol):
         self._backlog: collections.deque[Frame] = collections.deque()
         self._pumping = False
         self._unstarted = 0
-        self._eager: dict[int, Coroutine[Any, Any, None]] = {}
-        """id(frame) -> the coroutine of an eager request still running (finish_eager)."""
         """Requests handed to a task whose first step has not run yet: an eager request after
         them must not overtake them."""
         self._tasks = TaskSet("request handlers", logger=log)
@@ -241,8 +232,7 @@ class Connection(asyncio.Protocol):
         self._in_flight_bytes += len(frame.body)
         self._update_reading()
         if frame.code in self.eager_codes and not self._unstarted:
-            coro = self._eager[id(frame)] = self._run(frame)
-            self._step(coro)
+            self._step(self._run(frame))
         else:  # behind a task not yet started, an eager request waits its turn in one too
             self._unstarted += 1
             self._tasks.spawn(self._run(frame, tasked=True))
@@ -307,7 +297,6 @@ class Connection(asyncio.Protocol):
             if self.quotas is not None:
                 await self._throttle(frame, reply)
         finally:
-            self._eager.pop(id(frame), None)
             self._in_flight -= 1
             self._in_flight_bytes -= len(frame.body)
             self.last_activity = time.monotonic()
@@ -388,23 +377,6 @@ class Connection(asyncio.Protocol):
         """Answer a request now, outside its handler (a held pull answered on arrival); the
         handler then returns None so that nothing is sent twice."""
         self._send(frame, body_parts)
-
-    def finish_eager(self, frame: Frame) -> bool:
-        """End the eager request ``frame`` where it waits, after its response was sent with
-        :meth:`send_response`: its coroutine is closed (``GeneratorExit`` at its wait; its
-        ``finally`` blocks run, nothing is sent), so the future it waits on must never be
-        settled afterwards. False if it cannot be (a task runs it, it is running now, or
-        requests wait in the backlog, which its end would start from the caller's frame):
-        then the caller settles that future and the handler returns as usual."""
-        coro = self._eager.get(id(frame))
-        if coro is None or self._backlog or getcoroutinestate(coro) != CORO_SUSPENDED:
-            return False
-        try:
-            coro.close()
-        except Exception:  # a finally block failed: logged like a failed handler
-            self._tasks.failures += 1
-            log.exception("%s: closing an answered request failed", self.name)
-        return True
 
     async def request(self, frame: Frame, timeout: float) -> Frame:
         """Send a request and wait for its response (RequestTimeoutError after ``timeout``)."""
