@@ -414,6 +414,28 @@ fail:
     return NULL;
 }
 
+/* has_each(properties, name) -> bool: every properties block holds ``name`` (``NAME\x01``)
+ * with a non-empty value (``all(property_value(p, name) for p in properties)``). */
+static PyObject *py_has_each(PyObject *self, PyObject *args) {
+    PyObject *props;
+    Py_buffer name;
+    if (!PyArg_ParseTuple(args, "O!y*", &PyList_Type, &props, &name)) return NULL;
+    int all = 1;
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(props) && all; i++) {
+        Py_buffer b;
+        if (PyObject_GetBuffer(PyList_GET_ITEM(props, i), &b, PyBUF_SIMPLE) < 0) {
+            PyBuffer_Release(&name);
+            return NULL;
+        }
+        Py_ssize_t vlen = 0;
+        all = name.len > 0 && prop_value(b.buf, b.len, name.buf, name.len, &vlen) != NULL &&
+              vlen > 0;
+        PyBuffer_Release(&b);
+    }
+    PyBuffer_Release(&name);
+    return PyBool_FromLong(all);
+}
+
 PyObject *orbitmq_record_columns(PyObject *self, PyObject *args); /* _native_columns.c */
 
 static PyMethodDef methods[] = {
@@ -431,6 +453,9 @@ static PyMethodDef methods[] = {
     {"split_records", py_split_records, METH_VARARGS,
      "split_records(data: bytes, verify_crc) -> list of record tuples, or the position of the "
      "first bad record."},
+    {"has_each", py_has_each, METH_VARARGS,
+     "has_each(properties, name) -> bool: every properties block has the property, non-empty "
+     "(the broker's check that a send's messages all carry their ids)."},
     {"told_small", py_told_small, METH_VARARGS,
      "told_small(properties, physical_offsets, store_ts, seed, indexing, rows) -> tags, or None: "
      "a few told records' tag hashes and IndexFile rows (orbitmq.store.appended)."},
