@@ -16,8 +16,12 @@ if os.environ.get("ORBITMQ_NATIVE", "1") != "0":
     extensions.append(
         Extension(
             "orbitmq._native",
-            ["src/orbitmq/_native.c", "src/orbitmq/_native_columns.c"],
-            depends=["src/orbitmq/_crc32c.h"],
+            [
+                "src/orbitmq/_native.c",
+                "src/orbitmq/_native_columns.c",
+                "src/orbitmq/_native_seal.c",
+            ],
+            depends=["src/orbitmq/_crc32c.h", "src/orbitmq/_record.h"],
             extra_compile_args=["-O3"],
             optional=True,
         )

@@ -225,3 +225,61 @@ def test_told_list_takes_only_what_starts_at_the_round() -> None:
     for k in range(appended_mod.MAX_PENDING + 1):
         log.push(item(k, k + 1))
     assert log.next_start() == appended_mod.MAX_PENDING  # dropped at the bound, then pushed
+
+
+@pytest.mark.parametrize("seed", [2, 3])
+def test_told_dispatch_in_python_writes_the_decoded_bytes(
+    tmp_path: Path, seed: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The same without orbitmq._native's told_small (the record-by-record loop in Python)."""
+    print("seed", seed)
+    monkeypatch.setattr(appended_mod, "_TOLD_SMALL", None)
+    _told_and_decoded(tmp_path, seed, 10**9, monkeypatch, timer=seed % 2 == 0)
+
+
+def _random_props(rng: random.Random) -> bytes:
+    kind = rng.random()
+    if kind < 0.1:
+        return b""
+    if kind < 0.2:  # raw bytes with separators and name look-alikes
+        parts = [b"TAGS\x01", b"KEYS\x01", b"UNIQ_CLIENT_MESSAGE_ID_KEYIDX\x01", b"\x02", b"x"]
+        return b"".join(rng.choice(parts) + rng.randbytes(rng.randint(0, 3)) for _ in range(6))
+    many = [f"k{i}" for i in range(rng.choice([64, 65, 70]))]
+    msg = Message(
+        "A",
+        b"",
+        tags=rng.choice([None, "", "x", "y y", "é"]),
+        keys=rng.choice([(), ("k1",), ("k1", "k2", "k1"), ("",), (" a  b ",), many]),
+        properties=rng.choice(
+            [{}, {"UNIQ_CLIENT_MESSAGE_ID_KEYIDX": f"id{rng.random()}"}, {"XTAGS": "no"},
+             {"XKEYS": "no", "UNIQ_CLIENT_MESSAGE_ID_KEYIDX": ""}]
+        ),
+    )  # fmt: skip
+    return encode_properties(msg.system_properties())
+
+
+@pytest.mark.skipif(appended_mod._TOLD_SMALL is None, reason="orbitmq._native not built")
+def test_told_small_in_c_matches_the_python_loop(monkeypatch: pytest.MonkeyPatch) -> None:
+    """orbitmq._native.told_small gives _each_record's tags and index rows, KEYS of more than
+    64 parts left to Python (None), views of the properties taken like bytes."""
+    seed = random.randrange(2**32)
+    print("seed", seed)
+    rng = random.Random(seed)
+    native = appended_mod._TOLD_SMALL
+    for _ in range(300):
+        n = rng.randint(1, 15)
+        props: list[bytes] = [_random_props(rng) for _ in range(n)]
+        phys = [rng.randint(0, 2**40) for _ in range(n)]
+        batch = appended_mod.AppendedBatch("A", 0, 0, phys, [100] * n, props)
+        indexing = rng.random() < 0.8
+        seen = []
+        for told_small in (native, None):
+            monkeypatch.setattr(appended_mod, "_TOLD_SMALL", told_small)
+            rows: list[tuple[int, int, int]] = [(1, 2, 3)]
+            tags = appended_mod._each_record(batch, 1_700_000_000_000, rows, lambda t: 77, indexing)
+            seen.append((list(tags), rows))
+        assert seen[0] == seen[1], props
+        if native is not None:
+            rows = []
+            got = native([memoryview(p) for p in props], phys, 5, 77, indexing, rows)
+            assert got is None or got == seen[1][0]

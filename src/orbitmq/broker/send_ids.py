@@ -7,12 +7,14 @@ block; numpy only for batches over 16 messages.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import numpy as np
 
 from orbitmq.common.ids import default_generator
 from orbitmq.common.message import find_all, property_value
+from orbitmq.common.native import NATIVE
 from orbitmq.protocol.messages import SendBody
 
 if TYPE_CHECKING:
@@ -21,6 +23,8 @@ if TYPE_CHECKING:
 __all__ = ["ensure_ids", "peer_host"]
 
 _UNIQ = b"UNIQ_CLIENT_MESSAGE_ID_KEYIDX\x01"
+_HAS_EACH: Callable[[list[bytes], bytes], bool] | None = getattr(NATIVE, "has_each", None)
+"""``_native.has_each``: the usual case's check in one C call (an older build lacks it)."""
 
 
 def ensure_ids(send: SendBody) -> list[str] | None:
@@ -30,8 +34,13 @@ def ensure_ids(send: SendBody) -> list[str] | None:
     block = send.properties_block
     starts = send.properties_starts
     n = len(send.properties)
-    if n <= 16 and all(property_value(p, _UNIQ) for p in send.properties):
-        return None  # up to 16 messages, each with its id: no arrays needed
+    if n <= 16:  # up to 16 messages, each with its id: no arrays needed
+        has_each = _HAS_EACH
+        if has_each is not None:
+            if has_each(send.properties, _UNIQ):
+                return None
+        elif all(property_value(p, _UNIQ) for p in send.properties):
+            return None
     pos = find_all(block, _UNIQ)
     has = np.zeros(n, dtype=bool)
     if len(pos):

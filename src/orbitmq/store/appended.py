@@ -28,6 +28,7 @@ import crc32c
 import numpy as np
 
 from orbitmq.common.message import property_value
+from orbitmq.common.native import NATIVE
 from orbitmq.common.record import MAGIC, PREFIX
 from orbitmq.store.consume_queue import ENTRY_DTYPE
 from orbitmq.store.timer_index import TIMER_TOPIC, timer_tag
@@ -36,6 +37,11 @@ _TAGS = b"TAGS\x01"
 _KEYS = b"KEYS\x01"
 _UNIQ = b"UNIQ_CLIENT_MESSAGE_ID_KEYIDX\x01"
 _HASH_MASK = 0x7FFFFFFF
+_TOLD_SMALL: (
+    Callable[[list[bytes], list[int], int, int, bool, list[tuple[int, int, int]]], list[int] | None]
+    | None
+) = getattr(NATIVE, "told_small", None)
+"""``_native.told_small``: ``_each_record``'s loop in C (an extension built before it lacks it)."""
 MAX_PENDING = 4096
 """Appends remembered at most; past that (dispatch held back, e.g. by a replication confirm
 offset) the list is dropped and those records are decoded."""
@@ -222,11 +228,16 @@ def _each_record(
     prefix: Callable[[str], int],
     indexing: bool,
 ) -> list[int]:
-    """A small batch, record by record (the decoder's small path)."""
+    """A small batch, record by record (the decoder's small path); in C when built (the same
+    searches and rows: tests/store/test_dispatch.py compares both with the decoder)."""
     crc = crc32c.crc32c
     topic = b.topic
     timer = topic == TIMER_TOPIC
     pre = prefix(topic) if indexing else 0
+    if _TOLD_SMALL is not None and not timer:
+        got = _TOLD_SMALL(b.properties, b.physical_offsets, store_ts, pre, indexing, rows)
+        if got is not None:  # None: a KEYS value of many parts, left to the loop below
+            return got
     tags: list[int] = []
     tag_of = tags.append
     row = rows.append
