@@ -44,8 +44,9 @@ class StandIn:
         self, real: AsyncProducer, rng: random.Random, lose: float = 0.0, *, always: int = 0
     ) -> None:
         """``lose``: the chance of each injected failure; ``always`` > 0 also loses forward
-        number ``always`` before its append and the one after it after its append, so a run of
-        few (large) batches still meets both failures."""
+        number ``always`` before its append and the first later one that gets appended after
+        its append, so a run of few (large) batches still meets both failures (the next forward
+        alone would not do: a random loss before its append could take it first)."""
         self.real, self.rng, self.lose, self.always = real, rng, lose, always
         self.forwards = 0
         self.per_queue: dict[int, int] = {}
@@ -71,7 +72,8 @@ class StandIn:
                 self.lost_before += 1
                 raise RequestTimeoutError("lost before the append (test)")
             result = await self.real.send_packed(topic, body, count, queue=queue)
-            if self.rng.random() < self.lose or (self.always and nth == self.always + 1):
+            forced = self.always and nth > self.always and not self.lost_after
+            if self.rng.random() < self.lose or forced:
                 self.lost_after += 1
                 raise RequestTimeoutError("answer lost after the append (test)")
             return result

@@ -19,6 +19,7 @@ from rich.table import Column, Table
 
 from orbitmq.cli.cluster_up import cluster_up
 from orbitmq.cli.common import DEFAULT_NAMESRV, NamesrvOpt, admin_config, human_bytes, out, run
+from orbitmq.cli.ha import cluster_describe
 from orbitmq.client import AsyncAdminClient
 from orbitmq.common.errors import MQError
 
@@ -114,3 +115,6 @@ def _health(value: Any) -> str:
         return "?"  # a broker from before health was reported
     text = escape(str(value))
     return text if text == "ok" else f"[red]{text}[/]"
+
+
+cluster_app.command("describe")(cluster_describe)

@@ -19,7 +19,8 @@ The MQTT gateway (docs/mqtt.md) runs beside the broker in ``orbitmq broker`` and
 up`` (port 1883; ``[mqtt] port = 0``: none) on the broker's loop and store.
 
 Heavy optional imports (the Spark connector) never happen here: starting a broker loads only
-what a broker needs.
+what a broker needs, and each server's own package is imported by the function that runs it (a
+NameServer or a controller never loads the broker and its store).
 """
 
 from __future__ import annotations
@@ -31,14 +32,13 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from orbitmq.broker.controller import BrokerController
 from orbitmq.cli.runner import Announce, until_signal
 from orbitmq.cli.settings import Settings
-from orbitmq.namesrv.controller import NamesrvController
 
 if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry
 
+    from orbitmq.broker.controller import BrokerController
     from orbitmq.console.config import ConsoleConfig
     from orbitmq.controller.config import ControllerConfig
     from orbitmq.kafka.config import KafkaConfig
@@ -393,6 +393,9 @@ async def run_all_in_one(
 ) -> None:
     """NameServer, Broker and gRPC proxy in one process and one event loop; Ctrl-C stops them
     cleanly. ``proxy_port``: see :func:`up_proxy_port` (negative: no proxy)."""
+    from orbitmq.broker.controller import BrokerController
+    from orbitmq.namesrv.controller import NamesrvController
+
     auth_notice("up", settings.broker.auth_enabled, settings.broker.host)
     settings = shared_auth(settings)
     namesrv = NamesrvController(settings.namesrv)
@@ -485,6 +488,8 @@ async def run_namesrv(
 ) -> None:
     """A NameServer; with ``controller`` also a controller node in this process (started
     after the NameServer, stopped before it)."""
+    from orbitmq.namesrv.controller import NamesrvController
+
     auth_notice("namesrv", settings.namesrv.auth_enabled, settings.namesrv.host)
     controller = embedded_controller_auth(settings, controller)
     namesrv = NamesrvController(settings.namesrv)
@@ -517,6 +522,8 @@ async def run_broker(
 ) -> None:
     """A Broker; with a proxy port (:func:`broker_proxy_port`) also a gRPC proxy in the same
     process (local mode), which routes by the broker's NameServers like any proxy."""
+    from orbitmq.broker.controller import BrokerController
+
     auth_notice("broker", settings.broker.auth_enabled, settings.broker.host)
     broker = BrokerController(settings.broker)
     await broker.start()
