@@ -28,3 +28,12 @@ def test_acl_pairs_run_small() -> None:
     assert results["acl_cpu_off_us"] > 0 and results["acl_cpu_on_us"] > 0
     assert sum(line.startswith("pair ") for line in lines) == 2
     assert "medians of 2" in lines[-1]
+
+
+def test_acl_pairs_with_an_mtls_user_run_small() -> None:
+    """``--acl-mtls``: the producer is named by its client certificate and signs nothing; its
+    sends pass the ACL check (a refused one would fail the run)."""
+    lines: list[str] = []
+    results = security.run_acl(320, 1, lines.append, mtls=True)
+    assert results["acl_off_msg_s"] > 0 and results["acl_on_msg_s"] > 0
+    assert "mTLS user, no signature" in lines[-1]

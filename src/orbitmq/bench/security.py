@@ -18,7 +18,10 @@ Pairs of runs on this machine, each the same work with the feature off and on:
   authorizing every request of a normal user, against the plaintext produce above.
 
 ``--acl-pairs N`` runs the ACL row alone, N interleaved off/on pairs, and prints medians (the
-way to read a few-percent cost on a shared machine). The ACL check's cost per request alone
+way to read a few-percent cost on a shared machine). With ``--acl-mtls`` both sides of each
+pair run over TLS and the producer's client certificate names its user, so "on" pays the ACL
+check of every request without a per-request signature (what authorization costs once the
+connection is authenticated), against TLS without auth. The ACL check's cost per request alone
 is ``orbitmq bench auth``. It prints messages per
 second for each and the ratios (the issue's targets: encrypted store >= 80 % of plaintext, TLS
 >= 70 %, ACL checks < 5 % of produce throughput). Figures belong in docs/benchmarks.md, measured on an idle machine; a small
@@ -212,7 +215,9 @@ def _median(values: list[float]) -> float:
     return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
 
 
-def run_acl(count: int, pairs: int, out: Callable[[str], None] = print) -> dict[str, float]:
+def run_acl(
+    count: int, pairs: int, out: Callable[[str], None] = print, *, mtls: bool = False
+) -> dict[str, float]:
     """The ACL row alone, as ``pairs`` interleaved A/B pairs (ACL off, then on, each with a
     fresh NameServer and broker): on a loaded machine a single pair swings by more than the
     cost measured, so the cost is read from medians, of msg/s and of this process's CPU time
@@ -225,11 +230,17 @@ def run_acl(count: int, pairs: int, out: Callable[[str], None] = print) -> dict[
     with tempfile.TemporaryDirectory(prefix="orbitmq-bench-acl-") as tmp:
         for i in range(pairs):
             off, _ = asyncio.run(
-                produce_consume(Path(tmp) / f"off-{i}", count, False, consume=False, cpu=cpu_offs)
+                produce_consume(Path(tmp) / f"off-{i}", count, mtls, consume=False, cpu=cpu_offs)
             )
             on, _ = asyncio.run(
                 produce_consume(
-                    Path(tmp) / f"on-{i}", count, False, acl=True, consume=False, cpu=cpu_ons
+                    Path(tmp) / f"on-{i}",
+                    count,
+                    mtls,
+                    acl=True,
+                    mtls=mtls,
+                    consume=False,
+                    cpu=cpu_ons,
                 )
             )
             offs.append(off)
@@ -243,8 +254,9 @@ def run_acl(count: int, pairs: int, out: Callable[[str], None] = print) -> dict[
     cpu_off, cpu_on = _median(cpu_offs), _median(cpu_ons)
     pair_cost = _median([1 - b / a for a, b in zip(offs, ons, strict=True)])
     cpu_cost = 1 - cpu_off / cpu_on
+    how = "over TLS, ACL on: mTLS user, no signature; " if mtls else ""
     out(
-        f"produce, 1 KiB, batches of 32, medians of {pairs}: ACL off {off:,.0f} msg/s, ACL on"
+        f"produce, 1 KiB, batches of 32, {how}medians of {pairs}: ACL off {off:,.0f} msg/s, ACL on"
         f" {on:,.0f} msg/s (costs {1 - on / off:.1%}; median of the pairs' costs"
         f" {pair_cost:.1%}); CPU per message {cpu_off * 1e6:.1f} us off, {cpu_on * 1e6:.1f} us"
         f" on (costs {cpu_cost:.1%} of throughput at equal CPU); target < 5%"
@@ -269,9 +281,15 @@ def main(argv: list[str], command: str | None = None) -> int:
         default=0,
         help="run only the ACL row, as this many interleaved off/on pairs (medians)",
     )
+    parser.add_argument(
+        "--acl-mtls",
+        action="store_true",
+        help="with --acl-pairs: both sides over TLS, the producer named by its client "
+        "certificate (the ACL check without a per-request signature)",
+    )
     ns = parser.parse_args(argv)
     if ns.acl_pairs > 0:
-        run_acl(ns.count, ns.acl_pairs)
+        run_acl(ns.count, ns.acl_pairs, mtls=ns.acl_mtls)
     else:
         run(ns.count)
     return 0

@@ -130,12 +130,15 @@ async def produce_consume(
     tls: bool,
     *,
     acl: bool = False,
+    mtls: bool = False,
     consume: bool = True,
     cpu: list[float] | None = None,
 ) -> tuple[float, float]:
     """(produce msg/s, consume msg/s) with TLS on every client connection, or none. ``acl``:
     the broker authenticates (RocketMQ's v1 signature) and authorizes every request, and the
-    clients sign theirs; ``consume`` False: produce only (consume msg/s 0). ``cpu``: gets
+    clients sign theirs; with ``mtls`` too (needs ``tls``) the producer signs nothing: its
+    verified client certificate names its user, so each request pays the ACL check alone.
+    ``consume`` False: produce only (consume msg/s 0). ``cpu``: gets
     this process's CPU seconds per produced message appended (client and broker share the
     process, so this counts both sides' work and, unlike msg/s, little of other load)."""
     folder.mkdir(parents=True, exist_ok=True)
@@ -151,13 +154,28 @@ async def produce_consume(
             "secret_key": PRODUCER_USER[1],
             "signature_version": 1,
         }
-    ctx = None
+    ctx = producer_ctx = None
+    broker_tls: dict[str, object] = {}
+    if mtls and not (tls and acl):
+        raise ValueError("mtls needs tls and acl")
     if tls:
         ident = self_signed(["localhost", "127.0.0.1"])
         cert = folder / "server.pem"
         cert.write_bytes(ident.cert_pem + ident.key_pem)
         listener = {"tls_mode": "permissive", "tls_cert_file": str(cert)}
-        ctx = client_context(ca_file=str(cert))
+        ctx = producer_ctx = client_context(ca_file=str(cert))
+    if mtls:
+        # the producer's certificate names its user (first DNS name) and is its own CA
+        mine = self_signed([PRODUCER_USER[0]])
+        pem = folder / "producer.pem"
+        pem.write_bytes(mine.cert_pem + mine.key_pem)
+        ca = folder / "clients-ca.pem"
+        ca.write_bytes(mine.cert_pem)
+        # client certificates need the broker's required mode (a plaintext client would bypass
+        # them); the NameServer stays permissive, so the broker still registers in plaintext
+        broker_tls = {"tls_mode": "required", "tls_ca_file": str(ca), "tls_client_auth": "optional"}
+        producer_ctx = client_context(ca_file=str(cert), cert_file=str(pem), key_file=str(pem))
+        producer_creds = {}
     namesrv = NamesrvController(NamesrvConfig(port=0, **listener))  # type: ignore[arg-type]
     await namesrv.start()
     broker: BrokerController | None = None
@@ -173,7 +191,7 @@ async def produce_consume(
                 namesrv_addrs=(namesrv.address,),
                 register_interval_s=0.5,
                 store=store,
-                **listener,  # type: ignore[arg-type]
+                **(listener | broker_tls),  # type: ignore[arg-type]
                 **auth,  # type: ignore[arg-type]
             )
         )
@@ -181,7 +199,7 @@ async def produce_consume(
         async with AsyncAdminClient([namesrv.address], admin_config, ssl_context=ctx) as admin:
             await admin.create_topic(TOPIC, read_queue_nums=QUEUES, write_queue_nums=QUEUES)
             await _wait_route(admin)
-        produced, cpu_per_msg = await _produce(namesrv.address, count, ctx, producer_creds)
+        produced, cpu_per_msg = await _produce(namesrv.address, count, producer_ctx, producer_creds)
         if cpu is not None:
             cpu.append(cpu_per_msg)
         if not consume:
