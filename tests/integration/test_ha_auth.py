@@ -171,8 +171,13 @@ async def test_controller_mode_with_auth_on(cluster: ProcessCluster, tmp_path: P
 
         by_address[info.master_address].kill()
         killed_at = time.monotonic()
+        # Production timings (the broker's lease and the controller's heartbeat timeout):
+        # failover takes ~3 s (p50 3.0, p99 3.7 s over 100 kills, docs/ha.md), and the p99
+        # <= 5 s target is measured by the chaos runs over many kills; one sample here, on a
+        # loaded 2-core machine, once took just over 5 s with the old master already seen
+        # dead, so this auth test allows 10 s and prints what it took.
         new = await until_info(
-            admin, lambda i: i.has_master and i.master_epoch > info.master_epoch, 5, "failover"
+            admin, lambda i: i.has_master and i.master_epoch > info.master_epoch, 10, "failover"
         )
         elected_in = time.monotonic() - killed_at
         resumed_in = await send_until_acked(producer, new.master_address, 10)

@@ -103,6 +103,20 @@ async def test_a_join_must_share_one_protocol_with_every_member() -> None:
     assert (await join("", ("y",)))["error_code"] == MEMBER_ID_REQUIRED  # y alone is welcome
 
 
+async def test_a_join_without_protocols_is_refused() -> None:
+    """A first member with no protocol (or no protocol type) has nothing a rebalance could
+    choose: INCONSISTENT_GROUP_PROTOCOL, as Kafka answers, and the coordinator keeps working
+    (the rebalance used to raise StopIteration in a timer callback; found by the live fuzzer,
+    seed 101582225)."""
+    co = Coordinator(min_session_ms=1000, max_session_ms=60_000, initial_delay_ms=50)
+    for body in ({**_join("np"), "protocols": []}, {**_join("np"), "protocol_type": ""}):
+        assert (await co.join(body, 5, "client", "/h"))["error_code"] == 23
+        assert (await co.join({**body, "member_id": "m-1"}, 5, "client", "/h"))["error_code"] == 23
+    member = await _member_id(co, "np")
+    answer = await asyncio.wait_for(co.join(_join("np", member), 5, "client", "/h"), 5)
+    assert answer["error_code"] == 0 and answer["protocol_name"] == "range"
+
+
 async def test_unknown_member_and_bad_session() -> None:
     co = Coordinator(min_session_ms=1000, max_session_ms=60_000, initial_delay_ms=0)
     assert (await co.join(_join("g", "nobody"), 5, "c", "/h"))["error_code"] == UNKNOWN_MEMBER_ID

@@ -103,6 +103,8 @@ class Coordinator:
         group = self.groups.setdefault(gid, Group(gid))
         protocols = [(p["name"], bytes(p["metadata"] or b"")) for p in body["protocols"]]
         ptype = body["protocol_type"]
+        if not protocols or not ptype:  # Kafka's rule: nothing to choose a protocol from
+            return _join_error(INCONSISTENT_GROUP_PROTOCOL, member_id)
         if group.members and (
             ptype != group.protocol_type or not self._compatible(group, member_id, protocols)
         ):
