@@ -396,6 +396,12 @@ class BrokerConfig(ListenerSettings):
     )
     store: StoreConfig = field(default_factory=StoreConfig)
 
+    @property
+    def auth_path(self) -> str:
+        """The users-and-ACLs file this broker reads: ``auth_file``, else the default in its
+        store. The gateways and the proxy started beside it share it."""
+        return self.auth_file or str(self.store.store_path / "config" / "auth.json")
+
     def __post_init__(self) -> None:
         check_settings(self, "broker")
         self.check_listener("broker")

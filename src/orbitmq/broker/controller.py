@@ -199,8 +199,7 @@ class BrokerController:
         )
         self.auth = ServerAuth.open(  # authn, authz, user/ACL admin codes (docs/security.md)
             enabled=config.auth_enabled,
-            auth_file=config.auth_file
-            or (config.store.store_path / "config" / "auth.json" if config.auth_enabled else None),
+            auth_file=config.auth_path if config.auth_enabled else config.auth_file,
             audit_file=config.audit_file or config.store.store_path / "audit.jsonl",
             cluster=config.cluster,
             node=f"broker {config.broker_name}/{config.broker_id}",

@@ -86,9 +86,8 @@ def local_proxy_config(
     broker = settings.broker
     if broker.auth_enabled and "acl_enabled" not in given:
         # the broker's users, and the broker's own credentials toward the brokers
-        default_file = str(broker.store.store_path / "config" / "auth.json")
         proxy = dataclasses.replace(
-            proxy, acl_enabled=True, auth_file=proxy.auth_file or broker.auth_file or default_file
+            proxy, acl_enabled=True, auth_file=proxy.auth_file or broker.auth_path
         )
         if proxy.access_key is None and broker.access_key:
             proxy = dataclasses.replace(
@@ -144,9 +143,8 @@ def local_kafka_config(
         kafka = dataclasses.replace(kafka, host=settings.broker.host)
     broker = settings.broker
     if broker.auth_enabled and "auth_enabled" not in given:
-        default_file = str(broker.store.store_path / "config" / "auth.json")
         kafka = dataclasses.replace(
-            kafka, auth_enabled=True, auth_file=kafka.auth_file or broker.auth_file or default_file
+            kafka, auth_enabled=True, auth_file=kafka.auth_file or broker.auth_path
         )
         if kafka.access_key is None and broker.access_key:
             kafka = dataclasses.replace(
@@ -366,7 +364,7 @@ def shared_auth(settings: Settings) -> Settings:
     from orbitmq.auth.server import bootstrap_admin
     from orbitmq.auth.store import AuthStore, ExistsError
 
-    auth_file = broker.auth_file or str(broker.store.store_path / "config" / "auth.json")
+    auth_file = broker.auth_path
     namesrv = dataclasses.replace(settings.namesrv, auth_enabled=True, auth_file=auth_file)
     if broker.access_key is None:
         store = AuthStore(auth_file)
