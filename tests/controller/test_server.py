@@ -87,7 +87,22 @@ async def test_followers_name_the_leader_and_metadata_agrees(nodes: list[Control
                 assert resp.code == RC.CONTROLLER_BROKER_METADATA_NOT_EXIST
                 continue
             assert resp.code == RC.CONTROLLER_NOT_LEADER
-            assert resp.fields["leader_addr"] == lead.address
+
+        # A follower names the leader once the leader's first append has reached it; before
+        # that it answers without the field (it knows no leader yet).
+
+        async def named() -> bool:
+            for node in nodes:
+                if node is lead:
+                    continue
+                ask = GetReplicaInfoRequest(broker_name="g")
+                resp = await client.once(node.address, RequestCode.CONTROLLER_GET_REPLICA_INFO, ask)
+                assert resp.code == RC.CONTROLLER_NOT_LEADER
+                if resp.fields.get("leader_addr") != lead.address:
+                    return False
+            return True
+
+        await until(named, 5)
 
         async def agreed() -> bool:
             metas = []

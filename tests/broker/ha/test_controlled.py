@@ -41,19 +41,29 @@ from tests.broker.test_broker import send_frame
 TOPIC = "Failover"
 
 
+_HANDED_OUT: set[int] = set()
+
+
 def port_pair() -> int:
     """A free port whose next port is free too (controller mode: the HA port is port + 1),
-    below the kernel's ephemeral range so no outgoing connection takes either meanwhile."""
+    below the kernel's ephemeral range so no outgoing connection takes either meanwhile.
+
+    Ports are not held after the check, so a pair this process already handed out is never
+    given again (nor one overlapping it: an earlier pair's HA port as a later main port made
+    a broker's bind fail once)."""
     rng = random.Random()
     for _ in range(500):
         port = rng.randrange(20_000, 32_000)
+        if _HANDED_OUT & {port - 1, port, port + 1}:
+            continue
         with socket.socket() as a, socket.socket() as b:
             try:
                 a.bind(("127.0.0.1", port))
                 b.bind(("127.0.0.1", port + 1))
             except OSError:
                 continue
-            return port
+        _HANDED_OUT.update((port, port + 1))
+        return port
     raise AssertionError("no free port pair")
 
 
