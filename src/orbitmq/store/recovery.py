@@ -168,6 +168,15 @@ def _scan(cl: CommitLog, start: int, report: RecoveryReport) -> int:
         pos = seg.start + size
 
 
+def _key(view: memoryview, at: int) -> tuple[str, int, int]:
+    """(topic, queue id, queue offset) from the framing of the record at ``at``."""
+    (_t, _m, _c, qid, _f, qoff, *_rest, body_len) = HEADER.unpack_from(view, at)
+    t_at = at + HEADER_SIZE + body_len
+    tlen = U16.unpack_from(view, t_at)[0]
+    topic = bytes(view[t_at + 2 : t_at + 2 + tlen]).decode("utf-8", "replace")
+    return topic, qid, qoff
+
+
 def queue_offsets_in(cl: CommitLog, start: int, end: int) -> dict[tuple[str, int], int]:
     """The next queue offset of every queue with a record in [start, end), from the records."""
     found: dict[tuple[str, int], int] = {}
@@ -181,13 +190,29 @@ def queue_offsets_in(cl: CommitLog, start: int, end: int) -> dict[tuple[str, int
         if n < 0:  # filler: the rest of the segment
             pos += -n
             continue
-        (_t, _m, _c, qid, _f, qoff, *_rest, body_len) = HEADER.unpack_from(view, at)
-        t_at = at + HEADER_SIZE + body_len
-        tlen = U16.unpack_from(view, t_at)[0]
-        topic = bytes(view[t_at + 2 : t_at + 2 + tlen]).decode("utf-8", "replace")
+        topic, qid, qoff = _key(view, at)
         found[(topic, qid)] = qoff + 1
         pos += n
     return found
+
+
+def record_key(cl: CommitLog, pos: int) -> tuple[str, int, int] | None:
+    """(topic, queue id, queue offset) of the record starting at CommitLog offset ``pos``,
+    dispatched or not (above the confirm offset too); None when no record starts there.
+
+    The framing is checked, not the CRC (a sealed record's bytes are the cipher's): a caller
+    compares the answer with the key it expects, so a position inside a record never passes."""
+    if not 0 <= pos < cl.max_offset:
+        return None
+    loc = cl.view_at(pos)
+    if loc is None:
+        return None
+    view, at, size = loc
+    try:
+        n = check_record(view, at, size, verify_crc=False)
+    except RecordError:
+        return None
+    return None if n < 0 else _key(view, at)
 
 
 def recover(parts: StoreParts, checkpoint_path: Path, abort_path: Path) -> RecoveryReport:
