@@ -79,29 +79,20 @@ class Listener:
 
     async def start(self) -> int:
         """Bind and start accepting; returns the bound port."""
+        sock = self._bind()
         if self.tls_mode == "off":
             loop = asyncio.get_running_loop()
             try:
                 self._server = await loop.create_server(
-                    lambda: self.open_protocol(""),
-                    self.host,
-                    self.port,
-                    reuse_address=True,
-                    backlog=self.backlog,
+                    lambda: self.open_protocol(""), sock=sock, backlog=self.backlog
                 )
             except OSError as exc:
+                sock.close()
                 raise ConfigError(
                     f"{self.name} cannot listen on {self.host}:{self.port}: {exc}"
                 ) from exc
-            self.port = self._server.sockets[0].getsockname()[1]
+            self.port = sock.getsockname()[1]
             return self.port
-        try:
-            family = socket.AF_INET6 if ":" in self.host else socket.AF_INET
-            sock = socket.create_server((self.host, self.port), family=family, backlog=self.backlog)
-        except OSError as exc:
-            raise ConfigError(
-                f"{self.name} cannot listen on {self.host}:{self.port}: {exc}"
-            ) from exc
         sock.setblocking(False)
         self._sock = sock
         self.port = sock.getsockname()[1]
@@ -109,6 +100,20 @@ class Listener:
         if self.tls is not None and self.tls.files:
             self._tasks.spawn(self.tls.watch(), name=f"{self.name}-tls-reload")
         return self.port
+
+    def _bind(self) -> socket.socket:
+        """Bind and listen here, so a listen that fails raises. Two processes may both bind a
+        port with SO_REUSEADDR while neither listens; the second listen then fails. Inside the
+        event loop's own create_server that failure only closed the server (uvloop reports it
+        to the loop, not the caller): a broker started beside two others died reading the port
+        of the MQTT listener it was meant to skip as taken."""
+        try:
+            family = socket.AF_INET6 if ":" in self.host else socket.AF_INET
+            return socket.create_server((self.host, self.port), family=family, backlog=self.backlog)
+        except OSError as exc:
+            raise ConfigError(
+                f"{self.name} cannot listen on {self.host}:{self.port}: {exc}"
+            ) from exc
 
     async def _accept_loop(self, sock: socket.socket) -> None:
         loop = asyncio.get_running_loop()
