@@ -34,17 +34,24 @@ from tests.broker.metadata.test_replicated import create_topic, meta
 from tests.broker.test_broker import send_frame
 
 
+async def kept_topic_with_ten(
+    client: RemotingClient, master: BrokerController, slave: BrokerController
+) -> None:
+    """Topic "Kept" created on the master, ten messages in its queue 0, all on the slave."""
+    await in_sync(master)
+    assert await create_topic(client, master, "Kept") == ResponseCode.SUCCESS
+    for i in range(10):
+        resp = await client.invoke(master.address, send_frame("Kept", [b"m%d" % i], 0))
+        assert resp.code == ResponseCode.SUCCESS
+    await wait_until(lambda: slave.store.max_offset("Kept", 0) == 10)
+
+
 async def test_a_replay_from_the_start_keeps_the_topics_data(tmp_path: Path) -> None:
     client = RemotingClient()
     async with running(master_config(tmp_path / "m")) as master:
         s_config = slave_config(tmp_path / "s", master)
         async with running(s_config) as slave:
-            await in_sync(master)
-            assert await create_topic(client, master, "Kept") == ResponseCode.SUCCESS
-            for i in range(10):
-                resp = await client.invoke(master.address, send_frame("Kept", [b"m%d" % i], 0))
-                assert resp.code == ResponseCode.SUCCESS
-            await wait_until(lambda: slave.store.max_offset("Kept", 0) == 10)
+            await kept_topic_with_ten(client, master, slave)
             await wait_until(lambda: meta(slave).applied_offset > 0)
             checkpoint = meta(slave).path
         await client.close()
@@ -77,12 +84,7 @@ async def test_applied_records_above_the_kept_confirm_offset_keep_the_topics_dat
     async with running(master_config(tmp_path / "m")) as master:
         s_config = slave_config(tmp_path / "s", master)
         async with running(s_config) as slave:
-            await in_sync(master)
-            assert await create_topic(client, master, "Kept") == ResponseCode.SUCCESS
-            for i in range(10):
-                resp = await client.invoke(master.address, send_frame("Kept", [b"m%d" % i], 0))
-                assert resp.code == ResponseCode.SUCCESS
-            await wait_until(lambda: slave.store.max_offset("Kept", 0) == 10)
+            await kept_topic_with_ten(client, master, slave)
             meta_cq = slave.store.queues.get(METADATA_TOPIC, 0)
             assert meta_cq is not None
             await wait_until(lambda: meta(slave).applied_offset == meta_cq.max_offset)
